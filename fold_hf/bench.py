@@ -1,0 +1,323 @@
+"""`fold-hf bench`: τ and speedup of every reading mode against AR, by input length, on real long inputs.
+
+Suites (built from evaluation sources only, :mod:`fold_hf.data`):
+
+* ``code``: an installed package's source arranged like Long Code Arena: other files first, files of
+  the cut file's directory nearest, the cut file's prefix last; the target continues the file.
+* ``books``: spans of held-out Gutenberg plays; the target continues the text.
+* ``retrieval``: a span whose end restarts a passage from its first quarter, so the continuation copies
+  content thousands of tokens back (where the far memory matters).
+
+Every request runs AR and every method in the same process, one after the other, so each method is
+paired with an AR run of the same request on the same machine. Results are appended per request to
+``runs.jsonl`` (a run resumes where it stopped; runs from several jobs merge by request id).
+:func:`summarize` computes τ, speedup = mean over requests of TPOT_AR / TPOT_method with 95% bootstrap
+CIs (2,000 paired resamples, fixed seed), and the number of outputs differing from AR; it writes JSON,
+CSV and PNG plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import platform
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .generation.loop import generate
+from .modeling.fold_config import FoldConfig
+
+SUITES = ("code", "books", "retrieval")
+DEFAULT_TIERS = (1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    config: FoldConfig | None  # None: autoregressive
+
+
+def default_methods(window: int, train_length: int, budget: int | None = None) -> list[Method]:
+    """AR, FOLD at α ∈ {1, 2, 4} and every baseline, all at the same window."""
+    base = dict(window=window, train_length=train_length)
+    return [
+        Method("ar", None),
+        Method("fold-a1", FoldConfig(mode="fold", alpha=1.0, **base)),
+        Method("fold-a2", FoldConfig(mode="fold", alpha=2.0, **base)),
+        Method("fold-a4", FoldConfig(mode="fold", alpha=4.0, **base)),
+        Method("dflash", FoldConfig(mode="dflash", **base)),
+        Method("window", FoldConfig(mode="window", **base)),
+        Method("streaming", FoldConfig(mode="streaming", budget=budget or window, **base)),
+        Method("rerope", FoldConfig(mode="rerope", **base)),
+        Method("yarn", FoldConfig(mode="yarn", **base)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- suites
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def build_suite(tokenizer, suite: str, tiers, per_tier: int, new_tokens: int, seed: int = 0,
+                package: str = "transformers") -> list[dict]:
+    """Requests ``{"id", "suite", "tier", "input_ids", "new_tokens"}`` of exactly ``tier`` prompt tokens."""
+    from .data import book_split, package_sources, shakespeare_texts
+
+    rng = random.Random(f"{suite}-{seed}")
+    requests = []
+    if suite == "books":
+        _, held = book_split(shakespeare_texts())
+        docs = [_encode(tokenizer, t) for t in held.values()]
+    else:
+        files = package_sources(package)
+        by_dir: dict[str, list[int]] = {}
+        for i, (path, _) in enumerate(files):
+            by_dir.setdefault(str(Path(path).parent), []).append(i)
+    for tier in tiers:
+        made = 0
+        attempts = 0
+        while made < per_tier:
+            attempts += 1
+            if attempts > per_tier * 50:
+                raise ValueError(f"cannot build {per_tier} {suite} requests of {tier} tokens")
+            if suite == "books":
+                doc = rng.choice(docs)
+                if len(doc) < tier + new_tokens:
+                    continue
+                start = rng.randrange(0, len(doc) - tier - new_tokens)
+                ids = doc[start : start + tier]
+            elif suite == "code":
+                ids = _code_request(tokenizer, files, by_dir, rng, tier)
+                if ids is None:
+                    continue
+            else:
+                ids = _retrieval_request(tokenizer, files, rng, tier)
+                if ids is None:
+                    continue
+            requests.append({"id": f"{suite}-{tier}-{made}", "suite": suite, "tier": tier, "input_ids": ids,
+                             "new_tokens": new_tokens})
+            made += 1
+    return requests
+
+
+def _code_request(tokenizer, files, by_dir, rng, tier):
+    cut_idx = rng.randrange(len(files))
+    path, text = files[cut_idx]
+    lines = text.splitlines(keepends=True)
+    if len(lines) < 40:
+        return None
+    cut = rng.randrange(len(lines) // 2, len(lines) - 10)
+    tail = _encode(tokenizer, f"# file: {path}\n" + "".join(lines[:cut]))
+    if len(tail) >= tier:
+        return tail[-tier:]
+    near = [i for i in by_dir.get(str(Path(path).parent), []) if i != cut_idx]
+    far = [i for i in range(len(files)) if i not in near and i != cut_idx]
+    rng.shuffle(near)
+    rng.shuffle(far)
+    context: list[int] = []
+    for i in near + far:  # nearest files are placed last, right before the cut file
+        piece = _encode(tokenizer, f"# file: {files[i][0]}\n{files[i][1]}\n")
+        context = piece + context
+        if len(context) + len(tail) >= tier:
+            break
+    ids = context + tail
+    return ids[-tier:] if len(ids) >= tier else None
+
+
+def _retrieval_request(tokenizer, files, rng, tier, cue_tokens: int = 24):
+    """A code span whose end restarts a function from its first quarter: the answer is ~tier tokens back."""
+    pieces: list[int] = []
+    while len(pieces) < tier * 2:
+        path, text = files[rng.randrange(len(files))]
+        pieces += _encode(tokenizer, f"# file: {path}\n{text}\n")
+    body = pieces[: tier - cue_tokens - 8]
+    quarter = len(body) // 4
+    newline = _encode(tokenizer, "\ndef ")
+    starts = [i for i in range(quarter) if body[i : i + len(newline)] == newline]
+    if not starts:
+        return None
+    s = rng.choice(starts) + 1
+    marker = _encode(tokenizer, "\n\n# (repeated from above)\n")
+    ids = body + marker + body[s : s + cue_tokens]
+    return ids[-tier:] if len(ids) >= tier else None
+
+
+def save_requests(requests: list[dict], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for req in requests:
+            fh.write(json.dumps(req) + "\n")
+
+
+def load_requests(path: str | Path) -> list[dict]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------- running
+def machine_info() -> dict:
+    info = {"torch": torch.__version__, "python": platform.python_version(), "host": platform.node()}
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    else:
+        info["gpu"] = None
+        info["cpu"] = platform.processor() or platform.machine()
+    return info
+
+
+def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_dir: str | Path,
+              max_minutes: float | None = None, log=print) -> Path:
+    """Run every method on every request not yet in ``out_dir/runs.jsonl``; returns that file."""
+    import time
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = out / "runs.jsonl"
+    done = set()
+    if runs.is_file():
+        for line in runs.read_text().splitlines():
+            if line.strip():
+                done.add(json.loads(line)["request"])
+    meta = out / "machine.json"
+    if not meta.is_file():
+        meta.write_text(json.dumps(machine_info(), indent=2))
+    device = next(target.parameters()).device
+    todo = [r for r in requests if r["id"] not in done]
+    started = time.time()
+    for req in tqdm(todo, desc="bench requests", unit="req"):
+        if max_minutes is not None and (time.time() - started) / 60 > max_minutes:
+            log(f"stopping after {max_minutes} minutes; {len(todo)} requests were left, run again to resume")
+            break
+        ids = torch.tensor([req["input_ids"]], device=device)
+        rows = []
+        reference = None
+        for method in methods:
+            res = generate(target, drafter if method.config is not None else None, input_ids=ids,
+                           max_new_tokens=req["new_tokens"], return_stats=True, fold_config=method.config,
+                           eos_token_id=[])
+            tokens = res.new_tokens[0].tolist()
+            if reference is None:
+                reference = tokens
+            rows.append({"request": req["id"], "suite": req["suite"], "tier": req["tier"], "method": method.name,
+                         "tau": res.tau, "tpot_s": res.tpot_s, "ttft_s": res.ttft_s, "rounds": res.rounds,
+                         "new_tokens": res.num_new_tokens, "same_as_ar": tokens == reference})
+        with runs.open("a") as fh:  # a request is written whole, so pairing with its AR run survives restarts
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def _bootstrap_mean_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.tensor(values, dtype=torch.float64)
+    idx = torch.randint(0, len(v), (resamples, len(v)), generator=gen)
+    means = v[idx].mean(1).sort().values
+    return float(means[int(0.025 * resamples)]), float(means[int(0.975 * resamples) - 1])
+
+
+def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "") -> dict:
+    """Merge run files, compute the table, write ``summary.json``, ``summary.csv`` and PNG plots."""
+    rows = []
+    for f in run_files:
+        rows += [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+    by_request: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by_request.setdefault(row["request"], {})[row["method"]] = row
+    methods = sorted({r["method"] for r in rows} - {"ar"}, key=lambda m: (not m.startswith("fold"), m))
+    table = []
+    for suite in sorted({r["suite"] for r in rows}):
+        for tier in sorted({r["tier"] for r in rows if r["suite"] == suite}):
+            reqs = [v for v in by_request.values() if "ar" in v and v["ar"]["suite"] == suite and v["ar"]["tier"] == tier]
+            for method in methods:
+                paired = [v for v in reqs if method in v and v[method]["tpot_s"] > 0 and v["ar"]["tpot_s"] > 0]
+                if not paired:
+                    continue
+                speedups = [v["ar"]["tpot_s"] / v[method]["tpot_s"] for v in paired]
+                taus = [v[method]["tau"] for v in paired]
+                lo, hi = _bootstrap_mean_ci(speedups)
+                tlo, thi = _bootstrap_mean_ci(taus)
+                table.append({
+                    "suite": suite, "tier": tier, "method": method, "requests": len(paired),
+                    "tau": sum(taus) / len(taus), "tau_ci_low": tlo, "tau_ci_high": thi,
+                    "speedup": sum(speedups) / len(speedups), "speedup_ci_low": lo, "speedup_ci_high": hi,
+                    "tpot_ms": 1000 * sum(v[method]["tpot_s"] for v in paired) / len(paired),
+                    "ar_tpot_ms": 1000 * sum(v["ar"]["tpot_s"] for v in paired) / len(paired),
+                    "differ_from_ar": sum(not v[method]["same_as_ar"] for v in paired),
+                })
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = {}
+    for f in run_files:
+        meta = Path(f).parent / "machine.json"
+        if meta.is_file():
+            machine = json.loads(meta.read_text())
+    summary = {"title": title, "date": _dt.date.today().isoformat(), "machine": machine, "rows": table,
+               "averages": _averages(table)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    with (out / "summary.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(table[0]) if table else ["suite"])
+        writer.writeheader()
+        writer.writerows(table)
+    _plot(table, out, title)
+    return summary
+
+
+def _averages(table: list[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for method in sorted({r["method"] for r in table}):
+        sel = [r for r in table if r["method"] == method]
+        out[method] = {"tau": sum(r["tau"] for r in sel) / len(sel),
+                       "speedup": sum(r["speedup"] for r in sel) / len(sel),
+                       "differ_from_ar": sum(r["differ_from_ar"] for r in sel)}
+    return out
+
+
+def _plot(table: list[dict], out: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are optional: the table is written regardless
+        return
+    suites = sorted({r["suite"] for r in table})
+    if not suites:
+        return
+    for metric, label in (("tau", "acceptance length τ"), ("speedup", "speedup vs AR (TPOT)")):
+        fig, axes = plt.subplots(1, len(suites), figsize=(5 * len(suites), 4), squeeze=False)
+        for ax, suite in zip(axes[0], suites):
+            for method in sorted({r["method"] for r in table}, key=lambda m: (not m.startswith("fold"), m)):
+                sel = sorted((r for r in table if r["suite"] == suite and r["method"] == method), key=lambda r: r["tier"])
+                if not sel:
+                    continue
+                x = [r["tier"] for r in sel]
+                y = [r[metric] for r in sel]
+                err = [[r[metric] - r[f"{metric}_ci_low"] for r in sel], [r[f"{metric}_ci_high"] - r[metric] for r in sel]]
+                style = "-o" if method.startswith("fold") else "--."
+                ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=method, linewidth=2 if method == "fold-a2" else 1)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({r["tier"] for r in table}))
+            ax.set_xticklabels([f"{t // 1024}K" for t in sorted({r["tier"] for r in table})])
+            ax.set_title(suite)
+            ax.set_xlabel("input length (tokens)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=8, loc="best")
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(out / f"{metric}_by_length.png", dpi=110)
+        plt.close(fig)

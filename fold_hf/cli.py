@@ -1,0 +1,230 @@
+"""`fold-hf`: demo, bench and train-drafter on the embedded pair (SmolLM2-135M-Instruct + its DFlash drafter)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DEFAULT_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dflash"
+DEMO_WINDOW = 512
+DEMO_TRAIN_LENGTH = 768
+
+
+def _device(name: str | None) -> torch.device:
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_default_pair(device: torch.device, drafter_dir: str | Path | None = None):
+    """(target, tokenizer, drafter) of the embedded pair."""
+    from .modeling import FoldDrafter
+    from .modeling.gguf_target import load_smollm2
+
+    target, tokenizer = load_smollm2(device)
+    path = Path(drafter_dir) if drafter_dir else DEFAULT_DRAFTER
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"no drafter at {path}: train one with `fold-hf train-drafter` or pass --drafter DIR")
+    drafter = FoldDrafter.from_pretrained(path, dtype=target.dtype, device=device)
+    drafter.bind_target(target)
+    return target, tokenizer, drafter
+
+
+def demo_prompt(tokenizer, tokens: int) -> torch.Tensor:
+    """A long real input whose continuation repeats content from far back (a retrieval-heavy request)."""
+    from .bench import build_suite
+
+    req = build_suite(tokenizer, "retrieval", [tokens], per_tier=1, new_tokens=64, seed=7)[0]
+    return torch.tensor([req["input_ids"]])
+
+
+def cmd_demo(args) -> int:
+    from . import FoldConfig, generate
+
+    device = _device(args.device)
+    torch.manual_seed(0)
+    t0 = time.time()
+    target, tokenizer, drafter = load_default_pair(device, args.drafter)
+    print(f"loaded SmolLM2-135M-Instruct + DFlash drafter on {device} in {time.time() - t0:.0f}s")
+    ids = demo_prompt(tokenizer, args.tokens).to(device)
+    print(f"input: {ids.shape[1]} tokens of real code whose end restarts a function from far above; "
+          f"{args.new_tokens} new tokens, greedy")
+    runs = {
+        "AR (target alone)": None,
+        "original drafter (dflash)": FoldConfig(mode="dflash", window=args.window),
+        f"FOLD (W={args.window}, alpha=2)": FoldConfig(mode="fold", window=args.window, alpha=2.0),
+    }
+    results = {}
+    for name, cfg in runs.items():
+        res = generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
+                       fold_config=cfg, return_stats=True, eos_token_id=[])
+        results[name] = res
+    reference = results["AR (target alone)"].sequences
+    print(f"\n{'method':34s} {'tau':>6s} {'tok/s':>8s} {'same as AR':>11s}")
+    for name, res in results.items():
+        tps = (res.num_new_tokens - 1) / res.decode_s if res.decode_s > 0 else float("nan")
+        same = torch.equal(res.sequences, reference)
+        print(f"{name:34s} {res.tau:6.2f} {tps:8.1f} {str(same):>11s}")
+    text = tokenizer.decode(reference[0, ids.shape[1]:])
+    print("\ncontinuation:\n" + text)
+    if not all(torch.equal(r.sequences, reference) for r in results.values()):
+        print("warning: an output differs from AR (numerical near-ties in low precision)", file=sys.stderr)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .data import book_split, shakespeare_texts, stdlib_sources
+    from .modeling.gguf_target import load_smollm2
+    from .train_drafter import TrainSettings, train_drafter
+
+    device = _device(args.device)
+    target, tokenizer = load_smollm2(device)
+    books_train, books_held = book_split(shakespeare_texts())
+    code = [t for _, t in stdlib_sources()]
+    sources = code + list(books_train.values())
+    settings = TrainSettings(layers=args.layers, block_size=args.block_size, intermediate_size=args.intermediate,
+                             mask_token_id=args.mask_token_id, prompt_tokens=args.prompt_tokens,
+                             new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
+                             steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed)
+    from .data import package_sources
+
+    held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
+    report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
+                           max_minutes=args.max_minutes)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import build_suite, default_methods, load_requests, run_bench, save_requests, summarize
+
+    device = _device(args.device)
+    out = Path(args.out or f"benchmarks/results/{_dt.date.today().isoformat()}-{_machine_tag(device)}")
+    requests_file = Path(args.requests) if args.requests else out / "requests.jsonl"
+    if not requests_file.is_file():
+        from .modeling.gguf_target import load_smollm2
+
+        _, tokenizer = load_smollm2("cpu") if args.build_only else (None, None)
+        if tokenizer is None:
+            target, tokenizer, drafter = load_default_pair(device, args.drafter)
+        requests = []
+        for suite in args.suites:
+            requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed)
+        save_requests(requests, requests_file)
+        print(f"wrote {len(requests)} requests to {requests_file}")
+        if args.build_only:
+            return 0
+    else:
+        if args.build_only:
+            print(f"{requests_file} exists")
+            return 0
+        target, tokenizer, drafter = load_default_pair(device, args.drafter)
+    requests = load_requests(requests_file)
+    methods = default_methods(args.window, args.train_length, args.budget)
+    if args.methods:
+        methods = [m for m in methods if m.name in set(args.methods) | {"ar"}]
+    if args.shard:
+        index, count = (int(x) for x in args.shard.split("/"))
+        requests = requests[index::count]
+    runs = run_bench(target, drafter, requests, methods, out / (f"shard{args.shard.replace('/', 'of')}"
+                                                                if args.shard else "run"),
+                     max_minutes=args.max_minutes)
+    files = sorted(out.glob("*/runs.jsonl")) or [runs]
+    summary = summarize(files, out, title=f"SmolLM2-135M + DFlash drafter, W={args.window}")
+    _print_table(summary)
+    return 0
+
+
+def cmd_summarize(args) -> int:
+    from .bench import summarize
+
+    out = Path(args.out)
+    files = sorted(out.glob("*/runs.jsonl"))
+    if not files:
+        raise SystemExit(f"no */runs.jsonl under {out}")
+    _print_table(summarize(files, out, title=args.title))
+    return 0
+
+
+def _print_table(summary: dict) -> None:
+    print(f"\n{'suite':10s} {'tier':>6s} {'method':10s} {'tau':>6s} {'speedup':>8s} {'95% CI':>16s} {'differ':>6s}")
+    for r in summary["rows"]:
+        print(f"{r['suite']:10s} {r['tier']:6d} {r['method']:10s} {r['tau']:6.2f} {r['speedup']:8.2f} "
+              f"[{r['speedup_ci_low']:5.2f}, {r['speedup_ci_high']:5.2f}] {r['differ_from_ar']:6d}")
+
+
+def _machine_tag(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device).replace(" ", "-").lower()
+    return f"cpu-{platform.machine()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fold-hf", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="AR vs original drafter vs FOLD on a long real input")
+    demo.add_argument("--device")
+    demo.add_argument("--drafter", help="drafter directory (default: the embedded one)")
+    demo.add_argument("--tokens", type=int, default=2048, help="input length")
+    demo.add_argument("--new-tokens", type=int, default=64)
+    demo.add_argument("--window", type=int, default=DEMO_WINDOW)
+    demo.set_defaults(func=cmd_demo)
+
+    train = sub.add_parser("train-drafter", help="train a DFlash drafter for SmolLM2-135M-Instruct")
+    train.add_argument("--out", required=True)
+    train.add_argument("--device")
+    train.add_argument("--layers", type=int, default=4)
+    train.add_argument("--block-size", type=int, default=8)
+    train.add_argument("--intermediate", type=int, default=1024)
+    train.add_argument("--mask-token-id", type=int, default=16, help="SmolLM2's <empty_output>")
+    train.add_argument("--prompt-tokens", type=int, default=512)
+    train.add_argument("--new-tokens", type=int, default=256)
+    train.add_argument("--sequences", type=int, default=2048)
+    train.add_argument("--gen-batch", type=int, default=128)
+    train.add_argument("--steps", type=int, default=3000)
+    train.add_argument("--batch", type=int, default=8)
+    train.add_argument("--anchors", type=int, default=48)
+    train.add_argument("--lr", type=float, default=6e-4)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--eval-package", default="transformers")
+    train.add_argument("--max-minutes", type=float, help="stop and save after this long (resume later)")
+    train.set_defaults(func=cmd_train)
+
+    bench = sub.add_parser("bench", help="τ and speedup of every mode vs AR by input length")
+    bench.add_argument("--out")
+    bench.add_argument("--device")
+    bench.add_argument("--drafter")
+    bench.add_argument("--requests", help="requests JSONL (built when missing)")
+    bench.add_argument("--build-only", action="store_true", help="only build the requests file")
+    bench.add_argument("--suites", nargs="+", default=["code", "books", "retrieval"])
+    bench.add_argument("--tiers", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    bench.add_argument("--per-tier", type=int, default=8)
+    bench.add_argument("--new-tokens", type=int, default=64)
+    bench.add_argument("--window", type=int, default=DEMO_WINDOW)
+    bench.add_argument("--train-length", type=int, default=DEMO_TRAIN_LENGTH)
+    bench.add_argument("--budget", type=int)
+    bench.add_argument("--methods", nargs="+")
+    bench.add_argument("--shard", help="i/n: run every n-th request starting at i")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--max-minutes", type=float)
+    bench.set_defaults(func=cmd_bench)
+
+    summ = sub.add_parser("summarize", help="merge */runs.jsonl under a results folder into the table and plots")
+    summ.add_argument("out")
+    summ.add_argument("--title", default="")
+    summ.set_defaults(func=cmd_summarize)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

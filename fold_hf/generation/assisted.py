@@ -1,0 +1,168 @@
+"""FOLD inside ``target.generate(..., assistant_model=<FoldDrafter>)``.
+
+transformers hard-codes its candidate generators (DESIGN §5); after ``import fold_hf``,
+``GenerationMixin._get_candidate_generator`` returns :class:`FoldCandidateGenerator` whenever the
+assistant is a :class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks for transformers' own
+DFlash generator, which our drafter also serves). ``_assisted_decoding`` is wrapped only to remove the
+hidden-state hooks when the call ends.
+
+Hidden states come from forward hooks on the tapped target layers rather than
+``output_hidden_states``: a long prompt would otherwise keep every layer's states, and the index
+convention of ``output_hidden_states=[...]`` changed between transformers 5.17 and 5.2x.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.utils import GenerationMixin
+
+from ..modeling.drafter import FoldDrafter
+from ..modeling.validation import validate_pair
+from .taps import HiddenTaps
+
+_INSTALLED_ATTR = "_fold_hf_installed"
+
+
+class FoldCandidateGenerator(CandidateGenerator):
+    """Drafts a block per round with a :class:`FoldDrafter`; only accepted positions enter its cache."""
+
+    requires_model_outputs = True
+    model_kwargs_overrides: dict[str, Any] = {}
+
+    def __init__(self, target: nn.Module, drafter: FoldDrafter, generation_config, logits_processor=None,
+                 tokenizer=None) -> None:
+        drafter.bind_target(target)
+        self.drafter = drafter
+        self.block_size = drafter.block_size
+        self.max_length = generation_config.max_length
+        self.do_sample = bool(generation_config.do_sample)
+        self.logits_processor = logits_processor
+        self.cache = drafter.new_cache(request_length=generation_config.max_length)
+        self.taps = HiddenTaps(target, drafter.config.target_layer_ids).__enter__()
+        self.acceptance_lengths: list[int] = []
+        eos = generation_config.eos_token_id
+        self.eos = set([eos] if isinstance(eos, int) else list(eos or []))
+        stops = generation_config.stop_strings
+        self.stop_strings = [stops] if isinstance(stops, str) else list(stops or [])
+        self.tokenizer = tokenizer
+        self._prefill = True
+        self._prefill_round = False
+        drafter.last_acceptance_lengths = self.acceptance_lengths
+
+    def close(self) -> None:
+        self.taps.__exit__(None, None, None)
+
+    def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, model_outputs=None,
+                       is_first_iteration: bool = False, n_last_matches: int = 0, **kwargs):
+        if is_first_iteration:
+            self._prefill_round = True
+            return input_ids, None  # let the target prefill and pick the first token
+        features = self.taps.features()
+        committed = input_ids.shape[1] - 1 if self._prefill else n_last_matches + 1
+        context = features[:, :committed]
+        self._prefill = False
+        k = min(self.block_size - 1, self.max_length - input_ids.shape[1] - 1)
+        if k <= 0:
+            return input_ids, None
+        logits = self.drafter.draft_logits(input_ids[0, -1:], context, self.cache,
+                                           block_start=input_ids.shape[1] - 1)[:, :k]
+        logits = logits.to(input_ids.device, torch.float32)
+        if self.logits_processor is not None and len(self.logits_processor) > 0:
+            ids = input_ids
+            for i in range(k):
+                logits[:, i] = self.logits_processor(ids, logits[:, i])
+                token = (torch.multinomial(logits[:, i].softmax(-1), 1) if self.do_sample
+                         else logits[:, i].argmax(-1, keepdim=True))
+                ids = torch.cat((ids, token), dim=-1)
+            drafts = ids[:, input_ids.shape[1]:]
+        elif self.do_sample:
+            drafts = torch.multinomial(logits[0].softmax(-1), 1).T
+        else:
+            drafts = logits.argmax(-1)
+        keep = self._draft_length_before_stop(input_ids, drafts[0].tolist())
+        return torch.cat((input_ids, drafts[:, :keep]), dim=-1), logits[:, :keep]
+
+    def _draft_length_before_stop(self, input_ids: torch.LongTensor, drafts: list[int]) -> int:
+        """Drafts kept so that no draft ends generation: an EOS or a stop string can then only be completed by the
+        target's own token, which is always last in a round, where every transformers version checks for it."""
+        for i, token in enumerate(drafts):
+            if token in self.eos:
+                return i
+        if not self.stop_strings or self.tokenizer is None:
+            return len(drafts)
+        longest = max(len(s) for s in self.stop_strings)
+        tail = input_ids[0, -(longest + 2):].tolist()
+        before = self.tokenizer.decode(tail)
+        counts = [before.count(s) for s in self.stop_strings]
+        for i in range(len(drafts)):
+            text = self.tokenizer.decode(tail + drafts[: i + 1])
+            if any(text.count(s) > c for s, c in zip(self.stop_strings, counts)):
+                return i
+        return len(drafts)
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        if self._prefill_round:  # the prefill is no verification round
+            self._prefill_round = False
+            return
+        self.acceptance_lengths.append(int(num_matches) + 1)
+
+
+def _wrap_get_candidate_generator(original):
+    @functools.wraps(original)
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 assistant_model=None, *args, **kwargs):
+        if isinstance(assistant_model, FoldDrafter) and getattr(generation_config, "speculation_type", None) != "dflash":
+            generator = FoldCandidateGenerator(self, assistant_model, generation_config, logits_processor,
+                                               tokenizer=kwargs.get("target_tokenizer"))
+            assistant_model._active_candidate_generator = generator
+            return generator
+        if isinstance(assistant_model, FoldDrafter):
+            assistant_model.bind_target(self)
+        return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                        assistant_model, *args, **kwargs)
+
+    return _get_candidate_generator
+
+
+def _wrap_assisted_decoding(original):
+    @functools.wraps(original)
+    def _assisted_decoding(self, *args, **kwargs):
+        assistant = kwargs.get("assistant_model")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            generator = getattr(assistant, "_active_candidate_generator", None)
+            if generator is not None:
+                generator.close()
+                assistant._active_candidate_generator = None
+
+    return _assisted_decoding
+
+
+def _wrap_validate_generation_mode(original):
+    @functools.wraps(original)
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
+        assistant = (generation_mode_kwargs or {}).get("assistant_model")
+        if isinstance(assistant, FoldDrafter):
+            validate_pair(assistant, self)  # our message names the field, before transformers' own checks
+        return original(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
+
+    return _validate_generation_mode
+
+
+def install() -> None:
+    """Route FoldDrafter assistants to :class:`FoldCandidateGenerator` (idempotent)."""
+    if getattr(GenerationMixin, _INSTALLED_ATTR, False):
+        return
+    GenerationMixin._get_candidate_generator = _wrap_get_candidate_generator(GenerationMixin._get_candidate_generator)
+    GenerationMixin._assisted_decoding = _wrap_assisted_decoding(GenerationMixin._assisted_decoding)
+    if hasattr(GenerationMixin, "_validate_generation_mode"):
+        GenerationMixin._validate_generation_mode = _wrap_validate_generation_mode(
+            GenerationMixin._validate_generation_mode
+        )
+    setattr(GenerationMixin, _INSTALLED_ATTR, True)

@@ -1,0 +1,88 @@
+"""Capture the target's hidden states at the drafter's tapped layers.
+
+``output_hidden_states=True`` would keep every layer of a long prompt (34 GB for Llama-3.1-8B at
+128K tokens); forward hooks on the tapped decoder layers keep only what the drafter reads. The value
+captured for layer ``l`` is what transformers returns as ``hidden_states[l + 1]``: the layer's output,
+and for the last layer the output after the final norm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model under PEFT or similar wrappers."""
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        base = getattr(model, "get_base_model", None)
+        if callable(base):
+            inner = base()
+            if inner is not model:
+                model = inner
+                continue
+        break
+    return model
+
+
+def decoder_layers(target: nn.Module) -> tuple[nn.ModuleList, nn.Module | None]:
+    """The target's decoder layer list and its final norm (None when not found)."""
+    model = _unwrap(target)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    candidates = [decoder, getattr(model, "model", None), model]
+    n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    for module in candidates:
+        if module is None:
+            continue
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, nn.ModuleList) and (n_layers is None or len(layers) == n_layers):
+            return layers, getattr(module, "norm", None)
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n_layers:
+            return module, None
+    raise ValueError("cannot find the target's decoder layers to tap hidden states from")
+
+
+class HiddenTaps:
+    """Context manager collecting ``[b, L, H]`` outputs of the tapped layers during target forwards.
+
+    ``features()`` concatenates them in tap order: ``[b, L, n_taps * H]``.
+    """
+
+    def __init__(self, target: nn.Module, layer_ids: list[int]) -> None:
+        layers, self._norm = decoder_layers(target)
+        self.layer_ids = list(layer_ids)
+        self._last = len(layers) - 1
+        self._layers = layers
+        self._captured: dict[int, torch.Tensor] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> "HiddenTaps":
+        for lid in dict.fromkeys(self.layer_ids):
+            self._handles.append(self._layers[lid].register_forward_hook(self._hook(lid)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, lid: int):
+        def capture(module, args, output):
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+            if lid == self._last and self._norm is not None:
+                hidden = self._norm(hidden)
+            self._captured[lid] = hidden.detach()
+
+        return capture
+
+    def features(self) -> torch.Tensor:
+        missing = [lid for lid in self.layer_ids if lid not in self._captured]
+        if missing:
+            raise RuntimeError(f"target layers {missing} did not run during the forward")
+        device = self._captured[self.layer_ids[0]].device
+        out = torch.cat([self._captured[lid].to(device) for lid in self.layer_ids], dim=-1)
+        self._captured.clear()
+        return out

@@ -1,0 +1,365 @@
+"""`FoldDrafter`: a DFlash block-parallel drafter whose context read is set by a `FoldConfig`.
+
+Forward semantics of z-lab DFlash (DESIGN §4):
+
+* context feature ``c_j = hidden_norm(fc(concat_l h_l[j]))``, ``h_l`` = output of target layer ``l``;
+* every layer derives context keys/values ``k_norm(k_proj(c))``, ``v_proj(c)`` (no input layernorm on
+  ``c``) and block queries/keys/values from its normed block hidden;
+* the block (slot 0 = embedding of the last committed token, slots 1.. = mask token) attends to
+  itself bidirectionally and to the context;
+* output: final norm, then the target's ``lm_head`` on slots ``1 .. B-1``.
+
+The drafter holds no embedding or ``lm_head`` of its own: :meth:`FoldDrafter.bind_target` borrows
+the target's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from .attention import FOLD_ATTENTION, drafter_read
+from .cache import FoldCache
+from .drafter_config import FoldDrafterConfig
+from .fold_config import FoldConfig
+from .read_plan import LayerRead, plan_layer_read
+from .rope import RotaryTables, yarn_factor, yarn_rope_parameters
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, config: FoldDrafterConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+        from transformers.activations import ACT2FN
+
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, config: FoldDrafterConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.num_key_value_groups = self.num_heads // self.num_kv_heads
+        self.is_causal = False
+        self.rope = None  # set by FoldDrafter: the drafter's base rotary tables
+        self.sliding_window = config.sliding_window if config.is_sliding_layer(layer_idx) else None
+        bias = bool(getattr(config, "attention_bias", False))
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int, norm: RMSNorm | None) -> torch.Tensor:
+        b, L, _ = x.shape
+        y = proj(x).view(b, L, n, self.head_dim)
+        if norm is not None:
+            y = norm(y)
+        return y.transpose(1, 2)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        context: torch.Tensor | None,
+        cache_layer,
+        read_for_layer,
+    ) -> torch.Tensor:
+        """hidden ``[b, Lq, H]`` (normed block), context ``[b, n, H]`` new context features or None."""
+        q = self._heads(hidden, self.q_proj, self.num_heads, self.q_norm)
+        k_blk = self._heads(hidden, self.k_proj, self.num_kv_heads, self.k_norm)
+        v_blk = self._heads(hidden, self.v_proj, self.num_kv_heads, None)
+        if context is not None and context.shape[1]:
+            k_new = self._heads(context, self.k_proj, self.num_kv_heads, self.k_norm)
+            v_new = self._heads(context, self.v_proj, self.num_kv_heads, None)
+        else:
+            k_new = v_new = None
+        k_ctx, v_ctx, k_ctx_rotated = cache_layer(k_new, v_new, k_blk, v_blk)
+        read: LayerRead = read_for_layer(self, k_ctx.shape[2])
+        if k_ctx_rotated is not None and not (read.true_positions and read.rope is self.rope):
+            k_ctx_rotated = None  # the rotated copy holds true positions under the base rope only
+        out = drafter_read(self, q, k_ctx, v_ctx, k_blk, v_blk, read, self.scaling, k_ctx_rotated)
+        return self.o_proj(out.reshape(*out.shape[:2], -1))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, config: FoldDrafterConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = DrafterAttention(config, layer_idx)
+        self.mlp = DrafterMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden, context, cache_layer, read_for_layer) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, cache_layer, read_for_layer)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class FoldDrafter(PreTrainedModel):
+    """DFlash drafter with FOLD context reading (any `FoldConfig` mode, one code path).
+
+    Load a released z-lab checkpoint with :meth:`from_pretrained`, attach it to a target with
+    :meth:`bind_target` (done for you by ``fold_hf.generate`` and ``target.generate(assistant_model=...)``).
+    """
+
+    config_class = FoldDrafterConfig
+    base_model_prefix = "drafter"
+    _no_split_modules = ["DrafterLayer"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    main_input_name = "noise_embeds"
+
+    def __init__(self, config: FoldDrafterConfig, fold_config: FoldConfig | None = None) -> None:
+        requested = getattr(config, "_attn_implementation_internal", None)
+        super().__init__(config)
+        if requested is None:  # transformers picks sdpa by default; the drafter reads through "fold"
+            self.config._attn_implementation = FOLD_ATTENTION
+        n_taps = len(config.target_layer_ids)
+        self.fc = nn.Linear(n_taps * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList([DrafterLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fold_config = fold_config if fold_config is not None else FoldConfig(mode="dflash")
+        self.rope = RotaryTables.from_config(config)
+        for layer in self.layers:
+            layer.self_attn.rope = self.rope
+        self._yarn_tables: dict[float, RotaryTables] = {}
+        self._target_parts: tuple[Any, ...] | None = None
+        self.post_init()
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def set_fold_config(self, fold_config: FoldConfig) -> "FoldDrafter":
+        """Switch the reading mode in place (no weights change)."""
+        if not isinstance(fold_config, FoldConfig):
+            raise TypeError(f"fold_config must be a FoldConfig, got {type(fold_config).__name__}")
+        fold_config.validate()
+        self.fold_config = fold_config
+        return self
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = getattr(self.config, "initializer_range", 0.02)
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    # ------------------------------------------------------------------ target binding
+    def bind_target(self, target: nn.Module) -> "FoldDrafter":
+        """Borrow the target's input embedding and lm_head after checking the pair fits (ValueError if not)."""
+        from .validation import validate_pair
+
+        validate_pair(self, target)
+        self._target_parts = (target.get_input_embeddings(), target.get_output_embeddings(), id(target))
+        return self
+
+    @property
+    def target_embedding(self) -> nn.Module:
+        if self._target_parts is None:
+            raise RuntimeError("the drafter has no target: call drafter.bind_target(target) first")
+        return self._target_parts[0]
+
+    @property
+    def target_lm_head(self) -> nn.Module:
+        if self._target_parts is None:
+            raise RuntimeError("the drafter has no target: call drafter.bind_target(target) first")
+        return self._target_parts[1]
+
+    def new_cache(self, request_length: int | None = None, keep_rotated_copy: bool = False) -> FoldCache:
+        """An empty context cache for one request (``request_length`` = P + G, used by ``yarn``)."""
+        return FoldCache(len(self.layers), keep_rotated_copy=keep_rotated_copy, rope=self.rope,
+                         request_length=request_length)
+
+    # ------------------------------------------------------------------ reading geometry
+    def _rope_for(self, sliding: bool, block_start: int, query_length: int, cache) -> RotaryTables:
+        cfg = self.fold_config
+        if cfg.mode != "yarn" or sliding:
+            return self.rope
+        total = getattr(cache, "request_length", None) or block_start
+        factor = yarn_factor(total, query_length, cfg.train_length)
+        if factor == 1.0:
+            return self.rope
+        tables = self._yarn_tables.get(factor)
+        if tables is None:
+            params = yarn_rope_parameters(self.config.rope_parameters, factor, cfg.train_length)
+            tables = RotaryTables.from_config(self.config, params)
+            self._yarn_tables[factor] = tables
+        return tables
+
+    def plan_read(self, layer_idx: int, num_context: int, block_start: int, query_length: int,
+                  device: torch.device | str = "cpu", cache=None) -> LayerRead:
+        """The geometry layer ``layer_idx`` reads with under the current `FoldConfig`."""
+        attn = self.layers[layer_idx].self_attn
+        sliding = attn.sliding_window is not None
+        rope = self._rope_for(sliding, block_start, query_length, cache)
+        return plan_layer_read(
+            self.fold_config,
+            num_context=num_context,
+            block_start=block_start,
+            query_length=query_length,
+            block_size=self.config.block_size,
+            rope=rope,
+            sliding_window=attn.sliding_window,
+            device=device,
+        )
+
+    # ------------------------------------------------------------------ forward
+    def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """``[b, n, n_taps * H]`` concatenated target hidden states -> ``[b, n, H]`` context features."""
+        expected = self.fc.in_features
+        if target_hidden.shape[-1] != expected:
+            raise ValueError(
+                f"context hidden states have {target_hidden.shape[-1]} features; the drafter's fc expects "
+                f"{expected} = {len(self.config.target_layer_ids)} taps x hidden {self.config.hidden_size}"
+            )
+        return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+
+    def forward(
+        self,
+        noise_embeds: torch.Tensor,
+        context_hidden_states: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+        *,
+        block_start: int | None = None,
+        past_key_values=None,
+        **kwargs: Any,
+    ) -> BaseModelOutput:
+        """Draft one block.
+
+        Args:
+            noise_embeds: ``[b, Lq, H]`` block embeddings (slot 0: last committed token, then mask tokens).
+            context_hidden_states: ``[b, n, n_taps * H]`` target hidden states of the ``n`` newly committed
+                tokens (their taps concatenated), or None when nothing new was committed.
+            position_ids: ``[b, n + Lq]`` positions of the new context entries then the block (transformers'
+                native DFlash call); context entries must be contiguous from 0.
+            attention_mask: ``[b, total]`` padding mask of the native call; only all-ones is supported (batch 1).
+            cache: a :class:`FoldCache` (context only), or any transformers ``Cache`` (native DFlash path, which
+                keeps the block in the cache and crops it before the next call).
+            block_start: position of block slot 0; defaults to the end of the context.
+
+        Returns:
+            ``BaseModelOutput`` with ``last_hidden_state [b, Lq, H]`` after the final norm.
+        """
+        cache = cache if cache is not None else past_key_values
+        if cache is None:
+            raise ValueError("FoldDrafter.forward needs a cache (drafter.new_cache())")
+        if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
+            raise ValueError("padded inputs are not supported by FoldDrafter (batch size 1 only)")
+        hidden = noise_embeds.to(self.fc.weight.dtype)
+        b, Lq, _ = hidden.shape
+        context = None
+        n_new = 0
+        if context_hidden_states is not None and context_hidden_states.shape[1]:
+            context = self.context_features(context_hidden_states.to(hidden.device))
+            n_new = context.shape[1]
+        native = not isinstance(cache, FoldCache)
+        num_context = cache.get_seq_length() + n_new
+        if position_ids is not None:
+            start = int(position_ids.reshape(-1)[-Lq])
+            if start < num_context:
+                raise ValueError(f"block position {start} precedes the end of the context ({num_context})")
+            block_start = start if block_start is None else block_start
+        if block_start is None:
+            block_start = num_context
+
+        def cache_layer_for(idx: int):
+            def run(k_new, v_new, k_blk, v_blk):
+                if native:
+                    # native DFlash cache holds context then the block; the generator crops the block later
+                    k_app = k_blk if k_new is None else torch.cat((k_new, k_blk), dim=2)
+                    v_app = v_blk if v_new is None else torch.cat((v_new, v_blk), dim=2)
+                    keys, values = cache.update(k_app, v_app, idx)
+                    return keys[:, :, :-Lq], values[:, :, :-Lq], None
+                layer = cache.layers[idx]
+                if k_new is not None:
+                    keys, values = layer.update(k_new, v_new)
+                elif layer.is_initialized:
+                    keys, values = layer.context()
+                else:
+                    empty = k_blk[:, :, :0]
+                    return empty, v_blk[:, :, :0], None
+                return keys, values, layer.rotated_context()
+
+            return run
+
+        def read_for(attn: DrafterAttention, T: int) -> LayerRead:
+            return self.plan_read(attn.layer_idx, T, block_start, Lq, device=hidden.device, cache=cache)
+
+        for idx, layer in enumerate(self.layers):
+            hidden = layer(hidden, context, cache_layer_for(idx), read_for)
+        return BaseModelOutput(last_hidden_state=self.norm(hidden))
+
+    @torch.no_grad()
+    def draft_logits(self, last_token: torch.Tensor, context_hidden_states: torch.Tensor | None,
+                     cache: FoldCache, block_start: int | None = None) -> torch.Tensor:
+        """Logits ``[b, B-1, V]`` for block slots ``1 .. B-1`` given the last committed token ``[b]``."""
+        embed = self.target_embedding
+        mask_id = self.config.mask_token_id
+        B = self.config.block_size
+        ids = torch.full((last_token.shape[0], B), mask_id, dtype=torch.long, device=last_token.device)
+        ids[:, 0] = last_token
+        noise = embed(ids.to(embed.weight.device)).to(self.fc.weight.device)
+        out = self(noise, context_hidden_states, cache=cache, block_start=block_start).last_hidden_state
+        head = self.target_lm_head
+        return head(out[:, 1:].to(head.weight.device, head.weight.dtype))
+
+    # ------------------------------------------------------------------ checkpoints
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, fold_config: FoldConfig | None = None,
+                        dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
+                        **kwargs) -> "FoldDrafter":
+        """Load a z-lab DFlash checkpoint (local dir or hub id). No code from the checkpoint runs.
+
+        A ``fold_config.json`` beside the weights is used when ``fold_config`` is not given.
+        """
+        from .loading import load_drafter
+
+        if model_args:
+            raise TypeError("FoldDrafter.from_pretrained takes no positional arguments beyond the path")
+        dtype = kwargs.pop("torch_dtype", dtype)
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+        return load_drafter(cls, pretrained_model_name_or_path, fold_config=fold_config, dtype=dtype, device=device)
+
+    def save_pretrained(self, save_directory, **kwargs) -> None:
+        """Write the z-lab layout: ``config.json``, ``model.safetensors`` and ``fold_config.json``."""
+        from .loading import save_drafter
+
+        save_drafter(self, save_directory)
+

@@ -1,0 +1,165 @@
+"""`FoldConfig`: how a block-parallel drafter reads its context.
+
+Every reading mode is a setting of the same attention code path, so baselines and FOLD are compared
+on equal footing (DESIGN §3):
+
+==========  ===========================================================================================
+mode        what the drafter reads
+==========  ===========================================================================================
+fold        exact positions inside the window, every older entry as a position-free far memory read at
+            distance D + r (D = window + block), with its own softmax sharpened by ``alpha`` and an
+            l_alpha mass; the two branches merged by mass
+dflash      the drafter as released: every context entry at its true distance
+window      FOLD's window only, older entries dropped
+streaming   ``sinks`` first entries + the most recent ``budget - sinks``; kept entries renumbered
+rerope      FOLD's window at true distances, older entries at distance D, queries scaled by
+            max(1, log(p + 1) / log(train_length)); one softmax over both
+yarn        every entry at its true distance, rope scaled by
+            max(1, ceil((P + G + Q) / 256) * 256 / train_length)
+==========  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODES = ("fold", "dflash", "window", "streaming", "rerope", "yarn")
+LAYER_SCOPES = ("all", "full")
+FOLD_CONFIG_NAME = "fold_config.json"
+
+
+@dataclass
+class FoldConfig:
+    """Reading mode of a FOLD drafter.
+
+    Args:
+        mode: one of ``fold``, ``dflash``, ``window``, ``streaming``, ``rerope``, ``yarn``.
+        window: W, the number of most recent context entries every block row reads at exact positions.
+        alpha: concentration factor of the far memory (``fold`` only), ``alpha >= 1``; ``math.inf``
+            gives a hard top-1 read.
+        sinks: attention-sink entries kept by ``streaming``.
+        budget: total entries kept by ``streaming`` (sinks included); ``None`` means ``window``.
+        train_length: the drafter's training length R (``yarn`` reference length, ``rerope`` log base).
+        layers: ``all`` applies ``fold``/``rerope`` to every layer, a sliding-window layer keeping its native
+            window as the local branch and also reading the far memory; ``full`` leaves sliding-window
+            layers as released. ``dflash``, ``window``, ``streaming`` and ``yarn`` never change a sliding layer.
+        target_model: optional id of the target this setting was tuned for (informational).
+        drafter_model: optional id of the drafter this setting was tuned for (informational).
+    """
+
+    mode: str = "fold"
+    window: int = 2048
+    alpha: float = 2.0
+    sinks: int = 4
+    budget: int | None = None
+    train_length: int = 4096
+    layers: str = "all"
+    target_model: str | None = None
+    drafter_model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"FoldConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
+            raise ValueError(f"FoldConfig.window must be an integer >= 1, got {self.window!r}")
+        try:
+            alpha = float(self.alpha)
+        except (TypeError, ValueError):
+            raise ValueError(f"FoldConfig.alpha must be a number >= 1, got {self.alpha!r}") from None
+        if math.isnan(alpha) or alpha < 1.0:
+            raise ValueError(f"FoldConfig.alpha must be >= 1 (got {self.alpha!r}); alpha < 1 flattens the far memory")
+        self.alpha = alpha
+        if not isinstance(self.sinks, int) or self.sinks < 0:
+            raise ValueError(f"FoldConfig.sinks must be an integer >= 0, got {self.sinks!r}")
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= self.sinks):
+            raise ValueError(f"FoldConfig.budget must be an integer > sinks ({self.sinks}), got {self.budget!r}")
+        if self.budget is None and self.mode == "streaming" and self.window <= self.sinks:
+            raise ValueError(f"streaming needs window ({self.window}) > sinks ({self.sinks}) when budget is not set")
+        if not isinstance(self.train_length, int) or self.train_length < 2:
+            raise ValueError(f"FoldConfig.train_length must be an integer >= 2, got {self.train_length!r}")
+        if self.layers not in LAYER_SCOPES:
+            raise ValueError(f"FoldConfig.layers must be one of {LAYER_SCOPES}, got {self.layers!r}")
+
+    @property
+    def streaming_budget(self) -> int:
+        return self.budget if self.budget is not None else self.window
+
+    def replace(self, **changes: Any) -> "FoldConfig":
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if math.isinf(out["alpha"]):
+            out["alpha"] = "inf"
+        if not out["extra"]:
+            out.pop("extra")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FoldConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown FoldConfig field(s) {unknown}; known fields: {sorted(known)}")
+        data = dict(data)
+        if isinstance(data.get("alpha"), str):
+            data["alpha"] = float(data["alpha"])
+        return cls(**data)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        """Write ``fold_config.json`` into ``save_directory`` (created if needed); returns the file path."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / FOLD_CONFIG_NAME
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, **overrides: Any) -> "FoldConfig":
+        """Read ``fold_config.json`` from a directory, a file path, or a hub repo id.
+
+        Keyword overrides replace fields after loading.
+        """
+        path = Path(name_or_path)
+        if path.is_file():
+            file = path
+        elif path.is_dir():
+            file = path / FOLD_CONFIG_NAME
+            if not file.is_file():
+                raise FileNotFoundError(f"no {FOLD_CONFIG_NAME} in directory {path}")
+        else:
+            file = Path(_download_from_hub(str(name_or_path), FOLD_CONFIG_NAME))
+        try:
+            data = json.loads(file.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file} is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+        data.update(overrides)
+        return cls.from_dict(data)
+
+
+def _download_from_hub(repo_id: str, filename: str) -> str:
+    """Fetch one file of a hub repo, with an error that says what was looked for when offline."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as err:  # pragma: no cover - huggingface_hub ships with transformers
+        raise FileNotFoundError(f"{repo_id!r} is not a local path and huggingface_hub is unavailable") from err
+    try:
+        return hf_hub_download(repo_id, filename)
+    except Exception as err:  # the hub raises many types: offline, missing repo, missing file
+        raise FileNotFoundError(
+            f"{repo_id!r} is not a local path and {filename} could not be fetched from the Hub "
+            f"({type(err).__name__}: {err}). Pass a local directory when offline."
+        ) from err

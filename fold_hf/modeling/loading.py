@@ -1,0 +1,150 @@
+"""Read and write drafters in the z-lab DFlash checkpoint layout (no code from a checkpoint ever runs).
+
+Layout: ``config.json`` (see :mod:`fold_hf.modeling.drafter_config`), weights in ``model.safetensors``
+or shards listed by ``model.safetensors.index.json``, optional ``fold_config.json``. Weight names:
+``fc.weight``, ``hidden_norm.weight``, ``norm.weight`` and ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+``layers.{i}.self_attn.{q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
+``layers.{i}.{input,post_attention}_layernorm.weight``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .drafter_config import FoldDrafterConfig
+from .fold_config import FOLD_CONFIG_NAME, FoldConfig
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+_STRIPPED_PREFIXES = ("model.", "drafter.")
+
+
+def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"{path} is a file; pass the checkpoint directory")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as err:  # pragma: no cover
+        raise FileNotFoundError(f"{name_or_path!r} is not a local directory") from err
+    try:
+        return Path(snapshot_download(str(name_or_path),
+                                      allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as err:
+        raise FileNotFoundError(
+            f"{name_or_path!r} is not a local directory and could not be fetched from the Hub "
+            f"({type(err).__name__}: {err}). Pass a local directory when offline."
+        ) from err
+
+
+def read_drafter_config(directory: Path) -> FoldDrafterConfig:
+    file = directory / CONFIG_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
+    try:
+        raw = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file} must hold a JSON object")
+    archs = raw.get("architectures") or []
+    if archs and not any("DFlash" in a for a in archs):
+        raise ValueError(f"{file}: architectures {archs} is not a DFlash drafter (expected 'DFlashDraftModel')")
+    return FoldDrafterConfig.from_zlab_dict(raw, source=str(file))
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    single = directory / WEIGHTS_NAME
+    if single.is_file():
+        return [single]
+    index = directory / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise ValueError(f"{index} is not a safetensors index ({err})") from None
+        files = sorted({directory / name for name in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} lists missing shard(s): {missing}")
+        return files
+    others = sorted(directory.glob("*.safetensors"))
+    if others:
+        return others
+    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")):
+        raise ValueError(f"{directory} holds only pickle weights (.bin/.pt); FoldDrafter loads safetensors only")
+    raise FileNotFoundError(f"no {WEIGHTS_NAME} (or shards) in {directory}")
+
+
+def read_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for file in _weight_files(directory):
+        try:
+            part = load_file(str(file))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"cannot read weights file {file}: {err} (truncated or not safetensors?)") from None
+        for key, tensor in part.items():
+            for prefix in _STRIPPED_PREFIXES:
+                if key.startswith(prefix):
+                    key = key[len(prefix):]
+            state[key] = tensor
+            origin[key] = file
+    return state, origin
+
+
+def load_drafter(cls, name_or_path, fold_config: FoldConfig | None = None, dtype=None, device=None):
+    directory = resolve_checkpoint_dir(name_or_path)
+    config = read_drafter_config(directory)
+    if fold_config is None:
+        fold_file = directory / FOLD_CONFIG_NAME
+        fold_config = FoldConfig.from_pretrained(fold_file) if fold_file.is_file() else FoldConfig()
+    state, origin = read_state_dict(directory)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype) if dtype != "auto" else None
+    if dtype is None:
+        dtype = state["fc.weight"].dtype if "fc.weight" in state else torch.float32
+    with torch.device("meta"):
+        model = cls(config, fold_config=fold_config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"weights in {directory} lack {len(missing)} tensor(s) the config needs, e.g. {missing[:5]}")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise ValueError(f"weights in {directory} hold tensor(s) a DFlash drafter does not have: {unexpected[:5]}")
+    for key, param in expected.items():
+        if tuple(state[key].shape) != tuple(param.shape):
+            raise ValueError(
+                f"{origin[key]}: tensor {key!r} has shape {tuple(state[key].shape)} but config.json implies "
+                f"{tuple(param.shape)}"
+            )
+    target_device = torch.device(device) if device is not None else torch.device("cpu")
+    state = {k: v.to(device=target_device, dtype=dtype) for k, v in state.items()}
+    model.load_state_dict(state, assign=True, strict=True)
+    model.eval()
+    model.name_or_path = str(name_or_path)
+    return model
+
+
+def save_drafter(model, save_directory) -> None:
+    from safetensors.torch import save_file
+
+    directory = Path(save_directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = model.config.to_zlab_dict()
+    data["torch_dtype"] = str(model.fc.weight.dtype).replace("torch.", "")
+    (directory / CONFIG_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+    model.fold_config.save_pretrained(directory)

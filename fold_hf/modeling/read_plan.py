@@ -1,0 +1,175 @@
+"""Which context entries each block row reads, in which branch, at which position.
+
+A :class:`LayerRead` is the whole geometry of one drafter layer's attention for one forward: the
+reading mode (``FoldConfig``) reduced to index ranges, positions and a region mask. The attention
+reference (:mod:`fold_hf.kernels.reference`) and the Triton kernel consume it alike.
+
+Notation (DESIGN §2): context entries ``j = 0 .. T-1`` sit at their absolute positions; the block
+rows sit at ``p = t + r`` (``r = 0 .. Lq-1``, ``t >= T``); ``D = W + B`` for full-attention layers and
+``D = sliding_window`` for sliding layers. Entry ``j`` is in the window of row ``r`` iff
+``p - j < D``; otherwise it belongs to the far memory (``fold``, ``rerope``) or is not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .fold_config import FoldConfig
+from .rope import RotaryTables
+
+REGION_HIDDEN = 0
+REGION_NEAR = 1
+REGION_FAR = 2
+
+
+@dataclass
+class LayerRead:
+    """Geometry of one layer's read (shapes with ``T`` context entries, ``Lq`` block rows).
+
+    Attributes:
+        num_context: T, context entries held in the cache.
+        query_length: Lq, block rows (queries and block keys).
+        near_index: ``[Nn]`` long, context entries read by the window branch of at least one row.
+        near_key_pos: ``[Nn]`` long, positions at which those keys are rotated.
+        query_pos: ``[Lq]`` long, positions of the block rows (queries and block keys, window branch).
+        far_stop: far entries of every row lie in ``[0, far_stop)``; 0 means no far memory.
+        far_distance: ``[Lq]`` long, distance at which row r reads its far memory (``D + r``).
+        near_mask: ``[Lq, Nn]`` bool, row r reads ``near_index[n]`` in the window branch.
+        far_mask: ``[Lq, far_stop]`` bool, row r reads entry j in the far branch.
+        alpha: concentration of the far branch (1 merges the branches into one softmax).
+        query_scale: ``[Lq]`` fp32 multiplier of the logits of row r (ReRoPE), or None.
+        rope: rotary tables of this read (YaRN's are rescaled).
+        true_positions: window keys sit at their absolute positions (False when renumbered).
+    """
+
+    num_context: int
+    query_length: int
+    near_index: torch.Tensor
+    near_key_pos: torch.Tensor
+    query_pos: torch.Tensor
+    far_stop: int
+    far_distance: torch.Tensor
+    near_mask: torch.Tensor
+    far_mask: torch.Tensor
+    alpha: float
+    query_scale: torch.Tensor | None
+    rope: RotaryTables
+    true_positions: bool = True
+
+    @property
+    def near_is_suffix(self) -> bool:
+        """True when the window branch reads one contiguous suffix of the context."""
+        n = self.near_index.numel()
+        return n == 0 or int(self.near_index[0]) == self.num_context - n
+
+    def region_mask(self) -> torch.Tensor:
+        """``[Lq, T + Lq]`` int8: 0 not read, 1 window branch, 2 far branch (block columns last)."""
+        T, Lq = self.num_context, self.query_length
+        device = self.near_index.device
+        region = torch.zeros(Lq, T + Lq, dtype=torch.int8, device=device)
+        if self.far_stop:
+            region[:, : self.far_stop] = self.far_mask.to(torch.int8) * REGION_FAR
+        if self.near_index.numel():
+            near = region[:, self.near_index]
+            near = torch.where(self.near_mask, torch.full_like(near, REGION_NEAR), near)
+            region[:, self.near_index] = near
+        region[:, T:] = REGION_NEAR
+        return region
+
+
+def _window_geometry(T: int, t: int, Lq: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window/far split by distance: returns (dist ``[Lq, T]``, rows ``[Lq]``)."""
+    rows = torch.arange(Lq, device=device)
+    dist = (t + rows)[:, None] - torch.arange(T, device=device)[None, :]
+    return dist, rows
+
+
+def plan_layer_read(
+    cfg: FoldConfig,
+    *,
+    num_context: int,
+    block_start: int,
+    query_length: int,
+    block_size: int,
+    rope: RotaryTables,
+    sliding_window: int | None = None,
+    device: torch.device | str = "cpu",
+) -> LayerRead:
+    """Reduce ``cfg`` to the read of one layer.
+
+    Args:
+        cfg: the reading mode.
+        num_context: T, entries in the drafter's context cache (positions ``0 .. T-1``).
+        block_start: t, position of block row 0 (``t >= T``).
+        query_length: Lq, block rows in this forward.
+        block_size: B, the drafter's block size (sets ``D = W + B``).
+        rope: rotary tables for this read (the caller passes YaRN's rescaled tables for ``yarn``).
+        sliding_window: the layer's native window when it is a sliding-window layer, else None.
+    """
+    T, t, Lq = int(num_context), int(block_start), int(query_length)
+    if t < T:
+        raise ValueError(f"block_start ({t}) must not precede the end of the context ({T})")
+    device = torch.device(device)
+    long = dict(dtype=torch.long, device=device)
+    mode = cfg.mode
+    sliding = sliding_window is not None
+    query_pos = torch.arange(t, t + Lq, **long)
+    empty_far = torch.zeros(Lq, 0, dtype=torch.bool, device=device)
+    alpha = 1.0
+    query_scale = None
+
+    if sliding:
+        D = int(sliding_window)
+        has_far = mode in ("fold", "rerope") and cfg.layers == "all"
+    else:
+        D = cfg.window + block_size
+        has_far = mode in ("fold", "rerope")
+        if mode in ("dflash", "yarn"):
+            D = None  # every entry at its true distance
+        elif mode == "streaming":
+            return _streaming_read(cfg, T, t, Lq, rope, device)
+
+    if mode == "rerope":
+        log_base = torch.log(torch.tensor(float(cfg.train_length)))
+        scale = torch.log((query_pos + 1).float()) / log_base
+        query_scale = scale.clamp_min(1.0).to(device)
+    if mode == "fold":
+        alpha = cfg.alpha
+
+    if D is None:
+        near_index = torch.arange(T, **long)
+        near_mask = torch.ones(Lq, T, dtype=torch.bool, device=device)
+        return LayerRead(T, Lq, near_index, near_index.clone(), query_pos, 0, torch.zeros(Lq, **long),
+                         near_mask, empty_far, alpha, query_scale, rope)
+
+    near_start = max(0, t - D + 1)  # row 0 has the widest window
+    near_index = torch.arange(near_start, T, **long)
+    dist, rows = _window_geometry(T, t, Lq, D, device)
+    near_mask = dist[:, near_start:] < D
+    far_stop = 0
+    far_mask = empty_far
+    if has_far:
+        far_stop = max(0, min(T, t + Lq - 1 - D + 1))  # the last row has the longest far memory
+        far_mask = dist[:, :far_stop] >= D
+    far_distance = D + rows
+    return LayerRead(T, Lq, near_index, near_index.clone(), query_pos, far_stop, far_distance,
+                     near_mask, far_mask, alpha, query_scale, rope)
+
+
+def _streaming_read(cfg: FoldConfig, T: int, t: int, Lq: int, rope: RotaryTables, device) -> LayerRead:
+    long = dict(dtype=torch.long, device=device)
+    budget = cfg.streaming_budget
+    if T <= budget:
+        keep = torch.arange(T, **long)
+    else:
+        recent = budget - cfg.sinks
+        keep = torch.cat((torch.arange(cfg.sinks, **long), torch.arange(T - recent, T, **long)))
+    kept = keep.numel()
+    # kept entries renumbered 0..kept-1; the block follows them (keeping any gap between context and block)
+    near_key_pos = torch.arange(kept, **long)
+    query_pos = torch.arange(kept + (t - T), kept + (t - T) + Lq, **long)
+    near_mask = torch.ones(Lq, kept, dtype=torch.bool, device=device)
+    return LayerRead(T, Lq, keep, near_key_pos, query_pos, 0, torch.zeros(Lq, **long), near_mask,
+                     torch.zeros(Lq, 0, dtype=torch.bool, device=device), 1.0, None, rope)

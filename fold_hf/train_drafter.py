@@ -1,0 +1,223 @@
+"""`fold-hf train-drafter`: train a DFlash drafter for a Hugging Face target, short, as released drafters are.
+
+Data: windows of real text and code (training sources only, see :mod:`fold_hf.data`) continued greedily
+by the target itself, so the drafter learns the target's own behaviour; code continuations copy
+identifiers and lines from the window, which teaches the drafter to read its context. Sequences stay
+within ``prompt_tokens + new_tokens <= 1024``, so long contexts are outside the drafter's training
+range, as with released drafters.
+
+Objective: :func:`fold_hf.training.dflash_loss` (random anchors inside the generated part; block
+``[anchor, mask...]``; slot k predicts token ``anchor + k``; weights ``exp(-(k-1)/gamma)``; context
+strictly before the anchor).
+
+Runs resume: generated data is stored once (``data.pt``), training state every ``save_every`` steps
+(``state.pt``), so a sweep can be split across 10-minute jobs (``--max-minutes``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .generation.taps import HiddenTaps
+from .modeling.drafter import FoldDrafter
+from .modeling.drafter_config import FoldDrafterConfig, default_target_layer_ids
+from .modeling.fold_config import FoldConfig
+from .training import dflash_loss, sample_anchors
+
+
+@dataclass
+class TrainSettings:
+    layers: int = 4
+    block_size: int = 8
+    intermediate_size: int | None = None
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None
+    prompt_tokens: int = 512
+    new_tokens: int = 256
+    sequences: int = 2048
+    gen_batch: int = 64
+    steps: int = 3000
+    batch: int = 8
+    anchors: int = 48
+    lr: float = 6e-4
+    warmup: int = 100
+    gamma: float = 4.0
+    seed: int = 0
+    save_every: int = 250
+    extra: dict = field(default_factory=dict)
+
+
+def drafter_config_for(target, settings: TrainSettings) -> FoldDrafterConfig:
+    tcfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    n_target = tcfg.num_hidden_layers
+    taps = settings.target_layer_ids or default_target_layer_ids(n_target, settings.layers)
+    heads = tcfg.num_attention_heads
+    head_dim = getattr(tcfg, "head_dim", None) or tcfg.hidden_size // heads
+    mask_id = settings.mask_token_id if settings.mask_token_id is not None else tcfg.vocab_size - 1
+    rope = dict(getattr(tcfg, "rope_parameters", None) or {"rope_type": "default",
+                                                          "rope_theta": getattr(tcfg, "rope_theta", 10000.0)})
+    return FoldDrafterConfig(
+        block_size=settings.block_size, num_target_layers=n_target, target_layer_ids=list(taps),
+        mask_token_id=mask_id, vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size,
+        intermediate_size=settings.intermediate_size or tcfg.intermediate_size, num_hidden_layers=settings.layers,
+        num_attention_heads=heads, num_key_value_heads=tcfg.num_key_value_heads, head_dim=head_dim,
+        rms_norm_eps=getattr(tcfg, "rms_norm_eps", 1e-6), hidden_act=getattr(tcfg, "hidden_act", "silu"),
+        max_position_embeddings=settings.prompt_tokens + settings.new_tokens, rope_parameters=rope,
+    )
+
+
+def token_windows(tokenizer, sources: list[str], count: int, length: int, seed: int) -> torch.Tensor:
+    """``[count, length]`` random windows of the tokenized sources (documents too short are skipped)."""
+    rng = random.Random(seed)
+    encoded = []
+    for text in sources:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > length:
+            encoded.append(ids)
+    if not encoded:
+        raise ValueError(f"no source document is longer than {length} tokens")
+    weights = [len(ids) for ids in encoded]
+    rows = []
+    for _ in range(count):
+        ids = rng.choices(encoded, weights=weights)[0]
+        start = rng.randrange(0, len(ids) - length)
+        rows.append(ids[start : start + length])
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@torch.no_grad()
+def generate_training_data(target, prompts: torch.Tensor, new_tokens: int, batch: int) -> torch.Tensor:
+    """Greedy continuations of equal-length prompts, ``[n, P + new_tokens]`` (EOS-padded after an EOS)."""
+    device = next(target.parameters()).device
+    out = []
+    for start in tqdm(range(0, len(prompts), batch), desc="target continuations", unit="batch"):
+        chunk = prompts[start : start + batch].to(device)
+        gen = target.generate(chunk, attention_mask=torch.ones_like(chunk), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False)
+        out.append(gen[:, : chunk.shape[1] + new_tokens].cpu())
+    return torch.cat(out)
+
+
+def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], settings: TrainSettings,
+                  held_out: list[str] | None = None, max_minutes: float | None = None,
+                  log=print) -> dict:
+    """Train (or resume) a drafter for ``target``; writes the z-lab layout into ``out_dir`` when done."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    device = next(target.parameters()).device
+    torch.manual_seed(settings.seed)
+
+    data_file = out / "data.pt"
+    if data_file.is_file():
+        data = torch.load(data_file)
+    else:
+        prompts = token_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed)
+        data = generate_training_data(target, prompts, settings.new_tokens, settings.gen_batch)
+        torch.save(data, data_file)
+    log(f"training data: {tuple(data.shape)} tokens ({time.time() - started:.0f}s)")
+
+    config = drafter_config_for(target, settings)
+    drafter = FoldDrafter(config, FoldConfig(mode="dflash")).to(device=device, dtype=torch.float32)
+    drafter.bind_target(target)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    step = 0
+    state_file = out / "state.pt"
+    if state_file.is_file():
+        state = torch.load(state_file, map_location=device)
+        drafter.load_state_dict(state["drafter"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+        log(f"resumed at step {step}")
+
+    def lr_at(s: int) -> float:
+        if s < settings.warmup:
+            return settings.lr * (s + 1) / settings.warmup
+        progress = (s - settings.warmup) / max(1, settings.steps - settings.warmup)
+        return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+    taps = HiddenTaps(target, config.target_layer_ids)
+    gen = torch.Generator().manual_seed(settings.seed + step)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+        "cpu", enabled=False)
+    bar = tqdm(total=settings.steps, initial=step, desc="train drafter", unit="step")
+    history = []
+
+    def save_state():
+        torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, state_file)
+
+    drafter.train()
+    while step < settings.steps:
+        if max_minutes is not None and (time.time() - started) / 60 > max_minutes:
+            save_state()
+            log(f"stopping at step {step} after {max_minutes} minutes; run again to resume")
+            return {"finished": False, "step": step}
+        rows = torch.randint(0, len(data), (settings.batch,), generator=gen)
+        batch = data[rows].to(device)
+        with torch.no_grad(), taps:
+            target(batch)
+        features = taps.features()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        total = 0.0
+        accs = []
+        optimizer.zero_grad(set_to_none=True)
+        for i in range(settings.batch):
+            anchors = sample_anchors(batch.shape[1], settings.block_size, settings.anchors, generator=gen,
+                                     min_context=settings.prompt_tokens - 1).to(device)
+            with autocast:
+                loss, info = dflash_loss(drafter, features[i : i + 1], batch[i : i + 1], anchors, settings.gamma)
+            (loss / settings.batch).backward()
+            total += loss.item() / settings.batch
+            accs.append(info["accuracy"])
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        slot_acc = [sum(a[k] for a in accs) / len(accs) for k in range(len(accs[0]))]
+        history.append(total)
+        bar.update(1)
+        bar.set_postfix(loss=f"{total:.3f}", acc1=f"{slot_acc[0]:.2f}")
+        if step % settings.save_every == 0:
+            save_state()
+    bar.close()
+    save_state()
+    drafter.eval()
+    drafter = drafter.to(torch.bfloat16)
+    report = {"finished": True, "step": step, "final_loss": sum(history[-50:]) / max(1, len(history[-50:]))}
+    if held_out:
+        report["held_out"] = evaluate_tau(target, tokenizer, drafter, held_out, settings, seed=settings.seed + 1)
+        log(f"held-out tau: {report['held_out']}")
+    drafter.set_fold_config(FoldConfig(mode="dflash"))
+    drafter.save_pretrained(out / "drafter")
+    (out / "drafter" / "training.json").write_text(json.dumps({"settings": asdict(settings), "report": report},
+                                                              indent=2))
+    return report
+
+
+@torch.no_grad()
+def evaluate_tau(target, tokenizer, drafter, texts: list[str], settings: TrainSettings, requests: int = 16,
+                 new_tokens: int = 128, seed: int = 1) -> dict:
+    """Mean τ of greedy speculative decoding on held-out windows of ``settings.prompt_tokens`` tokens."""
+    from .generation.loop import generate
+
+    device = next(target.parameters()).device
+    prompts = token_windows(tokenizer, texts, requests, settings.prompt_tokens, seed)
+    taus = []
+    same = 0
+    for row in tqdm(prompts, desc="held-out tau", unit="req"):
+        ids = row[None].to(device)
+        res = generate(target, drafter, input_ids=ids, max_new_tokens=new_tokens, return_stats=True,
+                       fold_config=FoldConfig(mode="dflash"))
+        ar = generate(target, None, input_ids=ids, max_new_tokens=new_tokens)
+        same += int(torch.equal(res.sequences, ar))
+        taus.append(res.tau)
+    return {"requests": len(taus), "prompt_tokens": settings.prompt_tokens, "new_tokens": new_tokens,
+            "tau_mean": sum(taus) / len(taus), "identical_to_ar": same}

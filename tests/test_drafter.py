@@ -1,0 +1,172 @@
+"""FoldDrafter: cache behaviour, reductions at drafter level, other attention implementations, training forward."""
+
+import pytest
+import torch
+
+from fold_hf import FoldConfig
+from fold_hf.generation.taps import HiddenTaps
+from fold_hf.training import drafter_block_hidden
+from tiny import MASK_ID, tiny_drafter, tiny_target
+
+
+def block_embeds(target, last_token, B):
+    ids = torch.full((1, B), MASK_ID)
+    ids[0, 0] = last_token
+    return target.get_input_embeddings()(ids)
+
+
+def taps_of(target, drafter, ids):
+    taps = HiddenTaps(target, drafter.config.target_layer_ids)
+    with taps, torch.no_grad():
+        target(ids)
+    return taps.features()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_target("qwen3", seed=3)
+    drafter = tiny_drafter(target, block=4, fold_config=FoldConfig(window=8, alpha=2.0))
+    drafter.bind_target(target)
+    ids = torch.randint(0, MASK_ID, (1, 60), generator=torch.Generator().manual_seed(0))
+    return target, drafter, ids, taps_of(target, drafter, ids)
+
+
+def draft_hidden(drafter, target, feats, chunks, T, last_token=3, **cache_kw):
+    cache = drafter.new_cache(**cache_kw)
+    pos = 0
+    for n in chunks:
+        cache_feats = feats[:, pos : pos + n]
+        drafter(block_embeds(target, last_token, drafter.block_size), cache_feats, cache=cache)
+        pos += n
+    assert pos == T
+    with torch.no_grad():
+        out = drafter(block_embeds(target, last_token, drafter.block_size), None, cache=cache).last_hidden_state
+    return out, cache
+
+
+@pytest.mark.parametrize("mode", ["fold", "dflash", "window", "streaming", "rerope", "yarn"])
+def test_result_does_not_depend_on_how_context_was_committed(pair, mode):
+    target, drafter, _, feats = pair
+    drafter.set_fold_config(FoldConfig(mode=mode, window=8, budget=12 if mode == "streaming" else None))
+    with torch.no_grad():
+        once, _ = draft_hidden(drafter, target, feats, [50], 50)
+        many, _ = draft_hidden(drafter, target, feats, [7, 1, 1, 13, 2, 26], 50)
+    assert torch.allclose(once, many, rtol=0, atol=1e-12)
+
+
+def test_fold_equals_dflash_when_context_fits_the_window(pair):
+    target, drafter, _, feats = pair
+    with torch.no_grad():
+        drafter.set_fold_config(FoldConfig(window=16, alpha=4.0))
+        fold, _ = draft_hidden(drafter, target, feats, [16], 16)
+        drafter.set_fold_config(FoldConfig(mode="dflash"))
+        dflash, _ = draft_hidden(drafter, target, feats, [16], 16)
+        assert torch.equal(fold, dflash)
+        drafter.set_fold_config(FoldConfig(window=16, alpha=4.0))
+        fold_long, _ = draft_hidden(drafter, target, feats, [40], 40)
+        drafter.set_fold_config(FoldConfig(mode="dflash"))
+        dflash_long, _ = draft_hidden(drafter, target, feats, [40], 40)
+    assert not torch.allclose(fold_long, dflash_long)
+
+
+def test_cache_holds_unrotated_keys(pair):
+    target, drafter, _, feats = pair
+    drafter.set_fold_config(FoldConfig(window=8))
+    with torch.no_grad():
+        _, cache = draft_hidden(drafter, target, feats, [30], 30)
+        context = drafter.context_features(feats[:, :30])
+        attn = drafter.layers[0].self_attn
+        expected = attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm)
+    keys, values = cache.layers[0].context()
+    assert torch.equal(keys, expected)
+    assert cache.get_seq_length() == 30
+
+
+def test_rotated_copy_layout_reads_the_same_and_costs_a_third_more(pair):
+    target, drafter, _, feats = pair
+    drafter.set_fold_config(FoldConfig(window=8))
+    with torch.no_grad():
+        one, c1 = draft_hidden(drafter, target, feats, [50], 50)
+        two, c2 = draft_hidden(drafter, target, feats, [50], 50, keep_rotated_copy=True)
+    assert torch.allclose(one, two, rtol=0, atol=1e-12)
+    assert c2.bytes_used() * 2 == c1.bytes_used() * 3  # K + V + rotated K vs K + V
+    per_entry = 2 * drafter.config.num_key_value_heads * 8 * 8  # K and V, fp64
+    assert c1.bytes_used() == per_entry * 50 * len(drafter.layers)
+    assert c1.bytes_held() >= c1.bytes_used()
+
+
+def test_cache_crop_semantics(pair):
+    target, drafter, _, feats = pair
+    with torch.no_grad():
+        _, cache = draft_hidden(drafter, target, feats, [30], 30)
+    cache.crop(0)
+    assert cache.get_seq_length() == 30
+    cache.crop(-4)
+    assert cache.get_seq_length() == 26
+    cache.crop(20)  # legacy: absolute length to keep
+    assert cache.get_seq_length() == 20
+    cache.crop(-100)
+    assert cache.get_seq_length() == 0
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_other_attention_implementations_agree_in_dflash_mode(pair, impl):
+    target, drafter, _, feats = pair
+    drafter.set_fold_config(FoldConfig(mode="dflash"))
+    with torch.no_grad():
+        ours, _ = draft_hidden(drafter, target, feats, [30], 30)
+        drafter.config._attn_implementation = impl
+        try:
+            theirs, _ = draft_hidden(drafter, target, feats, [30], 30)
+            drafter.set_fold_config(FoldConfig(window=8))
+            with pytest.raises(ValueError, match="attn_implementation"):
+                draft_hidden(drafter, target, feats, [30], 30)
+        finally:
+            drafter.config._attn_implementation = "fold"
+    # eager takes its softmax in fp32 even for fp64 inputs
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-10 if impl == "sdpa" else 1e-5)
+
+
+def test_custom_mask_function_changes_what_is_read(pair):
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    from fold_hf.modeling.attention import fold_mask
+
+    target, drafter, _, feats = pair
+    drafter.set_fold_config(FoldConfig(window=8))
+    calls = []
+
+    def window_only(fold_read=None, **kw):
+        region = fold_mask(fold_read=fold_read, **kw).clone()
+        calls.append(region.shape)
+        region[region == 2] = 0  # drop the far memory
+        return region
+
+    with torch.no_grad():
+        ALL_MASK_ATTENTION_FUNCTIONS.register("fold", window_only)
+        try:
+            masked, _ = draft_hidden(drafter, target, feats, [40], 40)
+        finally:
+            ALL_MASK_ATTENTION_FUNCTIONS.register("fold", fold_mask)
+        drafter.set_fold_config(FoldConfig(mode="window", window=8))
+        window, _ = draft_hidden(drafter, target, feats, [40], 40)
+    assert calls and torch.allclose(masked, window, rtol=0, atol=1e-12)
+
+
+def test_training_forward_matches_inference_per_anchor():
+    target = tiny_target("llama", seed=4)
+    drafter = tiny_drafter(target, block=4, fold_config=FoldConfig(mode="dflash"), layer_types=["sliding_attention",
+                           "full_attention"], sliding_window=12)
+    drafter.bind_target(target)
+    ids = torch.randint(0, MASK_ID, (1, 40), generator=torch.Generator().manual_seed(1))
+    feats = taps_of(target, drafter, ids)
+    anchors = torch.tensor([3, 17, 30])
+    ids_blocks = torch.full((3, 4), MASK_ID)
+    ids_blocks[:, 0] = ids[0, anchors]
+    embeds = target.get_input_embeddings()(ids_blocks.reshape(1, -1))
+    with torch.no_grad():
+        train = drafter_block_hidden(drafter, feats, embeds, anchors).view(3, 4, -1)
+        for i, a in enumerate(anchors.tolist()):
+            cache = drafter.new_cache()
+            infer = drafter(embeds[:, 4 * i : 4 * i + 4], feats[:, :a], cache=cache).last_hidden_state[0]
+            assert torch.allclose(train[i], infer, rtol=0, atol=1e-10)

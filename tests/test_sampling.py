@@ -1,0 +1,102 @@
+"""Speculative sampling keeps the target's distribution (temperature / top-k / top-p included)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import fold_hf
+from fold_hf import FoldConfig
+from fold_hf.generation import process_logits, speculative_accept
+from tiny import fit_drafter, tiny_drafter, tiny_target
+
+VOCAB = 4
+NEW = 4  # first token from the prefill, then one round of 2 drafts + 1 target token (block 4)
+PROMPT = torch.tensor([[0, 2, 1, 1, 3, 0]])
+
+
+def chi2_threshold(df: int, z: float = 3.719) -> float:
+    """Upper quantile of chi-square(df) at one-sided p = 1e-4 (z = 3.719), Wilson-Hilferty approximation."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi2_statistic(counts: dict, probs: dict, n: int) -> tuple[float, int]:
+    """Pearson statistic with cells of expected count < 5 pooled; returns (statistic, degrees of freedom)."""
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for key, p in probs.items():
+        exp, obs = p * n, counts.get(key, 0)
+        if exp < 5:
+            pooled_obs += obs
+            pooled_exp += exp
+            continue
+        stat += (obs - exp) ** 2 / exp
+        cells += 1
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    return stat, cells - 1
+
+
+def exact_distribution(target, warp: dict) -> dict:
+    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW)))
+    ids = torch.cat((PROMPT.expand(len(seqs), -1), seqs), dim=1)
+    with torch.no_grad():
+        logits = target(ids).logits[:, PROMPT.shape[1] - 1 : -1]
+    probs = process_logits(logits, **warp).double()
+    p = probs.gather(-1, seqs[..., None]).squeeze(-1).prod(-1)
+    return {tuple(s.tolist()): float(pi) for s, pi in zip(seqs, p)}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thread start-up dominates forwards this small
+    target = tiny_target("llama", seed=21, vocab=VOCAB, layers=4, dtype=torch.float64)
+    drafter = fit_drafter(target, tiny_drafter(target, block=4, fold_config=FoldConfig(window=4)), steps=80)
+    yield target, drafter
+    torch.set_num_threads(threads)
+
+
+def test_first_tokens_follow_the_target_distribution(pair):
+    target, drafter = pair
+    warp = dict(temperature=0.8, top_k=3, top_p=0.95)
+    n = 10_000
+    gen = torch.Generator().manual_seed(1234)
+    counts: dict = {}
+    accepted = 0
+    for _ in range(n):
+        res = fold_hf.generate(target, drafter, input_ids=PROMPT, max_new_tokens=NEW, do_sample=True,
+                               generator=gen, return_stats=True, **warp)
+        key = tuple(res.new_tokens[0].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        accepted += res.acceptance_lengths[0] - 1
+    probs = exact_distribution(target, warp)
+    assert abs(sum(probs.values()) - 1) < 1e-9
+    stat, df = chi2_statistic(counts, probs, n)
+    assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"
+    assert accepted > n * 0.2, "drafts were rarely accepted: the test would not exercise speculative acceptance"
+
+
+def test_rejection_step_alone_preserves_the_target_marginal():
+    """speculative_accept over many draws: the first committed token follows p_1 whatever q is."""
+    g = torch.Generator().manual_seed(0)
+    V, k, n = 5, 3, 20_000
+    target_probs = torch.softmax(torch.randn(k + 1, V, generator=g), -1)
+    draft_probs = torch.softmax(torch.randn(k, V, generator=g) * 2, -1)
+    counts = torch.zeros(V)
+    for _ in range(n):
+        drafts = torch.multinomial(draft_probs, 1, generator=g).squeeze(-1)
+        _, commit = speculative_accept(drafts, draft_probs, target_probs, g)
+        counts[commit[0]] += 1
+    probs = {i: float(p) for i, p in enumerate(target_probs[0])}
+    stat, df = chi2_statistic({i: int(c) for i, c in enumerate(counts)}, probs, n)
+    assert stat < chi2_threshold(df)
+
+
+def test_hf_path_sampling_runs_and_respects_limits(pair):
+    target, drafter = pair
+    torch.manual_seed(0)
+    out = target.generate(PROMPT, assistant_model=drafter, do_sample=True, max_new_tokens=12, temperature=0.8)
+    assert out.shape == (1, PROMPT.shape[1] + 12)
+    assert bool((out >= 0).all() and (out < VOCAB).all())

@@ -1,0 +1,96 @@
+"""Tiny random targets and drafters built inside the tests (no hub, no files)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+import fold_hf
+from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig
+from fold_hf.generation.taps import HiddenTaps
+from fold_hf.training import dflash_loss, sample_anchors
+
+VOCAB = 12
+MASK_ID = VOCAB - 1
+
+
+def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: int = 6, dtype=torch.float64):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **common))
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, rope_theta=10000.0, **common))
+    else:
+        raise ValueError(arch)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = None
+    return model.to(dtype).eval()
+
+
+def drafter_config(target, block: int = 4, layers: int = 2, taps=(1, 3), sliding_window=None,
+                   layer_types=None, partial_rotary_factor=None, heads: int = 4, kv_heads: int = 2,
+                   **extra) -> FoldDrafterConfig:
+    tcfg = target.config
+    kw = dict(block_size=block, num_target_layers=tcfg.num_hidden_layers, target_layer_ids=list(taps),
+              mask_token_id=tcfg.vocab_size - 1, vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size,
+              intermediate_size=64, num_hidden_layers=layers, num_attention_heads=heads,
+              num_key_value_heads=kv_heads, head_dim=8, rope_theta=10000.0, max_position_embeddings=4096)
+    if partial_rotary_factor is not None:
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": partial_rotary_factor}
+        kw.pop("rope_theta")
+    if layer_types is not None:
+        kw.update(layer_types=list(layer_types), sliding_window=sliding_window, use_sliding_window=True)
+    kw.update(extra)
+    return FoldDrafterConfig(**kw)
+
+
+def tiny_drafter(target, fold_config: FoldConfig | None = None, seed: int = 1, **cfg_kw) -> FoldDrafter:
+    torch.manual_seed(seed)
+    drafter = FoldDrafter(drafter_config(target, **cfg_kw), fold_config or FoldConfig(window=16))
+    return drafter.to(next(target.parameters()).dtype).eval()
+
+
+def greedy_reference(target, input_ids, max_new_tokens):
+    return target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)
+
+
+def fit_drafter(target, drafter, steps: int = 150, seq_len: int = 48, seed: int = 0, lr: float = 3e-3):
+    """Train ``drafter`` briefly on the target's own greedy continuations so drafts get accepted."""
+    g = torch.Generator().manual_seed(seed)
+    drafter.bind_target(target)
+    drafter.train()
+    opt = torch.optim.Adam(drafter.parameters(), lr=lr)
+    texts = []
+    with torch.no_grad():
+        for i in range(8):
+            prompt = torch.randint(0, target.config.vocab_size - 1, (1, 8), generator=g)
+            texts.append(target.generate(prompt, max_new_tokens=seq_len - 8, do_sample=False))
+    taps = HiddenTaps(target, drafter.config.target_layer_ids)
+    feats = []
+    with torch.no_grad():
+        for ids in texts:
+            with taps:
+                target(ids)
+            feats.append(taps.features())
+    for step in range(steps):
+        i = step % len(texts)
+        anchors = sample_anchors(texts[i].shape[1], drafter.block_size, 16, generator=g)
+        loss, _ = dflash_loss(drafter, feats[i], texts[i], anchors)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    drafter.eval()
+    return drafter
+
+
+@functools.lru_cache(maxsize=None)
+def trained_pair(arch: str = "llama", block: int = 4):
+    target = tiny_target(arch)
+    drafter = fit_drafter(target, tiny_drafter(target, block=block))
+    return target, drafter
