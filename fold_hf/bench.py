@@ -129,21 +129,23 @@ def _code_request(tokenizer, files, by_dir, rng, tier):
     return ids[-tier:] if len(ids) >= tier else None
 
 
-def _retrieval_request(tokenizer, files, rng, tier, cue_tokens: int = 24):
+def _retrieval_request(tokenizer, files, rng, tier, cue_chars: int = 80):
     """A code span whose end restarts a function from its first quarter: the answer is ~tier tokens back."""
-    pieces: list[int] = []
-    while len(pieces) < tier * 2:
-        path, text = files[rng.randrange(len(files))]
-        pieces += _encode(tokenizer, f"# file: {path}\n{text}\n")
-    body = pieces[: tier - cue_tokens - 8]
-    quarter = len(body) // 4
-    newline = _encode(tokenizer, "\ndef ")
-    starts = [i for i in range(quarter) if body[i : i + len(newline)] == newline]
+    text = ""
+    while len(text) < tier * 8:
+        path, body = files[rng.randrange(len(files))]
+        text += f"# file: {path}\n{body}\n"
+    marker = "\n\n# (the first function above, repeated)\n"
+    body_ids = _encode(tokenizer, text)[:tier]
+    body_text = tokenizer.decode(body_ids)
+    quarter = len(body_text) // 4
+    # the front of the body is trimmed to make room for the cue, so the function starts after the first 1/16
+    starts = [m for m in range(len(body_text) // 16, quarter) if body_text.startswith(("\ndef ", "\n    def "), m)]
     if not starts:
         return None
     s = rng.choice(starts) + 1
-    marker = _encode(tokenizer, "\n\n# (repeated from above)\n")
-    ids = body + marker + body[s : s + cue_tokens]
+    cue = body_text[s : s + cue_chars]
+    ids = body_ids + _encode(tokenizer, marker + cue)
     return ids[-tier:] if len(ids) >= tier else None
 
 

@@ -155,11 +155,12 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
         torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, state_file)
 
     drafter.train()
+    finished = True
     while step < settings.steps:
         if max_minutes is not None and (time.time() - started) / 60 > max_minutes:
-            save_state()
-            log(f"stopping at step {step} after {max_minutes} minutes; run again to resume")
-            return {"finished": False, "step": step}
+            log(f"time limit: stopping at step {step} after {max_minutes} minutes; run again to resume")
+            finished = False
+            break
         rows = torch.randint(0, len(data), (settings.batch,), generator=gen)
         batch = data[rows].to(device)
         with torch.no_grad(), taps:
@@ -190,8 +191,8 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
     bar.close()
     save_state()
     drafter.eval()
-    drafter = drafter.to(torch.bfloat16)
-    report = {"finished": True, "step": step, "final_loss": sum(history[-50:]) / max(1, len(history[-50:]))}
+    drafter = drafter.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+    report = {"finished": finished, "step": step, "minutes": (time.time() - started) / 60, "final_loss": sum(history[-50:]) / max(1, len(history[-50:]))}
     if held_out:
         report["held_out"] = evaluate_tau(target, tokenizer, drafter, held_out, settings, seed=settings.seed + 1)
         log(f"held-out tau: {report['held_out']}")

