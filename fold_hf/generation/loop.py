@@ -238,8 +238,6 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
             if shown:
                 streamer.put(torch.tensor(shown))
         last = commit[-1:].to(device)
-    if finish == "length" and len(new_tokens) > budget:
-        del new_tokens[budget:]
     end = _clock(device)
     if streamer is not None:
         streamer.end()

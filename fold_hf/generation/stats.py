@@ -18,7 +18,7 @@ class GenerationResult:
         decode_s: seconds spent after the first token.
         num_prompt_tokens: P.
         mode: the drafter's reading mode, or ``"ar"``.
-        finish_reason: ``"length"``, ``"eos"``, ``"stop_string"`` or ``"max_length"``.
+        finish_reason: ``"length"``, ``"eos"`` or ``"stop_string"``.
     """
 
     sequences: torch.Tensor

@@ -140,14 +140,20 @@ class FoldConfig:
                 raise FileNotFoundError(f"no {FOLD_CONFIG_NAME} in directory {path}")
         else:
             file = Path(_download_from_hub(str(name_or_path), FOLD_CONFIG_NAME))
-        try:
-            data = json.loads(file.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{file} is not valid JSON: {err}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+        data = read_json_object(file)
         data.update(overrides)
         return cls.from_dict(data)
+
+
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A JSON object from ``file``; ValueError naming the file when it is not valid JSON or not an object."""
+    try:
+        data = json.loads(Path(file).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _download_from_hub(repo_id: str, filename: str) -> str:

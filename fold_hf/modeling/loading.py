@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .drafter_config import FoldDrafterConfig
-from .fold_config import FOLD_CONFIG_NAME, FoldConfig
+from .fold_config import FOLD_CONFIG_NAME, FoldConfig, read_json_object
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -48,12 +48,7 @@ def read_drafter_config(directory: Path) -> FoldDrafterConfig:
     file = directory / CONFIG_NAME
     if not file.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
-    try:
-        raw = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file} is not valid JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{file} must hold a JSON object")
+    raw = read_json_object(file)
     archs = raw.get("architectures") or []
     if archs and not any("DFlash" in a for a in archs):
         raise ValueError(f"{file}: architectures {archs} is not a DFlash drafter (expected 'DFlashDraftModel')")

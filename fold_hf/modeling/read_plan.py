@@ -79,8 +79,8 @@ class LayerRead:
         return region
 
 
-def _window_geometry(T: int, t: int, Lq: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Window/far split by distance: returns (dist ``[Lq, T]``, rows ``[Lq]``)."""
+def _row_distances(T: int, t: int, Lq: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distance ``p_r - j`` of every block row to every context entry: (dist ``[Lq, T]``, rows ``[Lq]``)."""
     rows = torch.arange(Lq, device=device)
     dist = (t + rows)[:, None] - torch.arange(T, device=device)[None, :]
     return dist, rows
@@ -146,7 +146,7 @@ def plan_layer_read(
 
     near_start = max(0, t - D + 1)  # row 0 has the widest window
     near_index = torch.arange(near_start, T, **long)
-    dist, rows = _window_geometry(T, t, Lq, D, device)
+    dist, rows = _row_distances(T, t, Lq, device)
     near_mask = dist[:, near_start:] < D
     far_stop = 0
     far_mask = empty_far
