@@ -55,3 +55,30 @@ def test_missing_directory_file_and_offline_hub_id(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="local directory"):
         FoldConfig.from_pretrained("nobody/not-a-real-repo-fold")
+
+
+@pytest.mark.parametrize(
+    "name, window, train_length, drafter",
+    [
+        ("llama3.1-8b-dflash", 2048, 3072, "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+        ("qwen3.5-9b-dflash", 4096, 40000, "z-lab/Qwen3.5-9B-DFlash"),
+        ("gemma4-12b-dflash", 4096, 4096, "deepseek-ai/dflash_gemma4_12b_block7"),
+        ("qwen3-8b-dflash", 2048, 4096, "deepseek-ai/dflash_qwen3_8b_block7"),
+        ("qwen3-8b-dspark", 2048, 4096, "deepseek-ai/dspark_qwen3_8b_block7"),
+    ],
+)
+def test_paper_presets_by_short_name(name, window, train_length, drafter, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # presets never touch the Hub
+    cfg = FoldConfig.from_pretrained(name)
+    assert (cfg.mode, cfg.window, cfg.alpha, cfg.train_length, cfg.drafter_model) == (
+        "fold", window, 2.0, train_length, drafter)
+    assert cfg.target_model and cfg.streaming_budget == 2048
+    assert FoldConfig.from_pretrained(name, alpha=4.0).alpha == 4.0
+
+
+def test_embedded_drafter_config_matches_its_preset():
+    from fold_hf.cli import DEFAULT_DRAFTER
+
+    shipped = FoldConfig.from_pretrained(DEFAULT_DRAFTER)
+    preset = FoldConfig.from_pretrained("smollm2-135m-dflash")
+    assert (shipped.window, shipped.alpha, shipped.train_length) == (preset.window, preset.alpha, preset.train_length)

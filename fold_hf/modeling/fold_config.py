@@ -127,11 +127,17 @@ class FoldConfig:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike, **overrides: Any) -> "FoldConfig":
-        """Read ``fold_config.json`` from a directory, a file path, or a hub repo id.
+        """Read ``fold_config.json`` from a directory, a file path, a hub repo id, or a preset short name
+        (``llama3.1-8b-dflash``, ``qwen3.5-9b-dflash``, ``gemma4-12b-dflash``, ``qwen3-8b-dflash``, their
+        ``-dspark`` variants, ``smollm2-135m-dflash``; see :mod:`fold_hf.modeling.presets`).
 
         Keyword overrides replace fields after loading.
         """
+        from .presets import PRESETS
+
         path = Path(name_or_path)
+        if str(name_or_path) in PRESETS and not path.exists():
+            return cls(**{"mode": "fold", **PRESETS[str(name_or_path)], **overrides})
         if path.is_file():
             file = path
         elif path.is_dir():

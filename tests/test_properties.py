@@ -1,0 +1,111 @@
+"""Property tests of the FOLD read (hypothesis): every boundary, random shapes, extreme logits."""
+
+import math
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fold_hf import FoldConfig
+from fold_hf.kernels import fold_attention_reference
+from fold_hf.modeling import RotaryTables, plan_layer_read
+
+
+@st.composite
+def reads(draw):
+    W = draw(st.integers(1, 12))
+    B = draw(st.integers(1, 6))
+    Lq = B
+    # contexts at and around every boundary: W-1, W, W+1, W+B-1, W+B, W+B+1, and beyond
+    T = draw(st.sampled_from([max(0, W - 1), W, W + 1, W + B - 1, W + B, W + B + 1, W + B + 7, 3 * (W + B)]))
+    Hkv = draw(st.integers(1, 3))
+    G = draw(st.integers(1, 3))
+    d = draw(st.sampled_from([4, 8]))
+    rotary = draw(st.sampled_from([d, d // 2]))
+    alpha = draw(st.one_of(st.floats(1.0, 64.0), st.just(math.inf)))
+    seed = draw(st.integers(0, 2**16))
+    return dict(W=W, B=B, Lq=Lq, T=T, Hkv=Hkv, Hq=Hkv * G, d=d, rotary=rotary, alpha=alpha, seed=seed)
+
+
+def make(p, scale=1.0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(p["seed"])
+    mk = lambda *s: (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype)  # noqa: E731
+    q = mk(1, p["Hq"], p["Lq"], p["d"])
+    kc, vc = mk(1, p["Hkv"], p["T"], p["d"]), mk(1, p["Hkv"], p["T"], p["d"])
+    kb, vb = mk(1, p["Hkv"], p["Lq"], p["d"]), mk(1, p["Hkv"], p["Lq"], p["d"])
+    inv = 1.0 / 10000 ** (torch.arange(0, p["rotary"], 2, dtype=torch.float64) / p["rotary"])
+    return (q, kc, vc, kb, vb), RotaryTables(inv, 1.0, p["d"])
+
+
+def read_of(p, rope, **cfg):
+    config = FoldConfig(window=p["W"], alpha=p["alpha"], **cfg)
+    return plan_layer_read(config, num_context=p["T"], block_start=p["T"], query_length=p["Lq"],
+                           block_size=p["B"], rope=rope)
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(reads())
+def test_outputs_are_finite_and_reductions_hold(p):
+    tensors, rope = make(p)
+    out = fold_attention_reference(*tensors, read_of(p, rope), scaling=p["d"] ** -0.5)
+    assert torch.isfinite(out).all()
+    dflash = fold_attention_reference(*tensors, read_of(p, rope, mode="dflash"), scaling=p["d"] ** -0.5)
+    if p["T"] <= p["W"]:
+        assert torch.equal(out, dflash)
+    # alpha = 1: one softmax over position-mapped logits, built here by rotating far KEYS to the virtual
+    # position t - D (the implementation rotates the query by D + r instead)
+    one = fold_attention_reference(*tensors, read_of({**p, "alpha": 1.0}, rope), scaling=p["d"] ** -0.5)
+    assert torch.allclose(one, single_softmax(p, tensors, rope), rtol=0, atol=1e-10)
+
+
+def single_softmax(p, tensors, rope):
+    q, kc, vc, kb, vb = tensors
+    T, t, D, G = p["T"], p["T"], p["W"] + p["B"], p["Hq"] // p["Hkv"]
+    rows = torch.arange(p["Lq"])
+    j = torch.arange(T)
+    near = (t + rows)[:, None] - j[None, :] < D  # [Lq, T]
+    k_true = rope.rotate(kc, j)
+    k_virtual = rope.rotate(kc, torch.full((T,), t - D))
+    qr = rope.rotate(q, t + rows)
+    kv = lambda x: x.repeat_interleave(G, dim=1)  # noqa: E731
+    s_true = qr @ kv(k_true).transpose(-1, -2)
+    s_virtual = qr @ kv(k_virtual).transpose(-1, -2)
+    s_ctx = torch.where(near, s_true, s_virtual)
+    s_blk = qr @ kv(rope.rotate(kb, t + rows)).transpose(-1, -2)
+    s = torch.cat((s_ctx, s_blk), -1) * p["d"] ** -0.5
+    w = torch.softmax(s, -1)
+    out = w @ torch.cat((kv(vc), kv(vb)), 2)
+    return out.transpose(1, 2)
+
+
+@SETTINGS
+@given(reads())
+def test_far_memory_is_position_free_and_the_window_is_not(p):
+    tensors, rope = make(p)
+    q, kc, vc, kb, vb = tensors
+    read = read_of(p, rope)
+    base = fold_attention_reference(q, kc, vc, kb, vb, read, p["d"] ** -0.5)
+    all_far = max(0, p["T"] - (p["W"] + p["B"]) + 1)  # far for every row (row 0 has the widest window)
+    if all_far >= 2:
+        perm = torch.cat((torch.randperm(all_far, generator=torch.Generator().manual_seed(p["seed"])),
+                          torch.arange(all_far, p["T"])))
+        shuffled = fold_attention_reference(q, kc[:, :, perm], vc[:, :, perm], kb, vb, read, p["d"] ** -0.5)
+        assert torch.allclose(shuffled, base, rtol=0, atol=1e-12)
+    if p["W"] >= 2 and p["T"] >= 2 and p["rotary"] > 0:
+        swap = torch.arange(p["T"])
+        swap[[p["T"] - 1, p["T"] - 2]] = swap[[p["T"] - 2, p["T"] - 1]]
+        moved = fold_attention_reference(q, kc[:, :, swap], vc[:, :, swap], kb, vb, read, p["d"] ** -0.5)
+        assert not torch.allclose(moved, base, rtol=0, atol=1e-12)
+
+
+@SETTINGS
+@given(reads(), st.sampled_from([1e4, -1e4]))
+def test_extreme_logits_in_fp32_and_large_bf16_values(p, big):
+    tensors, rope = make(p, scale=math.sqrt(abs(big)), dtype=torch.float32)
+    out = fold_attention_reference(*tensors, read_of(p, rope), scaling=p["d"] ** -0.5)
+    assert torch.isfinite(out).all()
+    tensors16, _ = make(p, scale=30.0, dtype=torch.bfloat16)
+    assert torch.isfinite(fold_attention_reference(*tensors16, read_of(p, rope), scaling=p["d"] ** -0.5)).all()
