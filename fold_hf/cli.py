@@ -1,4 +1,5 @@
-"""`fold-hf`: demo, bench and train-drafter on the embedded pair (SmolLM2-135M-Instruct + its DFlash drafter)."""
+"""`fold-hf`: demo, bench, train-drafter and doctor, on the embedded pair (SmolLM2-135M-Instruct + its DFlash
+drafter) unless told otherwise."""
 
 from __future__ import annotations
 
@@ -157,6 +158,30 @@ def cmd_summarize(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    from .doctor import diagnose, format_checks
+    from .modeling import FoldConfig, FoldDrafter
+
+    drafter_dir = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER
+    drafter = FoldDrafter.from_pretrained(drafter_dir)
+    if args.target_config:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with torch.device("meta"):  # shapes only: no weights are read or allocated
+            target = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.target_config))
+        target_name = args.target_config
+    else:
+        from .modeling.gguf_target import load_smollm2
+
+        target, _ = load_smollm2("cpu")
+        target_name = "SmolLM2-135M-Instruct (embedded)"
+    cfg = FoldConfig.from_pretrained(args.config) if args.config else drafter.fold_config
+    print(f"target: {target_name}\ndrafter: {drafter_dir}\nconfig: {cfg.to_dict()}\n")
+    checks = diagnose(target, drafter, cfg, context_length=args.context)
+    print(format_checks(checks))
+    return 1 if any(c.status == "error" for c in checks) else 0
+
+
 def _print_table(summary: dict) -> None:
     print(f"\n{'suite':10s} {'tier':>6s} {'method':10s} {'tau':>6s} {'speedup':>8s} {'95% CI':>16s} {'differ':>6s}")
     for r in summary["rows"]:
@@ -220,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--max-minutes", type=float)
     bench.set_defaults(func=cmd_bench)
+
+    doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run")
+    doctor.add_argument("--drafter", help="drafter directory (default: the embedded one)")
+    doctor.add_argument("--target-config", help="a target's config directory (checked on the meta device, no weights)")
+    doctor.add_argument("--config", help="FoldConfig: preset name, directory or file (default: the drafter's)")
+    doctor.add_argument("--context", type=int, help="context length to describe the plan at")
+    doctor.set_defaults(func=cmd_doctor)
 
     summ = sub.add_parser("summarize", help="merge */runs.jsonl under a results folder into the table and plots")
     summ.add_argument("out")
