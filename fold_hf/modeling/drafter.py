@@ -318,8 +318,14 @@ class FoldDrafter(PreTrainedModel):
 
             return run
 
+        plans: dict[tuple, LayerRead] = {}
+
         def read_for(attn: DrafterAttention, T: int) -> LayerRead:
-            return self.plan_read(attn.layer_idx, T, block_start, Lq, device=hidden.device, cache=cache)
+            # layers differ in their read only through their sliding window: plan once per kind of layer
+            key = (attn.sliding_window, T)
+            if key not in plans:
+                plans[key] = self.plan_read(attn.layer_idx, T, block_start, Lq, device=hidden.device, cache=cache)
+            return plans[key]
 
         for idx, layer in enumerate(self.layers):
             hidden = layer(hidden, context, cache_layer_for(idx), read_for)
