@@ -6,52 +6,19 @@ everything to fix. The target may be a full model or only its config (built on t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .modeling.drafter import FoldDrafter
 from .modeling.fold_config import FoldConfig
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # "ok", "warn" or "error"
-    message: str
-
-
-def _text_config(target):
-    cfg = target.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+from .modeling.validation import Check, pair_checks
 
 
 def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None,
              context_length: int | None = None) -> list[Check]:
     """All checks of ``drafter`` against ``target`` under ``fold_config`` (the drafter's own when None)."""
     cfg = fold_config or drafter.fold_config
-    dcfg, tcfg = drafter.config, _text_config(target)
-    checks: list[Check] = []
-
-    def add(name, ok, good, bad, level="error"):
-        checks.append(Check(name, "ok" if ok else level, good if ok else bad))
-
-    t_hidden, t_layers, t_vocab = tcfg.hidden_size, tcfg.num_hidden_layers, tcfg.vocab_size
-    add("hidden size", dcfg.hidden_size == t_hidden, f"{dcfg.hidden_size} on both sides",
-        f"drafter {dcfg.hidden_size} vs target {t_hidden}")
-    add("target layers", dcfg.num_target_layers == t_layers, f"drafter trained on a {t_layers}-layer target",
-        f"drafter expects num_target_layers={dcfg.num_target_layers}, target has {t_layers}")
-    bad_taps = [i for i in dcfg.target_layer_ids if not 0 <= i < t_layers]
-    add("tapped layers", not bad_taps, f"{dcfg.target_layer_ids} (hidden_states[i + 1] of the target)",
-        f"{bad_taps} out of range for {t_layers} layers")
-    add("fc input", drafter.fc.in_features == len(dcfg.target_layer_ids) * dcfg.hidden_size,
-        f"{len(dcfg.target_layer_ids)} taps x {dcfg.hidden_size}",
-        f"fc takes {drafter.fc.in_features} features, taps give {len(dcfg.target_layer_ids) * dcfg.hidden_size}")
-    mask = dcfg.mask_token_id
-    add("mask token", mask is not None and 0 <= mask < t_vocab, f"id {mask} inside the {t_vocab}-token vocabulary",
-        f"mask_token_id {mask!r} is missing or outside the {t_vocab}-token vocabulary")
-    d_vocab = getattr(dcfg, "vocab_size", None)
-    add("vocabulary", d_vocab in (None, t_vocab), f"{t_vocab} tokens", f"drafter vocab {d_vocab} vs target {t_vocab}")
+    dcfg = drafter.config
+    checks = pair_checks(drafter, target)
 
     rope = drafter.rope
     params = dict(getattr(dcfg, "rope_parameters", None) or {})
@@ -64,15 +31,16 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
 
     B = dcfg.block_size
     D = cfg.window + B
-    add("window vs training length", D <= cfg.train_length,
-        f"W + B = {D} <= training length {cfg.train_length}: the window stays inside trained distances",
-        f"W + B = {D} exceeds the training length {cfg.train_length}: window entries are read at distances "
-        f"the drafter never saw; lower window", level="warn")
+    inside = D <= cfg.train_length
+    checks.append(Check("window vs training length", "ok" if inside else "warn",
+                        f"W + B = {D} <= training length {cfg.train_length}: the window stays inside trained distances"
+                        if inside else f"W + B = {D} exceeds the training length {cfg.train_length}: window entries "
+                        f"are read at distances the drafter never saw; lower window"))
     if cfg.mode in ("yarn", "rerope"):
         checks.append(Check("train_length", "ok", f"{cfg.mode} uses train_length={cfg.train_length} as R"))
 
     T = context_length if context_length is not None else 4 * D
-    read = drafter.plan_read(len(drafter.layers) - 1, T, T, B, device="cpu")
+    read = drafter.plan_read(len(drafter.layers) - 1, T, T, B, device="cpu", fold_config=cfg)
     far = int(read.far_mask.any(-1).sum()) if read.far_stop else 0
     checks.append(Check("plan", "ok", f"mode {cfg.mode}, block {B}; at {T} context entries the last layer reads "
                                       f"{read.near_index.numel()} window entries"

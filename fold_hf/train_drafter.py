@@ -30,6 +30,7 @@ from .generation.taps import HiddenTaps
 from .modeling.drafter import FoldDrafter
 from .modeling.drafter_config import FoldDrafterConfig, default_target_layer_ids
 from .modeling.fold_config import FoldConfig
+from .modeling.validation import target_text_config
 from .training import dflash_loss, sample_anchors
 
 
@@ -56,7 +57,7 @@ class TrainSettings:
 
 
 def drafter_config_for(target, settings: TrainSettings) -> FoldDrafterConfig:
-    tcfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    tcfg = target_text_config(target)
     n_target = tcfg.num_hidden_layers
     taps = settings.target_layer_ids or default_target_layer_ids(n_target, settings.layers)
     heads = tcfg.num_attention_heads

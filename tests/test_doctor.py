@@ -15,6 +15,9 @@ def test_healthy_pair_is_all_ok_and_describes_the_plan():
     checks = {c.name: c for c in diagnose(target, drafter, context_length=100)}
     assert all(c.status == "ok" for c in checks.values()), [c for c in checks.values() if c.status != "ok"]
     assert "far memory" in checks["plan"].message and "window + far memory" in checks["sliding layers"].message
+    window_only = {c.name: c for c in diagnose(target, drafter, FoldConfig(mode="window", window=16),
+                                                context_length=100)}
+    assert "far memory" not in window_only["plan"].message  # the plan follows the config asked about
 
 
 def test_every_problem_is_listed_at_once():

@@ -205,8 +205,8 @@ class FoldDrafter(PreTrainedModel):
                          request_length=request_length)
 
     # ------------------------------------------------------------------ reading geometry
-    def _rope_for(self, sliding: bool, block_start: int, query_length: int, cache) -> RotaryTables:
-        cfg = self.fold_config
+    def _rope_for(self, sliding: bool, block_start: int, query_length: int, cache,
+                  cfg: FoldConfig) -> RotaryTables:
         if cfg.mode != "yarn" or sliding:
             return self.rope
         total = getattr(cache, "request_length", None) or block_start
@@ -221,13 +221,14 @@ class FoldDrafter(PreTrainedModel):
         return tables
 
     def plan_read(self, layer_idx: int, num_context: int, block_start: int, query_length: int,
-                  device: torch.device | str = "cpu", cache=None) -> LayerRead:
-        """The geometry layer ``layer_idx`` reads with under the current `FoldConfig`."""
+                  device: torch.device | str = "cpu", cache=None, fold_config: FoldConfig | None = None) -> LayerRead:
+        """The geometry layer ``layer_idx`` reads with under ``fold_config`` (default: the drafter's own)."""
+        cfg = fold_config or self.fold_config
         attn = self.layers[layer_idx].self_attn
         sliding = attn.sliding_window is not None
-        rope = self._rope_for(sliding, block_start, query_length, cache)
+        rope = self._rope_for(sliding, block_start, query_length, cache, cfg)
         return plan_layer_read(
-            self.fold_config,
+            cfg,
             num_context=num_context,
             block_start=block_start,
             query_length=query_length,

@@ -2,46 +2,74 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
 
-def _target_text_config(target: nn.Module):
+@dataclass
+class Check:
+    """One finding about a pair or a config: ``status`` is ``"ok"``, ``"warn"`` or ``"error"``."""
+
+    name: str
+    status: str
+    message: str
+
+
+def target_text_config(target: nn.Module):
+    """The target's text config (the config itself for text-only models)."""
     config = target.config
     getter = getattr(config, "get_text_config", None)
     return getter() if callable(getter) else config
 
 
-def validate_pair(drafter, target: nn.Module) -> None:
-    """Raise ``ValueError`` naming the mismatch when ``drafter`` cannot draft for ``target``."""
+def pair_checks(drafter, target: nn.Module) -> list[Check]:
+    """Every fit check of ``drafter`` against ``target``, in order, each ok or error (none raises)."""
     dcfg = drafter.config
-    tcfg = _target_text_config(target)
+    tcfg = target_text_config(target)
     t_hidden = getattr(tcfg, "hidden_size", None)
     t_layers = getattr(tcfg, "num_hidden_layers", None)
     t_vocab = getattr(tcfg, "vocab_size", None)
-    if t_hidden is not None and dcfg.hidden_size != t_hidden:
-        raise ValueError(f"drafter hidden_size {dcfg.hidden_size} does not match the target's {t_hidden}")
-    if t_layers is not None and dcfg.num_target_layers != t_layers:
-        raise ValueError(
-            f"drafter num_target_layers {dcfg.num_target_layers} does not match the target's num_hidden_layers {t_layers}"
-        )
+    checks: list[Check] = []
+
+    def add(name: str, ok: bool, good: str, bad: str) -> None:
+        checks.append(Check(name, "ok" if ok else "error", good if ok else bad))
+
+    add("hidden size", t_hidden is None or dcfg.hidden_size == t_hidden, f"{dcfg.hidden_size} on both sides",
+        f"drafter hidden_size {dcfg.hidden_size} does not match the target's {t_hidden}")
+    add("target layers", t_layers is None or dcfg.num_target_layers == t_layers,
+        f"drafter trained on a {dcfg.num_target_layers}-layer target",
+        f"drafter num_target_layers {dcfg.num_target_layers} does not match the target's num_hidden_layers {t_layers}")
     n_layers = t_layers if t_layers is not None else dcfg.num_target_layers
     bad = [i for i in dcfg.target_layer_ids if not 0 <= i < n_layers]
-    if bad:
-        raise ValueError(f"target_layer_ids {bad} out of range for a target with {n_layers} layers")
-    if dcfg.mask_token_id is None:
-        raise ValueError("drafter config has no mask_token_id (dflash_config.mask_token_id)")
+    add("tapped layers", not bad, f"{dcfg.target_layer_ids} (hidden_states[i + 1] of the target)",
+        f"target_layer_ids {bad} out of range for a target with {n_layers} layers")
     embed = target.get_input_embeddings()
     head = target.get_output_embeddings()
-    if embed is None or head is None:
-        raise ValueError("the target must expose input embeddings and an lm_head (get_output_embeddings())")
-    n_embed = embed.weight.shape[0]
-    if not 0 <= dcfg.mask_token_id < n_embed:
-        raise ValueError(f"mask_token_id {dcfg.mask_token_id} is outside the target's embedding table ({n_embed} rows)")
+    add("target embeddings", embed is not None and head is not None, "input embeddings and lm_head found",
+        "the target must expose input embeddings and an lm_head (get_output_embeddings())")
+    n_embed = embed.weight.shape[0] if embed is not None else t_vocab
+    mask = dcfg.mask_token_id
+    if mask is None:
+        add("mask token", False, "", "drafter config has no mask_token_id (dflash_config.mask_token_id)")
+    else:
+        add("mask token", n_embed is None or 0 <= mask < n_embed, f"id {mask} inside the {n_embed}-row embedding",
+            f"mask_token_id {mask} is outside the target's embedding table ({n_embed} rows)")
     d_vocab = getattr(dcfg, "vocab_size", None)
-    if t_vocab is not None and d_vocab is not None and d_vocab != t_vocab:
-        raise ValueError(f"drafter vocab_size {d_vocab} does not match the target's {t_vocab}")
-    if embed.weight.shape[1] != dcfg.hidden_size:
-        raise ValueError(f"target embedding width {embed.weight.shape[1]} does not match drafter hidden {dcfg.hidden_size}")
+    add("vocabulary", t_vocab is None or d_vocab is None or d_vocab == t_vocab, f"{t_vocab} tokens",
+        f"drafter vocab_size {d_vocab} does not match the target's {t_vocab}")
+    if embed is not None:
+        width = embed.weight.shape[1]
+        add("embedding width", width == dcfg.hidden_size, f"{width}",
+            f"target embedding width {width} does not match drafter hidden {dcfg.hidden_size}")
+    return checks
+
+
+def validate_pair(drafter, target: nn.Module) -> None:
+    """Raise ``ValueError`` naming the first mismatch when ``drafter`` cannot draft for ``target``."""
+    for check in pair_checks(drafter, target):
+        if check.status == "error":
+            raise ValueError(check.message)
 
 
 def validate_batch(input_ids) -> None:
