@@ -113,12 +113,13 @@ def cmd_bench(args) -> int:
     device = _device(args.device)
     out = Path(args.out or f"benchmarks/results/{_dt.date.today().isoformat()}-{_machine_tag(device)}")
     requests_file = Path(args.requests) if args.requests else out / "requests.jsonl"
+    if requests_file.is_file() and args.build_only:
+        print(f"{requests_file} exists")
+        return 0
     if not requests_file.is_file():
-        from .modeling.gguf_target import load_smollm2
+        from .modeling.gguf_target import load_smollm2_tokenizer
 
-        _, tokenizer = load_smollm2("cpu") if args.build_only else (None, None)
-        if tokenizer is None:
-            target, tokenizer, drafter = load_default_pair(device, args.drafter)
+        tokenizer = load_smollm2_tokenizer()
         requests = []
         for suite in args.suites:
             requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed)
@@ -126,11 +127,7 @@ def cmd_bench(args) -> int:
         print(f"wrote {len(requests)} requests to {requests_file}")
         if args.build_only:
             return 0
-    else:
-        if args.build_only:
-            print(f"{requests_file} exists")
-            return 0
-        target, tokenizer, drafter = load_default_pair(device, args.drafter)
+    target, _, drafter = load_default_pair(device, args.drafter)
     requests = load_requests(requests_file)
     methods = default_methods(args.window, args.train_length, args.budget)
     if args.methods:

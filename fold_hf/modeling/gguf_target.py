@@ -80,14 +80,22 @@ def smollm2_gguf_path(download: bool = True) -> Path:
     return cached
 
 
+def load_smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer alone (read from the GGUF; no weights are de-quantized)."""
+    from transformers import AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
 def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """(model, tokenizer) of SmolLM2-135M-Instruct; fp32 on CPU and bf16 on GPU unless ``dtype`` is given."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     device = torch.device(device)
     dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
     gguf = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = load_smollm2_tokenizer()
     converted = cache_dir() / "smollm2-135m-instruct-dequantized"
     if (converted / "model.safetensors").is_file():
         model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=torch.float32)
