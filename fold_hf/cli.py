@@ -97,7 +97,8 @@ def cmd_train(args) -> int:
     settings = TrainSettings(layers=args.layers, block_size=args.block_size, intermediate_size=args.intermediate,
                              mask_token_id=args.mask_token_id, prompt_tokens=args.prompt_tokens,
                              new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
-                             steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed)
+                             steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed,
+                             warmup=args.warmup, init_from=args.init_from)
     from .data import package_sources
 
     held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
@@ -220,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--anchors", type=int, default=48)
     train.add_argument("--lr", type=float, default=6e-4)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--warmup", type=int, default=100, help="linear warm-up steps before the cosine decay")
+    train.add_argument("--init-from", help="drafter directory to continue training from (new data, fresh optimizer)")
     train.add_argument("--eval-package", default="transformers")
     train.add_argument("--max-minutes", type=float, help="stop and save after this long (resume later)")
     train.set_defaults(func=cmd_train)

@@ -53,6 +53,7 @@ class TrainSettings:
     gamma: float = 4.0
     seed: int = 0
     save_every: int = 250
+    init_from: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -126,8 +127,21 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
         torch.save(data, data_file)
     log(f"training data: {tuple(data.shape)} tokens ({time.time() - started:.0f}s)")
 
-    config = drafter_config_for(target, settings)
-    drafter = FoldDrafter(config, FoldConfig(mode="dflash")).to(device=device, dtype=torch.float32)
+    if settings.init_from:
+        # warm start: continue a finished drafter on new data (its architecture, not the settings', decides the shape)
+        start_from = FoldDrafter.from_pretrained(settings.init_from, dtype=torch.float32)
+        config = start_from.config
+        if config.block_size != settings.block_size:
+            raise ValueError(f"--init-from drafter has block size {config.block_size}, settings ask for "
+                             f"{settings.block_size}")
+        drafter = FoldDrafter(config, FoldConfig(mode="dflash"))
+        drafter.load_state_dict(start_from.state_dict())
+        drafter = drafter.to(device=device, dtype=torch.float32)
+        del start_from
+        log(f"warm start from {settings.init_from}")
+    else:
+        config = drafter_config_for(target, settings)
+        drafter = FoldDrafter(config, FoldConfig(mode="dflash")).to(device=device, dtype=torch.float32)
     drafter.bind_target(target)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step = 0
