@@ -51,7 +51,14 @@ from .static_drafter import (
     preallocated_cache,
     static_drafter_unsupported,
 )
-from .static_target import SUPPORTED_ARCHITECTURES, StaticTarget, UnsupportedTarget, bucket_length, check_target
+from .static_target import (
+    PREFILL_CHUNK,
+    SUPPORTED_ARCHITECTURES,
+    StaticTarget,
+    UnsupportedTarget,
+    bucket_length,
+    check_target,
+)
 from .stats import GenerationResult
 from .verify import greedy_accept
 
@@ -210,6 +217,7 @@ def fast_generate(
     fold_config: FoldConfig | None = None,
     return_stats: bool = False,
     engine: str | None = None,
+    prefill_chunk: int = PREFILL_CHUNK,
 ):
     """Greedy speculative decoding of ``target`` with ``drafter`` (AR when None) on the fast machinery.
 
@@ -218,6 +226,7 @@ def fast_generate(
     Args:
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (module docstring); default ``graphs`` on CUDA,
             ``eager`` otherwise.
+        prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
 
     Returns:
         ``[1, P + N]`` sequences, or a :class:`GenerationResult` with ``return_stats=True``.
@@ -261,13 +270,15 @@ def fast_generate(
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         session = _session(target, capacity, taps, engine)
         out = _Output(_eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer)
-        return _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, return_stats)
+        return _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, return_stats,
+                       prefill_chunk)
     finally:
         if previous_config is not None:
             drafter.set_fold_config(previous_config)
 
 
-def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, return_stats: bool):
+def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, return_stats: bool,
+            prefill_chunk: int):
     runner = session.runner
     device = session.device
     prompt_len = input_ids.shape[1]
@@ -282,7 +293,7 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
             commit_context(drafter, dcache, features)
 
     start = _clock(device)
-    last = runner.prefill(input_ids, on_taps=on_taps).argmax(-1, keepdim=True)  # [1]
+    last = runner.prefill(input_ids, chunk=prefill_chunk, on_taps=on_taps).argmax(-1, keepdim=True)  # [1]
     first_token_at = _clock(device)
     out.first(int(last))
 
@@ -406,4 +417,59 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             layer.length = drafter_length
 
 
-__all__ = ["ENGINES", "SUPPORTED_ARCHITECTURES", "fast_generate", "fast_unsupported", "release_fast_state"]
+# ---------------------------------------------------------------------------------------------- routing
+# generation settings the fast loop honours, or that cannot change a greedy batch-1 output
+_ROUTABLE_SETTINGS = {
+    "max_new_tokens", "max_length", "do_sample", "eos_token_id", "pad_token_id", "bos_token_id", "stop_strings",
+    "num_beams", "num_return_sequences", "use_cache", "temperature", "top_k", "top_p", "return_dict_in_generate",
+    "output_scores", "output_logits", "output_attentions", "output_hidden_states", "transformers_version",
+    "_from_model_config", "decoder_start_token_id", "num_assistant_tokens", "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+}
+_ROUTABLE_ARGUMENTS = {"inputs", "input_ids", "attention_mask", "assistant_model", "streamer", "tokenizer",
+                       "generation_config", "use_cache", "synced_gpus"}
+NOT_ROUTED = object()
+
+
+def route_generate(model, args: tuple, kwargs: dict):
+    """``model.generate(*args, **kwargs)`` through :func:`fast_generate` when the arguments allow.
+
+    Returns:
+        (sequences ``[1, P + N]``, None) when routed, else (:data:`NOT_ROUTED`, the reason as a sentence).
+    """
+    import copy
+
+    from transformers import GenerationConfig
+
+    if len(args) > 1:
+        return NOT_ROUTED, "positional arguments beyond the inputs"
+    extra = sorted(k for k, v in kwargs.items()
+                   if k not in _ROUTABLE_ARGUMENTS and v is not None and k not in GenerationConfig().__dict__)
+    if extra:
+        return NOT_ROUTED, f"argument(s) {', '.join(extra)} (the fast loop does not take them)"
+    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+    config.update(**{k: v for k, v in kwargs.items() if k in GenerationConfig().__dict__})
+    settings = sorted(set(config.to_diff_dict()) - _ROUTABLE_SETTINGS)
+    if settings:
+        return NOT_ROUTED, f"generation setting(s) {', '.join(settings)} (the fast loop does not apply them)"
+    if config.num_beams not in (None, 1) or config.num_return_sequences not in (None, 1):
+        return NOT_ROUTED, "beam search / several return sequences"
+    if config.return_dict_in_generate or config.output_scores or config.output_logits:
+        return NOT_ROUTED, "return_dict_in_generate / output_scores (the fast loop returns sequences)"
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
+        return NOT_ROUTED, "inputs must be a [1, P] tensor of token ids"
+    drafter = kwargs.get("assistant_model")
+    reason = fast_unsupported(model, drafter, do_sample=bool(config.do_sample), batch_size=inputs.shape[0])
+    if reason is not None:
+        return NOT_ROUTED, reason
+    max_new_tokens = config.max_new_tokens
+    if max_new_tokens is None:
+        max_new_tokens = (config.max_length if config.max_length is not None else 20) - inputs.shape[1]
+    sequences = fast_generate(model, drafter, inputs, kwargs.get("attention_mask"), max_new_tokens=max_new_tokens,
+                              eos_token_id=config.eos_token_id, stop_strings=config.stop_strings,
+                              tokenizer=kwargs.get("tokenizer"), streamer=kwargs.get("streamer"))
+    return sequences, None
+
+
+__all__ = ["ENGINES", "SUPPORTED_ARCHITECTURES", "fast_generate", "fast_unsupported", "release_fast_state", "route_generate"]
