@@ -154,6 +154,8 @@ def test_graph_engine_matches_the_foundation_loop_on_gpu(arch):
                                         fold_config=mode_config(mode), engine=engine)
                     assert torch.equal(res.sequences, ref.sequences), (arch, mode, engine, length)
                     assert res.acceptance_lengths == ref.acceptance_lengths, (arch, mode, engine, length)
+            chunked = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, prefill_chunk=128)
+            assert torch.equal(chunked, ar), (arch, length)
     finally:
         target.to("cpu", torch.float64)
         drafter.to("cpu", torch.float64)

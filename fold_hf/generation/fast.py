@@ -34,10 +34,12 @@ once) and rebuilt when a request needs more room; :func:`release_fast_state` fre
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
+from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.validation import validate_batch
@@ -135,8 +137,9 @@ class _Session:
 
 def _session(target, capacity: int, tap_layer_ids: tuple, engine: str) -> _Session:
     session = target.__dict__.get(_SESSION_ATTR)
-    if session is not None and (session.capacity < capacity or session.tap_layer_ids != tap_layer_ids
-                                or session.engine != engine):
+    # a session built with taps serves AR too (its verify simply skips them)
+    if session is not None and (session.capacity < capacity or session.engine != engine
+                                or (tap_layer_ids and session.tap_layer_ids != tap_layer_ids)):
         release_fast_state(target)
         session = None
         if torch.cuda.is_available():
@@ -156,6 +159,7 @@ class _Output:
         self.tokens: list[int] = []
         self.acceptance: list[int] = []
         self.finish = "length"
+        self.commit_times: list[float] | None = None  # perf_counter() after each round, when a benchmark asks
 
     def first(self, token: int) -> None:
         self.tokens.append(token)
@@ -167,6 +171,8 @@ class _Output:
             self.finish = "stop_string"
 
     def commit(self, committed: list[int]) -> None:
+        if self.commit_times is not None:
+            self.commit_times.append(time.perf_counter())
         self.acceptance.append(len(committed))
         checked = len(self.tokens) + 1
         self.tokens.extend(committed)
@@ -417,6 +423,50 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             layer.length = drafter_length
 
 
+@torch.no_grad()
+def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds: int, engine: str = "graphs",
+                first_token: int = 0) -> GenerationResult:
+    """Benchmark entry: decode ``rounds`` rounds as if a ``context_length``-token prompt had been prefilled.
+
+    No prefill runs: the target and drafter caches simply hold ``context_length`` entries (whatever the buffers
+    contain, zeros when fresh), so per-round cost at long contexts can be timed in seconds. Timing is
+    value-independent; tokens are meaningless. Every round commits at least one token, so at most ``rounds``
+    rounds run (fewer only if drafts get accepted). ``decode_s`` covers the rounds only;
+    the result also carries ``round_seconds``, the wall time of each round.
+    """
+    block = drafter.block_size if drafter is not None else 1
+    budget = rounds + 1
+    taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
+    session = _session(target, context_length + budget + block, taps, engine)
+    out = _Output(set(), _StopStrings(None, None), None)
+    out.first(first_token)
+    out.commit_times = []
+    dcache = static_drafter = None
+    if drafter is not None:
+        drafter.bind_target(target)
+        dcache, static_drafter = session.drafter_slot(drafter, context_length + budget)
+        for layer in dcache.layers:
+            layer.length = context_length
+    last = torch.tensor([first_token], device=session.device)
+    start = _clock(session.device)
+    if engine == "eager":
+        _eager_rounds(session, drafter, dcache, last, context_length, budget, out)
+    else:
+        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out)
+    end = _clock(session.device)
+    sequences = torch.tensor([out.tokens], device=session.device)
+    result = GenerationResult(sequences=sequences, acceptance_lengths=out.acceptance, decode_s=end - start,
+                              num_prompt_tokens=0, mode=drafter.fold_config.mode if drafter is not None else "ar")
+    result.round_seconds = [b - a for a, b in zip([start] + out.commit_times[:-1], out.commit_times)]
+    return result
+
+
+def drafter_cache_of(target) -> FoldCache | None:
+    """The drafter cache the fast loop keeps on ``target`` (for memory accounting), or None."""
+    session = target.__dict__.get(_SESSION_ATTR)
+    return None if session is None else session.drafter_cache
+
+
 # ---------------------------------------------------------------------------------------------- routing
 # generation settings the fast loop honours, or that cannot change a greedy batch-1 output
 _ROUTABLE_SETTINGS = {
@@ -472,4 +522,5 @@ def route_generate(model, args: tuple, kwargs: dict):
     return sequences, None
 
 
-__all__ = ["ENGINES", "SUPPORTED_ARCHITECTURES", "fast_generate", "fast_unsupported", "release_fast_state", "route_generate"]
+__all__ = ["ENGINES", "SUPPORTED_ARCHITECTURES", "drafter_cache_of", "fast_generate", "fast_unsupported",
+           "release_fast_state", "route_generate", "time_rounds"]
