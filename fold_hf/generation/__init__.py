@@ -1,7 +1,9 @@
-"""Speculative decoding: our loop (`generate`), verification, stats and the transformers assistant strategy."""
+"""Speculative decoding: our loop (`generate`), its fast twin (`fast_generate`), verification, stats and the transformers assistant strategy."""
 
+from .fast import fast_generate, release_fast_state
 from .loop import generate
 from .stats import GenerationResult
 from .verify import greedy_accept, process_logits, speculative_accept
 
-__all__ = ["GenerationResult", "generate", "greedy_accept", "process_logits", "speculative_accept"]
+__all__ = ["GenerationResult", "fast_generate", "generate", "greedy_accept", "process_logits", "release_fast_state",
+           "speculative_accept"]

@@ -6,6 +6,11 @@ assistant is a :class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks f
 DFlash generator, which our drafter also serves). ``_assisted_decoding`` is wrapped only to remove the
 hidden-state hooks when the call ends.
 
+``target.generate(..., fold_fast=True)`` (with or without ``assistant_model``) runs
+:func:`fold_hf.generation.fast.fast_generate` instead when the arguments allow (greedy, batch 1, a
+Llama-family target, no logits processors or extra outputs); otherwise it warns with the reason and runs
+transformers' own path.
+
 Hidden states come from forward hooks on the tapped target layers rather than
 ``output_hidden_states``: a long prompt would otherwise keep every layer's states, and the index
 convention of ``output_hidden_states=[...]`` changed between transformers 5.17 and 5.2x.
@@ -14,6 +19,7 @@ convention of ``output_hidden_states=[...]`` changed between transformers 5.17 a
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import torch
@@ -155,12 +161,30 @@ def _wrap_validate_generation_mode(original):
     return _validate_generation_mode
 
 
+def _wrap_generate(original):
+    @functools.wraps(original)
+    def generate(self, *args, fold_fast: bool = False, **kwargs):
+        if not fold_fast:
+            return original(self, *args, **kwargs)
+        from .fast import NOT_ROUTED, route_generate
+
+        result, reason = route_generate(self, args, kwargs)
+        if result is not NOT_ROUTED:
+            return result
+        warnings.warn(f"fold_fast=True: running transformers' generate instead of the fast loop because of {reason}",
+                      UserWarning, stacklevel=2)
+        return original(self, *args, **kwargs)
+
+    return generate
+
+
 def install() -> None:
     """Route FoldDrafter assistants to :class:`FoldCandidateGenerator` (idempotent)."""
     if getattr(GenerationMixin, _INSTALLED_ATTR, False):
         return
     GenerationMixin._get_candidate_generator = _wrap_get_candidate_generator(GenerationMixin._get_candidate_generator)
     GenerationMixin._assisted_decoding = _wrap_assisted_decoding(GenerationMixin._assisted_decoding)
+    GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
     if hasattr(GenerationMixin, "_validate_generation_mode"):
         GenerationMixin._validate_generation_mode = _wrap_validate_generation_mode(
             GenerationMixin._validate_generation_mode

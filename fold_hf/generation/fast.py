@@ -1,0 +1,526 @@
+"""`fast_generate`: the foundation loop (:func:`fold_hf.generate`) rebuilt for speed, same results.
+
+What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM through its own ``forward``):
+
+* the target runs through :class:`~fold_hf.generation.static_target.StaticTarget`: our forward over the
+  model's own modules with a preallocated KV cache; rollback rewinds a length;
+* the drafter's :class:`~fold_hf.modeling.cache.FoldCache` is preallocated for the whole request (nothing
+  reallocates) and the prompt's context is committed chunk by chunk during the prefill;
+* verification is greedy on device (argmax, cumulative-product match count); each round reads one small
+  tensor back (the accepted count with the round's tokens) and nothing else;
+* engines:
+
+  ``eager``   host-side lengths, exact-length attention (flash decoding for one query), the drafter through
+              :meth:`FoldDrafter.draft_logits` exactly as the foundation loop calls it. Default on CPU.
+  ``static``  every length lives in a device state tensor and every step has fixed shapes (what ``graphs``
+              captures), run without capture: the graph path's logic, testable on CPU.
+  ``graphs``  ``static`` with each step captured once in a CUDA graph and replayed. The verify step has one
+              graph per (query length, attention bucket): the bucket grows with the context (length
+              dispatch), so a short context does not read the whole capacity. The drafter step is captured
+              when the FOLD Triton kernel (``fold_hf.kernels.triton_fold``) imports and the mode is
+              ``fold``/``window``/``dflash``, with a window-only variant until the context exceeds W; otherwise
+              the drafter runs eagerly. Default on CUDA.
+
+* ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
+  timings compare like with like.
+
+Greedy only, batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`); anything else raises a
+ValueError saying why (use :func:`fold_hf.generate` for those). EOS, stop strings, streamers and the returned
+:class:`GenerationResult` behave as in the foundation loop; tokens and acceptance lengths are the same.
+
+Sessions: the KV cache, drafter cache and captured graphs are kept on the target between calls (capture costs
+once) and rebuilt when a request needs more room; :func:`release_fast_state` frees them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..modeling.cache import FoldCache
+from ..modeling.drafter import FoldDrafter
+from ..modeling.fold_config import FoldConfig
+from ..modeling.validation import validate_batch
+from .graphs import CapturedStep, EagerStep
+from .loop import _clock, _eos_ids, _StopStrings
+from .static_drafter import (
+    StaticDrafter,
+    commit_context,
+    default_read_function,
+    fold_read_torch,
+    preallocated_cache,
+    static_drafter_unsupported,
+)
+from .static_target import (
+    PREFILL_CHUNK,
+    SUPPORTED_ARCHITECTURES,
+    StaticTarget,
+    UnsupportedTarget,
+    bucket_length,
+    check_target,
+)
+from .stats import GenerationResult
+from .verify import greedy_accept
+
+ENGINES = ("eager", "static", "graphs")
+_SESSION_ATTR = "_fold_fast_session"
+CAPACITY_ROUNDING = 256
+
+# state vector slots (long, on device)
+_T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
+
+
+def release_fast_state(target) -> None:
+    """Free the fast loop's KV cache, drafter cache and graphs kept on ``target``."""
+    target.__dict__.pop(_SESSION_ATTR, None)
+
+
+class _Session:
+    """Buffers and captured steps of one target (reused across calls while they fit)."""
+
+    def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str) -> None:
+        self.runner = StaticTarget(target, capacity, tap_layer_ids)
+        self.capacity = capacity
+        self.tap_layer_ids = tap_layer_ids
+        self.engine = engine
+        device = self.runner.device
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle() if engine == "graphs" else None
+        self.state = torch.zeros(8, dtype=torch.long, device=device)
+        self.steps: dict[tuple, object] = {}
+        self.ids: dict[int, torch.Tensor] = {}
+        self.taps: dict[int, torch.Tensor] = {}
+        self.offsets: dict[int, torch.Tensor] = {}
+        self.drafter_key = None
+        self.drafter_cache = None
+        self.static_drafter = None
+
+    def buffers(self, block: int):
+        if block not in self.ids:
+            self.ids[block] = torch.zeros(1, block, dtype=torch.long, device=self.device)
+            # zeros, not empty: rows past the accepted ones feed garbage cache entries that are masked out, and
+            # a masked NaN would still poison the weighted sum of values
+            self.taps[block] = torch.zeros(1, block, self.runner.tap_width, dtype=self.runner.dtype,
+                                           device=self.device)
+            self.offsets[block] = torch.arange(block, device=self.device)
+        return self.ids[block], self.taps[block], self.offsets[block]
+
+    def step(self, key: tuple, fn):
+        step = self.steps.get(key)
+        if step is None:
+            step = CapturedStep(fn, pool=self.pool) if self.engine == "graphs" else EagerStep(fn)
+            self.steps[key] = step
+        return step
+
+    def drafter_slot(self, drafter: FoldDrafter, request_length: int):
+        """(FoldCache reset to empty, StaticDrafter or None) for ``drafter`` in its current mode."""
+        cfg = drafter.fold_config
+        key = (id(drafter), repr(cfg), self.engine)
+        if key != self.drafter_key:
+            for k in [k for k in self.steps if k[0] == "draft"]:
+                del self.steps[k]
+            self.drafter_cache = preallocated_cache(drafter, self.capacity, self.device, request_length)
+            self.static_drafter = None
+            if self.engine != "eager" and static_drafter_unsupported(drafter) is None:
+                read = default_read_function()
+                if read is None and self.engine == "static":
+                    read = fold_read_torch
+                if read is not None:
+                    self.static_drafter = StaticDrafter(drafter, self.drafter_cache, read)
+            self.drafter_key = key
+        self.drafter_cache.reset()
+        self.drafter_cache.request_length = request_length
+        return self.drafter_cache, self.static_drafter
+
+
+def _session(target, capacity: int, tap_layer_ids: tuple, engine: str) -> _Session:
+    session = target.__dict__.get(_SESSION_ATTR)
+    # a session built with taps serves AR too (its verify simply skips them)
+    if session is not None and (session.capacity < capacity or session.engine != engine
+                                or (tap_layer_ids and session.tap_layer_ids != tap_layer_ids)):
+        release_fast_state(target)
+        session = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if session is None:
+        rounded = -(-capacity // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
+        session = _Session(target, rounded, tap_layer_ids, engine)
+        target.__dict__[_SESSION_ATTR] = session
+    return session
+
+
+class _Output:
+    """Committed tokens, acceptance lengths, EOS / stop strings and the streamer, as the foundation loop does."""
+
+    def __init__(self, eos: set[int], stops: _StopStrings, streamer) -> None:
+        self.eos, self.stops, self.streamer = eos, stops, streamer
+        self.tokens: list[int] = []
+        self.acceptance: list[int] = []
+        self.finish = "length"
+        self.commit_times: list[float] | None = None  # perf_counter() after each round, when a benchmark asks
+
+    def first(self, token: int) -> None:
+        self.tokens.append(token)
+        if self.streamer is not None:
+            self.streamer.put(torch.tensor([token]))
+        if token in self.eos:
+            self.finish = "eos"
+        elif self.stops.cut(self.tokens, 1) is not None:
+            self.finish = "stop_string"
+
+    def commit(self, committed: list[int]) -> None:
+        if self.commit_times is not None:
+            self.commit_times.append(time.perf_counter())
+        self.acceptance.append(len(committed))
+        checked = len(self.tokens) + 1
+        self.tokens.extend(committed)
+        for i, tok in enumerate(committed):
+            if tok in self.eos:
+                del self.tokens[checked + i :]
+                self.finish = "eos"
+                break
+        cut = self.stops.cut(self.tokens, checked)
+        if cut is not None:
+            del self.tokens[cut:]
+            self.finish = "stop_string"
+        if self.streamer is not None:
+            shown = self.tokens[checked - 1 :]
+            if shown:
+                self.streamer.put(torch.tensor(shown))
+
+
+def fast_unsupported(target, drafter=None, *, do_sample: bool = False, batch_size: int = 1) -> str | None:
+    """Why :func:`fast_generate` cannot run this request, or None when it can (used by the routing)."""
+    if do_sample:
+        return "sampling (do_sample=True): the fast loop verifies greedily; fold_hf.generate samples"
+    if batch_size != 1:
+        return f"batch size {batch_size}: the fast loop runs batch 1"
+    if drafter is not None and not isinstance(drafter, FoldDrafter):
+        return f"assistant {type(drafter).__name__} is not a FoldDrafter"
+    try:
+        check_target(target)
+    except UnsupportedTarget as err:
+        return str(err)
+    return None
+
+
+@torch.no_grad()
+def fast_generate(
+    target,
+    drafter: FoldDrafter | None = None,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int | None = 256,
+    max_length: int | None = None,
+    do_sample: bool = False,
+    eos_token_id: int | Sequence[int] | None = None,
+    stop_strings: Sequence[str] | str | None = None,
+    tokenizer=None,
+    streamer=None,
+    fold_config: FoldConfig | None = None,
+    return_stats: bool = False,
+    engine: str | None = None,
+    prefill_chunk: int = PREFILL_CHUNK,
+):
+    """Greedy speculative decoding of ``target`` with ``drafter`` (AR when None) on the fast machinery.
+
+    Same arguments and result as :func:`fold_hf.generate` (greedy only), plus:
+
+    Args:
+        engine: ``"eager"``, ``"static"`` or ``"graphs"`` (module docstring); default ``graphs`` on CUDA,
+            ``eager`` otherwise.
+        prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
+
+    Returns:
+        ``[1, P + N]`` sequences, or a :class:`GenerationResult` with ``return_stats=True``.
+
+    Raises:
+        ValueError: sampling, batch > 1, padding, an unsupported target architecture (the message says which).
+    """
+    if input_ids is None:
+        raise ValueError("input_ids is required")
+    validate_batch(input_ids)
+    reason = fast_unsupported(target, drafter, do_sample=do_sample)
+    if reason is not None:
+        raise ValueError(f"fast_generate cannot run this request: {reason}")
+    if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
+        raise ValueError("attention_mask has padding; batch-1 generation takes unpadded prompts")
+    prompt_len = input_ids.shape[1]
+    if max_new_tokens is None:
+        if max_length is None:
+            raise ValueError("give max_new_tokens or max_length")
+        max_new_tokens = max_length - prompt_len
+    if max_new_tokens < 1:
+        raise ValueError(f"nothing to generate: max_new_tokens={max_new_tokens} (prompt has {prompt_len} tokens)")
+    device = input_ids.device
+    if engine is None:
+        engine = "graphs" if device.type == "cuda" else "eager"
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "graphs" and device.type != "cuda":
+        raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
+    if drafter is not None:
+        drafter.bind_target(target)
+    previous_config = None
+    if fold_config is not None:
+        if drafter is None:
+            raise ValueError("fold_config was given without a drafter")
+        previous_config = drafter.fold_config
+        drafter.set_fold_config(fold_config)
+    try:
+        block = drafter.block_size if drafter is not None else 1
+        capacity = prompt_len + max_new_tokens + block
+        taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
+        session = _session(target, capacity, taps, engine)
+        out = _Output(_eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer)
+        return _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, return_stats,
+                       prefill_chunk)
+    finally:
+        if previous_config is not None:
+            drafter.set_fold_config(previous_config)
+
+
+def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, return_stats: bool,
+            prefill_chunk: int):
+    runner = session.runner
+    device = session.device
+    prompt_len = input_ids.shape[1]
+    if out.streamer is not None:
+        out.streamer.put(input_ids.cpu())
+    dcache = static_drafter = None
+    on_taps = None
+    if drafter is not None:
+        dcache, static_drafter = session.drafter_slot(drafter, prompt_len + budget)
+
+        def on_taps(features, start):
+            commit_context(drafter, dcache, features)
+
+    start = _clock(device)
+    last = runner.prefill(input_ids, chunk=prefill_chunk, on_taps=on_taps).argmax(-1, keepdim=True)  # [1]
+    first_token_at = _clock(device)
+    out.first(int(last))
+
+    if session.engine == "eager":
+        _eager_rounds(session, drafter, dcache, last, prompt_len, budget, out)
+    else:
+        _static_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out)
+    end = _clock(device)
+    if out.streamer is not None:
+        out.streamer.end()
+
+    sequences = torch.cat((input_ids, torch.tensor([out.tokens], dtype=input_ids.dtype, device=device)), dim=1)
+    if not return_stats:
+        return sequences
+    return GenerationResult(
+        sequences=sequences,
+        acceptance_lengths=out.acceptance,
+        ttft_s=first_token_at - start,
+        decode_s=end - first_token_at,
+        num_prompt_tokens=prompt_len,
+        mode=drafter.fold_config.mode if drafter is not None else "ar",
+        finish_reason=out.finish,
+    )
+
+
+def _eager_rounds(session: _Session, drafter, dcache, last, position: int, budget: int, out: _Output) -> None:
+    """Host-length rounds: the foundation loop's control flow over the static target."""
+    runner = session.runner
+    block = drafter.block_size if drafter is not None else 1
+    taps_buffer = session.buffers(block)[1] if drafter is not None else None
+    pending = None  # context rows accepted since the drafter last ran
+    while out.finish == "length" and len(out.tokens) < budget:
+        k = min(block - 1, budget - len(out.tokens) - 1)
+        if k > 0:
+            logits = drafter.draft_logits(last, pending, dcache, block_start=position)
+            drafts = logits[0, :k].argmax(-1).to(last.device)
+            pending = None
+        else:
+            drafts = last.new_empty(0)
+        taps = taps_buffer[:, : k + 1] if taps_buffer is not None else None
+        logits = runner.forward(torch.cat((last, drafts))[None], position, taps_out=taps)
+        n, commit = greedy_accept(drafts, logits)
+        if taps is not None:
+            accepted = taps[:, : n + 1].clone()  # the buffer is rewritten by the next verify
+            pending = accepted if pending is None else torch.cat((pending, accepted), 1)
+        position += n + 1
+        out.commit(commit.tolist())
+        last = commit[-1:]
+
+
+def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, position: int, budget: int,
+                   out: _Output) -> None:
+    """Device-length rounds (engines ``static`` and ``graphs``); one host read per round."""
+    runner = session.runner
+    block = drafter.block_size if drafter is not None else 1
+    ids, taps, offsets = session.buffers(block)
+    with_taps = drafter is not None
+    state = session.state
+    drafter_length = dcache.get_seq_length() if dcache is not None else 0
+    state.zero_()
+    state[_T_LEN] = position
+    state[_D_LEN] = drafter_length
+    state[_LAST : _LAST + 1] = last
+    state[_LIMIT] = block - 1
+    limit = block - 1
+    new_rows = 0  # host copy of state[_D_NEW]
+    pending = None
+
+    def verify(bucket: int):
+        def run():
+            ids[:, :1] = state[_LAST : _LAST + 1].view(1, 1)
+            positions = state[_T_LEN : _T_LEN + 1] + offsets
+            logits = runner.forward_static(ids, positions, bucket, taps_out=taps if with_taps else None)
+            posterior = logits.argmax(-1)  # [B]
+            drafts = ids[0, 1:]
+            matched = (drafts == posterior[:-1]).long().cumprod(0).sum()
+            n = torch.minimum(matched, state[_LIMIT]).view(1)
+            next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
+                                    state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
+                                    n + 1, posterior.gather(0, n), state[_LIMIT:]))
+            return next_state, torch.cat((n, posterior, drafts))
+
+        return run
+
+    def draft(with_far: bool):
+        def run():
+            drafts = static_drafter.draft(taps, state, with_far)
+            ids[0, 1:] = drafts
+            return drafts
+
+        return run
+
+    while out.finish == "length" and len(out.tokens) < budget:
+        k = min(block - 1, budget - len(out.tokens) - 1)
+        if k != limit:
+            state[_LIMIT : _LIMIT + 1].fill_(k)
+            limit = k
+        if drafter is not None and k > 0:
+            if static_drafter is not None:
+                with_far = static_drafter.needs_far(drafter_length + new_rows)
+                session.step(("draft", with_far), draft(with_far)).replay()
+            else:
+                logits = drafter.draft_logits(state[_LAST : _LAST + 1], pending, dcache, block_start=position)
+                ids[0, 1:] = logits[0].argmax(-1)
+                pending = None
+        bucket = bucket_length(position + block, runner.capacity)
+        next_state, result = session.step(("verify", block, bucket, with_taps), verify(bucket)).replay()
+        state.copy_(next_state)
+        values = result.tolist()  # the round's one device-to-host read
+        n = values[0]
+        posterior, drafts = values[1 : 1 + block], values[1 + block :]
+        if drafter is not None and static_drafter is None:
+            accepted = taps[:, : n + 1].clone()
+            pending = accepted if pending is None else torch.cat((pending, accepted), 1)
+        drafter_length += new_rows
+        new_rows = n + 1
+        position += n + 1
+        out.commit(drafts[:n] + [posterior[n]])
+    if static_drafter is not None:
+        for layer in dcache.layers:  # keep the cache's host length truthful for bytes_used() and later reads
+            layer.length = drafter_length
+
+
+@torch.no_grad()
+def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds: int, engine: str = "graphs",
+                first_token: int = 0) -> GenerationResult:
+    """Benchmark entry: decode ``rounds`` rounds as if a ``context_length``-token prompt had been prefilled.
+
+    No prefill runs: the target and drafter caches simply hold ``context_length`` entries (whatever the buffers
+    contain, zeros when fresh), so per-round cost at long contexts can be timed in seconds. Timing is
+    value-independent; tokens are meaningless. Every round commits at least one token, so at most ``rounds``
+    rounds run (fewer only if drafts get accepted). ``decode_s`` covers the rounds only;
+    the result also carries ``round_seconds``, the wall time of each round.
+    """
+    block = drafter.block_size if drafter is not None else 1
+    budget = rounds + 1
+    taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
+    session = _session(target, context_length + budget + block, taps, engine)
+    out = _Output(set(), _StopStrings(None, None), None)
+    out.first(first_token)
+    out.commit_times = []
+    dcache = static_drafter = None
+    if drafter is not None:
+        drafter.bind_target(target)
+        dcache, static_drafter = session.drafter_slot(drafter, context_length + budget)
+        for layer in dcache.layers:
+            layer.length = context_length
+    last = torch.tensor([first_token], device=session.device)
+    start = _clock(session.device)
+    if engine == "eager":
+        _eager_rounds(session, drafter, dcache, last, context_length, budget, out)
+    else:
+        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out)
+    end = _clock(session.device)
+    sequences = torch.tensor([out.tokens], device=session.device)
+    result = GenerationResult(sequences=sequences, acceptance_lengths=out.acceptance, decode_s=end - start,
+                              num_prompt_tokens=0, mode=drafter.fold_config.mode if drafter is not None else "ar")
+    result.round_seconds = [b - a for a, b in zip([start] + out.commit_times[:-1], out.commit_times)]
+    return result
+
+
+def drafter_cache_of(target) -> FoldCache | None:
+    """The drafter cache the fast loop keeps on ``target`` (for memory accounting), or None."""
+    session = target.__dict__.get(_SESSION_ATTR)
+    return None if session is None else session.drafter_cache
+
+
+# ---------------------------------------------------------------------------------------------- routing
+# generation settings the fast loop honours, or that cannot change a greedy batch-1 output
+_ROUTABLE_SETTINGS = {
+    "max_new_tokens", "max_length", "do_sample", "eos_token_id", "pad_token_id", "bos_token_id", "stop_strings",
+    "num_beams", "num_return_sequences", "use_cache", "temperature", "top_k", "top_p", "return_dict_in_generate",
+    "output_scores", "output_logits", "output_attentions", "output_hidden_states", "transformers_version",
+    "_from_model_config", "decoder_start_token_id", "num_assistant_tokens", "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+}
+_ROUTABLE_ARGUMENTS = {"inputs", "input_ids", "attention_mask", "assistant_model", "streamer", "tokenizer",
+                       "generation_config", "use_cache", "synced_gpus"}
+NOT_ROUTED = object()
+
+
+def route_generate(model, args: tuple, kwargs: dict):
+    """``model.generate(*args, **kwargs)`` through :func:`fast_generate` when the arguments allow.
+
+    Returns:
+        (sequences ``[1, P + N]``, None) when routed, else (:data:`NOT_ROUTED`, the reason as a sentence).
+    """
+    import copy
+
+    from transformers import GenerationConfig
+
+    if len(args) > 1:
+        return NOT_ROUTED, "positional arguments beyond the inputs"
+    extra = sorted(k for k, v in kwargs.items()
+                   if k not in _ROUTABLE_ARGUMENTS and v is not None and k not in GenerationConfig().__dict__)
+    if extra:
+        return NOT_ROUTED, f"argument(s) {', '.join(extra)} (the fast loop does not take them)"
+    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+    config.update(**{k: v for k, v in kwargs.items() if k in GenerationConfig().__dict__})
+    settings = sorted(set(config.to_diff_dict()) - _ROUTABLE_SETTINGS)
+    if settings:
+        return NOT_ROUTED, f"generation setting(s) {', '.join(settings)} (the fast loop does not apply them)"
+    if config.num_beams not in (None, 1) or config.num_return_sequences not in (None, 1):
+        return NOT_ROUTED, "beam search / several return sequences"
+    if config.return_dict_in_generate or config.output_scores or config.output_logits:
+        return NOT_ROUTED, "return_dict_in_generate / output_scores (the fast loop returns sequences)"
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
+        return NOT_ROUTED, "inputs must be a [1, P] tensor of token ids"
+    drafter = kwargs.get("assistant_model")
+    reason = fast_unsupported(model, drafter, do_sample=bool(config.do_sample), batch_size=inputs.shape[0])
+    if reason is not None:
+        return NOT_ROUTED, reason
+    max_new_tokens = config.max_new_tokens
+    if max_new_tokens is None:
+        max_new_tokens = (config.max_length if config.max_length is not None else 20) - inputs.shape[1]
+    sequences = fast_generate(model, drafter, inputs, kwargs.get("attention_mask"), max_new_tokens=max_new_tokens,
+                              eos_token_id=config.eos_token_id, stop_strings=config.stop_strings,
+                              tokenizer=kwargs.get("tokenizer"), streamer=kwargs.get("streamer"))
+    return sequences, None
+
+
+__all__ = ["ENGINES", "SUPPORTED_ARCHITECTURES", "drafter_cache_of", "fast_generate", "fast_unsupported",
+           "release_fast_state", "route_generate", "time_rounds"]

@@ -1,0 +1,239 @@
+"""`StaticDrafter`: one drafting round of a :class:`FoldDrafter` with fixed shapes and device-side lengths.
+
+:meth:`FoldDrafter.draft_logits` plans each read on the host from Python ints, which costs milliseconds of
+Python per round and cannot be captured in a CUDA graph. This step does the same math with every length held
+in a device tensor, so a round can be captured once and replayed:
+
+* the verify step's tapped features of all ``B`` rows are projected to context keys/values and written at
+  ``[d_len, d_len + B)`` of the drafter's :class:`~fold_hf.modeling.cache.FoldCache` buffers; only the first
+  ``d_new`` rows (the accepted tokens) count, the rest is overwritten next round;
+* the read goes through a function with the FOLD kernel contract (``fold_read_triton`` when Triton is there,
+  :func:`fold_read_torch` otherwise), which takes the context length and block start as device tensors;
+* reading modes with that geometry: ``fold`` (window + far memory), ``window`` (no far memory) and ``dflash``
+  (every entry near). Before the context exceeds W the far memory is empty, and the caller picks the
+  window-only variant (``with_far=False``), which skips the far branch entirely (length dispatch).
+
+Numerics: queries and block keys are rotated in fp32 (fp64 for fp64 models) and cast to the model dtype, as
+the kernel contract asks; the foundation loop keeps them in fp32, so drafts may rarely differ in bf16 at a
+near-tie. Greedy output never depends on the drafts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..modeling.cache import FoldCache
+from ..modeling.drafter import FoldDrafter
+from ..modeling.rope import compute_dtype
+
+STATIC_MODES = ("fold", "window", "dflash")
+
+
+def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
+    """Why :class:`StaticDrafter` cannot run ``drafter`` as configured, or None when it can."""
+    mode = drafter.fold_config.mode
+    if mode not in STATIC_MODES:
+        return f"mode {mode!r} (static drafting covers {', '.join(STATIC_MODES)})"
+    if any(layer.self_attn.sliding_window is not None for layer in drafter.layers):
+        return "sliding-window drafter layers"
+    return None
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` channels of ``x [..., L, D]`` by ``cos``/``sin [L, rotary_dim]``
+    (rotate-half layout); computes in ``cos.dtype``."""
+    x = x.to(cos.dtype)
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    out = rot * cos + torch.cat((-rot[..., half:], rot[..., :half]), dim=-1) * sin
+    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+def fold_read_torch(query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
+                    context_length, block_start, window, alpha, num_splits=None):
+    """Pure-torch FOLD read with the kernel contract of ``fold_hf.kernels.triton_fold.fold_read_triton``.
+
+    Args:
+        query_near: ``[1, Hq, Lq, Dh]`` queries rotated at ``p = block_start + r``, pre-scaled.
+        query_far: ``[1, Hq, Lq, Dh]`` queries rotated at ``D + r`` (cos/sin scaled by attention_scaling**2),
+            pre-scaled; None = no far branch.
+        context_keys / context_values: ``[1, Hkv, capacity, Dh / Dv]`` unrotated buffers; entries at or past
+            ``context_length`` are ignored.
+        block_keys: ``[1, Hkv, Lq, Dh]`` rotated at p; block_values ``[1, Hkv, Lq, Dv]``.
+        cos, sin: ``[max_position, rotary_dim]`` tables (attention scaling folded in).
+        context_length, block_start: int or long/int32 tensor ``[1]``.
+        window: D (entry j is in row r's window iff ``block_start + r - j < D``) or None (all near).
+        alpha: concentration of the far branch.
+
+    Returns:
+        ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
+    """
+    _, Hq, Lq, Dh = query_near.shape
+    Hkv, capacity = context_keys.shape[1], context_keys.shape[2]
+    G = Hq // Hkv
+    device = query_near.device
+    acc = compute_dtype(query_near.dtype)
+    length = torch.as_tensor(context_length, device=device).reshape(-1)[:1].long()
+    start = torch.as_tensor(block_start, device=device).reshape(-1)[:1].long()
+    entries = torch.arange(capacity, device=device)
+    rows = start + torch.arange(Lq, device=device)  # [Lq] block positions
+    distance = rows[:, None] - entries[None, :]  # [Lq, capacity]
+    valid = (entries < length)[None, :].expand(Lq, capacity)
+    near = valid if window is None else valid & (distance < window)
+
+    def grouped(q):
+        return q.to(acc).reshape(1, Hkv, G, Lq, Dh)
+
+    keys_rotated = _rotate(context_keys, cos[:capacity].to(acc), sin[:capacity].to(acc))
+    q_near = grouped(query_near)
+    s_ctx = torch.matmul(q_near, keys_rotated.unsqueeze(2).transpose(-1, -2)).masked_fill(~near, -math.inf)
+    s_blk = torch.matmul(q_near, block_keys.to(acc).unsqueeze(2).transpose(-1, -2))
+    s_near = torch.cat((s_ctx, s_blk), dim=-1)
+    lse_near = torch.logsumexp(s_near, dim=-1)
+    values = torch.cat((context_values, block_values), dim=2).to(acc).unsqueeze(2)
+    out = torch.matmul(torch.exp(s_near - lse_near[..., None]), values)
+    if query_far is not None:
+        far = valid & (distance >= window)
+        s_far = torch.matmul(grouped(query_far), context_keys.to(acc).unsqueeze(2).transpose(-1, -2))
+        s_far = s_far.masked_fill(~far, -math.inf)
+        if math.isinf(alpha):
+            top = s_far.argmax(-1, keepdim=True)
+            log_mass_far = s_far.gather(-1, top).squeeze(-1)
+            weights = torch.zeros_like(s_far).scatter_(-1, top, 1.0)
+        else:
+            lse_scaled = torch.logsumexp(s_far * alpha, dim=-1)
+            log_mass_far = lse_scaled / alpha
+            weights = torch.exp(s_far * alpha - lse_scaled[..., None])
+        o_far = torch.matmul(torch.nan_to_num(weights), context_values.to(acc).unsqueeze(2))
+        has_far = far.any(-1)  # [Lq]
+        w_far = torch.where(has_far, torch.sigmoid(log_mass_far - lse_near), torch.zeros_like(lse_near))
+        out = out + w_far[..., None] * (o_far - out)
+    return out.reshape(1, Hq, Lq, -1).transpose(1, 2).to(query_near.dtype)
+
+
+def default_read_function():
+    """``fold_read_triton`` when the kernel module imports (Triton + CUDA), else None."""
+    from ..import_utils import is_triton_available
+
+    if not is_triton_available():
+        return None
+    try:
+        from ..kernels.triton_fold import fold_read_triton
+    except ImportError:
+        return None
+    return fold_read_triton
+
+
+def preallocated_cache(drafter: FoldDrafter, capacity: int, device, request_length: int | None = None) -> FoldCache:
+    """A :class:`FoldCache` whose layers already hold ``[1, Hkv, capacity, Dh]`` buffers (length 0)."""
+    cache = drafter.new_cache(request_length=request_length)
+    attn = drafter.layers[0].self_attn
+    dtype = drafter.fc.weight.dtype
+    probe = torch.empty(1, attn.num_kv_heads, 1, attn.head_dim, device=device, dtype=dtype)
+    shaped = probe.expand(1, attn.num_kv_heads, capacity, attn.head_dim)
+    for layer in cache.layers:
+        layer.lazy_initialization(shaped, shaped)
+    return cache
+
+
+@torch.no_grad()
+def commit_context(drafter: FoldDrafter, cache: FoldCache, target_hidden: torch.Tensor) -> None:
+    """Append context entries for ``target_hidden [1, n, n_taps * H]`` (the prompt's taps) to ``cache``, exactly
+    as the drafter's forward commits new context."""
+    context = drafter.context_features(target_hidden)
+    for layer, cache_layer in zip(drafter.layers, cache.layers):
+        attn = layer.self_attn
+        keys = attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm)
+        values = attn._heads(context, attn.v_proj, attn.num_kv_heads, None)
+        cache_layer.update(keys, values)
+
+
+class StaticDrafter:
+    """Drafting rounds of ``drafter`` over a preallocated ``cache`` with device-side lengths.
+
+    Args:
+        drafter: a bound :class:`FoldDrafter` whose mode is in :data:`STATIC_MODES`.
+        cache: from :func:`preallocated_cache`, large enough for every entry plus one block.
+        read_function: a function with the FOLD kernel contract (:func:`fold_read_torch` by default).
+    """
+
+    def __init__(self, drafter: FoldDrafter, cache: FoldCache, read_function=None) -> None:
+        reason = static_drafter_unsupported(drafter)
+        if reason is not None:
+            raise ValueError(f"static drafting does not cover {reason}")
+        self.drafter = drafter
+        self.cache = cache
+        self.read = read_function or fold_read_torch
+        cfg = drafter.fold_config
+        self.block = drafter.block_size
+        layer0 = cache.layers[0]
+        self.capacity = layer0.keys.shape[2]
+        self.device = layer0.keys.device
+        self.dtype = drafter.fc.weight.dtype
+        acc = compute_dtype(self.dtype)
+        rope = drafter.rope
+        positions = torch.arange(self.capacity + self.block, device=self.device)
+        self.cos, self.sin = rope.cos_sin(positions, dtype=acc)  # [max_position, rotary_dim]
+        self.window = None if cfg.mode == "dflash" else cfg.window + self.block
+        self.alpha = float(cfg.alpha) if cfg.mode == "fold" else 1.0
+        self.has_far_mode = cfg.mode == "fold"
+        self.far_threshold = cfg.window  # the far memory is non-empty once the context exceeds W
+        if self.window is not None:
+            far_pos = self.window + torch.arange(self.block, device=self.device)
+            self.cos_far, self.sin_far = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
+        self.block_offsets = torch.arange(self.block, device=self.device)
+        self.mask_id = drafter.config.mask_token_id
+
+    def needs_far(self, context_length: int) -> bool:
+        """Whether a round whose context holds ``context_length`` entries reads a non-empty far memory."""
+        return self.has_far_mode and context_length > self.far_threshold
+
+    @torch.no_grad()
+    def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool) -> torch.Tensor:
+        """Commit the accepted context rows and draft one block; graph-capturable.
+
+        Args:
+            new_features: ``[1, B, n_taps * H]`` tapped features of the last verify (first ``d_new`` rows count).
+            state: long device tensor; ``state[1]`` = d_len (entries committed before this round), ``state[2]``
+                = d_new (rows of ``new_features`` to commit), ``state[3]`` = the last committed token.
+            with_far: run the far branch (use :meth:`needs_far` on the host-known length).
+
+        Returns:
+            ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long).
+        """
+        drafter, B = self.drafter, self.block
+        d_len, d_new, last = state[1:2], state[2:3], state[3:4]
+        entry_positions = d_len + self.block_offsets
+        context_length = d_len + d_new
+        query_positions = context_length + self.block_offsets  # block_start = end of the context
+        context = drafter.context_features(new_features)
+        ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
+        embed = drafter.target_embedding
+        hidden = embed(ids[None].to(embed.weight.device)).to(self.dtype)
+        cos_q, sin_q = self.cos[query_positions], self.sin[query_positions]
+        for layer, cache_layer in zip(drafter.layers, self.cache.layers):
+            attn = layer.self_attn
+            cache_layer.keys.index_copy_(2, entry_positions,
+                                         attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm))
+            cache_layer.values.index_copy_(2, entry_positions,
+                                           attn._heads(context, attn.v_proj, attn.num_kv_heads, None))
+            normed = layer.input_layernorm(hidden)
+            q = attn._heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
+            k_blk = attn._heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
+            v_blk = attn._heads(normed, attn.v_proj, attn.num_kv_heads, None)
+            query_near = (_rotate(q, cos_q, sin_q) * attn.scaling).to(self.dtype)
+            query_far = None
+            if with_far:
+                query_far = (_rotate(q, self.cos_far, self.sin_far) * attn.scaling).to(self.dtype)
+            block_keys = _rotate(k_blk, cos_q, sin_q).to(self.dtype)
+            out = self.read(query_near, query_far, cache_layer.keys, cache_layer.values, block_keys, v_blk,
+                            self.cos, self.sin, context_length, context_length, self.window, self.alpha)
+            hidden = hidden + attn.o_proj(out.reshape(1, B, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = drafter.norm(hidden)
+        head = drafter.target_lm_head
+        logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
+        return logits[0].argmax(-1)

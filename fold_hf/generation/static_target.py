@@ -1,0 +1,272 @@
+"""`StaticTarget`: our own forward of a Llama-family target over its own weights, with a preallocated KV cache.
+
+transformers' ``forward`` costs tens of milliseconds of Python per step at 8B scale (DESIGN §6) and its
+``DynamicCache`` reallocates; neither can be captured in a CUDA graph. This runner calls the model's own
+submodules (embedding, RMSNorms, q/k/v/o projections, q/k norms where the model has them, MLP, final norm,
+lm_head) so every weight is the model's own (no copies, PEFT wrappers included) and the numerics follow the
+model's; only the cache and the attention are ours:
+
+* KV cache: one ``[1, Hkv, capacity, D]`` key and value buffer per layer, keys stored rotated as transformers
+  stores them. Rollback = rewind a length: entries past the length are never read and get overwritten.
+* RoPE: the model's rotary embedding evaluated once for positions ``0 .. capacity-1`` (elementwise, so a table
+  lookup gives the same values as calling it per step).
+* Attention, two forms:
+  - ``forward`` (host lengths): SDPA over the exact prefix ``[0, start + Lq)``; no mask for one query (flash
+    decoding), a lower-right causal bias for several.
+  - ``forward_static`` (device lengths, fixed shapes, CUDA-graph friendly): positions come from a device
+    tensor; attention reads a fixed *bucket* of the cache ``[0, S)`` with a mask built on device from the
+    positions. Buckets grow with the context (length dispatch) so a short context does not pay for the whole
+    capacity. The query heads of one KV head are stacked as rows, so GQA reads each KV head once.
+* Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
+  :class:`~fold_hf.generation.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
+
+Supported: ``LlamaForCausalLM`` (SmolLM2 included), ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM``, without sliding-window layers shorter than the capacity and without position-dependent
+rope (``dynamic``, ``longrope``). Anything else raises :class:`UnsupportedTarget` naming why.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .taps import _unwrap
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+PREFILL_CHUNK = 8192
+
+
+class UnsupportedTarget(ValueError):
+    """The fast loop cannot run this target (the message says why)."""
+
+
+def _sliding_window_of(model, layer) -> int | None:
+    window = getattr(layer.self_attn, "sliding_window", None)
+    if window is None and type(model).__name__ == "MistralForCausalLM":
+        window = getattr(model.config, "sliding_window", None)
+    return window
+
+
+def check_target(target: nn.Module, capacity: int | None = None) -> None:
+    """Raise :class:`UnsupportedTarget` when :class:`StaticTarget` cannot run ``target``."""
+    model = _unwrap(target)
+    name = type(model).__name__
+    if name not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedTarget(
+            f"the fast loop runs {', '.join(SUPPORTED_ARCHITECTURES)}; {name} is not one of them "
+            "(use fold_hf.generate, which runs any causal LM)")
+    decoder = getattr(model, "model", None)
+    if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
+        raise UnsupportedTarget(f"{name} has no .model.layers / .model.rotary_emb (unexpected transformers layout)")
+    rope_type = getattr(decoder.rotary_emb, "rope_type", "default")
+    if isinstance(rope_type, str) and ("dynamic" in rope_type or rope_type == "longrope"):
+        raise UnsupportedTarget(f"rope_type {rope_type!r} changes the frequencies with the length; the fast loop "
+                                "needs a fixed rope table")
+    if capacity is not None:
+        for i, layer in enumerate(decoder.layers):
+            window = _sliding_window_of(model, layer)
+            if window is not None and window < capacity:
+                raise UnsupportedTarget(f"layer {i} uses a sliding window of {window} tokens, shorter than this "
+                                        f"request ({capacity} tokens); the fast loop attends to the full context")
+
+
+def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
+    """Attention length of the static forward for ``needed`` keys: a multiple of a step that grows with the
+    length (at most 1/8 of it), so the padding read is at most ~12.5% and few buckets (graphs) exist."""
+    if needed > capacity:
+        raise ValueError(f"{needed} keys do not fit the cache capacity {capacity}")
+    step = max(minimum, 2 ** max(0, math.floor(math.log2(max(needed, 1))) - 3))
+    return min(capacity, -(-needed // step) * step)
+
+
+class StaticTarget:
+    """Forward passes of a Llama-family causal LM over a preallocated KV cache (batch 1).
+
+    Args:
+        target: the transformers model (or a PEFT wrapper of one).
+        capacity: cache length in tokens (prompt + generated + one block of slack).
+        tap_layer_ids: the drafter's tapped layers (``hidden_states[l + 1]`` of each), or ``()``.
+    """
+
+    def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:
+        check_target(target, capacity)
+        model = _unwrap(target)
+        self.model = model
+        self.decoder = model.model
+        self.layers = self.decoder.layers
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.final_norm = self.decoder.norm
+        attn = self.layers[0].self_attn
+        config = model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self.capacity = int(capacity)
+        self.tap_layer_ids = list(tap_layer_ids)
+        weight = self.embed.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        shape = (1, self.num_kv_heads, self.capacity, self.head_dim)
+        self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        with torch.no_grad():
+            positions = torch.arange(self.capacity, device=self.device)[None]
+            probe = torch.empty(1, 1, self.head_dim, device=self.device, dtype=self.dtype)
+            cos, sin = self.decoder.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0], sin[0]  # [capacity, D]
+        self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_taps(self) -> int:
+        return len(self.tap_layer_ids)
+
+    @property
+    def tap_width(self) -> int:
+        return self.num_taps * self.model.config.hidden_size
+
+    def bytes_held(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    # ------------------------------------------------------------------ one layer
+    def _qkv(self, layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Normed hidden ``[1, L, H]`` -> rotated q ``[1, Hq, L, D]``, rotated k and v ``[1, Hkv, L, D]``."""
+        attn = layer.self_attn
+        shape = (*hidden.shape[:-1], -1, self.head_dim)
+        q = attn.q_proj(hidden).view(shape)
+        k = attn.k_proj(hidden).view(shape)
+        if getattr(attn, "q_norm", None) is not None:
+            q = attn.q_norm(q)
+        if getattr(attn, "k_norm", None) is not None:
+            k = attn.k_norm(k)
+        v = attn.v_proj(hidden).view(shape).transpose(1, 2)
+        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None])
+        return q, k, v
+
+    def _run_layers(self, input_ids: torch.Tensor, cos, sin, write_kv, attend, taps_out: torch.Tensor | None,
+                    last_only: bool) -> torch.Tensor:
+        """Shared body of every forward. ``write_kv(i, k, v)`` stores the new entries of layer ``i``,
+        ``attend(i, q)`` returns ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (or ``[1, V]`` with ``last_only``)."""
+        hidden = self.embed(input_ids)
+        L = input_ids.shape[1]
+        taps = {lid: n for n, lid in enumerate(self.tap_layer_ids)}
+        H = hidden.shape[-1]
+        last_layer = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            residual = hidden
+            q, k, v = self._qkv(layer, layer.input_layernorm(hidden), cos, sin)
+            write_kv(i, k, v)
+            out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
+            hidden = residual + layer.self_attn.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if taps_out is not None and i in taps:
+                tapped = self.final_norm(hidden) if i == last_layer else hidden
+                for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
+                    taps_out[:, :, slot * H : (slot + 1) * H] = tapped
+        hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
+        return self.lm_head(hidden)[0]
+
+    # ------------------------------------------------------------------ host-length forward
+    def _attend_prefix(self, i: int, q: torch.Tensor, start: int) -> torch.Tensor:
+        L = q.shape[2]
+        keys = self.keys[i][:, :, : start + L]
+        values = self.values[i][:, :, : start + L]
+        if L == 1:
+            mask, causal = None, False
+        elif start == 0:
+            mask, causal = None, True
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask, causal = causal_lower_right(L, start + L), False
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                              scale=self.scaling, enable_gqa=True)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Run ``input_ids [1, L]`` at positions ``start .. start+L-1``; the cache then holds ``start + L`` tokens.
+
+        Args:
+            taps_out: ``[1, L, n_taps * H]`` buffer receiving the tapped features, or None.
+            last_only: return only the last row's logits.
+
+        Returns:
+            logits ``[L, V]`` (``[1, V]`` with ``last_only``) in the model's dtype.
+        """
+        L = input_ids.shape[1]
+        if start + L > self.capacity:
+            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
+        cos, sin = self.cos[start : start + L], self.sin[start : start + L]
+
+        def write_kv(i, k, v):
+            self.keys[i][:, :, start : start + L] = k
+            self.values[i][:, :, start : start + L] = v
+
+        logits = self._run_layers(input_ids, cos, sin, write_kv, lambda i, q: self._attend_prefix(i, q, start),
+                                  taps_out, last_only)
+        self.length = start + L
+        return logits
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None) -> torch.Tensor:
+        """Fill the cache with the prompt ``[1, P]`` in chunks; returns the last position's logits ``[V]``.
+
+        ``on_taps(features [1, c, n_taps * H], start)`` receives each chunk's tapped features (so a 128K prompt
+        never holds all its taps at once).
+        """
+        P = input_ids.shape[1]
+        logits = None
+        for start in range(0, P, chunk):
+            piece = input_ids[:, start : start + chunk]
+            taps = None
+            if on_taps is not None and self.num_taps:
+                taps = torch.empty(1, piece.shape[1], self.tap_width, device=self.device, dtype=self.dtype)
+            logits = self.forward(piece, start, taps_out=taps, last_only=True)
+            if taps is not None:
+                on_taps(taps, start)
+        return logits[-1]
+
+    # ------------------------------------------------------------------ device-length forward
+    @torch.no_grad()
+    def forward_static(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                       taps_out: torch.Tensor | None = None) -> torch.Tensor:
+        """CUDA-graph-friendly forward: nothing here reads a device value on the host.
+
+        Args:
+            input_ids: ``[1, L]`` tokens.
+            positions: ``[L]`` long device tensor, consecutive positions of the tokens (start = cache length).
+            bucket: S, keys read by the attention (static; ``positions[-1] < S <= capacity``); keys past each
+                query's position are masked.
+            taps_out: ``[1, L, n_taps * H]`` buffer for the tapped features, or None.
+
+        Returns:
+            logits ``[L, V]``.
+        """
+        L = input_ids.shape[1]
+        cos, sin = self.cos[positions], self.sin[positions]
+        group = self.num_heads // self.num_kv_heads
+        key_index = torch.arange(bucket, device=positions.device)
+        visible = (key_index[None, :] <= positions[:, None]).repeat(group, 1)  # rows ordered (head in group, query)
+        hidden_keys = ~visible
+
+        def write_kv(i, k, v):
+            self.keys[i].index_copy_(2, positions, k)
+            self.values[i].index_copy_(2, positions, v)
+
+        def attend(i, q):
+            q_rows = q.reshape(1, self.num_kv_heads, group * L, self.head_dim)
+            keys = self.keys[i][:, :, :bucket]
+            values = self.values[i][:, :, :bucket]
+            scores = torch.matmul(q_rows, keys.transpose(-1, -2)).float() * self.scaling
+            scores = scores.masked_fill(hidden_keys, -math.inf)
+            probs = scores.softmax(-1).to(values.dtype)
+            return torch.matmul(probs, values).reshape(1, self.num_heads, L, self.head_dim)
+
+        return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)

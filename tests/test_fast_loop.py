@@ -1,0 +1,162 @@
+"""The fast loop (fold_hf.generation.fast_generate) computes what the foundation loop computes: same tokens, same
+acceptance lengths, same stopping, on both CPU engines; the graph engine is checked on a GPU."""
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders
+from tokenizers.models import BPE
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+import fold_hf
+from fold_hf import FoldConfig
+from fold_hf.generation import fast_generate
+from tiny import MASK_ID, VOCAB, greedy_reference, trained_pair
+
+PROMPT_LENGTHS = [10, 90, 300]  # the window is 16: the longer prompts read a far memory
+NEW_TOKENS = 40
+
+
+def mode_config(mode: str) -> FoldConfig:
+    return FoldConfig(mode=mode, window=16, alpha=2.0, budget=24 if mode == "streaming" else None, train_length=64)
+
+
+def prompt(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(2000 + seed))
+
+
+class Collect:
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """One character per token id: 'a' = 0, 'b' = 1, ..."""
+    tok = Tokenizer(BPE({chr(97 + i): i for i in range(VOCAB)}, merges=[]))
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+# "streaming" has no static drafter step: the static engine then drafts eagerly, which is covered too
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("mode", ["fold", "dflash", "streaming"])
+def test_same_tokens_and_rounds_as_the_foundation_loop(arch, mode):
+    target, drafter = trained_pair(arch)
+    rounds = []
+    for seed, length in enumerate(PROMPT_LENGTHS):
+        ids = prompt(seed, length)
+        ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+                               fold_config=mode_config(mode))
+        assert torch.equal(ref.sequences, greedy_reference(target, ids, NEW_TOKENS))
+        for engine in ("eager", "static"):
+            res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+                                fold_config=mode_config(mode), engine=engine)
+            assert torch.equal(res.sequences, ref.sequences), (arch, mode, engine, seed)
+            assert res.acceptance_lengths == ref.acceptance_lengths, (arch, mode, engine, seed)
+            assert res.mode == mode and res.finish_reason == "length"
+        rounds += ref.acceptance_lengths
+    assert max(rounds) >= 2 and min(rounds) == 1, rounds  # rollbacks and multi-token rounds both happened
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_autoregressive_on_the_same_machinery(engine):
+    target, _ = trained_pair("llama")
+    for seed, length in enumerate(PROMPT_LENGTHS):
+        ids = prompt(seed, length)
+        res = fast_generate(target, None, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True, engine=engine)
+        assert torch.equal(res.sequences, greedy_reference(target, ids, NEW_TOKENS))
+        assert res.acceptance_lengths == [1] * (NEW_TOKENS - 1) and res.mode == "ar"
+
+
+def test_chunked_prefill_and_repeated_calls_of_growing_length():
+    target, drafter = trained_pair("llama")
+    drafter.set_fold_config(mode_config("fold"))
+    for seed, length in enumerate([30, 300, 20]):  # the second call outgrows the kept cache, the third reuses it
+        ids = prompt(10 + seed, length)
+        for engine in ("eager", "static"):
+            res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, engine=engine,
+                                prefill_chunk=64)
+            assert torch.equal(res, greedy_reference(target, ids, NEW_TOKENS)), (length, engine)
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_eos_stop_strings_and_streamer_match_the_foundation_loop(engine, tokenizer):
+    target, drafter = trained_pair("llama")
+    drafter.set_fold_config(mode_config("fold"))
+    for seed in range(3):
+        ids = prompt(20 + seed, 40)
+        free = greedy_reference(target, ids, 40)[0, ids.shape[1]:].tolist()
+        cases = [dict(eos_token_id=[free[9]]),
+                 dict(stop_strings=["".join(chr(97 + t) for t in free[12:15])], tokenizer=tokenizer),
+                 dict(max_new_tokens=7)]
+        for kw in cases:
+            kw = {"max_new_tokens": 40, **kw}
+            ref_stream, fast_stream = Collect(), Collect()
+            ref = fold_hf.generate(target, drafter, input_ids=ids, return_stats=True, streamer=ref_stream, **kw)
+            res = fast_generate(target, drafter, input_ids=ids, return_stats=True, streamer=fast_stream,
+                                engine=engine, **kw)
+            assert torch.equal(res.sequences, ref.sequences), kw
+            assert res.acceptance_lengths == ref.acceptance_lengths and res.finish_reason == ref.finish_reason
+            assert fast_stream.chunks == ref_stream.chunks and fast_stream.ended
+
+
+def test_target_generate_routes_to_the_fast_loop_when_it_can():
+    target, drafter = trained_pair("llama")
+    drafter.set_fold_config(mode_config("fold"))
+    ids = prompt(30, 90)
+    ref = greedy_reference(target, ids, NEW_TOKENS)
+    assert torch.equal(target.generate(ids, assistant_model=drafter, fold_fast=True, max_new_tokens=NEW_TOKENS), ref)
+    assert torch.equal(target.generate(ids, fold_fast=True, max_new_tokens=NEW_TOKENS), ref)  # AR
+    with pytest.warns(UserWarning, match="repetition_penalty"):
+        out = target.generate(ids, assistant_model=drafter, fold_fast=True, max_new_tokens=8, repetition_penalty=1.3)
+    assert out.shape == (1, 98)
+    with pytest.warns(UserWarning, match="sampling"):
+        target.generate(ids, assistant_model=drafter, fold_fast=True, max_new_tokens=8, do_sample=True)
+
+
+def test_unsupported_requests_say_why():
+    target, drafter = trained_pair("llama")
+    with pytest.raises(ValueError, match="sampling"):
+        fast_generate(target, drafter, input_ids=prompt(0, 10), max_new_tokens=5, do_sample=True)
+    with pytest.raises(ValueError, match="batch"):
+        fast_generate(target, drafter, input_ids=torch.zeros(2, 10, dtype=torch.long), max_new_tokens=5)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).eval()
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        fast_generate(gpt2, None, input_ids=prompt(0, 10), max_new_tokens=5)
+    with pytest.raises(ValueError, match="graphs"):
+        fast_generate(target, None, input_ids=prompt(0, 10), max_new_tokens=5, engine="graphs")
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_graph_engine_matches_the_foundation_loop_on_gpu(arch):
+    target, drafter = trained_pair(arch)
+    target, drafter = target.to("cuda", torch.float32), drafter.to("cuda", torch.float32)
+    try:
+        # prompts around the 256-token attention buckets, so the verify graph changes bucket mid-request
+        for seed, length in enumerate([10, 230, 300, 700]):
+            ids = prompt(seed, length).cuda()
+            ar = fast_generate(target, None, input_ids=ids, max_new_tokens=NEW_TOKENS, engine="graphs")
+            assert torch.equal(ar, greedy_reference(target, ids, NEW_TOKENS)), (arch, length)
+            for mode in ("fold", "dflash", "streaming"):
+                ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+                                       fold_config=mode_config(mode))
+                assert torch.equal(ref.sequences, ar)
+                for engine in ("eager", "static", "graphs"):
+                    res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+                                        fold_config=mode_config(mode), engine=engine)
+                    assert torch.equal(res.sequences, ref.sequences), (arch, mode, engine, length)
+                    assert res.acceptance_lengths == ref.acceptance_lengths, (arch, mode, engine, length)
+            chunked = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, prefill_chunk=128)
+            assert torch.equal(chunked, ar), (arch, length)
+    finally:
+        target.to("cpu", torch.float64)
+        drafter.to("cpu", torch.float64)
+        fold_hf.generation.release_fast_state(target)
