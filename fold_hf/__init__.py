@@ -9,11 +9,11 @@ from .modeling.attention import register as _register_attention
 
 _register_attention()
 
-from .generation import GenerationResult, generate  # noqa: E402
+from .generation import GenerationResult, fast_generate, generate  # noqa: E402
 from .generation.assisted import install as _install_assisted  # noqa: E402
 
 _install_assisted()
 
 __version__ = "0.1.0"
 
-__all__ = ["FoldCache", "FoldConfig", "FoldDrafter", "FoldDrafterConfig", "GenerationResult", "generate"]
+__all__ = ["FoldCache", "FoldConfig", "FoldDrafter", "FoldDrafterConfig", "GenerationResult", "fast_generate", "generate"]
