@@ -17,9 +17,14 @@ whatever the earlier worker count) and summarized into ``<out>/summary-<dtype>.j
 per mode and path, and for every difference the prompt id, the round and token index of the first divergence, the
 AR and SD tokens and the target's logit gap there.
 
-GPU (all 300 prompts, 8 modes, 2 paths; workers share the GPU, the model is launch-bound at batch 1):
+GPU (all 300 prompts x 8 modes x 2 paths, 24 new tokens, fp32; 12 worker processes share the GPU because the
+135M target at batch 1 is bound by kernel launches, ~45 ms per AR step on the H200 machine):
 
-    source benchmarks/gpu/env.sh && python benchmarks/soak.py --out $OUT --device cuda --max-minutes 7
+    source benchmarks/gpu/env.sh && python benchmarks/soak.py --out $OUT --device cuda --max-minutes 7.5
+
+Expected: ~12 s per prompt per worker (1 AR + 16 speculative runs), so ~5-6 minutes for 300 prompts with 12
+workers plus ~1 minute of start-up; ``--max-minutes`` stops starting prompts after that long and the summary covers
+what ran. bf16 near-ties: the same command with ``--dtype bfloat16``.
 
 CPU subset: ``python benchmarks/soak.py --out /tmp/soak --device cpu --prompts 300 --limit 6``.
 """
@@ -364,7 +369,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--prompts", type=int, default=300, help="prompts to build (once)")
     p.add_argument("--limit", type=int, help="run only the first N prompts (a CPU subset)")
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--train-length", type=int, default=768)
     p.add_argument("--min-tokens", type=int, default=16)
@@ -434,11 +439,11 @@ def main(argv=None) -> int:
         from tqdm.auto import tqdm
 
         already = len(done_ids(runs_dir) & {p["id"] for p in prompts[:planned]})
-        bar = tqdm(total=planned, initial=already, desc=f"soak {args.dtype}", unit="prompt")
+        bar = tqdm(total=planned, initial=already, desc=f"soak {args.dtype}", unit="prompt", mininterval=20)
         while any(p.poll() is None for p, _ in procs):
             time.sleep(5)
-            bar.n = len(done_ids(runs_dir) & {p["id"] for p in prompts[:planned]})
-            bar.refresh()
+            now = len(done_ids(runs_dir) & {p["id"] for p in prompts[:planned]})
+            bar.update(now - bar.n)
         bar.close()
         for i, (p, log) in enumerate(procs):
             log.close()
@@ -448,6 +453,11 @@ def main(argv=None) -> int:
     tie_gap = args.tie_gap if args.tie_gap is not None else (1e-3 if args.dtype == "float32" else 0.25)
     summary = summarize(out, args.dtype, tie_gap, planned)
     summary["wall_minutes"] = round((time.time() - started) / 60, 2)
+    from fold_hf.bench import machine_info
+
+    summary["machine"] = machine_info()
+    summary["settings"] = {"new_tokens": args.new_tokens, "window": args.window, "train_length": args.train_length,
+                           "workers": workers, "device": str(args.device)}
     (out / f"summary-{args.dtype}.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary)
     print(f"soak: {summary['wall_minutes']} min; summary in {out / f'summary-{args.dtype}.json'}")
