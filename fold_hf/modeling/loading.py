@@ -85,8 +85,12 @@ def _weight_files(directory: Path) -> list[Path]:
     others = sorted(directory.glob("*.safetensors"))
     if others:
         return others
-    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")):
-        raise ValueError(f"{directory} holds only pickle weights (.bin/.pt); FoldDrafter loads safetensors only")
+    pickles = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in directory.glob(pattern))
+    if pickles:
+        raise ValueError(
+            f"{directory} holds only pickle weights {pickles}; FoldDrafter loads safetensors only (unpickling can run "
+            f"code, so these files are never opened): convert them to {WEIGHTS_NAME}"
+        )
     raise FileNotFoundError(f"no {WEIGHTS_NAME} (or shards) in {directory}")
 
 
