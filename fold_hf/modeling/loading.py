@@ -52,7 +52,19 @@ def read_drafter_config(directory: Path) -> FoldDrafterConfig:
     archs = raw.get("architectures") or []
     if archs and not any("DFlash" in a for a in archs):
         raise ValueError(f"{file}: architectures {archs} is not a DFlash drafter (expected 'DFlashDraftModel')")
-    return FoldDrafterConfig.from_zlab_dict(raw, source=str(file))
+    # fields whose transformers default would load silently and draft wrongly (shape checks catch the rest)
+    if "vocab_size" not in raw:
+        raise ValueError(f"{file}: missing 'vocab_size' (the target's vocabulary the drafter predicts over)")
+    if "rope_theta" not in raw and not raw.get("rope_parameters"):
+        raise ValueError(f"{file}: missing 'rope_theta' (or 'rope_parameters'): the drafter's rope base")
+    config = FoldDrafterConfig.from_zlab_dict(raw, source=str(file))
+    if config.mask_token_id is None:
+        raise ValueError(f"{file}: missing 'dflash_config.mask_token_id' (the token filling block slots 1..B-1)")
+    if config.block_size < 2:
+        raise ValueError(f"{file}: DFlash 'block_size' must be >= 2, got {config.block_size}")
+    if not config.target_layer_ids:
+        raise ValueError(f"{file}: 'dflash_config.target_layer_ids' is empty")
+    return config
 
 
 def _weight_files(directory: Path) -> list[Path]:
@@ -73,8 +85,12 @@ def _weight_files(directory: Path) -> list[Path]:
     others = sorted(directory.glob("*.safetensors"))
     if others:
         return others
-    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")):
-        raise ValueError(f"{directory} holds only pickle weights (.bin/.pt); FoldDrafter loads safetensors only")
+    pickles = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in directory.glob(pattern))
+    if pickles:
+        raise ValueError(
+            f"{directory} holds only pickle weights {pickles}; FoldDrafter loads safetensors only (unpickling can run "
+            f"code, so these files are never opened): convert them to {WEIGHTS_NAME}"
+        )
     raise FileNotFoundError(f"no {WEIGHTS_NAME} (or shards) in {directory}")
 
 

@@ -69,7 +69,18 @@ def validate_pair(drafter, target: nn.Module) -> None:
     """Raise ``ValueError`` naming the first mismatch when ``drafter`` cannot draft for ``target``."""
     for check in pair_checks(drafter, target):
         if check.status == "error":
-            raise ValueError(check.message)
+            raise ValueError(check.message + _drafter_source(drafter))
+
+
+def _drafter_source(drafter) -> str:
+    """`` (drafter config: <dir>/config.json)`` for a drafter loaded from disk, else nothing."""
+    from pathlib import Path
+
+    origin = getattr(drafter, "name_or_path", None) or ""
+    if not origin:
+        return ""
+    config_file = Path(origin) / "config.json"
+    return f" (drafter config: {config_file if config_file.is_file() else origin})"
 
 
 def validate_batch(input_ids) -> None:
