@@ -63,9 +63,10 @@ def _fold_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    head = tl.program_id(0)
-    split = tl.program_id(1)
-    row_block = tl.program_id(2)
+    # row blocks of one (head, split) launch side by side so their shared key tiles come from L2
+    row_block = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
     if LEN_FROM_PTR:
         T = tl.load(CTX_LEN_PTR)
         t = tl.load(BLOCK_START_PTR)
@@ -169,7 +170,7 @@ def _fold_split_kernel(
 
     # partials: [branch, Hkv, splits, rows(, Dv)]
     part = (head * num_splits + split).to(tl.int64) * num_rows + offs_m
-    branch_stride = tl.num_programs(0).to(tl.int64) * num_splits * num_rows
+    branch_stride = tl.num_programs(1).to(tl.int64) * num_splits * num_rows
     tl.store(PART_M + part, m_n, mask=row_ok)
     tl.store(PART_L + part, l_n, mask=row_ok)
     acc_mask = row_ok[:, None] & dv_ok[None, :]
@@ -181,20 +182,33 @@ def _fold_split_kernel(
 
 
 @triton.jit
-def _merge_splits(PART_M, PART_L, PART_ACC, base, offs_s, s_ok, offs_dv, dv_ok, value_dim, HARD: tl.constexpr):
+def _merge_splits(PART_M, PART_L, PART_ACC, base, split_stride, num_splits, offs_dv, dv_ok, value_dim,
+                  HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Merge one row's split partials: (base-2 log-mass, normalized output ``[BDV]``, mass > 0)."""
-    m = tl.load(PART_M + base + offs_s, mask=s_ok, other=float("-inf"))
-    l = tl.load(PART_L + base + offs_s, mask=s_ok, other=0.0)
-    acc = tl.load(PART_ACC + (base + offs_s[:, None]) * value_dim + offs_dv[None, :],
-                  mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < num_splits
+    m = tl.load(PART_M + base + offs_s * split_stride, mask=s_ok, other=float("-inf"))
+    l = tl.load(PART_L + base + offs_s * split_stride, mask=s_ok, other=0.0)
     m_max = tl.max(m, 0)
     m_shift = tl.where(m_max == float("-inf"), 0.0, m_max)
     if HARD:
-        w = tl.where(m == m_max, 1.0, 0.0)
+        mass = tl.sum(tl.where(m == m_max, l, 0.0), 0)
     else:
-        w = tl.exp2(m - m_shift)
-    mass = tl.sum(l * w, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(mass > 0, mass, 1.0)
+        mass = tl.sum(l * tl.exp2(m - m_shift), 0)
+    # the [splits, Dv] partial outputs are summed a few splits at a time to stay in registers
+    out = tl.zeros([BLOCK_DV], tl.float32)
+    for first in range(0, num_splits, SPLIT_CHUNK):
+        offs_c = first + tl.arange(0, SPLIT_CHUNK)
+        c_ok = offs_c < num_splits
+        m_c = tl.load(PART_M + base + offs_c * split_stride, mask=c_ok, other=float("-inf"))
+        if HARD:
+            w_c = tl.where(c_ok & (m_c == m_max), 1.0, 0.0)
+        else:
+            w_c = tl.where(c_ok, tl.exp2(m_c - m_shift), 0.0)
+        acc_c = tl.load(PART_ACC + (base + offs_c[:, None] * split_stride) * value_dim + offs_dv[None, :],
+                        mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
+        out += tl.sum(acc_c * w_c[:, None], 0)
+    out = out / tl.where(mass > 0, mass, 1.0)
     if HARD:
         log2_mass = m_max
     else:
@@ -206,23 +220,22 @@ def _merge_splits(PART_M, PART_L, PART_ACC, base, offs_s, s_ok, offs_dv, dv_ok, 
 def _fold_merge_kernel(
     PART_M, PART_L, PART_ACC, OUT, stride_ol, stride_oh,
     num_rows, Lq, G, value_dim, num_splits, inv_alpha,
-    HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     head = tl.program_id(0)
     row = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < num_splits
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < value_dim
     # partial index of split s for this row: (head * S + s) * rows + row
     base = (head * num_splits).to(tl.int64) * num_rows + row
-    split_stride = num_rows
-    log2_near, out, _ = _merge_splits(PART_M, PART_L, PART_ACC, base, offs_s * split_stride, s_ok, offs_dv, dv_ok,
-                                      value_dim, False)
+    log2_near, out, _ = _merge_splits(PART_M, PART_L, PART_ACC, base, num_rows, num_splits, offs_dv, dv_ok,
+                                      value_dim, False, BLOCK_S, SPLIT_CHUNK, BLOCK_DV)
     if HAS_FAR:
         branch_stride = tl.num_programs(0).to(tl.int64) * num_splits * num_rows
-        log2_far, out_far, has_far = _merge_splits(PART_M, PART_L, PART_ACC, branch_stride + base,
-                                                   offs_s * split_stride, s_ok, offs_dv, dv_ok, value_dim, FAR_HARD)
+        log2_far, out_far, has_far = _merge_splits(PART_M, PART_L, PART_ACC, branch_stride + base, num_rows,
+                                                   num_splits, offs_dv, dv_ok, value_dim, FAR_HARD, BLOCK_S,
+                                                   SPLIT_CHUNK, BLOCK_DV)
         # log Z_F = lse(alpha s) / alpha; the far partials hold alpha-scaled logits (plain ones and
         # inv_alpha = 1 for top-1, whose log-mass is the largest logit)
         log_far = log2_far * LN2 * inv_alpha
@@ -264,6 +277,7 @@ def fold_read_triton(
     alpha: float,
     num_splits: int | None = None,
     *,
+    block_m: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
@@ -289,7 +303,8 @@ def fold_read_triton(
         alpha: far concentration (1.0 = one softmax over both branches; ``math.inf`` = top-1 read).
         num_splits: context splits (default: about two programs per SM over ``T``, or over ``capacity``
             when ``context_length`` is a tensor).
-        block_n, num_warps, num_stages: tuning overrides (benchmarks).
+        block_m, block_n, num_warps, num_stages: tuning overrides (benchmarks); ``block_m`` rows of the
+            ``G * Lq`` packed rows per program.
 
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
@@ -340,7 +355,7 @@ def fold_read_triton(
         span = ctx_value
 
     num_rows = G * Lq
-    BLOCK_M = min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
+    BLOCK_M = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
     BLOCK_D = _next_pow2(Dh)
     BLOCK_DV = _next_pow2(Dv)
     BLOCK_L = _next_pow2(Lq)
@@ -366,7 +381,7 @@ def fold_read_triton(
     out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
 
     far_log2_scale = LOG2E if far_hard else float(alpha) * LOG2E
-    _fold_split_kernel[(Hkv, num_splits, row_blocks)](
+    _fold_split_kernel[(row_blocks, Hkv, num_splits)](
         query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
         ctx_ptr, ctx_value, start_ptr, start_value, int(window) if window is not None else 0,
         part_m, part_l, part_acc,
@@ -380,7 +395,7 @@ def fold_read_triton(
     _fold_merge_kernel[(Hkv, num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
-        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=_next_pow2(num_splits, 2), BLOCK_DV=BLOCK_DV,
-        num_warps=4 if BLOCK_DV <= 128 else 8,
+        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8, BLOCK_DV=BLOCK_DV,
+        num_warps=4,
     )
     return out
