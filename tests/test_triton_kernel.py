@@ -198,6 +198,7 @@ INTERPRETER_CASES = [
          as_tensors=True, num_splits=3),
     dict(T=90, t=95, Lq=4, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=30, alpha=16.0, far=False),
     dict(T=19, t=19, Lq=4, Hq=8, Hkv=2, head_dim=16, rotary_dim=16, D=16, alpha=2.0, far=True, num_splits=2),
+    dict(T=77, t=80, Lq=3, Hq=6, Hkv=2, head_dim=24, rotary_dim=12, D=33, alpha=2.0, far=True, num_splits=2),
     # more splits than the merge sums at once, most of them empty
     dict(T=200, t=201, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=50, alpha=2.0, far=True, num_splits=11),
     dict(T=200, t=201, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=50, alpha=math.inf, far=True, num_splits=11),

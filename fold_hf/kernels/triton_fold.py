@@ -9,7 +9,7 @@ Layout of the work:
   of the KV head times the ``Lq`` block rows (row ``m = g * Lq + r``), so each key tile is loaded once for
   every query that reads it (GQA without repeating keys);
 * every program keeps two online-softmax states per row: the window branch (keys rotated at their position
-  ``j`` on the fly from the cos/sin tables) and the far branch (unrotated keys against the far query,
+  ``j`` on the fly from the cos/sin tables, one dot per rotate_half channel group so nothing is loaded twice) and the far branch (unrotated keys against the far query,
   logits times ``alpha``, or a running top-1 when ``alpha`` is infinite);
 * a tile lying wholly before the widest window (row 0's) is far memory for every row: it is read without
   any rope load; tiles that meet a window are read by both branches under per-row masks ``p - j`` vs ``D``;
@@ -61,7 +61,8 @@ def _fold_split_kernel(
     num_rows, Lq, G, head_dim, value_dim, half_rotary, chunk, num_splits, near_log2_scale, far_log2_scale,
     LEN_FROM_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, HAS_REST: tl.constexpr,
+    MIXED_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # row blocks of one (head, split) launch side by side so their shared key tiles come from L2
     row_block = tl.program_id(0)
@@ -85,8 +86,7 @@ def _fold_split_kernel(
     # queries are contiguous [Hq, Lq, Dh]: row m of this KV head sits at (q_head * Lq + r) * Dh
     q_off = (q_head.to(tl.int64) * Lq + r) * head_dim
     q_mask = row_ok[:, None] & d_ok[None, :]
-    q_near = tl.load(QN + q_off[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
-    dtype = q_near.dtype
+    dtype = QN.dtype.element_ty
 
     k_base = K + head.to(tl.int64) * stride_kh
     v_base = V + head.to(tl.int64) * stride_vh
@@ -132,30 +132,56 @@ def _fold_split_kernel(
     else:
         far_stop = 0
 
-    # rotate_half partner channel of every rotary channel; channels >= 2 * half_rotary pass through
-    rotary = offs_d < 2 * half_rotary
-    partner = tl.where(offs_d < half_rotary, offs_d + half_rotary, offs_d - half_rotary)
-    sign = tl.where(offs_d < half_rotary, -1.0, 1.0)
-    for start in range(mixed_start, hi, BLOCK_N):
+    # window tiles work on the channel groups of rotate_half: x1 = [0, h), x2 = [h, 2h) rotate together
+    # (x1 c - x2 s, x2 c + x1 s with the first half of the duplicated tables), the rest [2h, Dh) passes through;
+    # the logits are the sum of one dot per group, so no channel is loaded twice
+    offs_h = tl.arange(0, BLOCK_H)
+    h_ok = offs_h < half_rotary
+    offs_x = tl.arange(0, BLOCK_X)
+    rest_dim = head_dim - 2 * half_rotary
+    x_ok = offs_x < rest_dim
+    qn1 = tl.load(QN + q_off[:, None] + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+    qn2 = tl.load(QN + q_off[:, None] + half_rotary + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :],
+                  other=0.0)
+    qn3 = tl.load(QN + q_off[:, None] + 2 * half_rotary + offs_x[None, :], mask=row_ok[:, None] & x_ok[None, :],
+                  other=0.0)
+    if HAS_FAR:
+        qf1 = tl.load(QF + q_off[:, None] + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+        qf2 = tl.load(QF + q_off[:, None] + half_rotary + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :],
+                      other=0.0)
+        qf3 = tl.load(QF + q_off[:, None] + 2 * half_rotary + offs_x[None, :],
+                      mask=row_ok[:, None] & x_ok[None, :], other=0.0)
+    for start in tl.range(mixed_start, hi, BLOCK_N, num_stages=MIXED_STAGES):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         rows_n = offs_n[:, None].to(tl.int64)
-        k = tl.load(k_base + rows_n * stride_kn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        h_mask = n_ok[:, None] & h_ok[None, :]
+        x1 = tl.load(k_base + rows_n * stride_kn + offs_h[None, :], mask=h_mask, other=0.0)
+        x2 = tl.load(k_base + rows_n * stride_kn + half_rotary + offs_h[None, :], mask=h_mask, other=0.0)
         v = tl.load(v_base + rows_n * stride_vn + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        rot_mask = n_ok[:, None] & rotary[None, :]
-        k_partner = tl.load(k_base + rows_n * stride_kn + partner[None, :], mask=rot_mask, other=0.0)
-        cos = tl.load(COS + rows_n * stride_cos + offs_d[None, :], mask=rot_mask, other=1.0)
-        sin = tl.load(SIN + rows_n * stride_cos + offs_d[None, :], mask=rot_mask, other=0.0)
-        k32 = k.to(tl.float32)
-        k_rot = tl.where(rotary[None, :], k32 * cos + sign[None, :] * k_partner.to(tl.float32) * sin, k32)
-        s = tl.dot(q_near, tl.trans(k_rot.to(dtype)), input_precision=DOT_PRECISION) * near_log2_scale
+        cos = tl.load(COS + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
+        sin = tl.load(SIN + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
+        x1f = x1.to(tl.float32)
+        x2f = x2.to(tl.float32)
+        r1 = (x1f * cos - x2f * sin).to(dtype)
+        r2 = (x2f * cos + x1f * sin).to(dtype)
+        s = tl.dot(qn1, tl.trans(r1), input_precision=DOT_PRECISION)
+        s = tl.dot(qn2, tl.trans(r2), acc=s, input_precision=DOT_PRECISION)
+        if HAS_REST:
+            x3 = tl.load(k_base + rows_n * stride_kn + 2 * half_rotary + offs_x[None, :],
+                         mask=n_ok[:, None] & x_ok[None, :], other=0.0)
+            s = tl.dot(qn3, tl.trans(x3), acc=s, input_precision=DOT_PRECISION)
         in_window = n_ok[None, :] & (offs_n[None, :] >= window_start[:, None])
-        m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s, v, in_window, False, DOT_PRECISION)
+        m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s * near_log2_scale, v, in_window, False, DOT_PRECISION)
         if HAS_FAR:
             if start < far_stop:
-                s = tl.dot(q_far, tl.trans(k), input_precision=DOT_PRECISION) * far_log2_scale
+                s = tl.dot(qf1, tl.trans(x1), input_precision=DOT_PRECISION)
+                s = tl.dot(qf2, tl.trans(x2), acc=s, input_precision=DOT_PRECISION)
+                if HAS_REST:
+                    s = tl.dot(qf3, tl.trans(x3), acc=s, input_precision=DOT_PRECISION)
                 in_far = n_ok[None, :] & (offs_n[None, :] < window_start[:, None])
-                m_f, l_f, acc_f = _online_update(m_f, l_f, acc_f, s, v, in_far, FAR_HARD, DOT_PRECISION)
+                m_f, l_f, acc_f = _online_update(m_f, l_f, acc_f, s * far_log2_scale, v, in_far, FAR_HARD,
+                                                 DOT_PRECISION)
 
     if split == 0:
         # the block keys (already rotated) are in every row's window
@@ -165,6 +191,7 @@ def _fold_split_kernel(
                      mask=l_ok[:, None] & d_ok[None, :], other=0.0)
         bv = tl.load(BV + head.to(tl.int64) * stride_bvh + offs_l[:, None] * stride_bvn + offs_dv[None, :],
                      mask=l_ok[:, None] & dv_ok[None, :], other=0.0)
+        q_near = tl.load(QN + q_off[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
         s = tl.dot(q_near, tl.trans(bk), input_precision=DOT_PRECISION) * near_log2_scale
         m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s, bv, l_ok[None, :], False, DOT_PRECISION)
 
@@ -390,7 +417,8 @@ def fold_read_triton(
         num_rows, Lq, G, Dh, Dv, half_rotary, chunk, num_splits, LOG2E, far_log2_scale,
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=window is not None, HAS_FAR=has_far, FAR_HARD=far_hard,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
-        DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_H=_next_pow2(half_rotary), BLOCK_X=_next_pow2(Dh - 2 * half_rotary), HAS_REST=Dh > 2 * half_rotary,
+        MIXED_STAGES=min(num_stages, 2), DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
     )
     _fold_merge_kernel[(Hkv, num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
