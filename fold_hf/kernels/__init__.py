@@ -1,16 +1,34 @@
 """FOLD attention kernels.
 
-:func:`fold_attention` is the single entry point: it runs the pure-torch reference
-(:mod:`fold_hf.kernels.reference`), which is the oracle for every accelerated kernel and the CPU path.
-Triton is never imported on the CPU path.
+:func:`fold_attention` is the single entry point. On CUDA with Triton available it runs the fused kernel
+(:mod:`fold_hf.kernels.triton_fold`) for every read whose membership is pure geometry: planned by
+``plan_layer_read`` with true positions (``fold``, ``dflash``, ``window``, ``rerope``, ``yarn``, sliding
+layers), batch 1, bf16/fp16/fp32. Everything else (CPU tensors, ``streaming``'s renumbered positions, a custom
+region mask, fp64) runs the pure-torch reference (:mod:`fold_hf.kernels.reference`), which is the oracle
+for every accelerated kernel. Triton is never imported on the CPU path.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from ..import_utils import is_triton_available
 from ..modeling.read_plan import LayerRead
-from .reference import fold_attention_reference
+from .read_inputs import kernel_supports, read_kernel_inputs
+from .reference import fold_attention_reference, fold_read_geometry_reference
+
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def triton_read_applies(query: torch.Tensor, context_keys: torch.Tensor, read: LayerRead) -> bool:
+    """True when :func:`fold_attention` runs this read with the Triton kernel."""
+    if query.device.type != "cuda" or os.environ.get("FOLD_HF_DISABLE_TRITON") == "1":
+        return False
+    if query.shape[0] != 1 or query.dtype not in _KERNEL_DTYPES or read.num_context == 0:
+        return False
+    return kernel_supports(read) and is_triton_available()
 
 
 def fold_attention(
@@ -23,9 +41,18 @@ def fold_attention(
     scaling: float,
     context_keys_rotated: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """FOLD read of one layer; shapes as in :func:`fold_attention_reference`. Returns ``[b, Lq, Hq, D]``."""
+    """FOLD read of one layer; shapes as in :func:`fold_attention_reference`. Returns ``[b, Lq, Hq, Dv]``.
+
+    Set ``FOLD_HF_DISABLE_TRITON=1`` to force the reference on CUDA.
+    """
+    if triton_read_applies(query, context_keys, read):
+        from .triton_fold import fold_read_triton
+
+        return fold_read_triton(**read_kernel_inputs(query, context_keys, context_values, block_keys, block_values,
+                                                     read, scaling))
     return fold_attention_reference(query, context_keys, context_values, block_keys, block_values, read, scaling,
                                     context_keys_rotated=context_keys_rotated)
 
 
-__all__ = ["fold_attention", "fold_attention_reference"]
+__all__ = ["fold_attention", "fold_attention_reference", "fold_read_geometry_reference", "read_kernel_inputs",
+           "triton_read_applies"]

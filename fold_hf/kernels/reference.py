@@ -112,3 +112,90 @@ def fold_attention_reference(
     if return_lse:
         return out, lse.reshape(b, Hq, Lq)
     return out
+
+
+def _rotate_by_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., N, Dh]`` by per-row tables ``cos``/``sin`` ``[N, rd]`` (rotate_half layout); rest passes."""
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    return torch.cat((rot * cos + rotated_half * sin, rest), dim=-1)
+
+
+def fold_read_geometry_reference(
+    query_near: torch.Tensor,
+    query_far: torch.Tensor | None,
+    context_keys: torch.Tensor,
+    context_values: torch.Tensor,
+    block_keys: torch.Tensor,
+    block_values: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    context_length,
+    block_start,
+    window: int | None,
+    alpha: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """The fused kernels' contract in plain torch (the CPU oracle of :func:`fold_read_triton`).
+
+    Membership comes from geometry alone: row ``r`` sits at ``p = t + r``; context entry ``j < T`` is in its
+    window iff ``window is None or p - j < window``, else in its far memory when ``query_far`` is given.
+
+    Args:
+        query_near: ``[1, Hq, Lq, Dh]`` queries rotated at ``p`` and multiplied by the row's logit scale.
+        query_far: ``[1, Hq, Lq, Dh]`` queries rotated at distance ``window + r`` (cos/sin scaled by
+            attention_scaling squared), scaled like ``query_near``; None = no far memory.
+        context_keys: ``[1, Hkv, capacity, Dh]`` unrotated keys; entries ``>= context_length`` are ignored.
+        context_values: ``[1, Hkv, capacity, Dv]``.
+        block_keys: ``[1, Hkv, Lq, Dh]`` block keys already rotated at ``p``.
+        block_values: ``[1, Hkv, Lq, Dv]``.
+        cos, sin: ``[max_position, rd]`` tables (rotate_half layout, attention scaling folded in); the first
+            ``rd`` channels of a context key are rotated at its position ``j``, the rest pass through.
+        context_length: T (int or one-element tensor).
+        block_start: t (int or one-element tensor), ``t >= T``.
+        window: D, or None for every entry in the window.
+        alpha: far concentration (``math.inf`` = top-1 read).
+        num_splits: ignored (kernel tuning).
+
+    Returns:
+        ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
+    """
+    del num_splits
+    T, t = int(context_length), int(block_start)
+    _, Hq, Lq, Dh = query_near.shape
+    Hkv = context_keys.shape[1]
+    G = Hq // Hkv
+    acc = compute_dtype(query_near.dtype)
+    q_near = query_near.to(acc).view(Hkv, G, Lq, Dh)
+    keys = context_keys[0, :, :T].to(acc)
+    values = context_values[0, :, :T].to(acc)
+    keys_at_positions = _rotate_by_tables(keys, cos[:T].to(acc), sin[:T].to(acc))
+    dist = (t + torch.arange(Lq, device=keys.device))[:, None] - torch.arange(T, device=keys.device)[None, :]
+    in_window = torch.ones_like(dist, dtype=torch.bool) if window is None else dist < window
+
+    s_near = torch.cat((_grouped_logits(q_near[None], keys_at_positions[None])[0],
+                        _grouped_logits(q_near[None], block_keys[:, :].to(acc))[0]), dim=-1)
+    near_mask = torch.cat((in_window, torch.ones(Lq, Lq, dtype=torch.bool, device=dist.device)), dim=1)
+    s_near = s_near.masked_fill(~near_mask, -math.inf)
+    lse_near = torch.logsumexp(s_near, dim=-1)
+    near_values = torch.cat((values, block_values[0].to(acc)), dim=1)  # [Hkv, T + Lq, Dv]
+    out = torch.matmul(torch.softmax(s_near, dim=-1), near_values[:, None])
+
+    if query_far is not None:
+        far_mask = ~in_window
+        has_far = far_mask.any(dim=-1)  # [Lq]
+        s_far = torch.matmul(query_far.to(acc).view(Hkv, G, Lq, Dh), keys[:, None].transpose(-1, -2))
+        s_far = s_far.masked_fill(~far_mask, -math.inf)
+        if math.isinf(alpha):
+            top = s_far.argmax(dim=-1, keepdim=True)
+            log_mass_far = s_far.gather(-1, top).squeeze(-1)
+            weights = torch.zeros_like(s_far).scatter_(-1, top, 1.0)
+        else:
+            log_mass_far = torch.logsumexp(alpha * s_far, dim=-1) / alpha
+            weights = torch.softmax(alpha * s_far, dim=-1)
+        o_far = torch.matmul(torch.nan_to_num(weights), values[:, None])
+        w_far = torch.where(has_far, torch.sigmoid(log_mass_far - lse_near), torch.zeros_like(lse_near))
+        out = out + w_far[..., None] * (torch.nan_to_num(o_far) - out)
+    return out.reshape(Hq, Lq, -1).transpose(0, 1)[None].to(query_near.dtype)

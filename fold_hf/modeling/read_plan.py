@@ -12,7 +12,7 @@ rows sit at ``p = t + r`` (``r = 0 .. Lq-1``, ``t >= T``); ``D = W + B`` for ful
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,13 @@ class LayerRead:
         query_scale: ``[Lq]`` fp32 multiplier of the logits of row r (ReRoPE), or None.
         rope: rotary tables of this read (YaRN's are rescaled).
         true_positions: window keys sit at their absolute positions (False when renumbered).
+        block_start: t, position of block row 0 (None on reads built by hand).
+        window_distance: D, entry ``j`` is in row ``r``'s window iff ``t + r - j < D``; None = every entry.
+        geometry_from_plan: True only on reads built by :func:`plan_layer_read`, whose membership masks follow
+            ``block_start`` and ``window_distance`` exactly (what the fused kernels read instead of the masks).
+            Not an init field: ``dataclasses.replace`` (e.g. a custom region mask applied by
+            ``read_from_region``) resets it to False, so changed membership falls back to the mask-reading
+            reference.
     """
 
     num_context: int
@@ -57,6 +64,9 @@ class LayerRead:
     query_scale: torch.Tensor | None
     rope: RotaryTables
     true_positions: bool = True
+    block_start: int | None = None
+    window_distance: int | None = None
+    geometry_from_plan: bool = field(default=False, init=False)
 
     @property
     def near_is_suffix(self) -> bool:
@@ -141,8 +151,8 @@ def plan_layer_read(
     if D is None:
         near_index = torch.arange(T, **long)
         near_mask = torch.ones(Lq, T, dtype=torch.bool, device=device)
-        return LayerRead(T, Lq, near_index, near_index.clone(), query_pos, 0, torch.zeros(Lq, **long),
-                         near_mask, empty_far, alpha, query_scale, rope)
+        return _planned(LayerRead(T, Lq, near_index, near_index.clone(), query_pos, 0, torch.zeros(Lq, **long),
+                                  near_mask, empty_far, alpha, query_scale, rope, block_start=t, window_distance=None))
 
     near_start = max(0, t - D + 1)  # row 0 has the widest window
     near_index = torch.arange(near_start, T, **long)
@@ -154,8 +164,13 @@ def plan_layer_read(
         far_stop = max(0, min(T, t + Lq - 1 - D + 1))  # the last row has the longest far memory
         far_mask = dist[:, :far_stop] >= D
     far_distance = D + rows
-    return LayerRead(T, Lq, near_index, near_index.clone(), query_pos, far_stop, far_distance,
-                     near_mask, far_mask, alpha, query_scale, rope)
+    return _planned(LayerRead(T, Lq, near_index, near_index.clone(), query_pos, far_stop, far_distance,
+                              near_mask, far_mask, alpha, query_scale, rope, block_start=t, window_distance=D))
+
+
+def _planned(read: LayerRead) -> LayerRead:
+    read.geometry_from_plan = True
+    return read
 
 
 def _streaming_read(cfg: FoldConfig, T: int, t: int, Lq: int, rope: RotaryTables, device) -> LayerRead:

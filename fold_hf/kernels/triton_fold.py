@@ -1,0 +1,429 @@
+"""Triton kernels of the FOLD read over one unrotated context cache (flash-decoding style).
+
+Imported only when Triton is usable (:func:`fold_hf.import_utils.is_triton_available`); the pure-torch twin
+with the same signature is :func:`fold_hf.kernels.reference.fold_read_geometry_reference`.
+
+Layout of the work:
+
+* one program per (KV head, context split, row block). A row block packs the ``G = Hq / Hkv`` query heads
+  of the KV head times the ``Lq`` block rows (row ``m = g * Lq + r``), so each key tile is loaded once for
+  every query that reads it (GQA without repeating keys);
+* every program keeps two online-softmax states per row: the window branch (keys rotated at their position
+  ``j`` on the fly from the cos/sin tables, one dot per rotate_half channel group so nothing is loaded twice) and the far branch (unrotated keys against the far query,
+  logits times ``alpha``, or a running top-1 when ``alpha`` is infinite);
+* a tile lying wholly before the widest window (row 0's) is far memory for every row: it is read without
+  any rope load; tiles that meet a window are read by both branches under per-row masks ``p - j`` vs ``D``;
+  tiles no row reads (before the window of a read without far memory) are never loaded;
+* split 0 also reads the ``Lq`` block keys into the window branch;
+* a second kernel merges the splits of each row in log space and then merges the two branches by mass:
+  ``o = o_N + sigmoid(log Z_F - lse_N) (o_F - o_N)``.
+
+Logits live in base 2 inside the kernels (``exp2``); everything accumulates in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _online_update(m, l, acc, s, v, valid, HARD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold a tile of base-2 logits ``s [BM, BN]`` (``valid`` mask) and values ``v [BN, BDV]`` into a state."""
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    # a row that has seen nothing yet keeps m = -inf: shift by 0 there so no inf - inf appears
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if HARD:
+        # top-1: the state holds the value rows at the running maximum (ties share the weight)
+        p = tl.where(valid & (s == m_new[:, None]), 1.0, 0.0)
+        keep = tl.where(m == m_new, 1.0, 0.0)
+    else:
+        p = tl.exp2(s - m_shift[:, None])
+        keep = tl.exp2(m - m_shift)
+    l = l * keep + tl.sum(p, 1)
+    acc = acc * keep[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit(do_not_specialize=["ctx_len_value", "block_start_value", "window"])
+def _fold_split_kernel(
+    QN, QF, K, V, BK, BV, COS, SIN,
+    CTX_LEN_PTR, ctx_len_value, BLOCK_START_PTR, block_start_value, window,
+    PART_M, PART_L, PART_ACC,
+    stride_kh, stride_kn, stride_vh, stride_vn, stride_bkh, stride_bkn, stride_bvh, stride_bvn, stride_cos,
+    num_rows, Lq, G, head_dim, value_dim, half_rotary, chunk, num_splits, near_log2_scale, far_log2_scale,
+    LEN_FROM_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, HAS_REST: tl.constexpr,
+    MIXED_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # row blocks of one (head, split) launch side by side so their shared key tiles come from L2
+    row_block = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    if LEN_FROM_PTR:
+        T = tl.load(CTX_LEN_PTR)
+        t = tl.load(BLOCK_START_PTR)
+    else:
+        T = ctx_len_value
+        t = block_start_value
+
+    offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < num_rows
+    d_ok = offs_d < head_dim
+    dv_ok = offs_dv < value_dim
+    r = offs_m % Lq
+    q_head = head * G + offs_m // Lq
+    # queries are contiguous [Hq, Lq, Dh]: row m of this KV head sits at (q_head * Lq + r) * Dh
+    q_off = (q_head.to(tl.int64) * Lq + r) * head_dim
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    dtype = QN.dtype.element_ty
+
+    k_base = K + head.to(tl.int64) * stride_kh
+    v_base = V + head.to(tl.int64) * stride_vh
+    # row r's window starts at entry p - D + 1; row 0 has the widest window
+    # scalar bounds use `if` rather than tl.minimum/maximum, which the interpreter turns into 1-element tensors
+    lo = split * chunk
+    hi = lo + chunk
+    if hi > T:
+        hi = T
+    mixed_start = lo
+    if HAS_WINDOW:
+        window_start = t + r - window + 1
+        # tiles wholly before the widest window (row 0's) are far memory of every row, or never read
+        widest_tile = ((t - window + 1) // BLOCK_N) * BLOCK_N
+        if widest_tile > mixed_start:
+            mixed_start = widest_tile
+    else:
+        window_start = r * 0
+    far_only_end = mixed_start
+    if far_only_end > hi:
+        far_only_end = hi
+
+    neg_inf = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m_n = neg_inf
+    l_n = tl.zeros([BLOCK_M], tl.float32)
+    acc_n = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m_f = neg_inf
+    l_f = tl.zeros([BLOCK_M], tl.float32)
+    acc_f = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+
+    if HAS_FAR:
+        q_far = tl.load(QF + q_off[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+        far_stop = t + Lq - window  # the last row has the longest far memory (entries < T by the tile masks)
+        for start in range(lo, far_only_end, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < hi
+            k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
+                        mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+            s = tl.dot(q_far, tl.trans(k), input_precision=DOT_PRECISION) * far_log2_scale
+            m_f, l_f, acc_f = _online_update(m_f, l_f, acc_f, s, v, n_ok[None, :], FAR_HARD, DOT_PRECISION)
+    else:
+        far_stop = 0
+
+    # window tiles work on the channel groups of rotate_half: x1 = [0, h), x2 = [h, 2h) rotate together
+    # (x1 c - x2 s, x2 c + x1 s with the first half of the duplicated tables), the rest [2h, Dh) passes through;
+    # the logits are the sum of one dot per group, so no channel is loaded twice
+    offs_h = tl.arange(0, BLOCK_H)
+    h_ok = offs_h < half_rotary
+    offs_x = tl.arange(0, BLOCK_X)
+    rest_dim = head_dim - 2 * half_rotary
+    x_ok = offs_x < rest_dim
+    qn1 = tl.load(QN + q_off[:, None] + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+    qn2 = tl.load(QN + q_off[:, None] + half_rotary + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :],
+                  other=0.0)
+    qn3 = tl.load(QN + q_off[:, None] + 2 * half_rotary + offs_x[None, :], mask=row_ok[:, None] & x_ok[None, :],
+                  other=0.0)
+    if HAS_FAR:
+        qf1 = tl.load(QF + q_off[:, None] + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+        qf2 = tl.load(QF + q_off[:, None] + half_rotary + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :],
+                      other=0.0)
+        qf3 = tl.load(QF + q_off[:, None] + 2 * half_rotary + offs_x[None, :],
+                      mask=row_ok[:, None] & x_ok[None, :], other=0.0)
+    for start in tl.range(mixed_start, hi, BLOCK_N, num_stages=MIXED_STAGES):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        rows_n = offs_n[:, None].to(tl.int64)
+        h_mask = n_ok[:, None] & h_ok[None, :]
+        x1 = tl.load(k_base + rows_n * stride_kn + offs_h[None, :], mask=h_mask, other=0.0)
+        x2 = tl.load(k_base + rows_n * stride_kn + half_rotary + offs_h[None, :], mask=h_mask, other=0.0)
+        v = tl.load(v_base + rows_n * stride_vn + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+        cos = tl.load(COS + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
+        sin = tl.load(SIN + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
+        x1f = x1.to(tl.float32)
+        x2f = x2.to(tl.float32)
+        r1 = (x1f * cos - x2f * sin).to(dtype)
+        r2 = (x2f * cos + x1f * sin).to(dtype)
+        s = tl.dot(qn1, tl.trans(r1), input_precision=DOT_PRECISION)
+        s = tl.dot(qn2, tl.trans(r2), acc=s, input_precision=DOT_PRECISION)
+        if HAS_REST:
+            x3 = tl.load(k_base + rows_n * stride_kn + 2 * half_rotary + offs_x[None, :],
+                         mask=n_ok[:, None] & x_ok[None, :], other=0.0)
+            s = tl.dot(qn3, tl.trans(x3), acc=s, input_precision=DOT_PRECISION)
+        in_window = n_ok[None, :] & (offs_n[None, :] >= window_start[:, None])
+        m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s * near_log2_scale, v, in_window, False, DOT_PRECISION)
+        if HAS_FAR:
+            if start < far_stop:
+                s = tl.dot(qf1, tl.trans(x1), input_precision=DOT_PRECISION)
+                s = tl.dot(qf2, tl.trans(x2), acc=s, input_precision=DOT_PRECISION)
+                if HAS_REST:
+                    s = tl.dot(qf3, tl.trans(x3), acc=s, input_precision=DOT_PRECISION)
+                in_far = n_ok[None, :] & (offs_n[None, :] < window_start[:, None])
+                m_f, l_f, acc_f = _online_update(m_f, l_f, acc_f, s * far_log2_scale, v, in_far, FAR_HARD,
+                                                 DOT_PRECISION)
+
+    if split == 0:
+        # the block keys (already rotated) are in every row's window
+        offs_l = tl.arange(0, BLOCK_L)
+        l_ok = offs_l < Lq
+        bk = tl.load(BK + head.to(tl.int64) * stride_bkh + offs_l[:, None] * stride_bkn + offs_d[None, :],
+                     mask=l_ok[:, None] & d_ok[None, :], other=0.0)
+        bv = tl.load(BV + head.to(tl.int64) * stride_bvh + offs_l[:, None] * stride_bvn + offs_dv[None, :],
+                     mask=l_ok[:, None] & dv_ok[None, :], other=0.0)
+        q_near = tl.load(QN + q_off[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+        s = tl.dot(q_near, tl.trans(bk), input_precision=DOT_PRECISION) * near_log2_scale
+        m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s, bv, l_ok[None, :], False, DOT_PRECISION)
+
+    # partials: [branch, Hkv, splits, rows(, Dv)]
+    part = (head * num_splits + split).to(tl.int64) * num_rows + offs_m
+    branch_stride = tl.num_programs(1).to(tl.int64) * num_splits * num_rows
+    tl.store(PART_M + part, m_n, mask=row_ok)
+    tl.store(PART_L + part, l_n, mask=row_ok)
+    acc_mask = row_ok[:, None] & dv_ok[None, :]
+    tl.store(PART_ACC + part[:, None] * value_dim + offs_dv[None, :], acc_n, mask=acc_mask)
+    if HAS_FAR:
+        tl.store(PART_M + branch_stride + part, m_f, mask=row_ok)
+        tl.store(PART_L + branch_stride + part, l_f, mask=row_ok)
+        tl.store(PART_ACC + (branch_stride + part[:, None]) * value_dim + offs_dv[None, :], acc_f, mask=acc_mask)
+
+
+@triton.jit
+def _merge_splits(PART_M, PART_L, PART_ACC, base, split_stride, num_splits, offs_dv, dv_ok, value_dim,
+                  HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Merge one row's split partials: (base-2 log-mass, normalized output ``[BDV]``, mass > 0)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < num_splits
+    m = tl.load(PART_M + base + offs_s * split_stride, mask=s_ok, other=float("-inf"))
+    l = tl.load(PART_L + base + offs_s * split_stride, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    m_shift = tl.where(m_max == float("-inf"), 0.0, m_max)
+    if HARD:
+        mass = tl.sum(tl.where(m == m_max, l, 0.0), 0)
+    else:
+        mass = tl.sum(l * tl.exp2(m - m_shift), 0)
+    # the [splits, Dv] partial outputs are summed a few splits at a time to stay in registers
+    out = tl.zeros([BLOCK_DV], tl.float32)
+    for first in range(0, num_splits, SPLIT_CHUNK):
+        offs_c = first + tl.arange(0, SPLIT_CHUNK)
+        c_ok = offs_c < num_splits
+        m_c = tl.load(PART_M + base + offs_c * split_stride, mask=c_ok, other=float("-inf"))
+        if HARD:
+            w_c = tl.where(c_ok & (m_c == m_max), 1.0, 0.0)
+        else:
+            w_c = tl.where(c_ok, tl.exp2(m_c - m_shift), 0.0)
+        acc_c = tl.load(PART_ACC + (base + offs_c[:, None] * split_stride) * value_dim + offs_dv[None, :],
+                        mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
+        out += tl.sum(acc_c * w_c[:, None], 0)
+    out = out / tl.where(mass > 0, mass, 1.0)
+    if HARD:
+        log2_mass = m_max
+    else:
+        log2_mass = m_shift + tl.log2(tl.where(mass > 0, mass, 1.0))
+    return log2_mass, out, mass > 0
+
+
+@triton.jit
+def _fold_merge_kernel(
+    PART_M, PART_L, PART_ACC, OUT, stride_ol, stride_oh,
+    num_rows, Lq, G, value_dim, num_splits, inv_alpha,
+    HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    head = tl.program_id(0)
+    row = tl.program_id(1)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < value_dim
+    # partial index of split s for this row: (head * S + s) * rows + row
+    base = (head * num_splits).to(tl.int64) * num_rows + row
+    log2_near, out, _ = _merge_splits(PART_M, PART_L, PART_ACC, base, num_rows, num_splits, offs_dv, dv_ok,
+                                      value_dim, False, BLOCK_S, SPLIT_CHUNK, BLOCK_DV)
+    if HAS_FAR:
+        branch_stride = tl.num_programs(0).to(tl.int64) * num_splits * num_rows
+        log2_far, out_far, has_far = _merge_splits(PART_M, PART_L, PART_ACC, branch_stride + base, num_rows,
+                                                   num_splits, offs_dv, dv_ok, value_dim, FAR_HARD, BLOCK_S,
+                                                   SPLIT_CHUNK, BLOCK_DV)
+        # log Z_F = lse(alpha s) / alpha; the far partials hold alpha-scaled logits (plain ones and
+        # inv_alpha = 1 for top-1, whose log-mass is the largest logit)
+        log_far = log2_far * LN2 * inv_alpha
+        log_near = log2_near * LN2
+        w_far = tl.where(has_far, tl.sigmoid(log_far - log_near), 0.0)
+        out = out + w_far * (out_far - out)
+    q_head = head * G + row // Lq
+    r = row % Lq
+    tl.store(OUT + r.to(tl.int64) * stride_ol + q_head.to(tl.int64) * stride_oh + offs_dv,
+             out.to(OUT.dtype.element_ty), mask=dv_ok)
+
+
+def _next_pow2(n: int, minimum: int = 16) -> int:
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def default_num_splits(span: int, num_kv_heads: int, block_n: int, device: torch.device) -> int:
+    """Splits along the context so that about two programs per SM exist (flash-decoding)."""
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        sms = 4
+    wanted = max(1, -(-2 * sms // max(num_kv_heads, 1)))
+    return max(1, min(wanted, -(-max(span, 1) // block_n)))
+
+
+def fold_read_triton(
+    query_near: torch.Tensor,
+    query_far: torch.Tensor | None,
+    context_keys: torch.Tensor,
+    context_values: torch.Tensor,
+    block_keys: torch.Tensor,
+    block_values: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    context_length,
+    block_start,
+    window: int | None,
+    alpha: float,
+    num_splits: int | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """FOLD read of one layer in two Triton launches (split pass, merge pass).
+
+    Args:
+        query_near: ``[1, Hq, Lq, Dh]`` queries rotated at ``p = t + r`` and multiplied by the logit scale
+            (``scaling * query_scale[r]``); bf16, fp16 or fp32.
+        query_far: ``[1, Hq, Lq, Dh]`` queries rotated at distance ``D + r`` with cos/sin scaled by
+            attention_scaling squared, scaled like ``query_near``; None = no far branch.
+        context_keys: ``[1, Hkv, capacity, Dh]`` **unrotated** cache buffer; entries ``>= context_length``
+            are never read.
+        context_values: ``[1, Hkv, capacity, Dv]``.
+        block_keys: ``[1, Hkv, Lq, Dh]`` block keys already rotated at ``p``.
+        block_values: ``[1, Hkv, Lq, Dv]``.
+        cos, sin: ``[max_position, rotary_dim]`` fp32 tables, rotate_half layout, attention scaling folded in,
+            ``max_position >= context_length``.
+        context_length: T, an int or an int32 CUDA tensor ``[1]`` (read on the device: no host sync, so the
+            call can be captured in a CUDA graph; the grid then depends only on ``capacity``).
+        block_start: t, int or int32 CUDA tensor ``[1]``.
+        window: D (entry ``j`` is in row ``r``'s window iff ``t + r - j < D``); None = every entry in the window.
+        alpha: far concentration (1.0 = one softmax over both branches; ``math.inf`` = top-1 read).
+        num_splits: context splits (default: about two programs per SM over ``T``, or over ``capacity``
+            when ``context_length`` is a tensor).
+        block_m, block_n, num_warps, num_stages: tuning overrides (benchmarks); ``block_m`` rows of the
+            ``G * Lq`` packed rows per program.
+
+    Returns:
+        ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
+    """
+    b, Hq, Lq, Dh = query_near.shape
+    _, Hkv, capacity, _ = context_keys.shape
+    Dv = context_values.shape[-1]
+    if b != 1 or context_keys.shape[0] != 1:
+        raise ValueError("fold_read_triton reads batch 1")
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv})")
+    if query_near.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"unsupported dtype {query_near.dtype}")
+    G = Hq // Hkv
+    device = query_near.device
+    dtype = query_near.dtype
+    has_far = query_far is not None
+    if has_far and window is None:
+        raise ValueError("a far branch needs a window distance")
+    far_hard = math.isinf(alpha)
+
+    # kernels index the innermost dim with stride 1 and the queries as contiguous [Hq, Lq, Dh]
+    query_near = query_near.contiguous()
+    query_far = query_far.to(dtype).contiguous() if has_far else query_near
+
+    def inner_contiguous(x: torch.Tensor) -> torch.Tensor:
+        return x if x.stride(-1) == 1 else x.contiguous()
+
+    context_keys, context_values = inner_contiguous(context_keys.to(dtype)), inner_contiguous(context_values.to(dtype))
+    block_keys, block_values = inner_contiguous(block_keys.to(dtype)), inner_contiguous(block_values.to(dtype))
+    cos, sin = inner_contiguous(cos.to(torch.float32)), inner_contiguous(sin.to(torch.float32))
+    if sin.stride(0) != cos.stride(0):
+        sin = sin.contiguous()
+        cos = cos.contiguous()
+
+    len_from_ptr = isinstance(context_length, torch.Tensor)
+    if len_from_ptr != isinstance(block_start, torch.Tensor):
+        raise ValueError("context_length and block_start must both be ints or both be tensors")
+    if len_from_ptr:
+        ctx_ptr, start_ptr = context_length.to(torch.int32), block_start.to(torch.int32)
+        ctx_value = start_value = 0
+        span = capacity
+    else:
+        ctx_value, start_value = int(context_length), int(block_start)
+        if ctx_value > capacity:
+            raise ValueError(f"context_length {ctx_value} exceeds the buffer's {capacity} entries")
+        ctx_ptr = start_ptr = query_near  # unused
+        span = ctx_value
+
+    num_rows = G * Lq
+    BLOCK_M = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
+    BLOCK_D = _next_pow2(Dh)
+    BLOCK_DV = _next_pow2(Dv)
+    BLOCK_L = _next_pow2(Lq)
+    if block_n is None:
+        block_n = 64 if max(BLOCK_D, BLOCK_DV) <= 128 else 32
+    if num_warps is None:
+        num_warps = 4 if BLOCK_M * max(BLOCK_D, BLOCK_DV) <= 64 * 64 else 8
+    if num_stages is None:
+        num_stages = 3 if device.type == "cuda" else 1
+    if num_splits is None:
+        num_splits = default_num_splits(span, Hkv, block_n, device)
+    num_splits = max(1, int(num_splits))
+    chunk = -(-max(span, 1) // num_splits)
+    chunk = -(-chunk // block_n) * block_n
+    row_blocks = -(-num_rows // BLOCK_M)
+    half_rotary = cos.shape[-1] // 2
+    dot_precision = "ieee" if dtype == torch.float32 else "tf32"
+
+    branches = 2 if has_far else 1
+    part_m = torch.empty(branches, Hkv, num_splits, num_rows, device=device, dtype=torch.float32)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(branches, Hkv, num_splits, num_rows, Dv, device=device, dtype=torch.float32)
+    out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
+
+    far_log2_scale = LOG2E if far_hard else float(alpha) * LOG2E
+    _fold_split_kernel[(row_blocks, Hkv, num_splits)](
+        query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
+        ctx_ptr, ctx_value, start_ptr, start_value, int(window) if window is not None else 0,
+        part_m, part_l, part_acc,
+        context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
+        block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), cos.stride(0),
+        num_rows, Lq, G, Dh, Dv, half_rotary, chunk, num_splits, LOG2E, far_log2_scale,
+        LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=window is not None, HAS_FAR=has_far, FAR_HARD=far_hard,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
+        BLOCK_H=_next_pow2(half_rotary), BLOCK_X=_next_pow2(Dh - 2 * half_rotary), HAS_REST=Dh > 2 * half_rotary,
+        MIXED_STAGES=min(num_stages, 2), DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
+    )
+    _fold_merge_kernel[(Hkv, num_rows)](
+        part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
+        num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
+        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8, BLOCK_DV=BLOCK_DV,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,355 @@
+"""The fused FOLD read (Triton) and its geometry contract, against the pure-torch oracle.
+
+* CPU (runs in CI): the contract's torch twin ``fold_read_geometry_reference`` reproduces
+  ``fold_attention_reference`` for every mode with true positions, at and around every window boundary;
+  the CPU path never imports Triton; reads whose membership is not pure geometry stay on the reference.
+* Triton interpreter (``TRITON_INTERPRET=1``, Triton installed, no CUDA): a small fp32/fp16 subset.
+* GPU (``@pytest.mark.gpu``): the full matrix on CUDA, lengths 1 .. 256K.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fold_hf import FoldConfig
+from fold_hf.kernels import fold_attention, fold_attention_reference, fold_read_geometry_reference, read_kernel_inputs
+from fold_hf.kernels import triton_read_applies
+from fold_hf.modeling import RotaryTables, plan_layer_read
+from fold_hf.modeling.attention import read_from_region
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+W, B = 12, 4  # D = 16 for the small grids
+
+
+def rope_tables(head_dim: int, rotary_dim: int | None = None, attention_scaling: float = 1.0) -> RotaryTables:
+    rd = rotary_dim or head_dim
+    inv = 1.0 / 10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    return RotaryTables(inv, attention_scaling, head_dim)
+
+
+def layer_inputs(T, Lq, Hq, Hkv, head_dim, dtype, device="cpu", seed=0, capacity=None):
+    """Random query, context (a ``[:T]`` view of a ``capacity`` buffer) and block tensors."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    capacity = capacity or T
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    q = rand(1, Hq, Lq, head_dim)
+    keys, values = rand(1, Hkv, capacity, head_dim), rand(1, Hkv, capacity, head_dim)
+    return q, keys[:, :, :T], values[:, :, :T], rand(1, Hkv, Lq, head_dim), rand(1, Hkv, Lq, head_dim)
+
+
+def plan(cfg, T, t, Lq, rope, sliding=None, device="cpu"):
+    return plan_layer_read(cfg, num_context=T, block_start=t, query_length=Lq, block_size=B, rope=rope,
+                           sliding_window=sliding, device=device)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def boundary_lengths(D: int, block: int) -> list[int]:
+    """Context lengths at and around the window boundaries (W - 1, W, W + 1, W + B - 1, W + B, W + B + 1)."""
+    window = D - block
+    return sorted({window - 1, window, window + 1, D - 1, D, D + 1} - {0})
+
+
+MODES = [("fold", 2.0), ("fold", 1.0), ("fold", 16.0), ("fold", math.inf), ("dflash", 2.0), ("window", 2.0),
+         ("rerope", 2.0), ("yarn", 2.0)]
+
+
+# ---------------------------------------------------------------------------------------------------- CPU (CI)
+@pytest.mark.parametrize("mode, alpha", MODES)
+@pytest.mark.parametrize("sliding", [None, 10])
+@pytest.mark.parametrize("T", [1, 5] + boundary_lengths(W + B, B) + [40])
+def test_geometry_reference_reproduces_the_reference(mode, alpha, sliding, T):
+    cfg = FoldConfig(mode=mode, window=W, alpha=alpha, train_length=8, layers="all")
+    rope = rope_tables(16, 8, attention_scaling=1.2 if mode == "yarn" else 1.0)
+    for t in (T, T + 3):
+        read = plan(cfg, T, t, B, rope, sliding=sliding)
+        q, kc, vc, kb, vb = layer_inputs(T, B, 4, 2, 16, torch.float64, seed=T + t)
+        expected = fold_attention_reference(q, kc, vc, kb, vb, read, scaling=0.25)
+        got = fold_read_geometry_reference(**read_kernel_inputs(q, kc, vc, kb, vb, read, scaling=0.25))
+        assert rel_err(got, expected) < 1e-12, (mode, alpha, sliding, T, t)
+
+
+def test_cpu_read_never_imports_triton():
+    script = (
+        "import sys, torch\n"
+        "from fold_hf import FoldConfig\n"
+        "from fold_hf.kernels import fold_attention\n"
+        "from fold_hf.modeling import RotaryTables, plan_layer_read\n"
+        "rope = RotaryTables(1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8), 1.0, 8)\n"
+        "read = plan_layer_read(FoldConfig(window=4), num_context=20, block_start=20, query_length=4, block_size=4,"
+        " rope=rope)\n"
+        "q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 1, 20, 8), torch.randn(1, 1, 20, 8)\n"
+        # torch._dynamo imports triton by itself whenever it is installed: only the read must add nothing
+        "before = sorted(m for m in sys.modules if m.split('.')[0] == 'triton')\n"
+        "fold_attention(q, k, v, k[:, :, :4], v[:, :, :4], read, 8 ** -0.5)\n"
+        "after = sorted(m for m in sys.modules if m.split('.')[0] == 'triton')\n"
+        "print(before == after and 'fold_hf.kernels.triton_fold' not in sys.modules)\n"
+    )
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("TRITON_INTERPRET", None)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+def test_reads_not_following_the_geometry_stay_on_the_reference():
+    rope = rope_tables(8)
+    read = plan(FoldConfig(window=W), 40, 40, B, rope)
+    assert read.geometry_from_plan and read.block_start == 40 and read.window_distance == W + B
+    # a custom region mask may change membership: the read it yields must not claim pure geometry
+    edited = read_from_region(read, read.region_mask())
+    assert not edited.geometry_from_plan
+    streaming = plan(FoldConfig(mode="streaming", window=W, budget=8), 40, 40, B, rope)
+    assert not streaming.geometry_from_plan
+    with pytest.raises(ValueError):
+        read_kernel_inputs(*layer_inputs(40, B, 2, 1, 8, torch.float32), edited, scaling=1.0)
+    assert not triton_read_applies(torch.zeros(1, 2, B, 8), torch.zeros(1, 1, 40, 8), read)  # CPU tensors
+
+
+# ---------------------------------------------------------------------------------------------------- kernel
+def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, device, capacity=None,
+                as_tensors=False, num_splits=None, seed=0):
+    """Kernel output and its fp64 oracle for random contract inputs (rotated queries given directly)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    capacity = max(capacity or T, 1)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    q_near = rand(1, Hq, Lq, head_dim) * head_dim**-0.5
+    q_far = rand(1, Hq, Lq, head_dim) * head_dim**-0.5 if far else None
+    inputs = dict(query_near=q_near, query_far=q_far, context_keys=rand(1, Hkv, capacity, head_dim),
+                  context_values=rand(1, Hkv, capacity, head_dim), block_keys=rand(1, Hkv, Lq, head_dim),
+                  block_values=rand(1, Hkv, Lq, head_dim))
+    positions = torch.arange(capacity + 1, dtype=torch.float64)[:, None]
+    inv = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.cat((positions * inv, positions * inv), dim=-1)
+    cos, sin = angles.cos().float().to(device), angles.sin().float().to(device)
+    oracle = fold_read_geometry_reference(
+        **{k: (None if v is None else v.double()) for k, v in inputs.items()}, cos=cos.double(), sin=sin.double(),
+        context_length=T, block_start=t, window=D, alpha=alpha)
+    from fold_hf.kernels.triton_fold import fold_read_triton
+
+    if as_tensors:
+        lengths = dict(context_length=torch.tensor([T], dtype=torch.int32, device=device),
+                       block_start=torch.tensor([t], dtype=torch.int32, device=device))
+    else:
+        lengths = dict(context_length=T, block_start=t)
+    out = fold_read_triton(**inputs, cos=cos, sin=sin, **lengths, window=D, alpha=alpha, num_splits=num_splits)
+    assert out.shape == (1, Lq, Hq, head_dim) and out.dtype == dtype
+    return out, oracle
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def interpreter():
+    if not HAS_TRITON:
+        pytest.skip("Triton is not installed (the kernel tests run on the GPU machine or under TRITON_INTERPRET=1)")
+    if HAS_CUDA:
+        pytest.skip("CUDA is present: the GPU tests cover the kernel")
+    if not INTERPRETING:
+        pytest.skip("set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter on the CPU")
+    _patch_interpreter_scalar_index()
+
+
+def _patch_interpreter_scalar_index():
+    """Triton 3.6's interpreter turns scalars into 1-element arrays, which NumPy >= 2.4 refuses as ``range``
+    bounds; index them by their single element instead (interpreter only)."""
+    import numpy as np
+    from triton.runtime import interpreter as triton_interpreter
+
+    original = triton_interpreter._patch_lang_tensor
+    if getattr(original, "_fold_hf_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    patched._fold_hf_patched = True
+    triton_interpreter._patch_lang_tensor = patched
+
+
+# the interpreter has no bf16 dot (it reads bf16 bits as integers), so it checks fp32 and fp16
+INTERPRETER_CASES = [
+    dict(T=1, t=1, Lq=3, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=None, alpha=1.0, far=False),
+    dict(T=100, t=100, Lq=5, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=20, alpha=2.0, far=True),
+    dict(T=100, t=103, Lq=5, Hq=4, Hkv=1, head_dim=32, rotary_dim=16, D=37, alpha=4.0, far=True, num_splits=3),
+    dict(T=130, t=130, Lq=5, Hq=2, Hkv=2, head_dim=16, rotary_dim=8, D=70, alpha=math.inf, far=True, num_splits=2),
+    dict(T=90, t=95, Lq=4, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=30, alpha=1.0, far=True, capacity=160,
+         as_tensors=True, num_splits=3),
+    dict(T=90, t=95, Lq=4, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=30, alpha=16.0, far=False),
+    dict(T=19, t=19, Lq=4, Hq=8, Hkv=2, head_dim=16, rotary_dim=16, D=16, alpha=2.0, far=True, num_splits=2),
+    dict(T=77, t=80, Lq=3, Hq=6, Hkv=2, head_dim=24, rotary_dim=12, D=33, alpha=2.0, far=True, num_splits=2),
+    # more splits than the merge sums at once, most of them empty
+    dict(T=200, t=201, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=50, alpha=2.0, far=True, num_splits=11),
+    dict(T=200, t=201, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=50, alpha=math.inf, far=True, num_splits=11),
+]
+
+
+@pytest.mark.parametrize("case", INTERPRETER_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_in_interpreter_matches_oracle(interpreter, case, dtype):
+    out, oracle = kernel_case(**case, dtype=dtype, device="cpu")
+    assert rel_err(out, oracle) < TOLERANCE[dtype]
+
+
+def test_fold_attention_in_interpreter_runs_the_kernel(interpreter, monkeypatch):
+    # dispatch is CUDA-only; call the kernel path by hand on a planned read
+    from fold_hf.kernels.triton_fold import fold_read_triton
+
+    rope = rope_tables(16, 8)
+    read = plan(FoldConfig(window=W, alpha=2.0), 40, 40, B, rope)
+    q, kc, vc, kb, vb = layer_inputs(40, B, 4, 2, 16, torch.float32)
+    expected = fold_attention_reference(q, kc, vc, kb, vb, read, scaling=0.25)
+    got = fold_read_triton(**read_kernel_inputs(q, kc, vc, kb, vb, read, scaling=0.25))
+    assert rel_err(got, expected) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+GPU_SHAPES = [  # (Lq, Hq, Hkv, head_dim, rotary_dim)
+    (10, 32, 8, 128, 128),  # Llama-3.1-8B drafter
+    (16, 16, 4, 128, 64),   # partial rotary, Qwen3.5-like
+    (7, 5, 5, 64, 32),      # no grouping, odd rows, rotary_dim 32 of 64
+    (3, 12, 3, 96, 48),     # head_dim not a power of two
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize("T", [1, 63, 500, 8191])
+@pytest.mark.parametrize("alpha", [1.0, 2.0, 4.0, 16.0, math.inf])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_matches_oracle_on_gpu(shape, T, alpha, dtype):
+    Lq, Hq, Hkv, head_dim, rotary_dim = shape
+    D = 300
+    for t, far in ((T, True), (T + 5, True), (T, False)):
+        out, oracle = kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, "cuda", seed=T)
+        assert rel_err(out, oracle) < TOLERANCE[dtype], (t, far)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize("alpha", [2.0, math.inf])
+def test_kernel_in_fp16_on_gpu(shape, alpha):
+    Lq, Hq, Hkv, head_dim, rotary_dim = shape
+    for T in (1, 500, 8191):
+        out, oracle = kernel_case(T, T, Lq, Hq, Hkv, head_dim, rotary_dim, 300, alpha, True, torch.float16, "cuda")
+        assert rel_err(out, oracle) < TOLERANCE[torch.float16], T
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("W_, Lq", [(2048, 10), (100, 16), (37, 5)])
+@pytest.mark.parametrize("offset", [-1, 0, 1, 2, 3, 4])  # T = W-1, W, W+1, W+B-1, W+B, W+B+1
+@pytest.mark.parametrize("alpha", [1.0, 2.0, 4.0, 16.0, math.inf])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_at_window_boundaries_on_gpu(W_, Lq, offset, alpha, dtype):
+    D = W_ + Lq
+    T = {-1: W_ - 1, 0: W_, 1: W_ + 1, 2: D - 1, 3: D, 4: D + 1}[offset]
+    for num_splits in (None, 1, 3):
+        out, oracle = kernel_case(T, T, Lq, 8, 2, 64, 32, D, alpha, True, dtype, "cuda", num_splits=num_splits)
+        assert rel_err(out, oracle) < TOLERANCE[dtype], num_splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2058, 131072, 262144])
+@pytest.mark.parametrize("far", [True, False])
+def test_kernel_long_contexts_on_gpu(T, far):
+    out, oracle = kernel_case(T, T, 10, 32, 8, 128, 128, 2058, 2.0, far, torch.bfloat16, "cuda", seed=1)
+    assert rel_err(out, oracle) < 1e-2
+    out, oracle = kernel_case(T, T + 7, 10, 32, 8, 128, 128, None, 1.0, False, torch.bfloat16, "cuda", seed=2)
+    assert rel_err(out, oracle) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_with_device_lengths_and_a_larger_buffer(dtype):
+    for T in (1, 63, 2057, 5000):
+        out, oracle = kernel_case(T, T + 2, 10, 16, 4, 64, 32, 2058, 2.0, True, dtype, "cuda", capacity=8192,
+                                  as_tensors=True)
+        assert rel_err(out, oracle) < TOLERANCE[dtype], T
+
+
+@pytest.mark.gpu
+def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
+    from fold_hf.kernels.triton_fold import fold_read_triton
+
+    device, capacity, T0 = "cuda", 4096, 3000
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=torch.bfloat16)
+
+    qn, qf = rand(1, 16, 10, 64) * 0.125, rand(1, 16, 10, 64) * 0.125
+    kc, vc, kb, vb = rand(1, 4, capacity, 64), rand(1, 4, capacity, 64), rand(1, 4, 10, 64), rand(1, 4, 10, 64)
+    pos = torch.arange(capacity, dtype=torch.float64, device=device)[:, None]
+    inv = 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64, device=device) / 64)
+    angles = torch.cat((pos * inv, pos * inv), -1)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    T_dev = torch.tensor([T0], dtype=torch.int32, device=device)
+    t_dev = torch.tensor([T0], dtype=torch.int32, device=device)
+    args = (qn, qf, kc, vc, kb, vb, cos, sin, T_dev, t_dev, 2058, 2.0)
+    fold_read_triton(*args, num_splits=8)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fold_read_triton(*args, num_splits=8)
+    for T in (T0, 100, 2100, 4000):
+        T_dev.fill_(T)
+        t_dev.fill_(T + 1)
+        graph.replay()
+        expected = fold_read_geometry_reference(qn.double(), qf.double(), kc.double(), vc.double(), kb.double(),
+                                                vb.double(), cos.double(), sin.double(), T, T + 1, 2058, 2.0)
+        assert rel_err(captured, expected) < 1e-2, T
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, alpha", MODES)
+@pytest.mark.parametrize("sliding", [None, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fold_attention_dispatches_to_the_kernel_on_gpu(mode, alpha, sliding, dtype):
+    Wg, Lq = 100, 16
+    cfg = FoldConfig(mode=mode, window=Wg, alpha=alpha, train_length=64, layers="all")
+    rope = rope_tables(64, 32, attention_scaling=1.2 if mode == "yarn" else 1.0)
+    D = sliding or Wg + B
+    for T in sorted({1, 50, D - 1, D, D + 1, D + Lq, 777}):
+        read = plan_layer_read(cfg, num_context=T, block_start=T, query_length=Lq, block_size=B, rope=rope,
+                               sliding_window=sliding, device="cuda")
+        q, kc, vc, kb, vb = layer_inputs(T, Lq, 8, 2, 64, dtype, device="cuda", seed=T, capacity=T + 37)
+        assert triton_read_applies(q, kc, read)
+        got = fold_attention(q, kc, vc, kb, vb, read, scaling=0.125)
+        expected = fold_attention_reference(*(x.double() for x in (q, kc, vc, kb, vb)), read, scaling=0.125)
+        assert rel_err(got, expected) < TOLERANCE[dtype], T
+
+
+@pytest.mark.gpu
+def test_streaming_and_custom_masks_use_the_reference_on_gpu():
+    rope = rope_tables(64)
+    q, kc, vc, kb, vb = layer_inputs(300, B, 4, 2, 64, torch.float32, device="cuda")
+    streaming = plan_layer_read(FoldConfig(mode="streaming", window=64, budget=32), num_context=300, block_start=300,
+                                query_length=B, block_size=B, rope=rope, device="cuda")
+    assert not triton_read_applies(q, kc, streaming)
+    read = plan_layer_read(FoldConfig(window=64), num_context=300, block_start=300, query_length=B, block_size=B,
+                           rope=rope, device="cuda")
+    edited = dataclasses.replace(read)
+    assert not triton_read_applies(q, kc, edited)
+    torch.testing.assert_close(fold_attention(q, kc, vc, kb, vb, edited, 0.125),
+                               fold_attention_reference(q, kc, vc, kb, vb, edited, 0.125))
