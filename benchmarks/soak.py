@@ -2,8 +2,8 @@
 
 The embedded pair (SmolLM2-135M-Instruct + its DFlash drafter) decodes every prompt greedily with AR
 (``target.generate``, the reference) and with speculative decoding in each mode (FOLD alpha 1/2/4, dflash, window,
-streaming, rerope, yarn) on both paths (``fold_hf.generate`` = "fast", ``target.generate(assistant_model=...)``
-= "hf"). In fp32 (the default) every output must equal AR token for token. With ``--dtype bfloat16`` the target's
+streaming, rerope, yarn) on three paths (``fold_hf.generate`` = "loop", ``target.generate(assistant_model=...)``
+= "hf", ``fold_hf.fast_generate`` = "fast": static caches, CUDA graphs on a GPU). In fp32 (the default) every output must equal AR token for token. With ``--dtype bfloat16`` the target's
 own logits have near-ties that a block forward and a one-token forward may break differently; such differences are
 reported separately, with the target's logit gap at the first differing token.
 
@@ -17,7 +17,7 @@ whatever the earlier worker count) and summarized into ``<out>/summary-<dtype>.j
 per mode and path, and for every difference the prompt id, the round and token index of the first divergence, the
 AR and SD tokens and the target's logit gap there.
 
-GPU (all 300 prompts x 8 modes x 2 paths, 24 new tokens, fp32; 12 worker processes share the GPU because the
+GPU (all 300 prompts x 8 modes x 3 paths, 24 new tokens, fp32; 12 worker processes share the GPU because the
 135M target at batch 1 is bound by kernel launches, ~45 ms per AR step on the H200 machine):
 
     source benchmarks/gpu/env.sh && python benchmarks/soak.py --out $OUT --device cuda --max-minutes 7.5
@@ -49,7 +49,7 @@ if str(REPO) not in sys.path:  # runnable as a script from the repository root w
 import torch  # noqa: E402
 
 MODES = ("fold-a1", "fold-a2", "fold-a4", "dflash", "window", "streaming", "rerope", "yarn")
-PATHS = ("fast", "hf")
+PATHS = ("loop", "hf", "fast")
 CHAT_INSTRUCTIONS = (
     "Explain what the following code does.",
     "Continue this text in the same style.",
@@ -241,9 +241,10 @@ def run_prompt(target, tokenizer, drafter, prompt: dict, configs: dict, new_toke
     for name, cfg in configs.items():
         for path in paths:
             started = time.perf_counter()
-            if path == "fast":
-                res = fold_hf.generate(target, drafter, input_ids=ids, attention_mask=mask,
-                                       max_new_tokens=new_tokens, fold_config=cfg, return_stats=True)
+            if path in ("loop", "fast"):
+                run = fold_hf.generate if path == "loop" else fold_hf.fast_generate
+                res = run(target, drafter, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                          fold_config=cfg, return_stats=True)
                 out, acceptance = res.sequences[0, P:].tolist(), list(res.acceptance_lengths)
             else:
                 drafter.set_fold_config(cfg)
