@@ -49,7 +49,7 @@ class FoldCandidateGenerator(CandidateGenerator):
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor
         self.cache = drafter.new_cache(request_length=generation_config.max_length)
-        self.taps = HiddenTaps(target, drafter.config.target_layer_ids).__enter__()
+        self.taps = HiddenTaps(target, drafter.config.target_layer_ids, device=drafter.device).__enter__()
         self.acceptance_lengths: list[int] = []
         eos = generation_config.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else list(eos or []))

@@ -152,7 +152,7 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
             return torch.multinomial(process_logits(logits, **sample_kw), 1, generator=generator)
         return logits.argmax(-1, keepdim=True)
 
-    taps = HiddenTaps(target, drafter.config.target_layer_ids) if drafter is not None else None
+    taps = HiddenTaps(target, drafter.config.target_layer_ids, device=drafter.device) if drafter is not None else None
     target_cache = DynamicCache(config=getattr(target, "config", None))
     params = _forward_parameters(target)
     cache_name = "cache" if "cache" in params else "past_key_values"
@@ -206,14 +206,16 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
         else:
             out = target(input_ids=verify_ids, **{cache_name: target_cache}, use_cache=True)
         logits = out.logits[0, -(k + 1):]
+        # with a target split across devices the logits sit on the lm_head's device, not the input's
+        drafts_there = drafts.to(logits.device)
         if do_sample:
             target_probs = process_logits(logits, **sample_kw)
             if k > 0:
-                n, commit = speculative_accept(drafts, draft_probs.to(device), target_probs, generator)
+                n, commit = speculative_accept(drafts_there, draft_probs.to(logits.device), target_probs, generator)
             else:
                 n, commit = 0, torch.multinomial(target_probs[0], 1, generator=generator)
         else:
-            n, commit = greedy_accept(drafts, logits)
+            n, commit = greedy_accept(drafts_there, logits)
         if k > n:
             target_cache.crop(-(k - n))
         if taps is not None:

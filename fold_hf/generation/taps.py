@@ -48,11 +48,15 @@ def decoder_layers(target: nn.Module) -> tuple[nn.ModuleList, nn.Module | None]:
 class HiddenTaps:
     """Context manager collecting ``[b, L, H]`` outputs of the tapped layers during target forwards.
 
-    ``features()`` concatenates them in tap order: ``[b, L, n_taps * H]``.
+    ``features()`` concatenates them in tap order: ``[b, L, n_taps * H]``, on ``device`` (default: the first
+    tap's device).
     """
 
-    def __init__(self, target: nn.Module, layer_ids: list[int]) -> None:
+    def __init__(self, target: nn.Module, layer_ids: list[int], device: torch.device | str | None = None) -> None:
         layers, self._norm = decoder_layers(target)
+        # a target split across devices (device_map) leaves each tap on its layer's device: gather them straight
+        # onto the drafter's device, one copy per tap, instead of via the first tap's device
+        self.device = torch.device(device) if device is not None else None
         self.layer_ids = list(layer_ids)
         self._last = len(layers) - 1
         self._layers = layers
@@ -82,7 +86,7 @@ class HiddenTaps:
         missing = [lid for lid in self.layer_ids if lid not in self._captured]
         if missing:
             raise RuntimeError(f"target layers {missing} did not run during the forward")
-        device = self._captured[self.layer_ids[0]].device
+        device = self.device or self._captured[self.layer_ids[0]].device
         out = torch.cat([self._captured[lid].to(device) for lid in self.layer_ids], dim=-1)
         self._captured.clear()
         return out

@@ -30,6 +30,16 @@ from .read_plan import LayerRead, plan_layer_read
 from .rope import RotaryTables, yarn_factor, yarn_rope_parameters
 
 
+def execution_device(module: nn.Module) -> torch.device:
+    """Device a target module computes on: accelerate's execution device when the module is dispatched (its weights
+    may then sit on ``meta``, offloaded to CPU or disk), else the device of its first parameter."""
+    hook = getattr(module, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    return next(module.parameters()).device
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -341,10 +351,10 @@ class FoldDrafter(PreTrainedModel):
         B = self.config.block_size
         ids = torch.full((last_token.shape[0], B), mask_id, dtype=torch.long, device=last_token.device)
         ids[:, 0] = last_token
-        noise = embed(ids.to(embed.weight.device)).to(self.fc.weight.device)
+        noise = embed(ids.to(execution_device(embed))).to(self.fc.weight.device)
         out = self(noise, context_hidden_states, cache=cache, block_start=block_start).last_hidden_state
         head = self.target_lm_head
-        return head(out[:, 1:].to(head.weight.device, head.weight.dtype))
+        return head(out[:, 1:].to(execution_device(head), head.weight.dtype))
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
