@@ -161,7 +161,11 @@ def cmd_doctor(args) -> int:
     from .modeling import FoldConfig, FoldDrafter
 
     drafter_dir = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER
-    drafter = FoldDrafter.from_pretrained(drafter_dir)
+    try:
+        drafter = FoldDrafter.from_pretrained(drafter_dir)
+    except (ValueError, OSError, TypeError) as err:  # a broken checkpoint is a finding, not a crash
+        print(f"ERROR  checkpoint  {drafter_dir}: {err}")
+        return 1
     if args.target_config:
         from transformers import AutoConfig, AutoModelForCausalLM
 

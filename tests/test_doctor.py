@@ -45,3 +45,15 @@ def test_cli_checks_a_target_config_without_weights(tmp_path, capsys):
     (tmp_path / "target" / "config.json").write_text(json.dumps(config))
     assert main(["doctor", "--drafter", str(tmp_path / "drafter"), "--target-config", str(tmp_path / "target")]) == 1
     assert "ERROR  hidden size" in capsys.readouterr().out
+
+
+def test_cli_reports_a_broken_checkpoint_as_an_error_line(tmp_path, capsys):
+    target = tiny_target("llama")
+    drafter = tiny_drafter(target, fold_config=FoldConfig(window=16, train_length=64))
+    drafter.save_pretrained(tmp_path / "drafter")
+    target.config.save_pretrained(tmp_path / "target")
+    weights = tmp_path / "drafter" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated download
+    assert main(["doctor", "--drafter", str(tmp_path / "drafter"), "--target-config", str(tmp_path / "target")]) == 1
+    out = capsys.readouterr().out
+    assert "ERROR  checkpoint" in out and "model.safetensors" in out
