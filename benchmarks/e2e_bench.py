@@ -13,6 +13,9 @@ the real pair; stated in the output). Rows, per context:
 * ``our_ar``           our AR step (graphs engine; ``our_ar_eager`` the eager engine)
 * ``our_sd_dflash`` / ``our_sd_fold``  our speculative round (fold: α, W from the flags)
 * ``floor``            (weights read per step + KV bytes at T) / copy bandwidth measured in this run
+* with ``--target-attention triton``: also ``our_sd_dflash[triton]``, ``our_sd_fold[triton]``, ``our_ar[triton]``,
+  the same rounds with the target's verify attention on the decode kernel (opt-in
+  ``fast_generate(..., target_attention="triton")``), timed in the same run as the default rows
 
 Writes ``e2e.csv`` (gpu, versions, date, row, context, p20/p50/p80 ms, peak GiB) and ``e2e.json`` (the rows and
 the headline ratios) under ``--out``.
@@ -21,8 +24,11 @@ the headline ratios) under ``--out``.
 tokens, τ, TPOT and speedups of our loop against HF AR and our AR, and checks that the fast loop's tokens and
 acceptance lengths equal the foundation loop's (``fold_hf.generate``).
 
+``--target-attention triton`` adds ``our_ar[triton]`` / ``our_<method>[triton]`` rows and token checks there too.
+
 Run from the repo root:  python benchmarks/e2e_bench.py --out $OUT        (about 4-5 minutes on an H200)
                          python benchmarks/e2e_bench.py --pair smollm2 --out $OUT   (about 2-3 minutes)
+                         add ``--target-attention triton`` to either (about 1.5x the time)
 """
 
 from __future__ import annotations
@@ -157,12 +163,24 @@ def hf_assisted_rounds(target, drafter, context: int, rounds: int) -> list[float
     return streamer.intervals(skip=1)
 
 
-def our_rounds(target, drafter, context: int, rounds: int, repeats: int, engine: str = "graphs") -> list[float]:
-    time_rounds(target, drafter, context, rounds, engine=engine)  # captures the graphs of this length
+def our_rounds(target, drafter, context: int, rounds: int, repeats: int, engine: str = "graphs",
+               target_attention: str = "bucket") -> list[float]:
+    kw = dict(engine=engine, target_attention=target_attention)
+    time_rounds(target, drafter, context, rounds, **kw)  # captures the graphs of this length
     seconds: list[float] = []
     for _ in range(repeats):
-        seconds += time_rounds(target, drafter, context, rounds, engine=engine).round_seconds[1:]
+        seconds += time_rounds(target, drafter, context, rounds, **kw).round_seconds[1:]
     return seconds
+
+
+def target_attentions(args) -> list[str]:
+    """The default bucket attention first, then each opt-in named by ``--target-attention``."""
+    extra = [a for a in (args.target_attention or "").split(",") if a and a != "bucket"]
+    return ["bucket"] + extra
+
+
+def suffix(attention: str) -> str:
+    return "" if attention == "bucket" else f"[{attention}]"
 
 
 def run_random8b(args) -> None:
@@ -194,12 +212,15 @@ def run_random8b(args) -> None:
         rows.append({"row": "floor", "context": context, "p20_ms": floor_s * 1e3, "p50_ms": floor_s * 1e3,
                      "p80_ms": floor_s * 1e3, "n": 1, "peak_gib": None})
         torch.cuda.reset_peak_memory_stats()
-        for mode, fold_config in modes.items():
-            drafter.set_fold_config(fold_config)
-            add(f"our_sd_{mode}", context, our_rounds(target, drafter, context, args.rounds, args.repeats))
-            dcache = drafter_cache_of(target)
-            cache_bytes.setdefault(str(context), {})[mode] = dcache.bytes_used() if dcache is not None else None
-        add("our_ar", context, our_rounds(target, None, context, args.rounds, args.repeats))
+        for attention in target_attentions(args):
+            for mode, fold_config in modes.items():
+                drafter.set_fold_config(fold_config)
+                add(f"our_sd_{mode}{suffix(attention)}", context,
+                    our_rounds(target, drafter, context, args.rounds, args.repeats, target_attention=attention))
+                dcache = drafter_cache_of(target)
+                cache_bytes.setdefault(str(context), {})[mode] = dcache.bytes_used() if dcache is not None else None
+            add(f"our_ar{suffix(attention)}", context,
+                our_rounds(target, None, context, args.rounds, args.repeats, target_attention=attention))
         if args.eager:
             add("our_ar_eager", context, our_rounds(target, None, context, args.rounds, 2, engine="eager"))
         release_fast_state(target)
@@ -220,10 +241,11 @@ def run_random8b(args) -> None:
         "paper_two_copy_layout_over_ours": two_copy_over_one,
         "tau_assumed": args.tau,
         "window": args.window, "alpha": args.alpha, "rounds": args.rounds, "repeats": args.repeats,
-    }, headline(rows, cache_bytes, args.tau))
+        "target_attentions": target_attentions(args),
+    }, headline(rows, cache_bytes, args.tau, target_attentions(args)))
 
 
-def headline(rows: list[dict], cache_bytes: dict, tau: float) -> dict:
+def headline(rows: list[dict], cache_bytes: dict, tau: float, attentions=("bucket",)) -> dict:
     def p50(name, context):
         for row in rows:
             if row["row"] == name and row["context"] == context and row["p50_ms"] is not None:
@@ -243,6 +265,16 @@ def headline(rows: list[dict], cache_bytes: dict, tau: float) -> dict:
         "fold_round_over_dflash_round_128k": ratio(p50("our_sd_fold", k128), p50("our_sd_dflash", k128)),
         "fold_cache_bytes_over_dflash_cache_bytes_128k": ratio(by_ctx.get("fold"), by_ctx.get("dflash")),
     }
+    for attention in attentions:
+        if attention == "bucket":
+            continue
+        tag = suffix(attention)
+        out[f"our_ar{tag}_step_over_floor_8b_32k"] = ratio(p50(f"our_ar{tag}", k32), p50("floor", k32))
+        out[f"sd_round{tag}_over_our_ar{tag}_step_8b_32k"] = ratio(p50(f"our_sd_fold{tag}", k32),
+                                                                  p50(f"our_ar{tag}", k32))
+        for context in sorted({r["context"] for r in rows}):
+            for row in ("our_ar", "our_sd_fold", "our_sd_dflash"):
+                out[f"{row}{tag}_over_{row}_{context}"] = ratio(p50(f"{row}{tag}", context), p50(row, context))
     for context in sorted({r["context"] for r in rows}):
         sd = p50("our_sd_fold", context)
         out[f"projected_speedup_fold_over_our_ar_at_tau_{tau}_{context}"] = ratio(
@@ -265,8 +297,9 @@ def run_smollm2(args) -> None:
     methods = {"dflash": FoldConfig(mode="dflash", window=own.window), "fold": own}
     rows, checks = [], []
 
-    def timed_fast(drafter_or_none, ids, cfg):
-        kw = dict(input_ids=ids, max_new_tokens=args.new_tokens, return_stats=True, eos_token_id=[])
+    def timed_fast(drafter_or_none, ids, cfg, attention="bucket"):
+        kw = dict(input_ids=ids, max_new_tokens=args.new_tokens, return_stats=True, eos_token_id=[],
+                  target_attention=attention)
         if cfg is not None:
             kw["fold_config"] = cfg
         fast_generate(target, drafter_or_none, **kw)  # captures the graphs of this length
@@ -283,6 +316,13 @@ def run_smollm2(args) -> None:
         our_ar = timed_fast(None, ids, None)
         checks.append({"request": req["id"], "method": "ar",
                        "same_tokens": torch.equal(our_ar.sequences, found_ar.sequences)})
+        for attention in target_attentions(args)[1:]:
+            tagged = timed_fast(None, ids, None, attention)
+            checks.append({"request": req["id"], "method": f"ar{suffix(attention)}",
+                           "same_tokens": torch.equal(tagged.sequences, found_ar.sequences)})
+            rows.append({"request": req["id"], "tier": req["tier"], "method": f"our_ar{suffix(attention)}",
+                         "tpot_ms": tagged.tpot_s * 1e3,
+                         "speedup_vs_our_ar": our_ar.tpot_s / tagged.tpot_s if tagged.tpot_s else None})
         rows.append({"request": req["id"], "tier": req["tier"], "method": "hf_ar", "tpot_ms": hf_tpot * 1e3})
         rows.append({"request": req["id"], "tier": req["tier"], "method": "foundation_ar",
                      "tpot_ms": found_ar.tpot_s * 1e3})
@@ -301,6 +341,15 @@ def run_smollm2(args) -> None:
                          "tpot_ms": ours.tpot_s * 1e3, "tau": ours.tau,
                          "speedup_vs_hf_ar": hf_tpot / ours.tpot_s if ours.tpot_s else None,
                          "speedup_vs_our_ar": our_ar.tpot_s / ours.tpot_s if ours.tpot_s else None})
+            for attention in target_attentions(args)[1:]:
+                tagged = timed_fast(drafter, ids, cfg, attention)
+                checks.append({"request": req["id"], "method": f"{name}{suffix(attention)}",
+                               "same_tokens": torch.equal(tagged.sequences, found.sequences),
+                               "same_tau": tagged.acceptance_lengths == found.acceptance_lengths})
+                rows.append({"request": req["id"], "tier": req["tier"], "method": f"our_{name}{suffix(attention)}",
+                             "tpot_ms": tagged.tpot_s * 1e3, "tau": tagged.tau,
+                             "speedup_vs_hf_ar": hf_tpot / tagged.tpot_s if tagged.tpot_s else None,
+                             "speedup_vs_our_ar": our_ar.tpot_s / tagged.tpot_s if tagged.tpot_s else None})
         log(f"{req['id']}: " + ", ".join(f"{r['method']} {r['tpot_ms']:.2f}ms" for r in rows
                                           if r["request"] == req["id"]))
     summary = {}
@@ -354,6 +403,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hf-assisted-contexts", default="8192", help="contexts of the HF assisted row ('' = none)")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--eager", action="store_true", help="also time our eager engine's AR step")
+    parser.add_argument("--target-attention", default="", choices=("", "bucket", "triton"),
+                        help="also time (and, for smollm2, check) our rows with this target verify attention; "
+                             "rows get the suffix [name]")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--alpha", type=float, default=2.0)
     parser.add_argument("--tau", type=float, default=3.0, help="τ of the real pair, for projected speedups")

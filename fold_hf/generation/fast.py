@@ -21,6 +21,12 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
               ``fold``/``window``/``dflash``, with a window-only variant until the context exceeds W; otherwise
               the drafter runs eagerly. Default on CUDA.
 
+* ``target_attention`` (opt-in, static and graphs engines): ``"bucket"`` (default) attends over the length
+  bucket with two matmuls and a masked fp32 softmax; ``"triton"`` runs the verify step's attention through the
+  decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its torch twin off CUDA), which
+  reads the lengths from the device state. The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the
+  default. The eager engine always uses SDPA over the exact prefix.
+
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
 
@@ -34,6 +40,7 @@ once) and rebuilt when a request needs more room; :func:`release_fast_state` fre
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -56,6 +63,7 @@ from .static_drafter import (
 from .static_target import (
     PREFILL_CHUNK,
     SUPPORTED_ARCHITECTURES,
+    TARGET_ATTENTIONS,
     StaticTarget,
     UnsupportedTarget,
     bucket_length,
@@ -70,6 +78,15 @@ CAPACITY_ROUNDING = 256
 
 # state vector slots (long, on device)
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
+
+
+def resolve_target_attention(target_attention: str | None) -> str:
+    """``target_attention``, else ``$FOLD_HF_TARGET_ATTENTION``, else ``"bucket"``; raises on unknown names."""
+    if target_attention is None:
+        target_attention = os.environ.get("FOLD_HF_TARGET_ATTENTION") or "bucket"
+    if target_attention not in TARGET_ATTENTIONS:
+        raise ValueError(f"target_attention must be one of {TARGET_ATTENTIONS}, got {target_attention!r}")
+    return target_attention
 
 
 def release_fast_state(target) -> None:
@@ -224,6 +241,7 @@ def fast_generate(
     return_stats: bool = False,
     engine: str | None = None,
     prefill_chunk: int = PREFILL_CHUNK,
+    target_attention: str | None = None,
 ):
     """Greedy speculative decoding of ``target`` with ``drafter`` (AR when None) on the fast machinery.
 
@@ -233,6 +251,8 @@ def fast_generate(
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (module docstring); default ``graphs`` on CUDA,
             ``eager`` otherwise.
         prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
+        target_attention: the verify step's attention in the static and graphs engines, ``"bucket"`` or
+            ``"triton"`` (module docstring); default ``$FOLD_HF_TARGET_ATTENTION`` or ``"bucket"``.
 
     Returns:
         ``[1, P + N]`` sequences, or a :class:`GenerationResult` with ``return_stats=True``.
@@ -262,6 +282,7 @@ def fast_generate(
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "graphs" and device.type != "cuda":
         raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
+    target_attention = resolve_target_attention(target_attention)
     if drafter is not None:
         drafter.bind_target(target)
     previous_config = None
@@ -277,14 +298,14 @@ def fast_generate(
         session = _session(target, capacity, taps, engine)
         out = _Output(_eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer)
         return _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, return_stats,
-                       prefill_chunk)
+                       prefill_chunk, target_attention)
     finally:
         if previous_config is not None:
             drafter.set_fold_config(previous_config)
 
 
 def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, return_stats: bool,
-            prefill_chunk: int):
+            prefill_chunk: int, target_attention: str = "bucket"):
     runner = session.runner
     device = session.device
     prompt_len = input_ids.shape[1]
@@ -306,7 +327,7 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
     if session.engine == "eager":
         _eager_rounds(session, drafter, dcache, last, prompt_len, budget, out)
     else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out)
+        _static_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out, target_attention)
     end = _clock(device)
     if out.streamer is not None:
         out.streamer.end()
@@ -351,7 +372,7 @@ def _eager_rounds(session: _Session, drafter, dcache, last, position: int, budge
 
 
 def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, position: int, budget: int,
-                   out: _Output) -> None:
+                   out: _Output, target_attention: str = "bucket") -> None:
     """Device-length rounds (engines ``static`` and ``graphs``); one host read per round."""
     runner = session.runner
     block = drafter.block_size if drafter is not None else 1
@@ -372,7 +393,8 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
         def run():
             ids[:, :1] = state[_LAST : _LAST + 1].view(1, 1)
             positions = state[_T_LEN : _T_LEN + 1] + offsets
-            logits = runner.forward_static(ids, positions, bucket, taps_out=taps if with_taps else None)
+            logits = runner.forward_static(ids, positions, bucket, taps_out=taps if with_taps else None,
+                                           attention=target_attention)
             posterior = logits.argmax(-1)  # [B]
             drafts = ids[0, 1:]
             matched = (drafts == posterior[:-1]).long().cumprod(0).sum()
@@ -406,7 +428,8 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
                 ids[0, 1:] = logits[0].argmax(-1)
                 pending = None
         bucket = bucket_length(position + block, runner.capacity)
-        next_state, result = session.step(("verify", block, bucket, with_taps), verify(bucket)).replay()
+        key = ("verify", block, bucket, with_taps, target_attention)
+        next_state, result = session.step(key, verify(bucket)).replay()
         state.copy_(next_state)
         values = result.tolist()  # the round's one device-to-host read
         n = values[0]
@@ -425,15 +448,17 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
 
 @torch.no_grad()
 def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds: int, engine: str = "graphs",
-                first_token: int = 0) -> GenerationResult:
+                first_token: int = 0, target_attention: str | None = None) -> GenerationResult:
     """Benchmark entry: decode ``rounds`` rounds as if a ``context_length``-token prompt had been prefilled.
 
     No prefill runs: the target and drafter caches simply hold ``context_length`` entries (whatever the buffers
     contain, zeros when fresh), so per-round cost at long contexts can be timed in seconds. Timing is
     value-independent; tokens are meaningless. Every round commits at least one token, so at most ``rounds``
     rounds run (fewer only if drafts get accepted). ``decode_s`` covers the rounds only;
-    the result also carries ``round_seconds``, the wall time of each round.
+    the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` as in
+    :func:`fast_generate`.
     """
+    target_attention = resolve_target_attention(target_attention)
     block = drafter.block_size if drafter is not None else 1
     budget = rounds + 1
     taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
@@ -452,7 +477,8 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     if engine == "eager":
         _eager_rounds(session, drafter, dcache, last, context_length, budget, out)
     else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out)
+        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out,
+                       target_attention)
     end = _clock(session.device)
     sequences = torch.tensor([out.tokens], device=session.device)
     result = GenerationResult(sequences=sequences, acceptance_lengths=out.acceptance, decode_s=end - start,

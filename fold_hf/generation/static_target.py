@@ -17,6 +17,10 @@ model's; only the cache and the attention are ours:
     tensor; attention reads a fixed *bucket* of the cache ``[0, S)`` with a mask built on device from the
     positions. Buckets grow with the context (length dispatch) so a short context does not pay for the whole
     capacity. The query heads of one KV head are stacked as rows, so GQA reads each KV head once.
+    Opt-in ``attention="triton"``: a split-context decode kernel
+    (:func:`fold_hf.kernels.triton_fold.decode_attention_triton`; its torch twin off CUDA) reads the cache
+    prefix ``[0, start)`` up to a length it loads from the device, plus the block's own keys causally, so no
+    ``[Hkv, G * L, S]`` fp32 score tensor is written; the bucket then only sizes the kernel's splits.
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.generation.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 
@@ -38,6 +42,7 @@ from .taps import _unwrap
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 PREFILL_CHUNK = 8192
+TARGET_ATTENTIONS = ("bucket", "triton")
 
 
 class UnsupportedTarget(ValueError):
@@ -121,6 +126,7 @@ class StaticTarget:
             cos, sin = self.decoder.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0], sin[0]  # [capacity, D]
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
+        self._decode_attention = None  # resolved on first use of attention="triton"
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -236,7 +242,7 @@ class StaticTarget:
     # ------------------------------------------------------------------ device-length forward
     @torch.no_grad()
     def forward_static(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
-                       taps_out: torch.Tensor | None = None) -> torch.Tensor:
+                       taps_out: torch.Tensor | None = None, attention: str = "bucket") -> torch.Tensor:
         """CUDA-graph-friendly forward: nothing here reads a device value on the host.
 
         Args:
@@ -245,12 +251,19 @@ class StaticTarget:
             bucket: S, keys read by the attention (static; ``positions[-1] < S <= capacity``); keys past each
                 query's position are masked.
             taps_out: ``[1, L, n_taps * H]`` buffer for the tapped features, or None.
+            attention: ``"bucket"`` (two matmuls over the bucket with a masked fp32 softmax) or ``"triton"``
+                (the decode kernel over the prefix ``[0, positions[0])`` plus the block; its torch twin when the
+                kernel cannot run here). Both give the causal attention of the block.
 
         Returns:
             logits ``[L, V]``.
         """
+        if attention not in TARGET_ATTENTIONS:
+            raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
         L = input_ids.shape[1]
         cos, sin = self.cos[positions], self.sin[positions]
+        if attention == "triton":
+            return self._forward_static_decode(input_ids, positions, bucket, cos, sin, taps_out)
         group = self.num_heads // self.num_kv_heads
         key_index = torch.arange(bucket, device=positions.device)
         visible = (key_index[None, :] <= positions[:, None]).repeat(group, 1)  # rows ordered (head in group, query)
@@ -268,5 +281,29 @@ class StaticTarget:
             scores = scores.masked_fill(hidden_keys, -math.inf)
             probs = scores.softmax(-1).to(values.dtype)
             return torch.matmul(probs, values).reshape(1, self.num_heads, L, self.head_dim)
+
+        return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
+
+    def _forward_static_decode(self, input_ids, positions, bucket: int, cos, sin, taps_out) -> torch.Tensor:
+        """``forward_static`` with the decode kernel: the new entries go into the cache as usual, and the kernel
+        reads the cache before the block (length ``positions[0]``, loaded on the device) and the block itself."""
+        if self._decode_attention is None:
+            from ..kernels import default_decode_attention
+
+            self._decode_attention = default_decode_attention(self.device)
+        decode = self._decode_attention
+        context_length = positions[:1].to(torch.int32)
+        block_kv = {}
+
+        def write_kv(i, k, v):
+            self.keys[i].index_copy_(2, positions, k)
+            self.values[i].index_copy_(2, positions, v)
+            block_kv[i] = (k, v)
+
+        def attend(i, q):
+            k, v = block_kv.pop(i)
+            out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
+                         max_context_length=bucket)  # [1, L, Hq, D]
+            return out.transpose(1, 2)
 
         return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)

@@ -17,7 +17,7 @@ import torch
 from ..import_utils import is_triton_available
 from ..modeling.read_plan import LayerRead
 from .read_inputs import kernel_supports, read_kernel_inputs
-from .reference import fold_attention_reference, fold_read_geometry_reference
+from .reference import decode_attention_reference, fold_attention_reference, fold_read_geometry_reference
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -54,5 +54,20 @@ def fold_attention(
                                     context_keys_rotated=context_keys_rotated)
 
 
-__all__ = ["fold_attention", "fold_attention_reference", "fold_read_geometry_reference", "read_kernel_inputs",
-           "triton_read_applies"]
+def default_decode_attention(device: torch.device):
+    """The target's verify attention for the opt-in ``target_attention="triton"`` on ``device``: the Triton
+    kernel (:func:`~fold_hf.kernels.triton_fold.decode_attention_triton`) on CUDA when it imports, else its
+    pure-torch twin :func:`~fold_hf.kernels.reference.decode_attention_reference` (same signature)."""
+    use_kernel = torch.device(device).type == "cuda" and os.environ.get("FOLD_HF_DISABLE_TRITON") != "1"
+    if use_kernel and is_triton_available():
+        try:
+            from .triton_fold import decode_attention_triton
+        except ImportError:
+            pass
+        else:
+            return decode_attention_triton
+    return decode_attention_reference
+
+
+__all__ = ["decode_attention_reference", "default_decode_attention", "fold_attention", "fold_attention_reference",
+           "fold_read_geometry_reference", "read_kernel_inputs", "triton_read_applies"]

@@ -199,3 +199,56 @@ def fold_read_geometry_reference(
         w_far = torch.where(has_far, torch.sigmoid(log_mass_far - lse_near), torch.zeros_like(lse_near))
         out = out + w_far[..., None] * (torch.nan_to_num(o_far) - out)
     return out.reshape(Hq, Lq, -1).transpose(0, 1)[None].to(query_near.dtype)
+
+
+def decode_attention_reference(
+    query: torch.Tensor,
+    context_keys: torch.Tensor,
+    context_values: torch.Tensor,
+    block_keys: torch.Tensor,
+    block_values: torch.Tensor,
+    context_length,
+    scaling: float = 1.0,
+    num_splits: int | None = None,
+    max_context_length: int | None = None,
+) -> torch.Tensor:
+    """The contract of :func:`fold_hf.kernels.triton_fold.decode_attention_triton` in plain torch.
+
+    Causal attention of a block of ``L`` rotated queries at positions ``T .. T + L - 1`` over the cache prefix
+    ``[0, T)`` followed by the block itself (row ``r`` sees block keys ``0 .. r``). A tensor length is read
+    on the device (the cache is masked, never sliced), so the static engine runs it without a host sync.
+
+    Args:
+        query: ``[1, Hq, L, Dh]`` rotated queries.
+        context_keys: ``[1, Hkv, capacity, Dh]`` rotated keys; entries ``>= context_length`` are ignored.
+        context_values: ``[1, Hkv, capacity, Dv]``.
+        block_keys: ``[1, Hkv, L, Dh]`` rotated block keys; block_values ``[1, Hkv, L, Dv]``.
+        context_length: T, an int or a one-element integer tensor.
+        scaling: logit scale.
+        num_splits, max_context_length: ignored (kernel tuning); with an int ``context_length`` only the
+            prefix ``[0, T)`` is read.
+
+    Returns:
+        ``[1, L, Hq, Dv]`` in ``query.dtype``.
+    """
+    del num_splits, max_context_length
+    _, Hq, L, Dh = query.shape
+    Hkv = context_keys.shape[1]
+    G = Hq // Hkv
+    acc = compute_dtype(query.dtype)
+    device = query.device
+    if isinstance(context_length, torch.Tensor):
+        keys, values = context_keys[0], context_values[0]
+        valid = torch.arange(keys.shape[1], device=device) < context_length.reshape(-1)[:1].to(device)
+    else:
+        keys, values = context_keys[0, :, : int(context_length)], context_values[0, :, : int(context_length)]
+        valid = torch.ones(keys.shape[1], dtype=torch.bool, device=device)
+    q = query.to(acc).reshape(Hkv, G, L, Dh) * scaling
+    s_ctx = torch.matmul(q, keys.to(acc)[:, None].transpose(-1, -2)).masked_fill(~valid, -math.inf)
+    s_blk = torch.matmul(q, block_keys[0].to(acc)[:, None].transpose(-1, -2))
+    causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    s_blk = s_blk.masked_fill(~causal, -math.inf)
+    probs = torch.softmax(torch.cat((s_ctx, s_blk), dim=-1), dim=-1)
+    all_values = torch.cat((values, block_values[0]), dim=1).to(acc)  # [Hkv, T + L, Dv]
+    out = torch.matmul(probs, all_values[:, None])  # [Hkv, G, L, Dv]
+    return out.reshape(Hq, L, -1).transpose(0, 1)[None].to(query.dtype)

@@ -18,6 +18,10 @@ Layout of the work:
 * a second kernel merges the splits of each row in log space and then merges the two branches by mass:
   ``o = o_N + sigmoid(log Z_F - lse_N) (o_F - o_N)``.
 
+The same split kernel with ``KEYS_PREROTATED`` and ``BLOCK_CAUSAL`` (no window, no far branch) is the target's
+verify attention (:func:`decode_attention_triton`): the cache holds rotated keys, so each tile is one dot, and
+block row ``r`` sees the block keys ``c <= r``.
+
 Logits live in base 2 inside the kernels (``exp2``); everything accumulates in fp32.
 """
 
@@ -60,6 +64,7 @@ def _fold_split_kernel(
     stride_kh, stride_kn, stride_vh, stride_vn, stride_bkh, stride_bkn, stride_bvh, stride_bvn, stride_cos,
     num_rows, Lq, G, head_dim, value_dim, half_rotary, chunk, num_splits, near_log2_scale, far_log2_scale,
     LEN_FROM_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr,
+    KEYS_PREROTATED: tl.constexpr, BLOCK_CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, HAS_REST: tl.constexpr,
     MIXED_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -140,11 +145,15 @@ def _fold_split_kernel(
     offs_x = tl.arange(0, BLOCK_X)
     rest_dim = head_dim - 2 * half_rotary
     x_ok = offs_x < rest_dim
-    qn1 = tl.load(QN + q_off[:, None] + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
-    qn2 = tl.load(QN + q_off[:, None] + half_rotary + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :],
-                  other=0.0)
-    qn3 = tl.load(QN + q_off[:, None] + 2 * half_rotary + offs_x[None, :], mask=row_ok[:, None] & x_ok[None, :],
-                  other=0.0)
+    if KEYS_PREROTATED:
+        # the cache holds keys rotated at their positions (a target's cache): one dot over all channels
+        q_whole = tl.load(QN + q_off[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+    else:
+        qn1 = tl.load(QN + q_off[:, None] + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+        qn2 = tl.load(QN + q_off[:, None] + half_rotary + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :],
+                      other=0.0)
+        qn3 = tl.load(QN + q_off[:, None] + 2 * half_rotary + offs_x[None, :],
+                      mask=row_ok[:, None] & x_ok[None, :], other=0.0)
     if HAS_FAR:
         qf1 = tl.load(QF + q_off[:, None] + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
         qf2 = tl.load(QF + q_off[:, None] + half_rotary + offs_h[None, :], mask=row_ok[:, None] & h_ok[None, :],
@@ -155,22 +164,29 @@ def _fold_split_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         rows_n = offs_n[:, None].to(tl.int64)
-        h_mask = n_ok[:, None] & h_ok[None, :]
-        x1 = tl.load(k_base + rows_n * stride_kn + offs_h[None, :], mask=h_mask, other=0.0)
-        x2 = tl.load(k_base + rows_n * stride_kn + half_rotary + offs_h[None, :], mask=h_mask, other=0.0)
-        v = tl.load(v_base + rows_n * stride_vn + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        cos = tl.load(COS + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
-        sin = tl.load(SIN + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
-        x1f = x1.to(tl.float32)
-        x2f = x2.to(tl.float32)
-        r1 = (x1f * cos - x2f * sin).to(dtype)
-        r2 = (x2f * cos + x1f * sin).to(dtype)
-        s = tl.dot(qn1, tl.trans(r1), input_precision=DOT_PRECISION)
-        s = tl.dot(qn2, tl.trans(r2), acc=s, input_precision=DOT_PRECISION)
-        if HAS_REST:
-            x3 = tl.load(k_base + rows_n * stride_kn + 2 * half_rotary + offs_x[None, :],
-                         mask=n_ok[:, None] & x_ok[None, :], other=0.0)
-            s = tl.dot(qn3, tl.trans(x3), acc=s, input_precision=DOT_PRECISION)
+        if KEYS_PREROTATED:
+            k = tl.load(k_base + rows_n * stride_kn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(v_base + rows_n * stride_vn + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :],
+                        other=0.0)
+            s = tl.dot(q_whole, tl.trans(k), input_precision=DOT_PRECISION)
+        else:
+            h_mask = n_ok[:, None] & h_ok[None, :]
+            x1 = tl.load(k_base + rows_n * stride_kn + offs_h[None, :], mask=h_mask, other=0.0)
+            x2 = tl.load(k_base + rows_n * stride_kn + half_rotary + offs_h[None, :], mask=h_mask, other=0.0)
+            v = tl.load(v_base + rows_n * stride_vn + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :],
+                        other=0.0)
+            cos = tl.load(COS + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
+            sin = tl.load(SIN + rows_n * stride_cos + offs_h[None, :], mask=h_mask, other=0.0)
+            x1f = x1.to(tl.float32)
+            x2f = x2.to(tl.float32)
+            r1 = (x1f * cos - x2f * sin).to(dtype)
+            r2 = (x2f * cos + x1f * sin).to(dtype)
+            s = tl.dot(qn1, tl.trans(r1), input_precision=DOT_PRECISION)
+            s = tl.dot(qn2, tl.trans(r2), acc=s, input_precision=DOT_PRECISION)
+            if HAS_REST:
+                x3 = tl.load(k_base + rows_n * stride_kn + 2 * half_rotary + offs_x[None, :],
+                             mask=n_ok[:, None] & x_ok[None, :], other=0.0)
+                s = tl.dot(qn3, tl.trans(x3), acc=s, input_precision=DOT_PRECISION)
         in_window = n_ok[None, :] & (offs_n[None, :] >= window_start[:, None])
         m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s * near_log2_scale, v, in_window, False, DOT_PRECISION)
         if HAS_FAR:
@@ -193,7 +209,11 @@ def _fold_split_kernel(
                      mask=l_ok[:, None] & dv_ok[None, :], other=0.0)
         q_near = tl.load(QN + q_off[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
         s = tl.dot(q_near, tl.trans(bk), input_precision=DOT_PRECISION) * near_log2_scale
-        m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s, bv, l_ok[None, :], False, DOT_PRECISION)
+        if BLOCK_CAUSAL:
+            block_visible = l_ok[None, :] & (offs_l[None, :] <= r[:, None])
+        else:
+            block_visible = l_ok[None, :]
+        m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s, bv, block_visible, False, DOT_PRECISION)
 
     # partials: [branch, Hkv, splits, rows(, Dv)]
     part = (head * num_splits + split).to(tl.int64) * num_rows + offs_m
@@ -416,6 +436,7 @@ def fold_read_triton(
         block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), cos.stride(0),
         num_rows, Lq, G, Dh, Dv, half_rotary, chunk, num_splits, LOG2E, far_log2_scale,
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=window is not None, HAS_FAR=has_far, FAR_HARD=far_hard,
+        KEYS_PREROTATED=False, BLOCK_CAUSAL=False,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
         BLOCK_H=_next_pow2(half_rotary), BLOCK_X=_next_pow2(Dh - 2 * half_rotary), HAS_REST=Dh > 2 * half_rotary,
         # the window loop is never software-pipelined: on the H200 (Triton 3.6) pipelining it with its conditional
@@ -426,6 +447,126 @@ def fold_read_triton(
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
         HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8, BLOCK_DV=BLOCK_DV,
+        num_warps=4,
+    )
+    return out
+
+
+def decode_attention_triton(
+    query: torch.Tensor,
+    context_keys: torch.Tensor,
+    context_values: torch.Tensor,
+    block_keys: torch.Tensor,
+    block_values: torch.Tensor,
+    context_length,
+    scaling: float = 1.0,
+    num_splits: int | None = None,
+    max_context_length: int | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of a target's verify step (AR: ``L = 1``; speculative: one block of ``L``) in two launches.
+
+    The split kernel of :func:`fold_read_triton` with ``KEYS_PREROTATED`` (the cache holds keys rotated at their
+    positions, as a target's cache does: one dot per tile, no rope tables) and ``BLOCK_CAUSAL`` (block row ``r``
+    sees block keys ``c <= r``); no window, no far branch. Row ``r`` of the block sits at position
+    ``context_length + r`` and reads cache entries ``[0, context_length)`` and block keys ``0 .. r``.
+
+    Args:
+        query: ``[1, Hq, L, Dh]`` queries, already rotated; bf16, fp16 or fp32.
+        context_keys: ``[1, Hkv, capacity, Dh]`` cache buffer of rotated keys; entries ``>= context_length``
+            are never read (the block's own entries may already sit there: they are read from the block).
+        context_values: ``[1, Hkv, capacity, Dv]``.
+        block_keys: ``[1, Hkv, L, Dh]`` the block's keys, rotated; block_values ``[1, Hkv, L, Dv]``.
+        context_length: entries of the cache before the block, an int or an int32/long CUDA tensor ``[1]``
+            (read on the device: no host sync, so the call can be captured in a CUDA graph).
+        scaling: logit scale, folded into the kernel's base-2 scale (no extra pass over the query).
+        num_splits: context splits (default: about two programs per SM over the span below).
+        max_context_length: static bound on ``context_length`` when it is a tensor, used to size the splits
+            (default ``capacity``; a graph per length bucket passes the bucket so splits stay balanced).
+        block_m, block_n, num_warps, num_stages: tuning overrides. The key loop has no data-dependent branch
+            around a dot here (no far branch), so it is software-pipelined with ``num_stages`` (default 3).
+
+    Returns:
+        ``[1, L, Hq, Dv]`` in ``query.dtype``.
+    """
+    b, Hq, Lq, Dh = query.shape
+    _, Hkv, capacity, _ = context_keys.shape
+    Dv = context_values.shape[-1]
+    if b != 1 or context_keys.shape[0] != 1:
+        raise ValueError("decode_attention_triton reads batch 1")
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv})")
+    if query.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"unsupported dtype {query.dtype}")
+    G = Hq // Hkv
+    device, dtype = query.device, query.dtype
+    query = query.contiguous()
+
+    def inner_contiguous(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(dtype)
+        return x if x.stride(-1) == 1 else x.contiguous()
+
+    context_keys, context_values = inner_contiguous(context_keys), inner_contiguous(context_values)
+    block_keys, block_values = inner_contiguous(block_keys), inner_contiguous(block_values)
+
+    len_from_ptr = isinstance(context_length, torch.Tensor)
+    if len_from_ptr:
+        ctx_ptr = context_length.reshape(-1)[:1]
+        if ctx_ptr.dtype != torch.int32:
+            ctx_ptr = ctx_ptr.to(torch.int32)
+        ctx_value = 0
+        span = capacity if max_context_length is None else min(int(max_context_length), capacity)
+    else:
+        ctx_value = int(context_length)
+        if ctx_value > capacity:
+            raise ValueError(f"context_length {ctx_value} exceeds the buffer's {capacity} entries")
+        ctx_ptr = query  # unused
+        span = ctx_value
+
+    num_rows = G * Lq
+    BLOCK_M = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
+    BLOCK_D = _next_pow2(Dh)
+    BLOCK_DV = _next_pow2(Dv)
+    if block_n is None:
+        block_n = 64 if max(BLOCK_D, BLOCK_DV) <= 128 else 32
+    if num_warps is None:
+        num_warps = 4 if BLOCK_M * max(BLOCK_D, BLOCK_DV) <= 64 * 64 else 8
+    if num_stages is None:
+        num_stages = 3 if device.type == "cuda" else 1
+    if num_splits is None:
+        num_splits = default_num_splits(span, Hkv, block_n, device)
+    num_splits = max(1, int(num_splits))
+    chunk = -(-max(span, 1) // num_splits)
+    chunk = -(-chunk // block_n) * block_n
+    row_blocks = -(-num_rows // BLOCK_M)
+    dot_precision = "ieee" if dtype == torch.float32 else "tf32"
+
+    part_m = torch.empty(1, Hkv, num_splits, num_rows, device=device, dtype=torch.float32)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(1, Hkv, num_splits, num_rows, Dv, device=device, dtype=torch.float32)
+    out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
+
+    _fold_split_kernel[(row_blocks, Hkv, num_splits)](
+        query, query, context_keys, context_values, block_keys, block_values, query, query,
+        ctx_ptr, ctx_value, ctx_ptr, ctx_value, 0,
+        part_m, part_l, part_acc,
+        context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
+        block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), 0,
+        num_rows, Lq, G, Dh, Dv, 0, chunk, num_splits, float(scaling) * LOG2E, LOG2E,
+        LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=False, HAS_FAR=False, FAR_HARD=False,
+        KEYS_PREROTATED=True, BLOCK_CAUSAL=True, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=_next_pow2(Lq),
+        BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, BLOCK_H=16, BLOCK_X=16, HAS_REST=False,
+        # no far branch: the key loop holds no data-dependent branch, so pipelining it is safe
+        MIXED_STAGES=num_stages, DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
+    )
+    _fold_merge_kernel[(Hkv, num_rows)](
+        part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
+        num_rows, Lq, G, Dv, num_splits, 1.0,
+        HAS_FAR=False, FAR_HARD=False, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8, BLOCK_DV=BLOCK_DV,
         num_warps=4,
     )
     return out

@@ -1,0 +1,246 @@
+"""The target's verify attention (opt-in ``target_attention="triton"``): the decode kernel
+``decode_attention_triton`` and its torch twin compute causal attention over the cache prefix plus the block, and
+the fast loop using them gives the same tokens and acceptance lengths as the default bucket attention.
+
+* CPU (runs in CI): the twin against plain causal SDPA over the concatenated keys; the static engine with the
+  opt-in (which runs the twin off CUDA) is lossless against HF greedy on tiny models.
+* Triton interpreter (``TRITON_INTERPRET=1``, Triton installed, no CUDA): the kernel against the twin.
+* GPU (``@pytest.mark.gpu``): the kernel over odd shapes and long contexts, in a CUDA graph with new lengths,
+  and the graphs engine with the opt-in against the default path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fold_hf
+from fold_hf import FoldConfig
+from fold_hf.generation import fast_generate
+from fold_hf.kernels import decode_attention_reference
+from tiny import MASK_ID, greedy_reference, trained_pair
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def decode_inputs(T, L, Hq, Hkv, head_dim, dtype, device="cpu", capacity=None, seed=0):
+    """Random rotated query ``[1, Hq, L, Dh]``, cache buffers ``[1, Hkv, capacity, Dh]`` (garbage past ``T``)
+    and block keys/values ``[1, Hkv, L, Dh]``."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    capacity = capacity or T + L
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    return dict(query=rand(1, Hq, L, head_dim), context_keys=rand(1, Hkv, capacity, head_dim),
+                context_values=rand(1, Hkv, capacity, head_dim), block_keys=rand(1, Hkv, L, head_dim),
+                block_values=rand(1, Hkv, L, head_dim))
+
+
+def sdpa_over_concatenation(inputs: dict, T: int, scaling: float) -> torch.Tensor:
+    """Plain causal SDPA of the block over ``cache[:T] ++ block``: ``[1, L, Hq, Dv]``."""
+    q = inputs["query"].double()
+    keys = torch.cat((inputs["context_keys"][:, :, :T], inputs["block_keys"]), dim=2).double()
+    values = torch.cat((inputs["context_values"][:, :, :T], inputs["block_values"]), dim=2).double()
+    L = q.shape[2]
+    visible = torch.ones(L, T + L, dtype=torch.bool).tril(diagonal=T)  # row r sees keys < T + r + 1
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------------------------------- CPU (CI)
+@pytest.mark.parametrize("L", [1, 3, 10, 16])
+@pytest.mark.parametrize("T", [0, 1, 63, 500])
+@pytest.mark.parametrize("Hq, Hkv", [(8, 2), (4, 4)])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_twin_is_causal_attention_over_prefix_and_block(L, T, Hq, Hkv, as_tensor):
+    inputs = decode_inputs(T, L, Hq, Hkv, 16, torch.float64, capacity=T + L + 7, seed=T + L)
+    length = torch.tensor([T], dtype=torch.int32) if as_tensor else T
+    got = decode_attention_reference(**inputs, context_length=length, scaling=0.3)
+    assert got.shape == (1, L, Hq, 16) and got.dtype == torch.float64
+    assert rel_err(got, sdpa_over_concatenation(inputs, T, 0.3)) < 1e-12
+
+
+def test_twin_ignores_cache_entries_past_the_length():
+    inputs = decode_inputs(50, 4, 4, 2, 16, torch.float32, capacity=80)
+    expected = decode_attention_reference(**inputs, context_length=50, scaling=0.25)
+    inputs["context_keys"][:, :, 50:] = float("nan")
+    inputs["context_values"][:, :, 50:] = 1e6
+    got = decode_attention_reference(**inputs, context_length=torch.tensor([50]), scaling=0.25)
+    torch.testing.assert_close(got, expected)
+
+
+def mode_config(mode: str) -> FoldConfig:
+    return FoldConfig(mode=mode, window=16, alpha=2.0, train_length=64)
+
+
+def prompt(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(3000 + seed))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_static_engine_with_the_opt_in_is_lossless(arch):
+    target, drafter = trained_pair(arch)
+    rounds = []
+    for seed, length in enumerate([10, 300]):
+        ids = prompt(seed, length)
+        expected = greedy_reference(target, ids, 40)
+        ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine="static", target_attention="triton")
+        assert torch.equal(ar, expected), (arch, length)
+        ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
+                               fold_config=mode_config("fold"))
+        res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True, engine="static",
+                            fold_config=mode_config("fold"), target_attention="triton")
+        assert torch.equal(res.sequences, expected), (arch, length)
+        assert res.acceptance_lengths == ref.acceptance_lengths, (arch, length)
+        rounds += res.acceptance_lengths
+    assert max(rounds) >= 2 and min(rounds) == 1, rounds  # multi-token rounds and rollbacks both happened
+
+
+def test_target_attention_comes_from_the_environment_and_is_checked(monkeypatch):
+    target, _ = trained_pair("llama")
+    ids = prompt(5, 20)
+    expected = greedy_reference(target, ids, 8)
+    monkeypatch.setenv("FOLD_HF_TARGET_ATTENTION", "triton")
+    assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=8, engine="static"), expected)
+    monkeypatch.setenv("FOLD_HF_TARGET_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="target_attention"):
+        fast_generate(target, None, input_ids=ids, max_new_tokens=8, engine="static")
+    with pytest.raises(ValueError, match="target_attention"):
+        fast_generate(target, None, input_ids=ids, max_new_tokens=8, engine="static", target_attention="sdpa")
+
+
+# ---------------------------------------------------------------------------------------------------- kernel
+def kernel_vs_twin(T, L, Hq, Hkv, head_dim, dtype, device, capacity=None, as_tensor=False, num_splits=None,
+                   max_context_length=None, seed=0):
+    from fold_hf.kernels.triton_fold import decode_attention_triton
+
+    inputs = decode_inputs(T, L, Hq, Hkv, head_dim, dtype, device=device, capacity=capacity, seed=seed)
+    scaling = head_dim**-0.5
+    oracle = decode_attention_reference(**{k: v.double() for k, v in inputs.items()}, context_length=T,
+                                        scaling=scaling)
+    length = torch.tensor([T], dtype=torch.int32, device=device) if as_tensor else T
+    out = decode_attention_triton(**inputs, context_length=length, scaling=scaling, num_splits=num_splits,
+                                  max_context_length=max_context_length)
+    assert out.shape == (1, L, Hq, head_dim) and out.dtype == dtype
+    return out, oracle
+
+
+@pytest.fixture
+def interpreter():
+    if not HAS_TRITON:
+        pytest.skip("Triton is not installed (the kernel tests run on the GPU machine or under TRITON_INTERPRET=1)")
+    if HAS_CUDA:
+        pytest.skip("CUDA is present: the GPU tests cover the kernel")
+    if not INTERPRETING:
+        pytest.skip("set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter on the CPU")
+    from test_triton_kernel import _patch_interpreter_scalar_index
+
+    _patch_interpreter_scalar_index()
+
+
+# the interpreter has no bf16 dot, so it checks fp32 and fp16
+INTERPRETER_CASES = [
+    dict(T=0, L=3, Hq=4, Hkv=2, head_dim=16),
+    dict(T=1, L=1, Hq=4, Hkv=1, head_dim=16),
+    dict(T=63, L=10, Hq=8, Hkv=2, head_dim=32, num_splits=3),
+    dict(T=150, L=16, Hq=2, Hkv=2, head_dim=16, num_splits=4),
+    dict(T=90, L=3, Hq=6, Hkv=2, head_dim=24, capacity=200, as_tensor=True, num_splits=3),
+    dict(T=130, L=1, Hq=4, Hkv=1, head_dim=16, capacity=256, as_tensor=True, max_context_length=160),
+]
+
+
+@pytest.mark.parametrize("case", INTERPRETER_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_in_interpreter_matches_twin(interpreter, case, dtype):
+    out, oracle = kernel_vs_twin(**case, dtype=dtype, device="cpu")
+    assert rel_err(out, oracle) < TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 3, 10, 16])
+@pytest.mark.parametrize("T", [1, 63, 500, 8191, 32768])
+@pytest.mark.parametrize("Hq, Hkv, head_dim", [(32, 8, 128), (12, 3, 96), (5, 5, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_matches_twin_on_gpu(L, T, Hq, Hkv, head_dim, dtype):
+    out, oracle = kernel_vs_twin(T, L, Hq, Hkv, head_dim, dtype, "cuda", seed=T + L)
+    assert rel_err(out, oracle) < TOLERANCE[dtype]
+    # device length inside a larger buffer, splits sized for a bucket or for the whole buffer
+    for max_context_length in (T + L, None):
+        out, oracle = kernel_vs_twin(T, L, Hq, Hkv, head_dim, dtype, "cuda", capacity=T + L + 300, as_tensor=True,
+                                     max_context_length=max_context_length, seed=T + L + 1)
+        assert rel_err(out, oracle) < TOLERANCE[dtype], max_context_length
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+@pytest.mark.parametrize("num_splits", [1, 7, None])
+def test_kernel_pipelining_and_splits_on_gpu(num_stages, num_splits):
+    from fold_hf.kernels.triton_fold import decode_attention_triton
+
+    for T, L in ((4097, 10), (777, 1)):
+        inputs = decode_inputs(T, L, 32, 8, 128, torch.bfloat16, device="cuda", seed=T)
+        oracle = decode_attention_reference(**{k: v.double() for k, v in inputs.items()}, context_length=T,
+                                            scaling=128**-0.5)
+        out = decode_attention_triton(**inputs, context_length=T, scaling=128**-0.5, num_splits=num_splits,
+                                      num_stages=num_stages)
+        assert rel_err(out, oracle) < TOLERANCE[torch.bfloat16], (T, L)
+
+
+@pytest.mark.gpu
+def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
+    from fold_hf.kernels.triton_fold import decode_attention_triton
+
+    capacity, L = 4096, 10
+    inputs = decode_inputs(0, L, 16, 4, 64, torch.bfloat16, device="cuda", capacity=capacity)
+    length = torch.tensor([3000], dtype=torch.long, device="cuda")  # the fast loop's state is long
+    decode_attention_triton(**inputs, context_length=length, scaling=0.125)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = decode_attention_triton(**inputs, context_length=length, scaling=0.125)
+    for T in (3000, 0, 100, 2100, capacity - L):
+        length.fill_(T)
+        graph.replay()
+        expected = decode_attention_reference(**{k: v.double() for k, v in inputs.items()}, context_length=T,
+                                              scaling=0.125)
+        assert rel_err(captured, expected) < 1e-2, T
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_graph_engine_with_the_opt_in_matches_the_default_on_gpu(arch):
+    target, drafter = trained_pair(arch)
+    target, drafter = target.to("cuda", torch.float32), drafter.to("cuda", torch.float32)
+    try:
+        # prompts around the 256-token attention buckets, so the verify graph changes bucket mid-request
+        for seed, length in enumerate([10, 230, 300, 700]):
+            ids = prompt(seed, length).cuda()
+            for engine in ("static", "graphs"):
+                default_ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine=engine)
+                ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine=engine,
+                                   target_attention="triton")
+                assert torch.equal(ar, default_ar), (arch, length, engine)
+                assert torch.equal(ar, greedy_reference(target, ids, 40)), (arch, length, engine)
+                for mode in ("fold", "dflash"):
+                    kw = dict(input_ids=ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
+                              engine=engine)
+                    default = fast_generate(target, drafter, **kw)
+                    res = fast_generate(target, drafter, **kw, target_attention="triton")
+                    assert torch.equal(res.sequences, default.sequences), (arch, mode, length, engine)
+                    assert res.acceptance_lengths == default.acceptance_lengths, (arch, mode, length, engine)
+    finally:
+        target.to("cpu", torch.float64)
+        drafter.to("cpu", torch.float64)
+        fold_hf.generation.release_fast_state(target)
