@@ -240,7 +240,7 @@ def main() -> None:
 
 
 def tuning_sweep(fold_read_triton, bandwidth: float, flush: torch.Tensor, args) -> list[dict]:
-    """Fold read at 128K, Llama shape, under a few launch configs (block_n, warps, stages, splits)."""
+    """Fold read at 128K, Llama shape, under a few launch configs (block_n, warps, stages, splits, window splits)."""
     device = torch.device("cuda")
     T, B, W = 131072, 10, 2048
     rope = rope_for(128, 128, 500000.0)
@@ -259,8 +259,10 @@ def tuning_sweep(fold_read_triton, bandwidth: float, flush: torch.Tensor, args) 
     for block_n in (64, 128):
         for num_warps in (4, 8):
             for num_stages in (2, 3, 4):
-                for splits in (base_splits, 2 * base_splits):
-                    config = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, num_splits=splits)
+                for splits, window_splits in ((base_splits, 0), (2 * base_splits, 0), (base_splits, 8),
+                                              (base_splits, 16)):
+                    config = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, num_splits=splits,
+                                  window_splits=window_splits)
                     try:
                         times = time_cuda(lambda: fold_read_triton(**inputs, **config), 10, 2, flush)
                     except Exception as exc:  # noqa: BLE001 - a config may not fit the device (shared memory)

@@ -124,7 +124,7 @@ def test_reads_not_following_the_geometry_stay_on_the_reference():
 
 # ---------------------------------------------------------------------------------------------------- kernel
 def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, device, capacity=None,
-                as_tensors=False, num_splits=None, seed=0):
+                as_tensors=False, num_splits=None, seed=0, window_splits=0):
     """Kernel output and its fp64 oracle for random contract inputs (rotated queries given directly)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     capacity = max(capacity or T, 1)
@@ -151,7 +151,8 @@ def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, d
                        block_start=torch.tensor([t], dtype=torch.int32, device=device))
     else:
         lengths = dict(context_length=T, block_start=t)
-    out = fold_read_triton(**inputs, cos=cos, sin=sin, **lengths, window=D, alpha=alpha, num_splits=num_splits)
+    out = fold_read_triton(**inputs, cos=cos, sin=sin, **lengths, window=D, alpha=alpha, num_splits=num_splits,
+                           window_splits=window_splits)
     assert out.shape == (1, Lq, Hq, head_dim) and out.dtype == dtype
     return out, oracle
 
@@ -205,6 +206,30 @@ INTERPRETER_CASES = [
 ]
 
 
+# the window region split over programs of its own: window inside one tile, across many, the whole context
+# (boundary 0), none of it (a gap that puts every entry in the far memory), tensor lengths
+WINDOW_SPLIT_CASES = [
+    dict(T=200, t=200, Lq=3, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=50, alpha=2.0, far=True, num_splits=2,
+         window_splits=3),
+    dict(T=200, t=203, Lq=5, Hq=4, Hkv=1, head_dim=16, rotary_dim=8, D=90, alpha=math.inf, far=True, num_splits=3,
+         window_splits=2),
+    dict(T=40, t=40, Lq=4, Hq=2, Hkv=2, head_dim=16, rotary_dim=16, D=60, alpha=1.0, far=True, num_splits=2,
+         window_splits=2),
+    dict(T=100, t=190, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=20, alpha=4.0, far=True, num_splits=2,
+         window_splits=2),
+    dict(T=150, t=151, Lq=4, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=40, alpha=2.0, far=False, num_splits=2,
+         window_splits=1, capacity=256, as_tensors=True),
+    dict(T=150, t=151, Lq=4, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=40, alpha=16.0, far=True, num_splits=1,
+         window_splits=5, capacity=256, as_tensors=True),
+]
+
+
+@pytest.mark.parametrize("case", WINDOW_SPLIT_CASES)
+def test_window_splits_in_interpreter_match_oracle(interpreter, case):
+    out, oracle = kernel_case(**case, dtype=torch.float32, device="cpu")
+    assert rel_err(out, oracle) < TOLERANCE[torch.float32]
+
+
 @pytest.mark.parametrize("case", INTERPRETER_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_kernel_in_interpreter_matches_oracle(interpreter, case, dtype):
@@ -231,6 +256,17 @@ GPU_SHAPES = [  # (Lq, Hq, Hkv, head_dim, rotary_dim)
     (7, 5, 5, 64, 32),      # no grouping, odd rows, rotary_dim 32 of 64
     (3, 12, 3, 96, 48),     # head_dim not a power of two
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, D", [(500, 300), (8191, 2058), (131072, 2058)])
+@pytest.mark.parametrize("window_splits", [1, 4, 16])
+@pytest.mark.parametrize("alpha", [1.0, 2.0, math.inf])
+def test_window_splits_match_oracle_on_gpu(T, D, window_splits, alpha):
+    for t, as_tensors in ((T, False), (T + 3, True)):
+        out, oracle = kernel_case(T, t, 10, 32, 8, 128, 128, D, alpha, True, torch.bfloat16, "cuda", seed=T,
+                                  capacity=T + 64, as_tensors=as_tensors, window_splits=window_splits)
+        assert rel_err(out, oracle) < TOLERANCE[torch.bfloat16], (t, as_tensors)
 
 
 @pytest.mark.gpu

@@ -62,8 +62,8 @@ def _fold_split_kernel(
     CTX_LEN_PTR, ctx_len_value, BLOCK_START_PTR, block_start_value, window,
     PART_M, PART_L, PART_ACC,
     stride_kh, stride_kn, stride_vh, stride_vn, stride_bkh, stride_bkn, stride_bvh, stride_bvn, stride_cos,
-    num_rows, Lq, G, head_dim, value_dim, half_rotary, chunk, num_splits, near_log2_scale, far_log2_scale,
-    LEN_FROM_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr,
+    num_rows, Lq, G, head_dim, value_dim, half_rotary, chunk, num_splits, window_splits, near_log2_scale,
+    far_log2_scale, LEN_FROM_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr,
     KEYS_PREROTATED: tl.constexpr, BLOCK_CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, HAS_REST: tl.constexpr,
@@ -101,6 +101,30 @@ def _fold_split_kernel(
     hi = lo + chunk
     if hi > T:
         hi = T
+    if HAS_WINDOW:
+        if window_splits > 0:
+            # the window region (from row 0's tile-aligned window start) gets the last `window_splits` programs, so
+            # its rope-and-mask tiles do not queue behind one program; the far-only region [0, boundary) the rest
+            boundary = ((t - window + 1) // BLOCK_N) * BLOCK_N
+            if boundary < 0:
+                boundary = 0
+            if boundary > T:
+                boundary = T
+            far_splits = num_splits - window_splits
+            if split < far_splits:
+                region_chunk = (boundary + far_splits - 1) // far_splits
+                region_chunk = ((region_chunk + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+                lo = split * region_chunk
+                hi = lo + region_chunk
+                if hi > boundary:
+                    hi = boundary
+            else:
+                region_chunk = (T - boundary + window_splits - 1) // window_splits
+                region_chunk = ((region_chunk + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+                lo = boundary + (split - far_splits) * region_chunk
+                hi = lo + region_chunk
+                if hi > T:
+                    hi = T
     mixed_start = lo
     if HAS_WINDOW:
         window_start = t + r - window + 1
@@ -328,6 +352,7 @@ def fold_read_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    window_splits: int = 0,
 ) -> torch.Tensor:
     """FOLD read of one layer in two Triton launches (split pass, merge pass).
 
@@ -352,6 +377,9 @@ def fold_read_triton(
             when ``context_length`` is a tensor).
         block_m, block_n, num_warps, num_stages: tuning overrides (benchmarks); ``block_m`` rows of the
             ``G * Lq`` packed rows per program.
+        window_splits: extra programs given to the window region alone (the last ``W + B`` entries, where keys
+            are rotated and masked per row), on top of ``num_splits`` for the far-only region; 0 (default) splits
+            the whole context evenly, which leaves the window to the last split. Experimental until measured.
 
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
@@ -417,6 +445,8 @@ def fold_read_triton(
     num_splits = max(1, int(num_splits))
     chunk = -(-max(span, 1) // num_splits)
     chunk = -(-chunk // block_n) * block_n
+    window_splits = max(0, int(window_splits)) if window is not None else 0
+    num_splits += window_splits
     row_blocks = -(-num_rows // BLOCK_M)
     half_rotary = cos.shape[-1] // 2
     dot_precision = "ieee" if dtype == torch.float32 else "tf32"
@@ -434,7 +464,7 @@ def fold_read_triton(
         part_m, part_l, part_acc,
         context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
         block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), cos.stride(0),
-        num_rows, Lq, G, Dh, Dv, half_rotary, chunk, num_splits, LOG2E, far_log2_scale,
+        num_rows, Lq, G, Dh, Dv, half_rotary, chunk, num_splits, window_splits, LOG2E, far_log2_scale,
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=window is not None, HAS_FAR=has_far, FAR_HARD=far_hard,
         KEYS_PREROTATED=False, BLOCK_CAUSAL=False,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
@@ -556,7 +586,7 @@ def decode_attention_triton(
         part_m, part_l, part_acc,
         context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
         block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), 0,
-        num_rows, Lq, G, Dh, Dv, 0, chunk, num_splits, float(scaling) * LOG2E, LOG2E,
+        num_rows, Lq, G, Dh, Dv, 0, chunk, num_splits, 0, float(scaling) * LOG2E, LOG2E,
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=False, HAS_FAR=False, FAR_HARD=False,
         KEYS_PREROTATED=True, BLOCK_CAUSAL=True, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=_next_pow2(Lq),
         BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, BLOCK_H=16, BLOCK_X=16, HAS_REST=False,
