@@ -28,6 +28,7 @@ Logits live in base 2 inside the kernels (``exp2``); everything accumulates in f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -333,6 +334,70 @@ def default_num_splits(span: int, num_kv_heads: int, block_n: int, device: torch
     return max(1, min(wanted, -(-max(span, 1) // block_n)))
 
 
+def _inner_contiguous(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in ``dtype`` with a unit innermost stride (the kernels index the last dim with stride 1)."""
+    x = x.to(dtype)
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _read_shapes(name: str, query: torch.Tensor, context_keys: torch.Tensor, context_values: torch.Tensor):
+    """(Hq, Lq, Dh, Hkv, capacity, Dv) of a batch-1 read, or a ValueError naming ``name``."""
+    b, Hq, Lq, Dh = query.shape
+    _, Hkv, capacity, _ = context_keys.shape
+    if b != 1 or context_keys.shape[0] != 1:
+        raise ValueError(f"{name} reads batch 1")
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv})")
+    if query.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"unsupported dtype {query.dtype}")
+    return Hq, Lq, Dh, Hkv, capacity, context_values.shape[-1]
+
+
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """Tile sizes and the context split of one launch of ``_fold_split_kernel``."""
+
+    num_rows: int
+    row_blocks: int
+    block_m: int
+    block_n: int
+    block_d: int
+    block_dv: int
+    num_warps: int
+    num_stages: int
+    num_splits: int
+    chunk: int
+    dot_precision: str
+
+
+def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: torch.dtype, device: torch.device,
+                 num_splits: int | None, block_m: int | None, block_n: int | None, num_warps: int | None,
+                 num_stages: int | None) -> _LaunchPlan:
+    """Defaults for the tuning knobs left None, and the even split of ``span`` context entries."""
+    block_m = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
+    block_d, block_dv = _next_pow2(Dh), _next_pow2(Dv)
+    if block_n is None:
+        block_n = 64 if max(block_d, block_dv) <= 128 else 32
+    if num_warps is None:
+        num_warps = 4 if block_m * max(block_d, block_dv) <= 64 * 64 else 8
+    if num_stages is None:
+        num_stages = 3 if device.type == "cuda" else 1
+    if num_splits is None:
+        num_splits = default_num_splits(span, Hkv, block_n, device)
+    num_splits = max(1, int(num_splits))
+    chunk = -(-max(span, 1) // num_splits)
+    chunk = -(-chunk // block_n) * block_n
+    return _LaunchPlan(num_rows, -(-num_rows // block_m), block_m, block_n, block_d, block_dv, num_warps, num_stages,
+                       num_splits, chunk, "ieee" if dtype == torch.float32 else "tf32")
+
+
+def _partials(branches: int, Hkv: int, num_splits: int, num_rows: int, Dv: int, device: torch.device):
+    """fp32 split partials (running max, mass, unnormalized output) of every branch, KV head, split and row."""
+    part_m = torch.empty(branches, Hkv, num_splits, num_rows, device=device, dtype=torch.float32)
+    part_acc = torch.empty(branches, Hkv, num_splits, num_rows, Dv, device=device, dtype=torch.float32)
+    return part_m, torch.empty_like(part_m), part_acc
+
+
 def fold_read_triton(
     query_near: torch.Tensor,
     query_far: torch.Tensor | None,
@@ -384,15 +449,7 @@ def fold_read_triton(
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
     """
-    b, Hq, Lq, Dh = query_near.shape
-    _, Hkv, capacity, _ = context_keys.shape
-    Dv = context_values.shape[-1]
-    if b != 1 or context_keys.shape[0] != 1:
-        raise ValueError("fold_read_triton reads batch 1")
-    if Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv})")
-    if query_near.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"unsupported dtype {query_near.dtype}")
+    Hq, Lq, Dh, Hkv, capacity, Dv = _read_shapes("fold_read_triton", query_near, context_keys, context_values)
     G = Hq // Hkv
     device = query_near.device
     dtype = query_near.dtype
@@ -405,12 +462,9 @@ def fold_read_triton(
     query_near = query_near.contiguous()
     query_far = query_far.to(dtype).contiguous() if has_far else query_near
 
-    def inner_contiguous(x: torch.Tensor) -> torch.Tensor:
-        return x if x.stride(-1) == 1 else x.contiguous()
-
-    context_keys, context_values = inner_contiguous(context_keys.to(dtype)), inner_contiguous(context_values.to(dtype))
-    block_keys, block_values = inner_contiguous(block_keys.to(dtype)), inner_contiguous(block_values.to(dtype))
-    cos, sin = inner_contiguous(cos.to(torch.float32)), inner_contiguous(sin.to(torch.float32))
+    context_keys, context_values = _inner_contiguous(context_keys, dtype), _inner_contiguous(context_values, dtype)
+    block_keys, block_values = _inner_contiguous(block_keys, dtype), _inner_contiguous(block_values, dtype)
+    cos, sin = _inner_contiguous(cos, torch.float32), _inner_contiguous(sin, torch.float32)
     if sin.stride(0) != cos.stride(0):
         sin = sin.contiguous()
         cos = cos.contiguous()
@@ -429,54 +483,35 @@ def fold_read_triton(
         ctx_ptr = start_ptr = query_near  # unused
         span = ctx_value
 
-    num_rows = G * Lq
-    BLOCK_M = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
-    BLOCK_D = _next_pow2(Dh)
-    BLOCK_DV = _next_pow2(Dv)
-    BLOCK_L = _next_pow2(Lq)
-    if block_n is None:
-        block_n = 64 if max(BLOCK_D, BLOCK_DV) <= 128 else 32
-    if num_warps is None:
-        num_warps = 4 if BLOCK_M * max(BLOCK_D, BLOCK_DV) <= 64 * 64 else 8
-    if num_stages is None:
-        num_stages = 3 if device.type == "cuda" else 1
-    if num_splits is None:
-        num_splits = default_num_splits(span, Hkv, block_n, device)
-    num_splits = max(1, int(num_splits))
-    chunk = -(-max(span, 1) // num_splits)
-    chunk = -(-chunk // block_n) * block_n
+    plan = _launch_plan(G * Lq, Dh, Dv, Hkv, span, dtype, device, num_splits, block_m, block_n, num_warps, num_stages)
     window_splits = max(0, int(window_splits)) if window is not None else 0
-    num_splits += window_splits
-    row_blocks = -(-num_rows // BLOCK_M)
+    num_splits = plan.num_splits + window_splits
     half_rotary = cos.shape[-1] // 2
-    dot_precision = "ieee" if dtype == torch.float32 else "tf32"
-
-    branches = 2 if has_far else 1
-    part_m = torch.empty(branches, Hkv, num_splits, num_rows, device=device, dtype=torch.float32)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(branches, Hkv, num_splits, num_rows, Dv, device=device, dtype=torch.float32)
+    part_m, part_l, part_acc = _partials(2 if has_far else 1, Hkv, num_splits, plan.num_rows, Dv, device)
     out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
 
     far_log2_scale = LOG2E if far_hard else float(alpha) * LOG2E
-    _fold_split_kernel[(row_blocks, Hkv, num_splits)](
+    _fold_split_kernel[(plan.row_blocks, Hkv, num_splits)](
         query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
         ctx_ptr, ctx_value, start_ptr, start_value, int(window) if window is not None else 0,
         part_m, part_l, part_acc,
         context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
         block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), cos.stride(0),
-        num_rows, Lq, G, Dh, Dv, half_rotary, chunk, num_splits, window_splits, LOG2E, far_log2_scale,
+        plan.num_rows, Lq, G, Dh, Dv, half_rotary, plan.chunk, num_splits, window_splits, LOG2E, far_log2_scale,
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=window is not None, HAS_FAR=has_far, FAR_HARD=far_hard,
         KEYS_PREROTATED=False, BLOCK_CAUSAL=False,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=BLOCK_L, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
+        BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_L=_next_pow2(Lq), BLOCK_D=plan.block_d,
+        BLOCK_DV=plan.block_dv,
         BLOCK_H=_next_pow2(half_rotary), BLOCK_X=_next_pow2(Dh - 2 * half_rotary), HAS_REST=Dh > 2 * half_rotary,
         # the window loop is never software-pipelined: on the H200 (Triton 3.6) pipelining it with its conditional
         # far update gave far-branch errors of 4-14% in every dtype, while one stage matches the oracle
-        MIXED_STAGES=1, DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
+        MIXED_STAGES=1, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
-    _fold_merge_kernel[(Hkv, num_rows)](
+    _fold_merge_kernel[(Hkv, plan.num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
-        num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
-        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8, BLOCK_DV=BLOCK_DV,
+        plan.num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
+        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8,
+        BLOCK_DV=plan.block_dv,
         num_warps=4,
     )
     return out
@@ -523,25 +558,12 @@ def decode_attention_triton(
     Returns:
         ``[1, L, Hq, Dv]`` in ``query.dtype``.
     """
-    b, Hq, Lq, Dh = query.shape
-    _, Hkv, capacity, _ = context_keys.shape
-    Dv = context_values.shape[-1]
-    if b != 1 or context_keys.shape[0] != 1:
-        raise ValueError("decode_attention_triton reads batch 1")
-    if Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of KV heads ({Hkv})")
-    if query.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"unsupported dtype {query.dtype}")
+    Hq, Lq, Dh, Hkv, capacity, Dv = _read_shapes("decode_attention_triton", query, context_keys, context_values)
     G = Hq // Hkv
     device, dtype = query.device, query.dtype
     query = query.contiguous()
-
-    def inner_contiguous(x: torch.Tensor) -> torch.Tensor:
-        x = x.to(dtype)
-        return x if x.stride(-1) == 1 else x.contiguous()
-
-    context_keys, context_values = inner_contiguous(context_keys), inner_contiguous(context_values)
-    block_keys, block_values = inner_contiguous(block_keys), inner_contiguous(block_values)
+    context_keys, context_values = _inner_contiguous(context_keys, dtype), _inner_contiguous(context_values, dtype)
+    block_keys, block_values = _inner_contiguous(block_keys, dtype), _inner_contiguous(block_values, dtype)
 
     len_from_ptr = isinstance(context_length, torch.Tensor)
     if len_from_ptr:
@@ -557,46 +579,29 @@ def decode_attention_triton(
         ctx_ptr = query  # unused
         span = ctx_value
 
-    num_rows = G * Lq
-    BLOCK_M = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
-    BLOCK_D = _next_pow2(Dh)
-    BLOCK_DV = _next_pow2(Dv)
-    if block_n is None:
-        block_n = 64 if max(BLOCK_D, BLOCK_DV) <= 128 else 32
-    if num_warps is None:
-        num_warps = 4 if BLOCK_M * max(BLOCK_D, BLOCK_DV) <= 64 * 64 else 8
-    if num_stages is None:
-        num_stages = 3 if device.type == "cuda" else 1
-    if num_splits is None:
-        num_splits = default_num_splits(span, Hkv, block_n, device)
-    num_splits = max(1, int(num_splits))
-    chunk = -(-max(span, 1) // num_splits)
-    chunk = -(-chunk // block_n) * block_n
-    row_blocks = -(-num_rows // BLOCK_M)
-    dot_precision = "ieee" if dtype == torch.float32 else "tf32"
-
-    part_m = torch.empty(1, Hkv, num_splits, num_rows, device=device, dtype=torch.float32)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(1, Hkv, num_splits, num_rows, Dv, device=device, dtype=torch.float32)
+    plan = _launch_plan(G * Lq, Dh, Dv, Hkv, span, dtype, device, num_splits, block_m, block_n, num_warps, num_stages)
+    part_m, part_l, part_acc = _partials(1, Hkv, plan.num_splits, plan.num_rows, Dv, device)
     out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
 
-    _fold_split_kernel[(row_blocks, Hkv, num_splits)](
+    _fold_split_kernel[(plan.row_blocks, Hkv, plan.num_splits)](
         query, query, context_keys, context_values, block_keys, block_values, query, query,
         ctx_ptr, ctx_value, ctx_ptr, ctx_value, 0,
         part_m, part_l, part_acc,
         context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
         block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), 0,
-        num_rows, Lq, G, Dh, Dv, 0, chunk, num_splits, 0, float(scaling) * LOG2E, LOG2E,
+        plan.num_rows, Lq, G, Dh, Dv, 0, plan.chunk, plan.num_splits, 0, float(scaling) * LOG2E, LOG2E,
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=False, HAS_FAR=False, FAR_HARD=False,
-        KEYS_PREROTATED=True, BLOCK_CAUSAL=True, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_L=_next_pow2(Lq),
-        BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, BLOCK_H=16, BLOCK_X=16, HAS_REST=False,
+        KEYS_PREROTATED=True, BLOCK_CAUSAL=True, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_L=_next_pow2(Lq),
+        BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, BLOCK_H=16, BLOCK_X=16, HAS_REST=False,
         # no far branch: the key loop holds no data-dependent branch, so pipelining it is safe
-        MIXED_STAGES=num_stages, DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
+        MIXED_STAGES=plan.num_stages, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
     )
-    _fold_merge_kernel[(Hkv, num_rows)](
+    _fold_merge_kernel[(Hkv, plan.num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
-        num_rows, Lq, G, Dv, num_splits, 1.0,
-        HAS_FAR=False, FAR_HARD=False, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8, BLOCK_DV=BLOCK_DV,
+        plan.num_rows, Lq, G, Dv, plan.num_splits, 1.0,
+        HAS_FAR=False, FAR_HARD=False, BLOCK_S=_next_pow2(plan.num_splits, 2), SPLIT_CHUNK=8,
+        BLOCK_DV=plan.block_dv,
         num_warps=4,
     )
     return out
