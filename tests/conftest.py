@@ -1,3 +1,5 @@
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -20,3 +22,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def interpreter():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (the kernel tests run on the GPU machine or under TRITON_INTERPRET=1)")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: the GPU tests cover the kernel")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter on the CPU")
+    _patch_interpreter_scalar_index()
+
+
+def _patch_interpreter_scalar_index():
+    """Triton 3.6's interpreter turns scalars into 1-element arrays, which NumPy >= 2.4 refuses as ``range``
+    bounds; index them by their single element instead (interpreter only)."""
+    import numpy as np
+    from triton.runtime import interpreter as triton_interpreter
+
+    original = triton_interpreter._patch_lang_tensor
+    if getattr(original, "_fold_hf_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    patched._fold_hf_patched = True
+    triton_interpreter._patch_lang_tensor = patched

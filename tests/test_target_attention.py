@@ -11,8 +11,6 @@ the fast loop using them gives the same tokens and acceptance lengths as the def
 
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -24,9 +22,6 @@ from fold_hf.generation import fast_generate
 from fold_hf.kernels import decode_attention_reference
 from tiny import MASK_ID, greedy_reference, trained_pair
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-HAS_CUDA = torch.cuda.is_available()
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
 
@@ -135,19 +130,6 @@ def kernel_vs_twin(T, L, Hq, Hkv, head_dim, dtype, device, capacity=None, as_ten
                                   max_context_length=max_context_length)
     assert out.shape == (1, L, Hq, head_dim) and out.dtype == dtype
     return out, oracle
-
-
-@pytest.fixture
-def interpreter():
-    if not HAS_TRITON:
-        pytest.skip("Triton is not installed (the kernel tests run on the GPU machine or under TRITON_INTERPRET=1)")
-    if HAS_CUDA:
-        pytest.skip("CUDA is present: the GPU tests cover the kernel")
-    if not INTERPRETING:
-        pytest.skip("set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter on the CPU")
-    from test_triton_kernel import _patch_interpreter_scalar_index
-
-    _patch_interpreter_scalar_index()
 
 
 # the interpreter has no bf16 dot, so it checks fp32 and fp16

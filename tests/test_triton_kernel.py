@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import subprocess
@@ -25,9 +24,6 @@ from fold_hf.kernels import triton_read_applies
 from fold_hf.modeling import RotaryTables, plan_layer_read
 from fold_hf.modeling.attention import read_from_region
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-HAS_CUDA = torch.cuda.is_available()
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 W, B = 12, 4  # D = 16 for the small grids
 
@@ -158,35 +154,6 @@ def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, d
 
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
-
-
-@pytest.fixture
-def interpreter():
-    if not HAS_TRITON:
-        pytest.skip("Triton is not installed (the kernel tests run on the GPU machine or under TRITON_INTERPRET=1)")
-    if HAS_CUDA:
-        pytest.skip("CUDA is present: the GPU tests cover the kernel")
-    if not INTERPRETING:
-        pytest.skip("set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter on the CPU")
-    _patch_interpreter_scalar_index()
-
-
-def _patch_interpreter_scalar_index():
-    """Triton 3.6's interpreter turns scalars into 1-element arrays, which NumPy >= 2.4 refuses as ``range``
-    bounds; index them by their single element instead (interpreter only)."""
-    import numpy as np
-    from triton.runtime import interpreter as triton_interpreter
-
-    original = triton_interpreter._patch_lang_tensor
-    if getattr(original, "_fold_hf_patched", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-
-    patched._fold_hf_patched = True
-    triton_interpreter._patch_lang_tensor = patched
 
 
 # the interpreter has no bf16 dot (it reads bf16 bits as integers), so it checks fp32 and fp16
