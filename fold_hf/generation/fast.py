@@ -46,6 +46,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..kernels.reference import fold_read_geometry_reference
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
@@ -56,7 +57,6 @@ from .static_drafter import (
     StaticDrafter,
     commit_context,
     default_read_function,
-    fold_read_torch,
     preallocated_cache,
     static_drafter_unsupported,
 )
@@ -143,7 +143,7 @@ class _Session:
             if self.engine != "eager" and static_drafter_unsupported(drafter) is None:
                 read = default_read_function()
                 if read is None and self.engine == "static":
-                    read = fold_read_torch
+                    read = fold_read_geometry_reference
                 if read is not None:
                     self.static_drafter = StaticDrafter(drafter, self.drafter_cache, read)
             self.drafter_key = key

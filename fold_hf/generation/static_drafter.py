@@ -7,8 +7,10 @@ in a device tensor, so a round can be captured once and replayed:
 * the verify step's tapped features of all ``B`` rows are projected to context keys/values and written at
   ``[d_len, d_len + B)`` of the drafter's :class:`~fold_hf.modeling.cache.FoldCache` buffers; only the first
   ``d_new`` rows (the accepted tokens) count, the rest is overwritten next round;
-* the read goes through a function with the FOLD kernel contract (``fold_read_triton`` when Triton is there,
-  :func:`fold_read_torch` otherwise), which takes the context length and block start as device tensors;
+* the read goes through a function with the FOLD kernel contract, which takes the context length and block
+  start as device tensors: ``fold_read_triton`` when Triton is there (no host read: capturable), else its torch
+  twin :func:`~fold_hf.kernels.reference.fold_read_geometry_reference` (reads the lengths on the host: the
+  ``static`` engine's uncaptured path);
 * reading modes with that geometry: ``fold`` (window + far memory), ``window`` (no far memory) and ``dflash``
   (every entry near). Before the context exceeds W the far memory is empty, and the caller picks the
   window-only variant (``with_far=False``), which skips the far branch entirely (length dispatch).
@@ -20,10 +22,9 @@ near-tie. Greedy output never depends on the drafts.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ..kernels.reference import fold_read_geometry_reference, rotate_by_tables
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.rope import compute_dtype
@@ -39,79 +40,6 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     if any(layer.self_attn.sliding_window is not None for layer in drafter.layers):
         return "sliding-window drafter layers"
     return None
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``rotary_dim`` channels of ``x [..., L, D]`` by ``cos``/``sin [L, rotary_dim]``
-    (rotate-half layout); computes in ``cos.dtype``."""
-    x = x.to(cos.dtype)
-    rd = cos.shape[-1]
-    rot, rest = x[..., :rd], x[..., rd:]
-    half = rd // 2
-    out = rot * cos + torch.cat((-rot[..., half:], rot[..., :half]), dim=-1) * sin
-    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
-
-
-def fold_read_torch(query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
-                    context_length, block_start, window, alpha, num_splits=None):
-    """Pure-torch FOLD read with the kernel contract of ``fold_hf.kernels.triton_fold.fold_read_triton``.
-
-    Args:
-        query_near: ``[1, Hq, Lq, Dh]`` queries rotated at ``p = block_start + r``, pre-scaled.
-        query_far: ``[1, Hq, Lq, Dh]`` queries rotated at ``D + r`` (cos/sin scaled by attention_scaling**2),
-            pre-scaled; None = no far branch.
-        context_keys / context_values: ``[1, Hkv, capacity, Dh / Dv]`` unrotated buffers; entries at or past
-            ``context_length`` are ignored.
-        block_keys: ``[1, Hkv, Lq, Dh]`` rotated at p; block_values ``[1, Hkv, Lq, Dv]``.
-        cos, sin: ``[max_position, rotary_dim]`` tables (attention scaling folded in).
-        context_length, block_start: int or long/int32 tensor ``[1]``.
-        window: D (entry j is in row r's window iff ``block_start + r - j < D``) or None (all near).
-        alpha: concentration of the far branch.
-
-    Returns:
-        ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
-    """
-    _, Hq, Lq, Dh = query_near.shape
-    Hkv, capacity = context_keys.shape[1], context_keys.shape[2]
-    G = Hq // Hkv
-    device = query_near.device
-    acc = compute_dtype(query_near.dtype)
-    length = torch.as_tensor(context_length, device=device).reshape(-1)[:1].long()
-    start = torch.as_tensor(block_start, device=device).reshape(-1)[:1].long()
-    entries = torch.arange(capacity, device=device)
-    rows = start + torch.arange(Lq, device=device)  # [Lq] block positions
-    distance = rows[:, None] - entries[None, :]  # [Lq, capacity]
-    valid = (entries < length)[None, :].expand(Lq, capacity)
-    near = valid if window is None else valid & (distance < window)
-
-    def grouped(q):
-        return q.to(acc).reshape(1, Hkv, G, Lq, Dh)
-
-    keys_rotated = _rotate(context_keys, cos[:capacity].to(acc), sin[:capacity].to(acc))
-    q_near = grouped(query_near)
-    s_ctx = torch.matmul(q_near, keys_rotated.unsqueeze(2).transpose(-1, -2)).masked_fill(~near, -math.inf)
-    s_blk = torch.matmul(q_near, block_keys.to(acc).unsqueeze(2).transpose(-1, -2))
-    s_near = torch.cat((s_ctx, s_blk), dim=-1)
-    lse_near = torch.logsumexp(s_near, dim=-1)
-    values = torch.cat((context_values, block_values), dim=2).to(acc).unsqueeze(2)
-    out = torch.matmul(torch.exp(s_near - lse_near[..., None]), values)
-    if query_far is not None:
-        far = valid & (distance >= window)
-        s_far = torch.matmul(grouped(query_far), context_keys.to(acc).unsqueeze(2).transpose(-1, -2))
-        s_far = s_far.masked_fill(~far, -math.inf)
-        if math.isinf(alpha):
-            top = s_far.argmax(-1, keepdim=True)
-            log_mass_far = s_far.gather(-1, top).squeeze(-1)
-            weights = torch.zeros_like(s_far).scatter_(-1, top, 1.0)
-        else:
-            lse_scaled = torch.logsumexp(s_far * alpha, dim=-1)
-            log_mass_far = lse_scaled / alpha
-            weights = torch.exp(s_far * alpha - lse_scaled[..., None])
-        o_far = torch.matmul(torch.nan_to_num(weights), context_values.to(acc).unsqueeze(2))
-        has_far = far.any(-1)  # [Lq]
-        w_far = torch.where(has_far, torch.sigmoid(log_mass_far - lse_near), torch.zeros_like(lse_near))
-        out = out + w_far[..., None] * (o_far - out)
-    return out.reshape(1, Hq, Lq, -1).transpose(1, 2).to(query_near.dtype)
 
 
 def default_read_function():
@@ -157,7 +85,8 @@ class StaticDrafter:
     Args:
         drafter: a bound :class:`FoldDrafter` whose mode is in :data:`STATIC_MODES`.
         cache: from :func:`preallocated_cache`, large enough for every entry plus one block.
-        read_function: a function with the FOLD kernel contract (:func:`fold_read_torch` by default).
+        read_function: a function with the FOLD kernel contract (default: its torch twin
+            :func:`~fold_hf.kernels.reference.fold_read_geometry_reference`).
     """
 
     def __init__(self, drafter: FoldDrafter, cache: FoldCache, read_function=None) -> None:
@@ -166,7 +95,7 @@ class StaticDrafter:
             raise ValueError(f"static drafting does not cover {reason}")
         self.drafter = drafter
         self.cache = cache
-        self.read = read_function or fold_read_torch
+        self.read = read_function or fold_read_geometry_reference
         cfg = drafter.fold_config
         self.block = drafter.block_size
         layer0 = cache.layers[0]
@@ -224,11 +153,11 @@ class StaticDrafter:
             q = attn._heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
             k_blk = attn._heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
             v_blk = attn._heads(normed, attn.v_proj, attn.num_kv_heads, None)
-            query_near = (_rotate(q, cos_q, sin_q) * attn.scaling).to(self.dtype)
+            query_near = (rotate_by_tables(q, cos_q, sin_q) * attn.scaling).to(self.dtype)
             query_far = None
             if with_far:
-                query_far = (_rotate(q, self.cos_far, self.sin_far) * attn.scaling).to(self.dtype)
-            block_keys = _rotate(k_blk, cos_q, sin_q).to(self.dtype)
+                query_far = (rotate_by_tables(q, self.cos_far, self.sin_far) * attn.scaling).to(self.dtype)
+            block_keys = rotate_by_tables(k_blk, cos_q, sin_q).to(self.dtype)
             out = self.read(query_near, query_far, cache_layer.keys, cache_layer.values, block_keys, v_blk,
                             self.cos, self.sin, context_length, context_length, self.window, self.alpha)
             hidden = hidden + attn.o_proj(out.reshape(1, B, -1))

@@ -114,8 +114,10 @@ def fold_attention_reference(
     return out
 
 
-def _rotate_by_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [..., N, Dh]`` by per-row tables ``cos``/``sin`` ``[N, rd]`` (rotate_half layout); rest passes."""
+def rotate_by_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., N, Dh]`` by per-row tables ``cos``/``sin`` ``[N, rd]`` (rotate_half layout) in
+    ``cos.dtype``; channels past ``rd`` pass through."""
+    x = x.to(cos.dtype)
     rd = cos.shape[-1]
     rot, rest = x[..., :rd], x[..., rd:]
     half = rd // 2
@@ -171,7 +173,7 @@ def fold_read_geometry_reference(
     q_near = query_near.to(acc).view(Hkv, G, Lq, Dh)
     keys = context_keys[0, :, :T].to(acc)
     values = context_values[0, :, :T].to(acc)
-    keys_at_positions = _rotate_by_tables(keys, cos[:T].to(acc), sin[:T].to(acc))
+    keys_at_positions = rotate_by_tables(keys, cos[:T].to(acc), sin[:T].to(acc))
     dist = (t + torch.arange(Lq, device=keys.device))[:, None] - torch.arange(T, device=keys.device)[None, :]
     in_window = torch.ones_like(dist, dtype=torch.bool) if window is None else dist < window
 
