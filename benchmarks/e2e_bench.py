@@ -13,9 +13,10 @@ the real pair; stated in the output). Rows, per context:
 * ``our_ar``           our AR step (graphs engine; ``our_ar_eager`` the eager engine)
 * ``our_sd_dflash`` / ``our_sd_fold``  our speculative round (fold: α, W from the flags)
 * ``floor``            (weights read per step + KV bytes at T) / copy bandwidth measured in this run
-* with ``--target-attention triton``: also ``our_sd_dflash[triton]``, ``our_sd_fold[triton]``, ``our_ar[triton]``,
-  the same rounds with the target's verify attention on the decode kernel (opt-in
-  ``fast_generate(..., target_attention="triton")``), timed in the same run as the default rows
+* with ``--target-paths triton,fused``: also ``our_sd_dflash[triton]``, ``our_sd_fold[triton]``, ``our_ar[triton]``
+  (the target's verify attention on the decode kernel, ``target_attention="triton", fused_layers=False``) and the
+  same rows ``[fused]`` (decode kernel plus the fused norm/rope/MLP kernels, ``fused_layers=True``), timed in the
+  same run as the default rows
 
 Writes ``e2e.csv`` (gpu, versions, date, row, context, p20/p50/p80 ms, peak GiB) and ``e2e.json`` (the rows and
 the headline ratios) under ``--out``.
@@ -24,11 +25,11 @@ the headline ratios) under ``--out``.
 tokens, τ, TPOT and speedups of our loop against HF AR and our AR, and checks that the fast loop's tokens and
 acceptance lengths equal the foundation loop's (``fold_hf.generate``).
 
-``--target-attention triton`` adds ``our_ar[triton]`` / ``our_<method>[triton]`` rows and token checks there too.
+``--target-paths`` adds ``our_ar[path]`` / ``our_<method>[path]`` rows and token checks there too.
 
 Run from the repo root:  python benchmarks/e2e_bench.py --out $OUT        (about 4-5 minutes on an H200)
                          python benchmarks/e2e_bench.py --pair smollm2 --out $OUT   (about 2-3 minutes)
-                         add ``--target-attention triton`` to either (about 1.5x the time)
+                         add ``--target-paths triton,fused`` to either (about 2x the time)
 """
 
 from __future__ import annotations
@@ -163,9 +164,15 @@ def hf_assisted_rounds(target, drafter, context: int, rounds: int) -> list[float
     return streamer.intervals(skip=1)
 
 
+# the target's verify-step variants, by name (rows get the suffix [name] unless it is the default "bucket")
+TARGET_PATHS = {"bucket": dict(target_attention="bucket", fused_layers=False),
+                "triton": dict(target_attention="triton", fused_layers=False),
+                "fused": dict(target_attention="triton", fused_layers=True)}
+
+
 def our_rounds(target, drafter, context: int, rounds: int, repeats: int, engine: str = "graphs",
-               target_attention: str = "bucket") -> list[float]:
-    kw = dict(engine=engine, target_attention=target_attention)
+               path: str = "bucket") -> list[float]:
+    kw = dict(engine=engine, **(TARGET_PATHS[path] if engine != "eager" else {}))
     time_rounds(target, drafter, context, rounds, **kw)  # captures the graphs of this length
     seconds: list[float] = []
     for _ in range(repeats):
@@ -173,9 +180,12 @@ def our_rounds(target, drafter, context: int, rounds: int, repeats: int, engine:
     return seconds
 
 
-def target_attentions(args) -> list[str]:
-    """The default bucket attention first, then each opt-in named by ``--target-attention``."""
-    extra = [a for a in (args.target_attention or "").split(",") if a and a != "bucket"]
+def target_paths(args) -> list[str]:
+    """The default bucket attention first, then each path named by ``--target-paths``."""
+    extra = [a for a in (args.target_paths or "").split(",") if a and a != "bucket"]
+    unknown = [a for a in extra if a not in TARGET_PATHS]
+    if unknown:
+        raise SystemExit(f"--target-paths: unknown {unknown}; choose from {sorted(TARGET_PATHS)}")
     return ["bucket"] + extra
 
 
@@ -212,15 +222,15 @@ def run_random8b(args) -> None:
         rows.append({"row": "floor", "context": context, "p20_ms": floor_s * 1e3, "p50_ms": floor_s * 1e3,
                      "p80_ms": floor_s * 1e3, "n": 1, "peak_gib": None})
         torch.cuda.reset_peak_memory_stats()
-        for attention in target_attentions(args):
+        for attention in target_paths(args):
             for mode, fold_config in modes.items():
                 drafter.set_fold_config(fold_config)
                 add(f"our_sd_{mode}{suffix(attention)}", context,
-                    our_rounds(target, drafter, context, args.rounds, args.repeats, target_attention=attention))
+                    our_rounds(target, drafter, context, args.rounds, args.repeats, path=attention))
                 dcache = drafter_cache_of(target)
                 cache_bytes.setdefault(str(context), {})[mode] = dcache.bytes_used() if dcache is not None else None
             add(f"our_ar{suffix(attention)}", context,
-                our_rounds(target, None, context, args.rounds, args.repeats, target_attention=attention))
+                our_rounds(target, None, context, args.rounds, args.repeats, path=attention))
         if args.eager:
             add("our_ar_eager", context, our_rounds(target, None, context, args.rounds, 2, engine="eager"))
         release_fast_state(target)
@@ -241,8 +251,8 @@ def run_random8b(args) -> None:
         "paper_two_copy_layout_over_ours": two_copy_over_one,
         "tau_assumed": args.tau,
         "window": args.window, "alpha": args.alpha, "rounds": args.rounds, "repeats": args.repeats,
-        "target_attentions": target_attentions(args),
-    }, headline(rows, cache_bytes, args.tau, target_attentions(args)))
+        "target_paths": target_paths(args),
+    }, headline(rows, cache_bytes, args.tau, target_paths(args)))
 
 
 def headline(rows: list[dict], cache_bytes: dict, tau: float, attentions=("bucket",)) -> dict:
@@ -299,7 +309,7 @@ def run_smollm2(args) -> None:
 
     def timed_fast(drafter_or_none, ids, cfg, attention="bucket"):
         kw = dict(input_ids=ids, max_new_tokens=args.new_tokens, return_stats=True, eos_token_id=[],
-                  target_attention=attention)
+                  **TARGET_PATHS[attention])
         if cfg is not None:
             kw["fold_config"] = cfg
         fast_generate(target, drafter_or_none, **kw)  # captures the graphs of this length
@@ -316,7 +326,7 @@ def run_smollm2(args) -> None:
         our_ar = timed_fast(None, ids, None)
         checks.append({"request": req["id"], "method": "ar",
                        "same_tokens": torch.equal(our_ar.sequences, found_ar.sequences)})
-        for attention in target_attentions(args)[1:]:
+        for attention in target_paths(args)[1:]:
             tagged = timed_fast(None, ids, None, attention)
             checks.append({"request": req["id"], "method": f"ar{suffix(attention)}",
                            "same_tokens": torch.equal(tagged.sequences, found_ar.sequences)})
@@ -341,7 +351,7 @@ def run_smollm2(args) -> None:
                          "tpot_ms": ours.tpot_s * 1e3, "tau": ours.tau,
                          "speedup_vs_hf_ar": hf_tpot / ours.tpot_s if ours.tpot_s else None,
                          "speedup_vs_our_ar": our_ar.tpot_s / ours.tpot_s if ours.tpot_s else None})
-            for attention in target_attentions(args)[1:]:
+            for attention in target_paths(args)[1:]:
                 tagged = timed_fast(drafter, ids, cfg, attention)
                 checks.append({"request": req["id"], "method": f"{name}{suffix(attention)}",
                                "same_tokens": torch.equal(tagged.sequences, found.sequences),
@@ -403,9 +413,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hf-assisted-contexts", default="8192", help="contexts of the HF assisted row ('' = none)")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--eager", action="store_true", help="also time our eager engine's AR step")
-    parser.add_argument("--target-attention", default="", choices=("", "bucket", "triton"),
-                        help="also time (and, for smollm2, check) our rows with this target verify attention; "
-                             "rows get the suffix [name]")
+    parser.add_argument("--target-paths", default="",
+                        help="comma list of extra target paths to time (and, for smollm2, check): triton (decode "
+                             "kernel attention), fused (decode kernel + fused norm/rope/MLP); rows get [name]")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--alpha", type=float, default=2.0)
     parser.add_argument("--tau", type=float, default=3.0, help="τ of the real pair, for projected speedups")

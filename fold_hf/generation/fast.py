@@ -27,6 +27,12 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   reads the lengths from the device state. The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the
   default. The eager engine always uses SDPA over the exact prefix.
 
+* ``fused_layers`` (static and graphs engines, with ``target_attention="triton"``): the target's norms with
+  their residual adds, the rope with the cache write and the MLP's ``silu(gate) * up`` run as three fused
+  kernels per layer (:mod:`fold_hf.kernels.triton_layer`; torch twins off CUDA) instead of ~30 small module
+  kernels. Default: on when the attention is ``"triton"`` on CUDA and the target's layers allow it
+  (:meth:`StaticTarget.fused_unsupported`); ``$FOLD_HF_FUSED_LAYERS`` (``0``/``1``) overrides.
+
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
 
@@ -87,6 +93,36 @@ def resolve_target_attention(target_attention: str | None) -> str:
     if target_attention not in TARGET_ATTENTIONS:
         raise ValueError(f"target_attention must be one of {TARGET_ATTENTIONS}, got {target_attention!r}")
     return target_attention
+
+
+def resolve_fused_layers(fused_layers: bool | None, target_attention: str, runner: StaticTarget,
+                         engine: str) -> bool:
+    """Whether the static and graphs engines run the target's fused layers (module docstring).
+
+    Raises:
+        ValueError: ``fused_layers=True`` with the eager engine or with ``target_attention="bucket"``.
+        UnsupportedTarget: ``fused_layers=True`` on a target whose layers the fused kernels do not cover.
+    """
+    if fused_layers is None:
+        env = os.environ.get("FOLD_HF_FUSED_LAYERS")
+        if env not in (None, "", "0", "1"):
+            raise ValueError(f"FOLD_HF_FUSED_LAYERS must be 0 or 1, got {env!r}")
+        if env:
+            fused_layers = env == "1"
+        else:
+            return (engine != "eager" and target_attention == "triton" and runner.device.type == "cuda"
+                    and runner.fused_unsupported() is None)
+    if not fused_layers:
+        return False
+    if engine == "eager":
+        raise ValueError("fused_layers runs in the static and graphs engines, not engine='eager'")
+    if target_attention != "triton":
+        raise ValueError("fused_layers needs target_attention='triton' (the fused layers attend with the decode "
+                         "kernel)")
+    reason = runner.fused_unsupported()
+    if reason is not None:
+        raise UnsupportedTarget(f"fused_layers=True: {reason}")
+    return True
 
 
 def release_fast_state(target) -> None:
@@ -242,6 +278,7 @@ def fast_generate(
     engine: str | None = None,
     prefill_chunk: int = PREFILL_CHUNK,
     target_attention: str | None = None,
+    fused_layers: bool | None = None,
 ):
     """Greedy speculative decoding of ``target`` with ``drafter`` (AR when None) on the fast machinery.
 
@@ -253,6 +290,8 @@ def fast_generate(
         prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
         target_attention: the verify step's attention in the static and graphs engines, ``"bucket"`` or
             ``"triton"`` (module docstring); default ``$FOLD_HF_TARGET_ATTENTION`` or ``"bucket"``.
+        fused_layers: run the target's elementwise work as fused kernels (module docstring); default on with
+            ``target_attention="triton"`` on CUDA where the target allows it.
 
     Returns:
         ``[1, P + N]`` sequences, or a :class:`GenerationResult` with ``return_stats=True``.
@@ -296,16 +335,17 @@ def fast_generate(
         capacity = prompt_len + max_new_tokens + block
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         session = _session(target, capacity, taps, engine)
+        fused = resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
         out = _Output(_eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer)
         return _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, return_stats,
-                       prefill_chunk, target_attention)
+                       prefill_chunk, target_attention, fused)
     finally:
         if previous_config is not None:
             drafter.set_fold_config(previous_config)
 
 
 def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, return_stats: bool,
-            prefill_chunk: int, target_attention: str = "bucket"):
+            prefill_chunk: int, target_attention: str = "bucket", fused: bool = False):
     runner = session.runner
     device = session.device
     prompt_len = input_ids.shape[1]
@@ -327,7 +367,8 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
     if session.engine == "eager":
         _eager_rounds(session, drafter, dcache, last, prompt_len, budget, out)
     else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out, target_attention)
+        _static_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out, target_attention,
+                       fused)
     end = _clock(device)
     if out.streamer is not None:
         out.streamer.end()
@@ -372,7 +413,7 @@ def _eager_rounds(session: _Session, drafter, dcache, last, position: int, budge
 
 
 def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, position: int, budget: int,
-                   out: _Output, target_attention: str = "bucket") -> None:
+                   out: _Output, target_attention: str = "bucket", fused: bool = False) -> None:
     """Device-length rounds (engines ``static`` and ``graphs``); one host read per round."""
     runner = session.runner
     block = drafter.block_size if drafter is not None else 1
@@ -394,7 +435,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             ids[:, :1] = state[_LAST : _LAST + 1].view(1, 1)
             positions = state[_T_LEN : _T_LEN + 1] + offsets
             logits = runner.forward_static(ids, positions, bucket, taps_out=taps if with_taps else None,
-                                           attention=target_attention)
+                                           attention=target_attention, fused=fused)
             posterior = logits.argmax(-1)  # [B]
             drafts = ids[0, 1:]
             matched = (drafts == posterior[:-1]).long().cumprod(0).sum()
@@ -428,7 +469,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
                 ids[0, 1:] = logits[0].argmax(-1)
                 pending = None
         bucket = bucket_length(position + block, runner.capacity)
-        key = ("verify", block, bucket, with_taps, target_attention)
+        key = ("verify", block, bucket, with_taps, target_attention, fused)
         next_state, result = session.step(key, verify(bucket)).replay()
         state.copy_(next_state)
         values = result.tolist()  # the round's one device-to-host read
@@ -448,15 +489,16 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
 
 @torch.no_grad()
 def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds: int, engine: str = "graphs",
-                first_token: int = 0, target_attention: str | None = None) -> GenerationResult:
+                first_token: int = 0, target_attention: str | None = None,
+                fused_layers: bool | None = None) -> GenerationResult:
     """Benchmark entry: decode ``rounds`` rounds as if a ``context_length``-token prompt had been prefilled.
 
     No prefill runs: the target and drafter caches simply hold ``context_length`` entries (whatever the buffers
     contain, zeros when fresh), so per-round cost at long contexts can be timed in seconds. Timing is
     value-independent; tokens are meaningless. Every round commits at least one token, so at most ``rounds``
     rounds run (fewer only if drafts get accepted). ``decode_s`` covers the rounds only;
-    the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` as in
-    :func:`fast_generate`.
+    the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
+    ``fused_layers`` as in :func:`fast_generate`.
     """
     target_attention = resolve_target_attention(target_attention)
     block = drafter.block_size if drafter is not None else 1
@@ -477,8 +519,9 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     if engine == "eager":
         _eager_rounds(session, drafter, dcache, last, context_length, budget, out)
     else:
+        fused = resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
         _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out,
-                       target_attention)
+                       target_attention, fused)
     end = _clock(session.device)
     sequences = torch.tensor([out.tokens], device=session.device)
     result = GenerationResult(sequences=sequences, acceptance_lengths=out.acceptance, decode_s=end - start,

@@ -17,10 +17,14 @@ model's; only the cache and the attention are ours:
     tensor; attention reads a fixed *bucket* of the cache ``[0, S)`` with a mask built on device from the
     positions. Buckets grow with the context (length dispatch) so a short context does not pay for the whole
     capacity. The query heads of one KV head are stacked as rows, so GQA reads each KV head once.
-    Opt-in ``attention="triton"``: a split-context decode kernel
+    ``attention="triton"``: a split-context decode kernel
     (:func:`fold_hf.kernels.triton_fold.decode_attention_triton`; its torch twin off CUDA) reads the cache
     prefix ``[0, start)`` up to a length it loads from the device, plus the block's own keys causally, so no
     ``[Hkv, G * L, S]`` fp32 score tensor is written; the bucket then only sizes the kernel's splits.
+* Fused layers (``fused=True`` with ``attention="triton"``): the norms' residual adds, the rope with the cache
+  write and the MLP's ``silu(gate) * up`` run as three fused launches (:mod:`fold_hf.kernels.triton_layer`,
+  torch twins off CUDA) instead of ~30 small module kernels per layer; projections stay the model's modules
+  (PEFT included). Llama-style RMSNorm, SiLU MLP and full rotary only (:meth:`StaticTarget.fused_unsupported`).
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.generation.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 
@@ -88,6 +92,9 @@ def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
     return min(capacity, -(-needed // step) * step)
 
 
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+
+
 class StaticTarget:
     """Forward passes of a Llama-family causal LM over a preallocated KV cache (batch 1).
 
@@ -127,6 +134,28 @@ class StaticTarget:
         self.cos, self.sin = cos[0], sin[0]  # [capacity, D]
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
+        self._layer_ops = None  # resolved on first use of fused=True
+
+    def fused_unsupported(self) -> str | None:
+        """Why the fused-layer path cannot run this target (None when it can)."""
+        from transformers.activations import SiLUActivation
+
+        if self.cos.shape[-1] != self.head_dim:
+            return f"partial rotary ({self.cos.shape[-1]} of {self.head_dim} dims): the fused rope rotates all"
+        norms = [self.final_norm] + [n for layer in self.layers
+                                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        for norm in norms:
+            if type(norm).__name__ not in _RMS_NORMS or not hasattr(norm, "variance_epsilon"):
+                return f"norm {type(norm).__name__} is not a Llama-style RMSNorm"
+            if norm.weight.dtype != self.dtype:
+                return f"norm weights in {norm.weight.dtype}, activations in {self.dtype}"
+        for layer in self.layers:
+            mlp = layer.mlp
+            if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+                return f"MLP {type(mlp).__name__} is not gate/up/down"
+            if not isinstance(mlp.act_fn, (nn.SiLU, SiLUActivation)):
+                return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
+        return None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -242,7 +271,8 @@ class StaticTarget:
     # ------------------------------------------------------------------ device-length forward
     @torch.no_grad()
     def forward_static(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
-                       taps_out: torch.Tensor | None = None, attention: str = "bucket") -> torch.Tensor:
+                       taps_out: torch.Tensor | None = None, attention: str = "bucket",
+                       fused: bool = False) -> torch.Tensor:
         """CUDA-graph-friendly forward: nothing here reads a device value on the host.
 
         Args:
@@ -254,12 +284,18 @@ class StaticTarget:
             attention: ``"bucket"`` (two matmuls over the bucket with a masked fp32 softmax) or ``"triton"``
                 (the decode kernel over the prefix ``[0, positions[0])`` plus the block; its torch twin when the
                 kernel cannot run here). Both give the causal attention of the block.
+            fused: with ``attention="triton"``, run the layers' elementwise work as fused kernels (module
+                docstring); raises :class:`UnsupportedTarget` when :meth:`fused_unsupported` says why not.
 
         Returns:
             logits ``[L, V]``.
         """
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
+        if fused:
+            if attention != "triton":
+                raise ValueError("fused layers run with attention='triton' (the decode kernel)")
+            return self._forward_static_fused(input_ids, positions, bucket, taps_out)
         L = input_ids.shape[1]
         cos, sin = self.cos[positions], self.sin[positions]
         if attention == "triton":
@@ -283,6 +319,59 @@ class StaticTarget:
             return torch.matmul(probs, values).reshape(1, self.num_heads, L, self.head_dim)
 
         return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
+
+    def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                              taps_out: torch.Tensor | None) -> torch.Tensor:
+        """``forward_static`` with the decode kernel and the fused elementwise kernels. The residual add of each
+        sublayer happens inside the next norm, so the tap of layer ``i`` is written when layer ``i + 1`` (or the
+        final norm) forms it."""
+        if self._layer_ops is None:
+            from ..kernels import default_decode_attention, default_layer_ops
+
+            reason = self.fused_unsupported()
+            if reason is not None:
+                raise UnsupportedTarget(f"fused layers: {reason}")
+            self._layer_ops = default_layer_ops(self.device)
+            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
+        ops, decode = self._layer_ops, self._decode_attention
+        L = input_ids.shape[1]
+        context_length = positions[:1].to(torch.int32)
+        taps = {}
+        for slot, lid in enumerate(self.tap_layer_ids):
+            taps.setdefault(lid, []).append(slot)
+        H = self.model.config.hidden_size
+
+        def tap(layer_id: int, value: torch.Tensor) -> None:
+            if taps_out is not None:
+                for slot in taps.get(layer_id, ()):
+                    taps_out[:, :, slot * H : (slot + 1) * H] = value
+
+        hidden = self.embed(input_ids)
+        delta = None
+        for i, layer in enumerate(self.layers):
+            norm = layer.input_layernorm
+            hidden, normed = ops.add_rms_norm(hidden, delta, norm.weight, norm.variance_epsilon)
+            if i > 0:
+                tap(i - 1, hidden)
+            attn = layer.self_attn
+            q = attn.q_proj(normed).view(1, L, self.num_heads, self.head_dim)
+            k = attn.k_proj(normed).view(1, L, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(normed).view(1, L, self.num_kv_heads, self.head_dim)
+            if getattr(attn, "q_norm", None) is not None:
+                q = attn.q_norm(q)
+            if getattr(attn, "k_norm", None) is not None:
+                k = attn.k_norm(k)
+            q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
+            out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
+                         max_context_length=bucket)  # [1, L, Hq, D]
+            norm = layer.post_attention_layernorm
+            hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, L, -1)), norm.weight,
+                                              norm.variance_epsilon)
+            mlp = layer.mlp
+            delta = mlp.down_proj(ops.silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+        hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, self.final_norm.variance_epsilon)
+        tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
+        return self.lm_head(normed)[0]
 
     def _forward_static_decode(self, input_ids, positions, bucket: int, cos, sin, taps_out) -> torch.Tensor:
         """``forward_static`` with the decode kernel: the new entries go into the cache as usual, and the kernel

@@ -69,5 +69,31 @@ def default_decode_attention(device: torch.device):
     return decode_attention_reference
 
 
-__all__ = ["decode_attention_reference", "default_decode_attention", "fold_attention", "fold_attention_reference",
-           "fold_read_geometry_reference", "read_kernel_inputs", "triton_read_applies"]
+class LayerOps:
+    """The fused elementwise ops of :class:`~fold_hf.generation.static_target.StaticTarget`'s fused layers."""
+
+    def __init__(self, add_rms_norm, rope_write, silu_mul, backend: str) -> None:
+        self.add_rms_norm, self.rope_write, self.silu_mul, self.backend = add_rms_norm, rope_write, silu_mul, backend
+
+    def __repr__(self) -> str:
+        return f"LayerOps({self.backend})"
+
+
+def default_layer_ops(device: torch.device) -> LayerOps:
+    """The Triton kernels of :mod:`fold_hf.kernels.triton_layer` on CUDA when they import (and
+    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins from :mod:`fold_hf.kernels.layer_reference`."""
+    use_kernel = torch.device(device).type == "cuda" and os.environ.get("FOLD_HF_DISABLE_TRITON") != "1"
+    if use_kernel and is_triton_available():
+        try:
+            from .triton_layer import add_rms_norm_triton, rope_write_triton, silu_mul_triton
+        except ImportError:
+            pass
+        else:
+            return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, "triton")
+    from .layer_reference import add_rms_norm_reference, rope_write_reference, silu_mul_reference
+
+    return LayerOps(add_rms_norm_reference, rope_write_reference, silu_mul_reference, "torch")
+
+
+__all__ = ["LayerOps", "decode_attention_reference", "default_decode_attention", "default_layer_ops", "fold_attention",
+           "fold_attention_reference", "fold_read_geometry_reference", "read_kernel_inputs", "triton_read_applies"]

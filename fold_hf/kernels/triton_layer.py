@@ -1,0 +1,178 @@
+"""Triton kernels fusing the elementwise work of a Llama-family layer in the fast loop's decode steps.
+
+A decode step at 8B shape runs ~45 small kernels per layer through the transformers modules (RMSNorm alone is
+seven: cast, pow, mean, add, rsqrt, mul, mul); at one query each costs a few microseconds, ~3 ms per token in
+all, as much as reading the weights. These kernels cut a layer to the projections, the attention and three
+fused launches:
+
+* :func:`add_rms_norm_triton` residual add and RMSNorm in one pass (one program per row);
+* :func:`rope_write_triton` rotary embedding of queries and keys at their positions, written straight into the
+  KV cache with the values (one program per (token, head));
+* :func:`silu_mul_triton` ``silu(gate) * up``.
+
+Each rounds to the model dtype where transformers rounds (products and sums of the rope, the norm's cast before
+its weight), and uses libdevice's ``expf`` and correctly rounded division as PyTorch's CUDA silu does,
+so results differ from the modules only through the order of the norm's sum. Twins with the same signatures:
+:mod:`fold_hf.kernels.layer_reference`. Imported only when Triton is usable.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@triton.jit
+def _add_rms_norm_kernel(HIDDEN, DELTA, WEIGHT, SUM_OUT, NORM_OUT, hidden_size, inv_hidden_size, eps,
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < hidden_size
+    base = row * hidden_size
+    x = tl.load(HIDDEN + base + offs, mask=ok, other=0.0)
+    if HAS_DELTA:
+        x = (x.to(tl.float32) + tl.load(DELTA + base + offs, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(SUM_OUT + base + offs, x, mask=ok)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, 0) * inv_hidden_size
+    normed = (xf * tl.math.rsqrt(variance + eps)).to(x.dtype)
+    w = tl.load(WEIGHT + offs, mask=ok, other=0.0)
+    tl.store(NORM_OUT + base + offs, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=ok)
+
+
+def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm; shapes and semantics of
+    :func:`~fold_hf.kernels.layer_reference.add_rms_norm_reference` (``[..., H]`` contiguous, ``weight [H]``)."""
+    H = hidden.shape[-1]
+    if weight.shape != (H,) or weight.dtype != hidden.dtype:
+        raise ValueError(f"weight must be [{H}] in {hidden.dtype}, got {tuple(weight.shape)} {weight.dtype}")
+    hidden = hidden.contiguous()
+    rows = hidden.numel() // H
+    total = hidden
+    if delta is not None:
+        if delta.shape != hidden.shape or delta.dtype != hidden.dtype:
+            raise ValueError(f"delta {tuple(delta.shape)} {delta.dtype} does not match hidden "
+                             f"{tuple(hidden.shape)} {hidden.dtype}")
+        delta = delta.contiguous()
+        total = torch.empty_like(hidden)
+    normed = torch.empty_like(hidden)
+    block = _next_pow2(H)
+    _add_rms_norm_kernel[(rows,)](hidden, delta if delta is not None else hidden, weight, total, normed, H,
+                                  1.0 / H, float(eps), HAS_DELTA=delta is not None, BLOCK=block,
+                                  num_warps=max(1, min(16, block // 512)))
+    return total, normed
+
+
+@triton.jit
+def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_OUT, V_OUT,
+                       num_tokens, num_heads, num_kv_heads, cache_head_stride, cache_row_stride,
+                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    token = tl.program_id(0)
+    head = tl.program_id(1)  # [0, Hq) queries, [Hq, Hq + Hkv) keys, then values
+    offs = tl.arange(0, BLOCK_HALF)
+    ok = offs < HALF
+    D = 2 * HALF
+    pos = tl.load(POS + token)
+    if head < num_heads + num_kv_heads:
+        if head < num_heads:
+            src = Q + (token * num_heads + head) * D
+            dst = Q_OUT + (head * num_tokens + token) * D
+        else:
+            src = K + (token * num_kv_heads + head - num_heads) * D
+            dst = K_OUT + ((head - num_heads) * num_tokens + token) * D
+        x1 = tl.load(src + offs, mask=ok, other=0.0)
+        x2 = tl.load(src + HALF + offs, mask=ok, other=0.0)
+        dtype = x1.dtype
+        c1 = tl.load(COS + pos * D + offs, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(COS + pos * D + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(SIN + pos * D + offs, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(SIN + pos * D + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+        x1f = x1.to(tl.float32)
+        x2f = x2.to(tl.float32)
+        # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q2, q1); each product and the sum rounded like torch
+        out1 = ((x1f * c1).to(dtype).to(tl.float32) + (-(x2f * s1)).to(dtype).to(tl.float32)).to(dtype)
+        out2 = ((x2f * c2).to(dtype).to(tl.float32) + (x1f * s2).to(dtype).to(tl.float32)).to(dtype)
+        tl.store(dst + offs, out1, mask=ok)
+        tl.store(dst + HALF + offs, out2, mask=ok)
+        if head >= num_heads:
+            cache = KEY_CACHE + (head - num_heads) * cache_head_stride + pos * cache_row_stride
+            tl.store(cache + offs, out1, mask=ok)
+            tl.store(cache + HALF + offs, out2, mask=ok)
+    else:
+        kv_head = head - num_heads - num_kv_heads
+        src = V + (token * num_kv_heads + kv_head) * D
+        dst = V_OUT + (kv_head * num_tokens + token) * D
+        cache = VALUE_CACHE + kv_head * cache_head_stride + pos * cache_row_stride
+        for start in tl.static_range(0, 2):
+            v = tl.load(src + start * HALF + offs, mask=ok, other=0.0)
+            tl.store(dst + start * HALF + offs, v, mask=ok)
+            tl.store(cache + start * HALF + offs, v, mask=ok)
+
+
+def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos_table: torch.Tensor,
+                      sin_table: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotary embedding of the block's queries and keys, keys and values written into the cache; shapes and
+    semantics of :func:`~fold_hf.kernels.layer_reference.rope_write_reference`. The cache buffers must have a
+    contiguous head dim and equal strides (``[1, Hkv, capacity, D]`` as :class:`StaticTarget` allocates)."""
+    _, L, Hq, D = query.shape
+    Hkv = key.shape[2]
+    if key.shape != (1, L, Hkv, D) or value.shape != key.shape:
+        raise ValueError(f"key {tuple(key.shape)} / value {tuple(value.shape)} do not match query "
+                         f"{tuple(query.shape)}")
+    if D % 2 or cos_table.shape[-1] != D or sin_table.shape != cos_table.shape:
+        raise ValueError(f"rope tables {tuple(cos_table.shape)} do not rotate head dim {D} (full rotary only)")
+    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
+        raise ValueError("key and value caches must share strides with a contiguous head dim")
+    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    cos_table, sin_table = cos_table.contiguous(), sin_table.contiguous()
+    q_out = query.new_empty(1, Hq, L, D)
+    k_out = key.new_empty(1, Hkv, L, D)
+    v_out = value.new_empty(1, Hkv, L, D)
+    half = D // 2
+    _rope_write_kernel[(L, Hq + 2 * Hkv)](
+        query, key, value, cos_table, sin_table, positions, key_cache, value_cache, q_out, k_out, v_out,
+        L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), HALF=half, BLOCK_HALF=_next_pow2(half),
+        num_warps=1)
+    return q_out, k_out, v_out
+
+
+@triton.jit
+def _silu_mul_kernel(GATE, UP, OUT, n, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    g = tl.load(GATE + offs, mask=ok, other=0.0)
+    u = tl.load(UP + offs, mask=ok, other=0.0)
+    gf = g.to(tl.float32)
+    if LIBDEVICE_EXP:
+        e = libdevice.exp(-gf)  # expf, as torch's silu; tl.exp is exp2-based and a few ulp off
+    else:
+        e = tl.exp(-gf)  # Triton's interpreter has no libdevice
+    silu = tl.math.div_rn(gf, 1.0 + e).to(g.dtype)
+    tl.store(OUT + offs, (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
+
+
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` (``[..., I]``, one dtype); the semantics of
+    :func:`~fold_hf.kernels.layer_reference.silu_mul_reference`."""
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    block = 1024
+    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block,
+                                               LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1", num_warps=4)
+    return out
+
+
+__all__ = ["add_rms_norm_triton", "rope_write_triton", "silu_mul_triton"]

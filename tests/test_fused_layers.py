@@ -1,0 +1,219 @@
+"""The target's fused layers in the fast loop (``fused_layers``): residual add + RMSNorm, rope + cache write and
+``silu(gate) * up`` as single kernels (:mod:`fold_hf.kernels.triton_layer`) beside their torch twins
+(:mod:`fold_hf.kernels.layer_reference`).
+
+* CPU (CI): the twins compute what the transformers modules compute, bit for bit; the static engine with fused
+  layers (twins off CUDA) is lossless against HF greedy with the acceptance lengths of the foundation loop;
+  bad settings and unsupported layers raise errors that say why.
+* Triton interpreter (``TRITON_INTERPRET=1``): each kernel against its twin over odd shapes.
+* GPU (``@pytest.mark.gpu``): the kernels against the twins in bf16/fp16/fp32 at odd and 8B shapes (the rope
+  exactly), and the graphs engine with fused layers against the unfused path and HF greedy.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers.models.llama import modeling_llama
+
+import fold_hf
+from fold_hf import FoldConfig
+from fold_hf.generation import fast_generate
+from fold_hf.generation.static_target import UnsupportedTarget
+from fold_hf.kernels.layer_reference import add_rms_norm_reference, rope_write_reference, silu_mul_reference
+from tiny import MASK_ID, greedy_reference, tiny_target, trained_pair
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+
+def rope_inputs(L, Hq, Hkv, D, capacity, start, dtype, device="cpu", seed=0):
+    positions = torch.arange(start, start + L, device=device)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
+    angles = torch.arange(capacity).float()[:, None] * inv_freq[None]
+    emb = torch.cat((angles, angles), dim=-1)
+    return dict(query=randn(1, L, Hq, D, dtype=dtype, device=device, seed=seed),
+                key=randn(1, L, Hkv, D, dtype=dtype, device=device, seed=seed + 1),
+                value=randn(1, L, Hkv, D, dtype=dtype, device=device, seed=seed + 2),
+                cos_table=emb.cos().to(device=device, dtype=dtype), sin_table=emb.sin().to(device=device, dtype=dtype),
+                positions=positions,
+                key_cache=randn(1, Hkv, capacity, D, dtype=dtype, device=device, seed=seed + 3),
+                value_cache=randn(1, Hkv, capacity, D, dtype=dtype, device=device, seed=seed + 4))
+
+
+def run_rope(fn, inputs):
+    inputs = {k: v.clone() for k, v in inputs.items()}
+    q, k, v = fn(**inputs)
+    return q, k, v, inputs["key_cache"], inputs["value_cache"]
+
+
+# ---------------------------------------------------------------------------------------------------- CPU (CI)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_twins_compute_what_the_modules_compute(dtype):
+    H = 96
+    norm = modeling_llama.LlamaRMSNorm(H, eps=1e-5).to(dtype)
+    norm.weight.data = randn(H, dtype=dtype, seed=9)
+    hidden, delta = randn(1, 5, H, dtype=dtype, seed=1, scale=3), randn(1, 5, H, dtype=dtype, seed=2)
+    total, normed = add_rms_norm_reference(hidden, delta, norm.weight, norm.variance_epsilon)
+    assert torch.equal(total, hidden + delta) and torch.equal(normed, norm(hidden + delta))
+
+    inputs = rope_inputs(L=3, Hq=6, Hkv=2, D=16, capacity=20, start=7, dtype=dtype)
+    before_keys = inputs["key_cache"].clone()
+    q, k, v, keys, values = run_rope(rope_write_reference, inputs)
+    cos, sin = inputs["cos_table"][7:10][None], inputs["sin_table"][7:10][None]
+    q_hf, k_hf = modeling_llama.apply_rotary_pos_emb(inputs["query"].transpose(1, 2), inputs["key"].transpose(1, 2),
+                                                     cos, sin)
+    assert torch.equal(q, q_hf) and torch.equal(k, k_hf)
+    assert torch.equal(keys[:, :, 7:10], k_hf) and torch.equal(values[:, :, 7:10], inputs["value"].transpose(1, 2))
+    untouched = torch.ones(20, dtype=torch.bool)
+    untouched[7:10] = False
+    assert torch.equal(keys[:, :, untouched], before_keys[:, :, untouched])
+
+    gate, up = randn(2, 3, 40, dtype=dtype, seed=4, scale=4), randn(2, 3, 40, dtype=dtype, seed=5)
+    assert torch.equal(silu_mul_reference(gate, up), nn.SiLU()(gate) * up)
+
+
+def mode_config(mode: str) -> FoldConfig:
+    return FoldConfig(mode=mode, window=16, alpha=2.0, train_length=64)
+
+
+def prompt(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(4000 + seed))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_static_engine_with_fused_layers_is_lossless(arch):
+    target, drafter = trained_pair(arch)
+    rounds = []
+    kw = dict(engine="static", target_attention="triton", fused_layers=True)
+    for seed, length in enumerate([1, 17, 300]):
+        ids = prompt(seed, length)
+        expected = greedy_reference(target, ids, 40)
+        assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=40, **kw), expected)
+        for mode in ("fold", "dflash"):
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
+                                   fold_config=mode_config(mode))
+            res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
+                                fold_config=mode_config(mode), **kw)
+            assert torch.equal(res.sequences, expected), (arch, length, mode)
+            # equal acceptance means the drafter saw the same tapped features as in the foundation loop
+            assert res.acceptance_lengths == ref.acceptance_lengths, (arch, length, mode)
+            rounds += res.acceptance_lengths
+    assert max(rounds) >= 2 and min(rounds) == 1, rounds
+
+
+def test_fused_layers_settings_are_checked(monkeypatch):
+    target, _ = trained_pair("llama")
+    ids = prompt(7, 12)
+    with pytest.raises(ValueError, match="target_attention='triton'"):
+        fast_generate(target, None, input_ids=ids, max_new_tokens=4, engine="static", fused_layers=True)
+    with pytest.raises(ValueError, match="engine='eager'"):
+        fast_generate(target, None, input_ids=ids, max_new_tokens=4, engine="eager", target_attention="triton",
+                      fused_layers=True)
+    monkeypatch.setenv("FOLD_HF_FUSED_LAYERS", "yes")
+    with pytest.raises(ValueError, match="FOLD_HF_FUSED_LAYERS"):
+        fast_generate(target, None, input_ids=ids, max_new_tokens=4, engine="static", target_attention="triton")
+    monkeypatch.setenv("FOLD_HF_FUSED_LAYERS", "1")
+    expected = greedy_reference(target, ids, 6)
+    assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=6, engine="static",
+                                     target_attention="triton"), expected)
+
+
+def test_unsupported_layers_are_named():
+    target = tiny_target("llama", seed=3, layers=2)
+    target.model.layers[1].mlp.act_fn = nn.GELU()
+    ids = prompt(8, 10)
+    with pytest.raises(UnsupportedTarget, match="GELU"):
+        fast_generate(target, None, input_ids=ids, max_new_tokens=4, engine="static", target_attention="triton",
+                      fused_layers=True)
+    # without the request the same target simply runs unfused
+    expected = greedy_reference(target, ids, 4)
+    assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=4, engine="static",
+                                     target_attention="triton"), expected)
+    fold_hf.generation.release_fast_state(target)
+
+
+# ------------------------------------------------------------------------------------------- kernels vs twins
+def check_kernels(device, dtype, norm_shapes, rope_shapes, silu_shapes, exact_rope: bool):
+    from fold_hf.kernels.triton_layer import add_rms_norm_triton, rope_write_triton, silu_mul_triton
+
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    for rows, H in norm_shapes:
+        hidden = randn(1, rows, H, dtype=dtype, device=device, seed=H + rows, scale=5)
+        delta = randn(1, rows, H, dtype=dtype, device=device, seed=H + rows + 1)
+        weight = randn(H, dtype=dtype, device=device, seed=H)
+        for d in (delta, None):
+            total, normed = add_rms_norm_triton(hidden, d, weight, 1e-6)
+            ref_total, ref_normed = add_rms_norm_reference(hidden, d, weight, 1e-6)
+            assert torch.equal(total, ref_total), (rows, H)
+            assert rel_err(normed, ref_normed) < tol, (rows, H, d is None)
+    for L, Hq, Hkv, D, capacity, start in rope_shapes:
+        inputs = rope_inputs(L, Hq, Hkv, D, capacity, start, dtype, device=device, seed=L + D)
+        got = run_rope(rope_write_triton, inputs)
+        want = run_rope(rope_write_reference, inputs)
+        for name, a, b in zip(("q", "k", "v", "key_cache", "value_cache"), got, want):
+            assert a.shape == b.shape, name
+            if exact_rope:
+                assert torch.equal(a, b), (name, L, Hq, Hkv, D)
+            else:
+                assert rel_err(a, b) < tol, (name, L, Hq, Hkv, D)
+    for shape in silu_shapes:
+        gate = randn(*shape, dtype=dtype, device=device, seed=sum(shape), scale=4)
+        up = randn(*shape, dtype=dtype, device=device, seed=sum(shape) + 1)
+        out, ref = silu_mul_triton(gate, up), silu_mul_reference(gate, up)
+        assert rel_err(out, ref) < tol, shape
+        if dtype != torch.float32:  # at most one rounding step apart, and nearly always identical
+            assert (out != ref).float().mean().item() < 0.01, shape
+
+
+INTERPRETER_NORMS = [(1, 96), (3, 64), (2, 1000)]
+INTERPRETER_ROPES = [(1, 4, 2, 16, 8, 7), (3, 6, 2, 24, 40, 11), (10, 8, 8, 64, 32, 0)]
+INTERPRETER_SILU = [(1, 1, 100), (1, 3, 1030)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernels_in_interpreter_match_twins(interpreter, dtype):
+    check_kernels("cpu", dtype, INTERPRETER_NORMS, INTERPRETER_ROPES, INTERPRETER_SILU, exact_rope=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_kernels_match_twins_on_gpu(dtype):
+    norms = [(1, 4096), (10, 4096), (16, 8192), (3, 576), (7, 2880), (1, 63)]
+    ropes = [(1, 32, 8, 128, 8192, 8191), (10, 32, 8, 128, 70000, 65535), (16, 12, 3, 96, 500, 63),
+             (3, 9, 3, 64, 100, 0)]
+    silu = [(1, 1, 14336), (1, 10, 14336), (1, 16, 1536), (1, 7, 63)]
+    check_kernels("cuda", dtype, norms, ropes, silu, exact_rope=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch):
+    target, drafter = trained_pair(arch)
+    target, drafter = target.to("cuda", torch.float32), drafter.to("cuda", torch.float32)
+    try:
+        for seed, length in enumerate([1, 230, 300, 700]):
+            ids = prompt(seed, length).cuda()
+            expected = greedy_reference(target, ids, 40)
+            for fused in (True, False):
+                ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine="graphs",
+                                   target_attention="triton", fused_layers=fused)
+                assert torch.equal(ar, expected), (arch, length, fused)
+            for mode in ("fold", "dflash"):
+                kw = dict(input_ids=ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
+                          engine="graphs", target_attention="triton")
+                fused = fast_generate(target, drafter, **kw, fused_layers=True)
+                unfused = fast_generate(target, drafter, **kw, fused_layers=False)
+                assert torch.equal(fused.sequences, expected), (arch, mode, length)
+                assert fused.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)
+    finally:
+        target.to("cpu", torch.float64)
+        drafter.to("cpu", torch.float64)
+        fold_hf.generation.release_fast_state(target)
