@@ -178,9 +178,10 @@ INTERPRETER_ROPES = [(1, 4, 2, 16, 8, 7), (3, 6, 2, 24, 40, 11), (10, 8, 8, 64, 
 INTERPRETER_SILU = [(1, 1, 100), (1, 3, 1030)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_kernels_in_interpreter_match_twins(interpreter, dtype):
-    check_kernels("cpu", dtype, INTERPRETER_NORMS, INTERPRETER_ROPES, INTERPRETER_SILU, exact_rope=False)
+    check_kernels("cpu", dtype, INTERPRETER_NORMS, INTERPRETER_ROPES, INTERPRETER_SILU,
+                  exact_rope=dtype != torch.float16)
 
 
 @pytest.mark.gpu

@@ -21,11 +21,12 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
               ``fold``/``window``/``dflash``, with a window-only variant until the context exceeds W; otherwise
               the drafter runs eagerly. Default on CUDA.
 
-* ``target_attention`` (opt-in, static and graphs engines): ``"bucket"`` (default) attends over the length
-  bucket with two matmuls and a masked fp32 softmax; ``"triton"`` runs the verify step's attention through the
-  decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its torch twin off CUDA), which
-  reads the lengths from the device state. The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the
-  default. The eager engine always uses SDPA over the exact prefix.
+* ``target_attention`` (static and graphs engines): ``"triton"`` (default on CUDA with Triton) runs the verify
+  step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
+  torch twin off CUDA), which reads the lengths from the device state; ``"bucket"`` (default elsewhere) attends
+  over the length bucket with two matmuls and a masked fp32 softmax (at 128K on an H200 it made a speculative
+  round 2.8x slower). The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the default. The eager engine
+  always uses SDPA over the exact prefix.
 
 * ``fused_layers`` (static and graphs engines, with ``target_attention="triton"``): the target's norms with
   their residual adds, the rope with the cache write and the MLP's ``silu(gate) * up`` run as three fused
@@ -52,6 +53,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..import_utils import is_triton_available
 from ..kernels.reference import fold_read_geometry_reference
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
@@ -86,10 +88,14 @@ CAPACITY_ROUNDING = 256
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
 
 
-def resolve_target_attention(target_attention: str | None) -> str:
-    """``target_attention``, else ``$FOLD_HF_TARGET_ATTENTION``, else ``"bucket"``; raises on unknown names."""
+def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu") -> str:
+    """``target_attention``, else ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA with Triton and
+    ``"bucket"`` elsewhere; raises on unknown names."""
     if target_attention is None:
-        target_attention = os.environ.get("FOLD_HF_TARGET_ATTENTION") or "bucket"
+        target_attention = os.environ.get("FOLD_HF_TARGET_ATTENTION") or None
+    if target_attention is None:
+        on_cuda = torch.device(device).type == "cuda" and os.environ.get("FOLD_HF_DISABLE_TRITON") != "1"
+        target_attention = "triton" if on_cuda and is_triton_available() else "bucket"
     if target_attention not in TARGET_ATTENTIONS:
         raise ValueError(f"target_attention must be one of {TARGET_ATTENTIONS}, got {target_attention!r}")
     return target_attention
@@ -289,7 +295,8 @@ def fast_generate(
             ``eager`` otherwise.
         prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
         target_attention: the verify step's attention in the static and graphs engines, ``"bucket"`` or
-            ``"triton"`` (module docstring); default ``$FOLD_HF_TARGET_ATTENTION`` or ``"bucket"``.
+            ``"triton"`` (module docstring); default ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA
+            with Triton and ``"bucket"`` elsewhere.
         fused_layers: run the target's elementwise work as fused kernels (module docstring); default on with
             ``target_attention="triton"`` on CUDA where the target allows it.
 
@@ -321,7 +328,7 @@ def fast_generate(
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "graphs" and device.type != "cuda":
         raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
-    target_attention = resolve_target_attention(target_attention)
+    target_attention = resolve_target_attention(target_attention, device)
     if drafter is not None:
         drafter.bind_target(target)
     previous_config = None
@@ -500,11 +507,11 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
     ``fused_layers`` as in :func:`fast_generate`.
     """
-    target_attention = resolve_target_attention(target_attention)
     block = drafter.block_size if drafter is not None else 1
     budget = rounds + 1
     taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
     session = _session(target, context_length + budget + block, taps, engine)
+    target_attention = resolve_target_attention(target_attention, session.device)
     out = _Output(set(), _StopStrings(None, None), None)
     out.first(first_token)
     out.commit_times = []

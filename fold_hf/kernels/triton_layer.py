@@ -30,6 +30,26 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+# Triton folds a written fp32 -> bf16 -> fp32 round trip away (measured on an H200: the rope came out rounded once
+# instead of three times) and contracts a * b + c into an FMA, so the rounding torch does between its ops is
+# spelled out in integer arithmetic here and the kernels are built with enable_fp_fusion=False.
+_EXACT = dict(enable_fp_fusion=False)
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """fp32 ``x`` rounded to ``DTYPE`` (nearest, ties to even) and held in fp32, as a torch op's result is (a
+    later ``.to(DTYPE)`` is then exact, whatever rounding the conversion uses)."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif DTYPE == tl.float32:
+        return x
+    else:
+        return x.to(DTYPE).to(tl.float32)
+
+
 @triton.jit
 def _add_rms_norm_kernel(HIDDEN, DELTA, WEIGHT, SUM_OUT, NORM_OUT, hidden_size, inv_hidden_size, eps,
                          HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
@@ -38,14 +58,15 @@ def _add_rms_norm_kernel(HIDDEN, DELTA, WEIGHT, SUM_OUT, NORM_OUT, hidden_size, 
     ok = offs < hidden_size
     base = row * hidden_size
     x = tl.load(HIDDEN + base + offs, mask=ok, other=0.0)
-    if HAS_DELTA:
-        x = (x.to(tl.float32) + tl.load(DELTA + base + offs, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
-        tl.store(SUM_OUT + base + offs, x, mask=ok)
+    dtype = x.dtype
     xf = x.to(tl.float32)
+    if HAS_DELTA:
+        xf = _round_to(xf + tl.load(DELTA + base + offs, mask=ok, other=0.0).to(tl.float32), dtype)
+        tl.store(SUM_OUT + base + offs, xf.to(dtype), mask=ok)
     variance = tl.sum(xf * xf, 0) * inv_hidden_size
-    normed = (xf * tl.math.rsqrt(variance + eps)).to(x.dtype)
+    normed = _round_to(xf * tl.math.rsqrt(variance + eps), dtype)
     w = tl.load(WEIGHT + offs, mask=ok, other=0.0)
-    tl.store(NORM_OUT + base + offs, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=ok)
+    tl.store(NORM_OUT + base + offs, _round_to(w.to(tl.float32) * normed, dtype).to(dtype), mask=ok)
 
 
 def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -68,7 +89,7 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
     block = _next_pow2(H)
     _add_rms_norm_kernel[(rows,)](hidden, delta if delta is not None else hidden, weight, total, normed, H,
                                   1.0 / H, float(eps), HAS_DELTA=delta is not None, BLOCK=block,
-                                  num_warps=max(1, min(16, block // 512)))
+                                  num_warps=max(1, min(16, block // 512)), **_EXACT)
     return total, normed
 
 
@@ -99,8 +120,8 @@ def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_
         x1f = x1.to(tl.float32)
         x2f = x2.to(tl.float32)
         # q * cos + rotate_half(q) * sin, rotate_half(q) = (-q2, q1); each product and the sum rounded like torch
-        out1 = ((x1f * c1).to(dtype).to(tl.float32) + (-(x2f * s1)).to(dtype).to(tl.float32)).to(dtype)
-        out2 = ((x2f * c2).to(dtype).to(tl.float32) + (x1f * s2).to(dtype).to(tl.float32)).to(dtype)
+        out1 = _round_to(_round_to(x1f * c1, dtype) + _round_to(-(x2f * s1), dtype), dtype).to(dtype)
+        out2 = _round_to(_round_to(x2f * c2, dtype) + _round_to(x1f * s2, dtype), dtype).to(dtype)
         tl.store(dst + offs, out1, mask=ok)
         tl.store(dst + HALF + offs, out2, mask=ok)
         if head >= num_heads:
@@ -142,7 +163,7 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     _rope_write_kernel[(L, Hq + 2 * Hkv)](
         query, key, value, cos_table, sin_table, positions, key_cache, value_cache, q_out, k_out, v_out,
         L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), HALF=half, BLOCK_HALF=_next_pow2(half),
-        num_warps=1)
+        num_warps=1, **_EXACT)
     return q_out, k_out, v_out
 
 
@@ -157,8 +178,8 @@ def _silu_mul_kernel(GATE, UP, OUT, n, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.co
         e = libdevice.exp(-gf)  # expf, as torch's silu; tl.exp is exp2-based and a few ulp off
     else:
         e = tl.exp(-gf)  # Triton's interpreter has no libdevice
-    silu = tl.math.div_rn(gf, 1.0 + e).to(g.dtype)
-    tl.store(OUT + offs, (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
+    silu = _round_to(tl.math.div_rn(gf, 1.0 + e), g.dtype)
+    tl.store(OUT + offs, _round_to(silu * u.to(tl.float32), g.dtype).to(g.dtype), mask=ok)
 
 
 def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -171,7 +192,8 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = gate.numel()
     block = 1024
     _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block,
-                                               LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1", num_warps=4)
+                                               LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1", num_warps=4,
+                                               **_EXACT)
     return out
 
 
