@@ -13,10 +13,11 @@ the real pair; stated in the output). Rows, per context:
 * ``our_ar``           our AR step (graphs engine; ``our_ar_eager`` the eager engine)
 * ``our_sd_dflash`` / ``our_sd_fold``  our speculative round (fold: α, W from the flags)
 * ``floor``            (weights read per step + KV bytes at T) / copy bandwidth measured in this run
-* with ``--target-paths triton,fused``: also ``our_sd_dflash[triton]``, ``our_sd_fold[triton]``, ``our_ar[triton]``
-  (the target's verify attention on the decode kernel, ``target_attention="triton", fused_layers=False``) and the
-  same rows ``[fused]`` (decode kernel plus the fused norm/rope/MLP kernels, ``fused_layers=True``), timed in the
-  same run as the default rows
+* unsuffixed ``our_*`` rows use ``fast_generate``'s defaults (on CUDA: the decode-kernel verify attention with the
+  fused norm/rope/MLP kernels); ``--target-paths bucket,triton,fused`` adds the same rows for
+  ``[bucket]`` (``target_attention="bucket"``, the matmul attention over a length bucket, module kernels),
+  ``[triton]`` (decode kernel, module kernels: ``fused_layers=False``) and ``[fused]`` (decode kernel and fused
+  kernels, spelled out), timed in the same run
 
 Writes ``e2e.csv`` (gpu, versions, date, row, context, p20/p50/p80 ms, peak GiB) and ``e2e.json`` (the rows and
 the headline ratios) under ``--out``.
@@ -29,7 +30,7 @@ acceptance lengths equal the foundation loop's (``fold_hf.generate``).
 
 Run from the repo root:  python benchmarks/e2e_bench.py --out $OUT        (about 4-5 minutes on an H200)
                          python benchmarks/e2e_bench.py --pair smollm2 --out $OUT   (about 2-3 minutes)
-                         add ``--target-paths triton,fused`` to either (about 2x the time)
+                         add ``--target-paths bucket,triton`` to either (about 2x the time)
 """
 
 from __future__ import annotations
@@ -164,14 +165,16 @@ def hf_assisted_rounds(target, drafter, context: int, rounds: int) -> list[float
     return streamer.intervals(skip=1)
 
 
-# the target's verify-step variants, by name (rows get the suffix [name] unless it is the default "bucket")
-TARGET_PATHS = {"bucket": dict(target_attention="bucket", fused_layers=False),
+# the target's verify-step variants, by name; rows get the suffix [name] except for "default" (what fast_generate
+# picks on its own: on CUDA the decode kernel with fused layers)
+TARGET_PATHS = {"default": {},
+                "bucket": dict(target_attention="bucket", fused_layers=False),
                 "triton": dict(target_attention="triton", fused_layers=False),
                 "fused": dict(target_attention="triton", fused_layers=True)}
 
 
 def our_rounds(target, drafter, context: int, rounds: int, repeats: int, engine: str = "graphs",
-               path: str = "bucket") -> list[float]:
+               path: str = "default") -> list[float]:
     kw = dict(engine=engine, **(TARGET_PATHS[path] if engine != "eager" else {}))
     time_rounds(target, drafter, context, rounds, **kw)  # captures the graphs of this length
     seconds: list[float] = []
@@ -181,16 +184,16 @@ def our_rounds(target, drafter, context: int, rounds: int, repeats: int, engine:
 
 
 def target_paths(args) -> list[str]:
-    """The default bucket attention first, then each path named by ``--target-paths``."""
-    extra = [a for a in (args.target_paths or "").split(",") if a and a != "bucket"]
+    """The library's default path first, then each path named by ``--target-paths``."""
+    extra = [a for a in (args.target_paths or "").split(",") if a and a != "default"]
     unknown = [a for a in extra if a not in TARGET_PATHS]
     if unknown:
         raise SystemExit(f"--target-paths: unknown {unknown}; choose from {sorted(TARGET_PATHS)}")
-    return ["bucket"] + extra
+    return ["default"] + extra
 
 
 def suffix(attention: str) -> str:
-    return "" if attention == "bucket" else f"[{attention}]"
+    return "" if attention == "default" else f"[{attention}]"
 
 
 def run_random8b(args) -> None:
@@ -255,7 +258,7 @@ def run_random8b(args) -> None:
     }, headline(rows, cache_bytes, args.tau, target_paths(args)))
 
 
-def headline(rows: list[dict], cache_bytes: dict, tau: float, attentions=("bucket",)) -> dict:
+def headline(rows: list[dict], cache_bytes: dict, tau: float, attentions=("default",)) -> dict:
     def p50(name, context):
         for row in rows:
             if row["row"] == name and row["context"] == context and row["p50_ms"] is not None:
@@ -276,7 +279,7 @@ def headline(rows: list[dict], cache_bytes: dict, tau: float, attentions=("bucke
         "fold_cache_bytes_over_dflash_cache_bytes_128k": ratio(by_ctx.get("fold"), by_ctx.get("dflash")),
     }
     for attention in attentions:
-        if attention == "bucket":
+        if attention == "default":
             continue
         tag = suffix(attention)
         out[f"our_ar{tag}_step_over_floor_8b_32k"] = ratio(p50(f"our_ar{tag}", k32), p50("floor", k32))
@@ -307,7 +310,7 @@ def run_smollm2(args) -> None:
     methods = {"dflash": FoldConfig(mode="dflash", window=own.window), "fold": own}
     rows, checks = [], []
 
-    def timed_fast(drafter_or_none, ids, cfg, attention="bucket"):
+    def timed_fast(drafter_or_none, ids, cfg, attention="default"):
         kw = dict(input_ids=ids, max_new_tokens=args.new_tokens, return_stats=True, eos_token_id=[],
                   **TARGET_PATHS[attention])
         if cfg is not None:
@@ -414,8 +417,9 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--eager", action="store_true", help="also time our eager engine's AR step")
     parser.add_argument("--target-paths", default="",
-                        help="comma list of extra target paths to time (and, for smollm2, check): triton (decode "
-                             "kernel attention), fused (decode kernel + fused norm/rope/MLP); rows get [name]")
+                        help="comma list of extra target paths to time (and, for smollm2, check): bucket (matmul "
+                             "attention), triton (decode kernel attention, module kernels), fused (decode kernel + "
+                             "fused norm/rope/MLP); rows get [name]")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--alpha", type=float, default=2.0)
     parser.add_argument("--tau", type=float, default=3.0, help="τ of the real pair, for projected speedups")

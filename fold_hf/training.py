@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .modeling.drafter import FoldDrafter
+from .modeling.drafter import FoldDrafter, execution_device
 
 
 def block_training_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
@@ -100,11 +100,12 @@ def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tens
     pos = anchors[:, None] + slots[None, :]  # [n, B]
     ids = torch.full_like(pos, drafter.config.mask_token_id)
     ids[:, 0] = labels[0, anchors]
-    embeds = drafter.target_embedding(ids.reshape(1, -1)).detach()
+    # a device-mapped target may keep its embedding, the drafter and its lm_head on three devices
+    embeds = drafter.target_embedding(ids.reshape(1, -1)).detach().to(features.device)
     hidden = drafter_block_hidden(drafter, features, embeds, anchors)
     hidden = hidden.view(anchors.numel(), B, -1)[:, 1:]
     head = drafter.target_lm_head
-    logits = head(hidden.to(head.weight.dtype)).float()  # [n, B-1, V]
+    logits = head(hidden.to(execution_device(head), head.weight.dtype)).float().to(device)  # [n, B-1, V]
     target_pos = pos[:, 1:]
     valid = target_pos < L
     target_ids = labels[0, target_pos.clamp_max(L - 1)]
