@@ -327,6 +327,14 @@ def summarize(out: Path, dtype: str, tie_gap: float, planned: int | None = None)
             mode, path = key.split("/")
             differences.append({"prompt": rid, "kind": r["kind"], "source": r["source"], "length": r["length"],
                                 "mode": mode, "path": path, "near_tie": near_tie, **d})
+    seconds: dict[str, list[float]] = {}
+    for r in records.values():
+        for key, entry in r["runs"].items():
+            if entry.get("seconds") is not None:
+                seconds.setdefault(key.split("/")[1], []).append(entry["seconds"])
+    # where a prompt's time goes, per generate path (median and total seconds of one speculative run)
+    seconds_by_path = {path: {"median": sorted(v)[len(v) // 2], "total": round(sum(v), 1), "runs": len(v)}
+                       for path, v in sorted(seconds.items())}
     taus = {}
     for key in counts:
         vals = [r["runs"][key]["tau"] for r in records.values() if r["runs"].get(key, {}).get("tau") is not None]
@@ -341,9 +349,14 @@ def summarize(out: Path, dtype: str, tie_gap: float, planned: int | None = None)
         "kinds": {k: sum(r["kind"] == k for r in records.values()) for k in sorted({r["kind"] for r in records.values()})},
         "lengths": {"min": min((r["length"] for r in records.values()), default=None),
                     "max": max((r["length"] for r in records.values()), default=None)},
+        "seconds_by_path": seconds_by_path,
         "differences": differences,
     }
     (out / f"summary-{dtype}.json").write_text(json.dumps(summary, indent=2))
+    # one file with every record: what a machine returning few files should carry back
+    with (out / f"runs-{dtype}-merged.jsonl").open("w") as fh:
+        for rid in sorted(records):
+            fh.write(json.dumps(records[rid]) + "\n")
     return summary
 
 
@@ -356,6 +369,8 @@ def print_summary(summary: dict) -> None:
     for key, c in summary["by_mode_path"].items():
         tau = f"{c['tau']:.2f}" if c["tau"] is not None else "-"
         print(f"{key:20s} {c['identical']:9d} {c['different']:9d} {c['near_tie']:8d} {tau:>6s}")
+    for path, t in summary.get("seconds_by_path", {}).items():
+        print(f"path {path}: median {t['median']:.2f} s per run, {t['total']:.0f} s over {t['runs']} runs")
     for d in summary["differences"][:50]:
         print(f"DIFF {d['prompt']} {d['mode']}/{d['path']}: token {d['token_index']} (round {d['round']}, "
               f"slot {d['index_in_round']}): AR {d['ar_token']} {d['ar_text']!r} vs SD {d['sd_token']} "

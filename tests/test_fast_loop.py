@@ -64,6 +64,30 @@ def test_same_tokens_and_rounds_as_the_foundation_loop(arch, mode):
     assert max(rounds) >= 2 and min(rounds) == 1, rounds  # rollbacks and multi-token rounds both happened
 
 
+def test_switching_modes_within_a_session_keeps_each_mode_exact():
+    """A session keeps the draft steps of its recent modes and shares one cache among them: cycling through more
+    modes than it keeps, and coming back to earlier ones, still gives the foundation loop's rounds."""
+    from fold_hf.generation.fast import KEPT_DRAFT_MODES
+
+    target, drafter = trained_pair("llama")
+    ids = prompt(20, 120)
+    configs = [mode_config("fold"), mode_config("dflash"), mode_config("window"), mode_config("fold").replace(alpha=4.0),
+               mode_config("fold").replace(alpha=1.0), mode_config("streaming"), mode_config("fold"),
+               mode_config("dflash")]
+    assert len({repr(c) for c in configs}) > KEPT_DRAFT_MODES
+    expected = {}
+    for cfg in configs:
+        key = repr(cfg)
+        if key not in expected:
+            expected[key] = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS,
+                                             return_stats=True, fold_config=cfg).acceptance_lengths
+        res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+                            fold_config=cfg, engine="static")
+        assert torch.equal(res.sequences, greedy_reference(target, ids, NEW_TOKENS)), cfg
+        assert res.acceptance_lengths == expected[key], cfg
+    fold_hf.generation.release_fast_state(target)
+
+
 @pytest.mark.parametrize("engine", ["eager", "static"])
 def test_autoregressive_on_the_same_machinery(engine):
     target, _ = trained_pair("llama")

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -21,7 +23,13 @@ import fold_hf
 from fold_hf import FoldConfig
 from fold_hf.generation import fast_generate
 from fold_hf.generation.static_target import UnsupportedTarget
-from fold_hf.kernels.layer_reference import add_rms_norm_reference, rope_write_reference, silu_mul_reference
+from fold_hf.kernels.layer_reference import (
+    add_rms_norm_reference,
+    rope_write_reference,
+    rotate_heads_reference,
+    silu_mul_reference,
+)
+from fold_hf.kernels.reference import rotate_by_tables
 from tiny import MASK_ID, greedy_reference, tiny_target, trained_pair
 
 
@@ -109,6 +117,36 @@ def test_static_engine_with_fused_layers_is_lossless(arch):
     assert max(rounds) >= 2 and min(rounds) == 1, rounds
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_drafter_layers_give_the_foundation_loops_rounds(arch, monkeypatch):
+    """``FOLD_HF_FUSED_DRAFTER=1``: the drafter's static step with the fused ops (twins off CUDA) drafts exactly
+    what its modules draft, so the rounds equal the foundation loop's in every static mode."""
+    monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "1")
+    target, drafter = trained_pair(arch)
+    fold_hf.generation.release_fast_state(target)  # a fresh session: only this test's static drafters in it
+    kw = dict(engine="static", target_attention="triton", fused_layers=True)
+    for seed, length in enumerate([5, 120]):
+        ids = prompt(20 + seed, length)
+        expected = greedy_reference(target, ids, 30)
+        for mode in ("fold", "dflash", "window"):
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=30, return_stats=True,
+                                   fold_config=mode_config(mode))
+            res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=30, return_stats=True,
+                                fold_config=mode_config(mode), **kw)
+            assert torch.equal(res.sequences, expected), (arch, length, mode)
+            assert res.acceptance_lengths == ref.acceptance_lengths, (arch, length, mode)
+    session = target.__dict__["_fold_fast_session"]
+    assert all(d is not None and d.ops is not None for d in session.static_drafters.values())
+    fold_hf.generation.release_fast_state(target)
+
+
+def test_rotate_heads_twin_is_the_drafters_rotation():
+    x = randn(1, 3, 4, 16, dtype=torch.bfloat16, seed=30)
+    cos, sin = randn(3, 12, seed=31), randn(3, 12, seed=32)  # partial rotary: 12 of 16 channels
+    want = (rotate_by_tables(x.transpose(1, 2), cos, sin) * 0.25).to(torch.bfloat16)
+    assert torch.equal(rotate_heads_reference(x, cos, sin, 0.25, torch.bfloat16), want)
+
+
 def test_fused_layers_settings_are_checked(monkeypatch):
     target, _ = trained_pair("llama")
     ids = prompt(7, 12)
@@ -144,7 +182,19 @@ def test_unsupported_layers_are_named():
 def check_kernels(device, dtype, norm_shapes, rope_shapes, silu_shapes, exact_rope: bool):
     from fold_hf.kernels.triton_layer import add_rms_norm_triton, rope_write_triton, silu_mul_triton
 
+    from fold_hf.kernels.triton_layer import rotate_heads_triton
+
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    for L, H, D, R, scale in ((1, 4, 16, 16, 0.25), (3, 6, 24, 16, 1.0), (10, 32, 128, 128, 128**-0.5),
+                              (7, 5, 96, 64, 0.1)):
+        x = randn(1, L, H, D, dtype=dtype, device=device, seed=L * H + D)
+        cos, sin = randn(L, R, device=device, seed=R), randn(L, R, device=device, seed=R + 1)
+        got, want = rotate_heads_triton(x, cos, sin, scale, dtype), rotate_heads_reference(x, cos, sin, scale, dtype)
+        assert got.shape == (1, H, L, D)
+        if exact_rope:
+            assert torch.equal(got, want), (L, H, D, R)
+        else:
+            assert rel_err(got, want) < tol, (L, H, D, R)
     for rows, H in norm_shapes:
         hidden = randn(1, rows, H, dtype=dtype, device=device, seed=H + rows, scale=5)
         delta = randn(1, rows, H, dtype=dtype, device=device, seed=H + rows + 1)
@@ -214,6 +264,13 @@ def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch):
                 unfused = fast_generate(target, drafter, **kw, fused_layers=False)
                 assert torch.equal(fused.sequences, expected), (arch, mode, length)
                 assert fused.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)
+                os.environ["FOLD_HF_FUSED_DRAFTER"] = "1"
+                try:
+                    fused_drafter = fast_generate(target, drafter, **kw, fused_layers=True)
+                finally:
+                    del os.environ["FOLD_HF_FUSED_DRAFTER"]
+                assert torch.equal(fused_drafter.sequences, expected), (arch, mode, length)
+                assert fused_drafter.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)
     finally:
         target.to("cpu", torch.float64)
         drafter.to("cpu", torch.float64)

@@ -54,6 +54,7 @@ from collections.abc import Sequence
 import torch
 
 from ..import_utils import is_triton_available
+from ..kernels import default_layer_ops
 from ..kernels.reference import fold_read_geometry_reference
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
@@ -64,6 +65,7 @@ from .loop import _clock, _eos_ids, _StopStrings
 from .static_drafter import (
     StaticDrafter,
     commit_context,
+    fused_drafter_unsupported,
     default_read_function,
     preallocated_cache,
     static_drafter_unsupported,
@@ -83,6 +85,7 @@ from .verify import greedy_accept
 ENGINES = ("eager", "static", "graphs")
 _SESSION_ATTR = "_fold_fast_session"
 CAPACITY_ROUNDING = 256
+KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured (a benchmark sweep has 5 static)
 
 # state vector slots (long, on device)
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
@@ -131,6 +134,16 @@ def resolve_fused_layers(fused_layers: bool | None, target_attention: str, runne
     return True
 
 
+def fused_drafter_enabled() -> bool:
+    """Whether fused layers extend to the drafter's static step: ``$FOLD_HF_FUSED_DRAFTER=1`` (experimental, off
+    by default until measured on a GPU; the same math as the drafter's modules, tested on CPU and in Triton's
+    interpreter)."""
+    value = os.environ.get("FOLD_HF_FUSED_DRAFTER", "0")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"FOLD_HF_FUSED_DRAFTER must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def release_fast_state(target) -> None:
     """Free the fast loop's KV cache, drafter cache and graphs kept on ``target``."""
     target.__dict__.pop(_SESSION_ATTR, None)
@@ -154,7 +167,9 @@ class _Session:
         self.offsets: dict[int, torch.Tensor] = {}
         self.drafter_key = None
         self.drafter_cache = None
+        self.static_drafters: dict[str, StaticDrafter | None] = {}  # by repr(FoldConfig), most recent last
         self.static_drafter = None
+        self.draft_tag = None
 
     def buffers(self, block: int):
         if block not in self.ids:
@@ -173,22 +188,44 @@ class _Session:
             self.steps[key] = step
         return step
 
-    def drafter_slot(self, drafter: FoldDrafter, request_length: int):
-        """(FoldCache reset to empty, StaticDrafter or None) for ``drafter`` in its current mode."""
+    def drafter_slot(self, drafter: FoldDrafter, request_length: int, fused: bool = False):
+        """(FoldCache reset to empty, StaticDrafter or None) for ``drafter`` in its current mode.
+
+        The cache does not depend on the reading mode, so one buffer serves every mode of a drafter; the static
+        drafters and their captured draft steps are kept per mode (the last :data:`KEPT_DRAFT_MODES`), so a caller
+        comparing modes on one request does not capture the draft graphs again at every switch. ``fused``: the
+        static drafter runs its layers with the fused elementwise kernels (see :func:`fused_drafter_enabled`)."""
         cfg = drafter.fold_config
-        key = (id(drafter), repr(cfg), self.engine)
+        fused = fused and fused_drafter_unsupported(drafter) is None
+        key = (id(drafter), self.engine)
         if key != self.drafter_key:
             for k in [k for k in self.steps if k[0] == "draft"]:
                 del self.steps[k]
             self.drafter_cache = preallocated_cache(drafter, self.capacity, self.device, request_length)
-            self.static_drafter = None
+            self.static_drafters = {}
+            self.drafter_key = key
+        tag = repr(cfg) + (" fused" if fused else "")
+        if tag not in self.static_drafters:
+            static = None
             if self.engine != "eager" and static_drafter_unsupported(drafter) is None:
                 read = default_read_function()
                 if read is None and self.engine == "static":
                     read = fold_read_geometry_reference
                 if read is not None:
-                    self.static_drafter = StaticDrafter(drafter, self.drafter_cache, read)
-            self.drafter_key = key
+                    shared = next((d for d in self.static_drafters.values() if d is not None), None)
+                    static = StaticDrafter(drafter, self.drafter_cache, read,
+                                           tables=(shared.cos, shared.sin) if shared is not None else None,
+                                           layer_ops=default_layer_ops(self.device) if fused else None)
+            self.static_drafters[tag] = static
+            while len(self.static_drafters) > KEPT_DRAFT_MODES:
+                oldest = next(iter(self.static_drafters))
+                del self.static_drafters[oldest]
+                for k in [k for k in self.steps if k[0] == "draft" and k[1] == oldest]:
+                    del self.steps[k]
+        else:
+            self.static_drafters[tag] = self.static_drafters.pop(tag)  # most recently used last
+        self.static_drafter = self.static_drafters[tag]
+        self.draft_tag = tag
         self.drafter_cache.reset()
         self.drafter_cache.request_length = request_length
         return self.drafter_cache, self.static_drafter
@@ -361,7 +398,8 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
     dcache = static_drafter = None
     on_taps = None
     if drafter is not None:
-        dcache, static_drafter = session.drafter_slot(drafter, prompt_len + budget)
+        dcache, static_drafter = session.drafter_slot(drafter, prompt_len + budget,
+                                                      fused=fused and fused_drafter_enabled())
 
         def on_taps(features, start):
             commit_context(drafter, dcache, features)
@@ -470,7 +508,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
         if drafter is not None and k > 0:
             if static_drafter is not None:
                 with_far = static_drafter.needs_far(drafter_length + new_rows)
-                session.step(("draft", with_far), draft(with_far)).replay()
+                session.step(("draft", session.draft_tag, with_far), draft(with_far)).replay()
             else:
                 logits = drafter.draft_logits(state[_LAST : _LAST + 1], pending, dcache, block_start=position)
                 ids[0, 1:] = logits[0].argmax(-1)
@@ -512,13 +550,15 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
     session = _session(target, context_length + budget + block, taps, engine)
     target_attention = resolve_target_attention(target_attention, session.device)
+    fused = engine != "eager" and resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
     out = _Output(set(), _StopStrings(None, None), None)
     out.first(first_token)
     out.commit_times = []
     dcache = static_drafter = None
     if drafter is not None:
         drafter.bind_target(target)
-        dcache, static_drafter = session.drafter_slot(drafter, context_length + budget)
+        dcache, static_drafter = session.drafter_slot(drafter, context_length + budget,
+                                                      fused=fused and fused_drafter_enabled())
         for layer in dcache.layers:
             layer.length = context_length
     last = torch.tensor([first_token], device=session.device)
@@ -526,7 +566,6 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     if engine == "eager":
         _eager_rounds(session, drafter, dcache, last, context_length, budget, out)
     else:
-        fused = resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
         _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out,
                        target_attention, fused)
     end = _clock(session.device)

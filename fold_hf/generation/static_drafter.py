@@ -87,9 +87,15 @@ class StaticDrafter:
         cache: from :func:`preallocated_cache`, large enough for every entry plus one block.
         read_function: a function with the FOLD kernel contract (default: its torch twin
             :func:`~fold_hf.kernels.reference.fold_read_geometry_reference`).
+        tables: the rope tables ``(cos, sin)`` of another StaticDrafter of the same drafter and cache (they do not
+            depend on the reading mode), to share instead of building them again.
+        layer_ops: fused elementwise ops (:func:`fold_hf.kernels.default_layer_ops`) to run the layers' norms with
+            their residual adds, the query/key rotations and ``silu(gate) * up`` as single launches; None runs the
+            drafter's modules. The same math either way (see :func:`fused_drafter_unsupported`).
     """
 
-    def __init__(self, drafter: FoldDrafter, cache: FoldCache, read_function=None) -> None:
+    def __init__(self, drafter: FoldDrafter, cache: FoldCache, read_function=None, tables=None,
+                 layer_ops=None) -> None:
         reason = static_drafter_unsupported(drafter)
         if reason is not None:
             raise ValueError(f"static drafting does not cover {reason}")
@@ -104,8 +110,10 @@ class StaticDrafter:
         self.dtype = drafter.fc.weight.dtype
         acc = compute_dtype(self.dtype)
         rope = drafter.rope
-        positions = torch.arange(self.capacity + self.block, device=self.device)
-        self.cos, self.sin = rope.cos_sin(positions, dtype=acc)  # [max_position, rotary_dim]
+        if tables is None:
+            positions = torch.arange(self.capacity + self.block, device=self.device)
+            tables = rope.cos_sin(positions, dtype=acc)
+        self.cos, self.sin = tables  # [capacity + B, rotary_dim]
         self.window = None if cfg.mode == "dflash" else cfg.window + self.block
         self.alpha = float(cfg.alpha) if cfg.mode == "fold" else 1.0
         self.has_far_mode = cfg.mode == "fold"
@@ -115,6 +123,11 @@ class StaticDrafter:
             self.cos_far, self.sin_far = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
         self.block_offsets = torch.arange(self.block, device=self.device)
         self.mask_id = drafter.config.mask_token_id
+        if layer_ops is not None:
+            reason = fused_drafter_unsupported(drafter)
+            if reason is not None:
+                raise ValueError(f"fused drafter layers: {reason}")
+        self.ops = layer_ops
 
     def needs_far(self, context_length: int) -> bool:
         """Whether a round whose context holds ``context_length`` entries reads a non-empty far memory."""
@@ -133,6 +146,8 @@ class StaticDrafter:
         Returns:
             ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long).
         """
+        if self.ops is not None:
+            return self._draft_fused(new_features, state, with_far)
         drafter, B = self.drafter, self.block
         d_len, d_new, last = state[1:2], state[2:3], state[3:4]
         entry_positions = d_len + self.block_offsets
@@ -166,3 +181,62 @@ class StaticDrafter:
         head = drafter.target_lm_head
         logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
         return logits[0].argmax(-1)
+
+    def _draft_fused(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool) -> torch.Tensor:
+        """:meth:`draft` with the fused elementwise ops: each residual add happens inside the next norm."""
+        drafter, B, ops = self.drafter, self.block, self.ops
+        d_len, d_new, last = state[1:2], state[2:3], state[3:4]
+        entry_positions = d_len + self.block_offsets
+        context_length = d_len + d_new
+        query_positions = context_length + self.block_offsets
+        context = drafter.context_features(new_features)
+        ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
+        embed = drafter.target_embedding
+        hidden = embed(ids[None].to(embed.weight.device)).to(self.dtype)
+        cos_q, sin_q = self.cos[query_positions], self.sin[query_positions]
+        delta = None
+
+        def heads(x, proj, n, norm):
+            y = proj(x).view(1, x.shape[1], n, -1)
+            return y if norm is None else ops.add_rms_norm(y, None, norm.weight, norm.eps)[1]
+
+        for layer, cache_layer in zip(drafter.layers, self.cache.layers):
+            attn = layer.self_attn
+            hidden, normed = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            cache_layer.keys.index_copy_(2, entry_positions,
+                                         heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm).transpose(1, 2))
+            cache_layer.values.index_copy_(2, entry_positions,
+                                           heads(context, attn.v_proj, attn.num_kv_heads, None).transpose(1, 2))
+            q = heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
+            k_blk = heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
+            v_blk = heads(normed, attn.v_proj, attn.num_kv_heads, None).transpose(1, 2)
+            query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
+            query_far = ops.rotate_heads(q, self.cos_far, self.sin_far, attn.scaling, self.dtype) if with_far else None
+            block_keys = ops.rotate_heads(k_blk, cos_q, sin_q, 1.0, self.dtype)
+            out = self.read(query_near, query_far, cache_layer.keys, cache_layer.values, block_keys, v_blk,
+                            self.cos, self.sin, context_length, context_length, self.window, self.alpha)
+            post = layer.post_attention_layernorm
+            hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, B, -1)), post.weight, post.eps)
+            mlp = layer.mlp
+            delta = mlp.down_proj(ops.silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+        _, hidden = ops.add_rms_norm(hidden, delta, drafter.norm.weight, drafter.norm.eps)
+        head = drafter.target_lm_head
+        logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
+        return logits[0].argmax(-1)
+
+
+def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:
+    """Why the fused drafter layers cannot run ``drafter`` (None when they can)."""
+    from torch import nn
+    from transformers.activations import SiLUActivation
+
+    dtype = drafter.fc.weight.dtype
+    norms = [drafter.norm] + [n for layer in drafter.layers for n in (layer.input_layernorm,
+                                                                       layer.post_attention_layernorm,
+                                                                       layer.self_attn.q_norm, layer.self_attn.k_norm)]
+    if any(n.weight.dtype != dtype for n in norms):
+        return f"norm weights not in the drafter's dtype {dtype}"
+    for layer in drafter.layers:
+        if not isinstance(layer.mlp.act, (nn.SiLU, SiLUActivation)):
+            return f"MLP activation {type(layer.mlp.act).__name__} is not SiLU"
+    return None

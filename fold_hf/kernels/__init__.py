@@ -70,10 +70,11 @@ def default_decode_attention(device: torch.device):
 
 
 class LayerOps:
-    """The fused elementwise ops of :class:`~fold_hf.generation.static_target.StaticTarget`'s fused layers."""
+    """The fused elementwise ops of the fast loop's fused layers (target and drafter)."""
 
-    def __init__(self, add_rms_norm, rope_write, silu_mul, backend: str) -> None:
-        self.add_rms_norm, self.rope_write, self.silu_mul, self.backend = add_rms_norm, rope_write, silu_mul, backend
+    def __init__(self, add_rms_norm, rope_write, silu_mul, rotate_heads, backend: str) -> None:
+        self.add_rms_norm, self.rope_write, self.silu_mul = add_rms_norm, rope_write, silu_mul
+        self.rotate_heads, self.backend = rotate_heads, backend
 
     def __repr__(self) -> str:
         return f"LayerOps({self.backend})"
@@ -85,14 +86,20 @@ def default_layer_ops(device: torch.device) -> LayerOps:
     use_kernel = torch.device(device).type == "cuda" and os.environ.get("FOLD_HF_DISABLE_TRITON") != "1"
     if use_kernel and is_triton_available():
         try:
-            from .triton_layer import add_rms_norm_triton, rope_write_triton, silu_mul_triton
+            from .triton_layer import add_rms_norm_triton, rope_write_triton, rotate_heads_triton, silu_mul_triton
         except ImportError:
             pass
         else:
-            return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, "triton")
-    from .layer_reference import add_rms_norm_reference, rope_write_reference, silu_mul_reference
+            return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, rotate_heads_triton, "triton")
+    from .layer_reference import (
+        add_rms_norm_reference,
+        rope_write_reference,
+        rotate_heads_reference,
+        silu_mul_reference,
+    )
 
-    return LayerOps(add_rms_norm_reference, rope_write_reference, silu_mul_reference, "torch")
+    return LayerOps(add_rms_norm_reference, rope_write_reference, silu_mul_reference, rotate_heads_reference,
+                    "torch")
 
 
 __all__ = ["LayerOps", "decode_attention_reference", "default_decode_attention", "default_layer_ops", "fold_attention",

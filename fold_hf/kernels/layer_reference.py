@@ -76,4 +76,28 @@ def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-__all__ = ["add_rms_norm_reference", "rope_write_reference", "silu_mul_reference"]
+
+
+def rotate_heads_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float,
+                           out_dtype: torch.dtype) -> torch.Tensor:
+    """Rotate per-token heads by rope tables in the tables' dtype, scale, cast: the drafter's query and block-key
+    rotation (:func:`~fold_hf.kernels.reference.rotate_by_tables` then ``* scale``).
+
+    Args:
+        x: ``[1, L, H, D]`` heads as projected (and normed).
+        cos, sin: ``[L, R]`` tables (rotate_half layout, ``R <= D`` even; channels past ``R`` pass through).
+        scale: multiplies every channel after the rotation (the attention scaling for queries, 1 for keys).
+        out_dtype: dtype of the result.
+
+    Returns:
+        ``[1, H, L, D]`` in ``out_dtype``.
+    """
+    from .reference import rotate_by_tables
+
+    rotated = rotate_by_tables(x.transpose(1, 2), cos, sin)
+    if scale != 1.0:
+        rotated = rotated * scale
+    return rotated.to(out_dtype)
+
+
+__all__ = ["add_rms_norm_reference", "rope_write_reference", "rotate_heads_reference", "silu_mul_reference"]

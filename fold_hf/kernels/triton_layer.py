@@ -197,4 +197,52 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-__all__ = ["add_rms_norm_triton", "rope_write_triton", "silu_mul_triton"]
+@triton.jit
+def _rotate_heads_kernel(X, COS, SIN, OUT, num_tokens, num_heads, head_dim, scale, HALF: tl.constexpr,
+                         BLOCK_HALF: tl.constexpr, REST: tl.constexpr, BLOCK_REST: tl.constexpr):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    src = X + (token * num_heads + head) * head_dim
+    dst = OUT + (head * num_tokens + token) * head_dim
+    table = token * 2 * HALF
+    offs = tl.arange(0, BLOCK_HALF)
+    ok = offs < HALF
+    x1 = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    c1 = tl.load(COS + table + offs, mask=ok, other=0.0)
+    c2 = tl.load(COS + table + HALF + offs, mask=ok, other=0.0)
+    s1 = tl.load(SIN + table + offs, mask=ok, other=0.0)
+    s2 = tl.load(SIN + table + HALF + offs, mask=ok, other=0.0)
+    out_dtype = OUT.dtype.element_ty
+    o1 = (x1 * c1 + (-x2) * s1) * scale
+    o2 = (x2 * c2 + x1 * s2) * scale
+    tl.store(dst + offs, _round_to(o1, out_dtype).to(out_dtype), mask=ok)
+    tl.store(dst + HALF + offs, _round_to(o2, out_dtype).to(out_dtype), mask=ok)
+    if REST > 0:
+        offs_rest = 2 * HALF + tl.arange(0, BLOCK_REST)
+        ok_rest = offs_rest < head_dim
+        rest = tl.load(src + offs_rest, mask=ok_rest, other=0.0).to(tl.float32) * scale
+        tl.store(dst + offs_rest, _round_to(rest, out_dtype).to(out_dtype), mask=ok_rest)
+
+
+def rotate_heads_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float,
+                        out_dtype: torch.dtype) -> torch.Tensor:
+    """Rotate ``[1, L, H, D]`` heads by fp32 tables ``[L, R]``, scale, cast to ``out_dtype``, as ``[1, H, L, D]``;
+    the semantics of :func:`~fold_hf.kernels.layer_reference.rotate_heads_reference` (partial rotary: channels
+    past ``R`` are only scaled)."""
+    _, L, H, D = x.shape
+    R = cos.shape[-1]
+    if cos.shape != (L, R) or sin.shape != cos.shape or R % 2 or R > D:
+        raise ValueError(f"tables {tuple(cos.shape)} / {tuple(sin.shape)} do not rotate {L} tokens of head dim {D}")
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise ValueError(f"the kernel rotates with fp32 tables, got {cos.dtype}")
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    out = torch.empty(1, H, L, D, device=x.device, dtype=out_dtype)
+    rest = D - R
+    _rotate_heads_kernel[(L, H)](x, cos, sin, out, L, H, D, float(scale), HALF=R // 2,
+                                 BLOCK_HALF=_next_pow2(R // 2), REST=rest, BLOCK_REST=_next_pow2(max(rest, 1)),
+                                 num_warps=1, **_EXACT)
+    return out
+
+
+__all__ = ["add_rms_norm_triton", "rope_write_triton", "rotate_heads_triton", "silu_mul_triton"]
