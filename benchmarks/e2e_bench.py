@@ -36,11 +36,13 @@ Run from the repo root:  python benchmarks/e2e_bench.py --out $OUT        (about
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import inspect
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -170,16 +172,35 @@ def hf_assisted_rounds(target, drafter, context: int, rounds: int) -> list[float
 TARGET_PATHS = {"default": {},
                 "bucket": dict(target_attention="bucket", fused_layers=False),
                 "triton": dict(target_attention="triton", fused_layers=False),
-                "fused": dict(target_attention="triton", fused_layers=True)}
+                "fused": dict(target_attention="triton", fused_layers=True),
+                # the fused ops also in the drafter's static step (experimental, FOLD_HF_FUSED_DRAFTER=1)
+                "fused_drafter": dict(target_attention="triton", fused_layers=True)}
+PATH_ENV = {"fused_drafter": {"FOLD_HF_FUSED_DRAFTER": "1"}}
+
+
+@contextlib.contextmanager
+def path_environment(path: str):
+    """The environment a target path needs for the duration of a call."""
+    saved = {k: os.environ.get(k) for k in PATH_ENV.get(path, {})}
+    os.environ.update(PATH_ENV.get(path, {}))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def our_rounds(target, drafter, context: int, rounds: int, repeats: int, engine: str = "graphs",
                path: str = "default") -> list[float]:
     kw = dict(engine=engine, **(TARGET_PATHS[path] if engine != "eager" else {}))
-    time_rounds(target, drafter, context, rounds, **kw)  # captures the graphs of this length
-    seconds: list[float] = []
-    for _ in range(repeats):
-        seconds += time_rounds(target, drafter, context, rounds, **kw).round_seconds[1:]
+    with path_environment(path):
+        time_rounds(target, drafter, context, rounds, **kw)  # captures the graphs of this length
+        seconds: list[float] = []
+        for _ in range(repeats):
+            seconds += time_rounds(target, drafter, context, rounds, **kw).round_seconds[1:]
     return seconds
 
 
@@ -315,8 +336,9 @@ def run_smollm2(args) -> None:
                   **TARGET_PATHS[attention])
         if cfg is not None:
             kw["fold_config"] = cfg
-        fast_generate(target, drafter_or_none, **kw)  # captures the graphs of this length
-        return fast_generate(target, drafter_or_none, **kw)
+        with path_environment(attention):
+            fast_generate(target, drafter_or_none, **kw)  # captures the graphs of this length
+            return fast_generate(target, drafter_or_none, **kw)
 
     for req in requests:
         ids = torch.tensor([req["input_ids"]], device="cuda")
@@ -419,7 +441,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target-paths", default="",
                         help="comma list of extra target paths to time (and, for smollm2, check): bucket (matmul "
                              "attention), triton (decode kernel attention, module kernels), fused (decode kernel + "
-                             "fused norm/rope/MLP); rows get [name]")
+                             "fused norm/rope/MLP), fused_drafter (also the drafter's step, experimental); rows get "
+                             "[name]")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--alpha", type=float, default=2.0)
     parser.add_argument("--tau", type=float, default=3.0, help="τ of the real pair, for projected speedups")

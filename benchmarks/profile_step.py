@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_bench import TARGET_PATHS, build_random_pair, copy_bandwidth, log, machine  # noqa: E402
+from e2e_bench import TARGET_PATHS, build_random_pair, copy_bandwidth, log, machine, path_environment  # noqa: E402
 
 from fold_hf import FoldConfig  # noqa: E402
 from fold_hf.generation.fast import release_fast_state, time_rounds  # noqa: E402
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--context", type=int, default=32768)
-    parser.add_argument("--paths", default="bucket,triton,fused")
+    parser.add_argument("--paths", default="bucket,triton,fused,fused_drafter")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -67,11 +67,12 @@ def main(argv=None) -> int:
     for path in [p for p in args.paths.split(",") if p]:
         for step, draft in (("ar", None), ("sd_fold", drafter)):
             kw = dict(engine="static", **TARGET_PATHS[path])
-            time_rounds(target, draft, args.context, 3, **kw)  # compile kernels, build buffers
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                result = time_rounds(target, draft, args.context, args.rounds, **kw)
+            with path_environment(path):
+                time_rounds(target, draft, args.context, 3, **kw)  # compile kernels, build buffers
                 torch.cuda.synchronize()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    result = time_rounds(target, draft, args.context, args.rounds, **kw)
+                    torch.cuda.synchronize()
             rounds = len(result.acceptance_lengths)
             table = kernel_table(prof, rounds)
             total_us = sum(r["us_per_round"] for r in table)

@@ -71,19 +71,21 @@ def test_switching_modes_within_a_session_keeps_each_mode_exact():
 
     target, drafter = trained_pair("llama")
     ids = prompt(20, 120)
-    configs = [mode_config("fold"), mode_config("dflash"), mode_config("window"), mode_config("fold").replace(alpha=4.0),
-               mode_config("fold").replace(alpha=1.0), mode_config("streaming"), mode_config("fold"),
-               mode_config("dflash")]
+    reference = greedy_reference(target, ids, 24)
+    fold = mode_config("fold")
+    configs = [fold, mode_config("dflash"), mode_config("window"), mode_config("streaming")]
+    configs += [fold.replace(alpha=a) for a in (1.0, 3.0, 4.0, 8.0)] + [fold.replace(window=w) for w in (8, 32)]
+    configs += [fold, mode_config("dflash")]  # back to modes the session has dropped by now
     assert len({repr(c) for c in configs}) > KEPT_DRAFT_MODES
     expected = {}
     for cfg in configs:
         key = repr(cfg)
         if key not in expected:
-            expected[key] = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS,
+            expected[key] = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24,
                                              return_stats=True, fold_config=cfg).acceptance_lengths
-        res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+        res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=24, return_stats=True,
                             fold_config=cfg, engine="static")
-        assert torch.equal(res.sequences, greedy_reference(target, ids, NEW_TOKENS)), cfg
+        assert torch.equal(res.sequences, reference), cfg
         assert res.acceptance_lengths == expected[key], cfg
     fold_hf.generation.release_fast_state(target)
 
