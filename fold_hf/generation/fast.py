@@ -25,8 +25,8 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
   torch twin off CUDA), which reads the lengths from the device state; ``"bucket"`` (default elsewhere) attends
   over the length bucket with two matmuls and a masked fp32 softmax (at 128K on an H200 it made a speculative
-  round 2.8x slower). The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the default. The eager engine
-  always uses SDPA over the exact prefix.
+  round 2.4x slower than the decode kernel). The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the
+  default. The eager engine always uses SDPA over the exact prefix.
 
 * ``fused_layers`` (static and graphs engines, with ``target_attention="triton"``): the target's norms with
   their residual adds, the rope with the cache write and the MLP's ``silu(gate) * up`` run as three fused
