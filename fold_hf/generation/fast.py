@@ -53,8 +53,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..import_utils import is_triton_available
-from ..kernels import default_layer_ops
+from ..kernels import default_layer_ops, triton_kernels_enabled
 from ..kernels.reference import fold_read_geometry_reference
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
@@ -97,8 +96,7 @@ def resolve_target_attention(target_attention: str | None, device: torch.device 
     if target_attention is None:
         target_attention = os.environ.get("FOLD_HF_TARGET_ATTENTION") or None
     if target_attention is None:
-        on_cuda = torch.device(device).type == "cuda" and os.environ.get("FOLD_HF_DISABLE_TRITON") != "1"
-        target_attention = "triton" if on_cuda and is_triton_available() else "bucket"
+        target_attention = "triton" if triton_kernels_enabled(device) else "bucket"
     if target_attention not in TARGET_ATTENTIONS:
         raise ValueError(f"target_attention must be one of {TARGET_ATTENTIONS}, got {target_attention!r}")
     return target_attention

@@ -146,8 +146,12 @@ class StaticDrafter:
         Returns:
             ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long).
         """
-        if self.ops is not None:
-            return self._draft_fused(new_features, state, with_far)
+        layers = self._layers if self.ops is None else self._layers_fused
+        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far))
+
+    def _block_inputs(self, new_features: torch.Tensor, state: torch.Tensor):
+        """What every layer of a round needs: entry positions of the new context rows, the context length (device
+        tensors), the new context features, the block's embeddings and the block rows' rope tables."""
         drafter, B = self.drafter, self.block
         d_len, d_new, last = state[1:2], state[2:3], state[3:4]
         entry_positions = d_len + self.block_offsets
@@ -157,7 +161,18 @@ class StaticDrafter:
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
         embed = drafter.target_embedding
         hidden = embed(ids[None].to(embed.weight.device)).to(self.dtype)
-        cos_q, sin_q = self.cos[query_positions], self.sin[query_positions]
+        return entry_positions, context_length, context, hidden, self.cos[query_positions], self.sin[query_positions]
+
+    def _draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy drafts ``[B - 1]`` from the final-normed block ``[1, B, H]``."""
+        head = self.drafter.target_lm_head
+        logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
+        return logits[0].argmax(-1)
+
+    def _layers(self, entry_positions, context_length, context, hidden, cos_q, sin_q,
+                with_far: bool) -> torch.Tensor:
+        """The drafter's layers through its modules; returns the final-normed block ``[1, B, H]``."""
+        drafter, B = self.drafter, self.block
         for layer, cache_layer in zip(drafter.layers, self.cache.layers):
             attn = layer.self_attn
             cache_layer.keys.index_copy_(2, entry_positions,
@@ -177,23 +192,12 @@ class StaticDrafter:
                             self.cos, self.sin, context_length, context_length, self.window, self.alpha)
             hidden = hidden + attn.o_proj(out.reshape(1, B, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        hidden = drafter.norm(hidden)
-        head = drafter.target_lm_head
-        logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
-        return logits[0].argmax(-1)
+        return drafter.norm(hidden)
 
-    def _draft_fused(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool) -> torch.Tensor:
-        """:meth:`draft` with the fused elementwise ops: each residual add happens inside the next norm."""
+    def _layers_fused(self, entry_positions, context_length, context, hidden, cos_q, sin_q,
+                      with_far: bool) -> torch.Tensor:
+        """:meth:`_layers` with the fused elementwise ops: each residual add happens inside the next norm."""
         drafter, B, ops = self.drafter, self.block, self.ops
-        d_len, d_new, last = state[1:2], state[2:3], state[3:4]
-        entry_positions = d_len + self.block_offsets
-        context_length = d_len + d_new
-        query_positions = context_length + self.block_offsets
-        context = drafter.context_features(new_features)
-        ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
-        embed = drafter.target_embedding
-        hidden = embed(ids[None].to(embed.weight.device)).to(self.dtype)
-        cos_q, sin_q = self.cos[query_positions], self.sin[query_positions]
         delta = None
 
         def heads(x, proj, n, norm):
@@ -219,16 +223,12 @@ class StaticDrafter:
             hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, B, -1)), post.weight, post.eps)
             mlp = layer.mlp
             delta = mlp.down_proj(ops.silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
-        _, hidden = ops.add_rms_norm(hidden, delta, drafter.norm.weight, drafter.norm.eps)
-        head = drafter.target_lm_head
-        logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
-        return logits[0].argmax(-1)
+        return ops.add_rms_norm(hidden, delta, drafter.norm.weight, drafter.norm.eps)[1]
 
 
 def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     """Why the fused drafter layers cannot run ``drafter`` (None when they can)."""
-    from torch import nn
-    from transformers.activations import SiLUActivation
+    from ..kernels.layer_reference import is_silu
 
     dtype = drafter.fc.weight.dtype
     norms = [drafter.norm] + [n for layer in drafter.layers for n in (layer.input_layernorm,
@@ -237,6 +237,6 @@ def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     if any(n.weight.dtype != dtype for n in norms):
         return f"norm weights not in the drafter's dtype {dtype}"
     for layer in drafter.layers:
-        if not isinstance(layer.mlp.act, (nn.SiLU, SiLUActivation)):
+        if not is_silu(layer.mlp.act):
             return f"MLP activation {type(layer.mlp.act).__name__} is not SiLU"
     return None

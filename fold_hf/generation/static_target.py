@@ -138,7 +138,7 @@ class StaticTarget:
 
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""
-        from transformers.activations import SiLUActivation
+        from ..kernels.layer_reference import is_silu
 
         if self.cos.shape[-1] != self.head_dim:
             return f"partial rotary ({self.cos.shape[-1]} of {self.head_dim} dims): the fused rope rotates all"
@@ -153,7 +153,7 @@ class StaticTarget:
             mlp = layer.mlp
             if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
                 return f"MLP {type(mlp).__name__} is not gate/up/down"
-            if not isinstance(mlp.act_fn, (nn.SiLU, SiLUActivation)):
+            if not is_silu(mlp.act_fn):
                 return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
         return None
 

@@ -22,13 +22,19 @@ from .reference import decode_attention_reference, fold_attention_reference, fol
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def triton_kernels_enabled(device: torch.device | str) -> bool:
+    """True when tensors on ``device`` may run Triton kernels: CUDA, Triton importable, and
+    ``FOLD_HF_DISABLE_TRITON`` not ``1``."""
+    if torch.device(device).type != "cuda" or os.environ.get("FOLD_HF_DISABLE_TRITON") == "1":
+        return False
+    return is_triton_available()
+
+
 def triton_read_applies(query: torch.Tensor, context_keys: torch.Tensor, read: LayerRead) -> bool:
     """True when :func:`fold_attention` runs this read with the Triton kernel."""
-    if query.device.type != "cuda" or os.environ.get("FOLD_HF_DISABLE_TRITON") == "1":
-        return False
     if query.shape[0] != 1 or query.dtype not in _KERNEL_DTYPES or read.num_context == 0:
         return False
-    return kernel_supports(read) and is_triton_available()
+    return kernel_supports(read) and triton_kernels_enabled(query.device)
 
 
 def fold_attention(
@@ -58,8 +64,7 @@ def default_decode_attention(device: torch.device):
     """The target's verify attention for the opt-in ``target_attention="triton"`` on ``device``: the Triton
     kernel (:func:`~fold_hf.kernels.triton_fold.decode_attention_triton`) on CUDA when it imports, else its
     pure-torch twin :func:`~fold_hf.kernels.reference.decode_attention_reference` (same signature)."""
-    use_kernel = torch.device(device).type == "cuda" and os.environ.get("FOLD_HF_DISABLE_TRITON") != "1"
-    if use_kernel and is_triton_available():
+    if triton_kernels_enabled(device):
         try:
             from .triton_fold import decode_attention_triton
         except ImportError:
@@ -83,8 +88,7 @@ class LayerOps:
 def default_layer_ops(device: torch.device) -> LayerOps:
     """The Triton kernels of :mod:`fold_hf.kernels.triton_layer` on CUDA when they import (and
     ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins from :mod:`fold_hf.kernels.layer_reference`."""
-    use_kernel = torch.device(device).type == "cuda" and os.environ.get("FOLD_HF_DISABLE_TRITON") != "1"
-    if use_kernel and is_triton_available():
+    if triton_kernels_enabled(device):
         try:
             from .triton_layer import add_rms_norm_triton, rope_write_triton, rotate_heads_triton, silu_mul_triton
         except ImportError:
@@ -103,4 +107,5 @@ def default_layer_ops(device: torch.device) -> LayerOps:
 
 
 __all__ = ["LayerOps", "decode_attention_reference", "default_decode_attention", "default_layer_ops", "fold_attention",
-           "fold_attention_reference", "fold_read_geometry_reference", "read_kernel_inputs", "triton_read_applies"]
+           "fold_attention_reference", "fold_read_geometry_reference", "read_kernel_inputs", "triton_kernels_enabled",
+           "triton_read_applies"]

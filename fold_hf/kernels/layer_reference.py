@@ -71,6 +71,14 @@ def rope_write_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return q, k, v
 
 
+def is_silu(activation) -> bool:
+    """True when an MLP's activation module is the SiLU that ``silu_mul`` fuses (torch's or transformers')."""
+    from torch import nn
+    from transformers.activations import SiLUActivation
+
+    return isinstance(activation, (nn.SiLU, SiLUActivation))
+
+
 def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``[..., I]`` tensors of one dtype."""
     return F.silu(gate) * up
@@ -100,4 +108,4 @@ def rotate_heads_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return rotated.to(out_dtype)
 
 
-__all__ = ["add_rms_norm_reference", "rope_write_reference", "rotate_heads_reference", "silu_mul_reference"]
+__all__ = ["add_rms_norm_reference", "is_silu", "rope_write_reference", "rotate_heads_reference", "silu_mul_reference"]
