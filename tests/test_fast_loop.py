@@ -8,16 +8,11 @@ from tokenizers.models import BPE
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 import fold_hf
-from fold_hf import FoldConfig
 from fold_hf.generation import fast_generate
-from tiny import MASK_ID, VOCAB, greedy_reference, trained_pair
+from tiny import MASK_ID, VOCAB, greedy_reference, mode_config, pair_on_gpu, trained_pair
 
 PROMPT_LENGTHS = [10, 90, 300]  # the window is 16: the longer prompts read a far memory
 NEW_TOKENS = 40
-
-
-def mode_config(mode: str) -> FoldConfig:
-    return FoldConfig(mode=mode, window=16, alpha=2.0, budget=24 if mode == "streaming" else None, train_length=64)
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:
@@ -163,9 +158,7 @@ def test_unsupported_requests_say_why():
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_graph_engine_matches_the_foundation_loop_on_gpu(arch):
-    target, drafter = trained_pair(arch)
-    target, drafter = target.to("cuda", torch.float32), drafter.to("cuda", torch.float32)
-    try:
+    with pair_on_gpu(arch) as (target, drafter):
         # prompts around the 256-token attention buckets, so the verify graph changes bucket mid-request
         for seed, length in enumerate([10, 230, 300, 700]):
             ids = prompt(seed, length).cuda()
@@ -182,7 +175,3 @@ def test_graph_engine_matches_the_foundation_loop_on_gpu(arch):
                     assert res.acceptance_lengths == ref.acceptance_lengths, (arch, mode, engine, length)
             chunked = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, prefill_chunk=128)
             assert torch.equal(chunked, ar), (arch, length)
-    finally:
-        target.to("cpu", torch.float64)
-        drafter.to("cpu", torch.float64)
-        fold_hf.generation.release_fast_state(target)

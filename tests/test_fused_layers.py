@@ -12,15 +12,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch import nn
 from transformers.models.llama import modeling_llama
 
 import fold_hf
-from fold_hf import FoldConfig
 from fold_hf.generation import fast_generate
 from fold_hf.generation.static_target import UnsupportedTarget
 from fold_hf.kernels.layer_reference import (
@@ -30,7 +27,7 @@ from fold_hf.kernels.layer_reference import (
     silu_mul_reference,
 )
 from fold_hf.kernels.reference import rotate_by_tables
-from tiny import MASK_ID, greedy_reference, tiny_target, trained_pair
+from tiny import MASK_ID, greedy_reference, mode_config, pair_on_gpu, tiny_target, trained_pair
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -88,32 +85,35 @@ def test_twins_compute_what_the_modules_compute(dtype):
     assert torch.equal(silu_mul_reference(gate, up), nn.SiLU()(gate) * up)
 
 
-def mode_config(mode: str) -> FoldConfig:
-    return FoldConfig(mode=mode, window=16, alpha=2.0, train_length=64)
-
-
 def prompt(seed: int, length: int) -> torch.Tensor:
     return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(4000 + seed))
+
+
+FUSED_STATIC = dict(engine="static", target_attention="triton", fused_layers=True)
+
+
+def fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, mode: str, new_tokens: int) -> list[int]:
+    """Decode ``ids`` in ``mode`` with the static engine's fused layers; assert the tokens are ``expected`` and the
+    acceptance lengths are the foundation loop's (so the drafter saw the same tapped features); return them."""
+    ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=new_tokens, return_stats=True,
+                           fold_config=mode_config(mode))
+    res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=new_tokens, return_stats=True,
+                        fold_config=mode_config(mode), **FUSED_STATIC)
+    assert torch.equal(res.sequences, expected), (ids.shape[1], mode)
+    assert res.acceptance_lengths == ref.acceptance_lengths, (ids.shape[1], mode)
+    return res.acceptance_lengths
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_static_engine_with_fused_layers_is_lossless(arch):
     target, drafter = trained_pair(arch)
     rounds = []
-    kw = dict(engine="static", target_attention="triton", fused_layers=True)
     for seed, length in enumerate([1, 17, 300]):
         ids = prompt(seed, length)
         expected = greedy_reference(target, ids, 40)
-        assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=40, **kw), expected)
+        assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=40, **FUSED_STATIC), expected)
         for mode in ("fold", "dflash"):
-            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
-                                   fold_config=mode_config(mode))
-            res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
-                                fold_config=mode_config(mode), **kw)
-            assert torch.equal(res.sequences, expected), (arch, length, mode)
-            # equal acceptance means the drafter saw the same tapped features as in the foundation loop
-            assert res.acceptance_lengths == ref.acceptance_lengths, (arch, length, mode)
-            rounds += res.acceptance_lengths
+            rounds += fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, mode, 40)
     assert max(rounds) >= 2 and min(rounds) == 1, rounds
 
 
@@ -124,17 +124,11 @@ def test_fused_drafter_layers_give_the_foundation_loops_rounds(arch, monkeypatch
     monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "1")
     target, drafter = trained_pair(arch)
     fold_hf.generation.release_fast_state(target)  # a fresh session: only this test's static drafters in it
-    kw = dict(engine="static", target_attention="triton", fused_layers=True)
     for seed, length in enumerate([5, 120]):
         ids = prompt(20 + seed, length)
         expected = greedy_reference(target, ids, 30)
         for mode in ("fold", "dflash", "window"):
-            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=30, return_stats=True,
-                                   fold_config=mode_config(mode))
-            res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=30, return_stats=True,
-                                fold_config=mode_config(mode), **kw)
-            assert torch.equal(res.sequences, expected), (arch, length, mode)
-            assert res.acceptance_lengths == ref.acceptance_lengths, (arch, length, mode)
+            fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, mode, 30)
     session = target.__dict__["_fold_fast_session"]
     assert all(d is not None and d.ops is not None for d in session.static_drafters.values())
     fold_hf.generation.release_fast_state(target)
@@ -246,10 +240,8 @@ def test_kernels_match_twins_on_gpu(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch):
-    target, drafter = trained_pair(arch)
-    target, drafter = target.to("cuda", torch.float32), drafter.to("cuda", torch.float32)
-    try:
+def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch, monkeypatch):
+    with pair_on_gpu(arch) as (target, drafter):
         for seed, length in enumerate([1, 230, 300, 700]):
             ids = prompt(seed, length).cuda()
             expected = greedy_reference(target, ids, 40)
@@ -264,14 +256,8 @@ def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch):
                 unfused = fast_generate(target, drafter, **kw, fused_layers=False)
                 assert torch.equal(fused.sequences, expected), (arch, mode, length)
                 assert fused.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)
-                os.environ["FOLD_HF_FUSED_DRAFTER"] = "1"
-                try:
-                    fused_drafter = fast_generate(target, drafter, **kw, fused_layers=True)
-                finally:
-                    del os.environ["FOLD_HF_FUSED_DRAFTER"]
+                monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "1")
+                fused_drafter = fast_generate(target, drafter, **kw, fused_layers=True)
+                monkeypatch.delenv("FOLD_HF_FUSED_DRAFTER")
                 assert torch.equal(fused_drafter.sequences, expected), (arch, mode, length)
                 assert fused_drafter.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)
-    finally:
-        target.to("cpu", torch.float64)
-        drafter.to("cpu", torch.float64)
-        fold_hf.generation.release_fast_state(target)

@@ -4,17 +4,11 @@ import pytest
 import torch
 
 import fold_hf
-from fold_hf import FoldConfig
-from tiny import MASK_ID, fit_drafter, greedy_reference, tiny_drafter, tiny_target, trained_pair
+from tiny import MASK_ID, fit_drafter, greedy_reference, mode_config, tiny_drafter, tiny_target, trained_pair
 
 MODES = ["fold", "dflash", "window", "streaming", "rerope", "yarn"]
 PROMPT_LENGTHS = [10, 37, 90, 170, 300]  # the window is 16: most prompts exceed it
 NEW_TOKENS = 40
-
-
-def mode_config(mode: str, **kw) -> FoldConfig:
-    return FoldConfig(mode=mode, window=16, alpha=2.0, budget=24 if mode == "streaming" else None,
-                      train_length=64, **kw)
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:

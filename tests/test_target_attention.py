@@ -1,12 +1,12 @@
-"""The target's verify attention (opt-in ``target_attention="triton"``): the decode kernel
+"""The target's verify attention ``target_attention="triton"`` (the default on CUDA): the decode kernel
 ``decode_attention_triton`` and its torch twin compute causal attention over the cache prefix plus the block, and
-the fast loop using them gives the same tokens and acceptance lengths as the default bucket attention.
+the fast loop using them gives the same tokens and acceptance lengths as the bucket attention.
 
-* CPU (runs in CI): the twin against plain causal SDPA over the concatenated keys; the static engine with the
-  opt-in (which runs the twin off CUDA) is lossless against HF greedy on tiny models.
+* CPU (runs in CI): the twin against plain causal SDPA over the concatenated keys; the static engine with
+  ``target_attention="triton"`` (which runs the twin off CUDA) is lossless against HF greedy on tiny models.
 * Triton interpreter (``TRITON_INTERPRET=1``, Triton installed, no CUDA): the kernel against the twin.
 * GPU (``@pytest.mark.gpu``): the kernel over odd shapes and long contexts, in a CUDA graph with new lengths,
-  and the graphs engine with the opt-in against the default path.
+  and the graphs engine with the decode kernel against the bucket attention.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import fold_hf
-from fold_hf import FoldConfig
 from fold_hf.generation import fast_generate
 from fold_hf.kernels import decode_attention_reference
-from tiny import MASK_ID, greedy_reference, trained_pair
+from tiny import MASK_ID, greedy_reference, mode_config, pair_on_gpu, trained_pair
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
@@ -74,10 +73,6 @@ def test_twin_ignores_cache_entries_past_the_length():
     inputs["context_values"][:, :, 50:] = 1e6
     got = decode_attention_reference(**inputs, context_length=torch.tensor([50]), scaling=0.25)
     torch.testing.assert_close(got, expected)
-
-
-def mode_config(mode: str) -> FoldConfig:
-    return FoldConfig(mode=mode, window=16, alpha=2.0, train_length=64)
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:
@@ -202,27 +197,22 @@ def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_graph_engine_with_the_opt_in_matches_the_default_on_gpu(arch):
-    target, drafter = trained_pair(arch)
-    target, drafter = target.to("cuda", torch.float32), drafter.to("cuda", torch.float32)
-    try:
+def test_graph_engine_with_the_decode_kernel_matches_the_bucket_attention_on_gpu(arch):
+    with pair_on_gpu(arch) as (target, drafter):
         # prompts around the 256-token attention buckets, so the verify graph changes bucket mid-request
         for seed, length in enumerate([10, 230, 300, 700]):
             ids = prompt(seed, length).cuda()
             for engine in ("static", "graphs"):
-                default_ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine=engine)
+                bucket_ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine=engine,
+                                           target_attention="bucket")
                 ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine=engine,
                                    target_attention="triton")
-                assert torch.equal(ar, default_ar), (arch, length, engine)
+                assert torch.equal(ar, bucket_ar), (arch, length, engine)
                 assert torch.equal(ar, greedy_reference(target, ids, 40)), (arch, length, engine)
                 for mode in ("fold", "dflash"):
                     kw = dict(input_ids=ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
                               engine=engine)
-                    default = fast_generate(target, drafter, **kw)
+                    bucket = fast_generate(target, drafter, **kw, target_attention="bucket")
                     res = fast_generate(target, drafter, **kw, target_attention="triton")
-                    assert torch.equal(res.sequences, default.sequences), (arch, mode, length, engine)
-                    assert res.acceptance_lengths == default.acceptance_lengths, (arch, mode, length, engine)
-    finally:
-        target.to("cpu", torch.float64)
-        drafter.to("cpu", torch.float64)
-        fold_hf.generation.release_fast_state(target)
+                    assert torch.equal(res.sequences, bucket.sequences), (arch, mode, length, engine)
+                    assert res.acceptance_lengths == bucket.acceptance_lengths, (arch, mode, length, engine)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -56,6 +57,12 @@ def tiny_drafter(target, fold_config: FoldConfig | None = None, seed: int = 1, *
     return drafter.to(next(target.parameters()).dtype).eval()
 
 
+def mode_config(mode: str, **kw) -> FoldConfig:
+    """The tests' reading config: W = 16, α = 2, a 24-entry budget for ``streaming``, training length 64."""
+    return FoldConfig(mode=mode, window=16, alpha=2.0, budget=24 if mode == "streaming" else None,
+                      train_length=64, **kw)
+
+
 def greedy_reference(target, input_ids, max_new_tokens):
     return target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)
 
@@ -94,3 +101,18 @@ def trained_pair(arch: str = "llama", block: int = 4):
     target = tiny_target(arch)
     drafter = fit_drafter(target, tiny_drafter(target, block=block))
     return target, drafter
+
+
+@contextlib.contextmanager
+def pair_on_gpu(arch: str = "llama"):
+    """The trained tiny pair moved to CUDA in fp32 for a GPU test, moved back (and its fast-loop state freed)
+    afterwards so the CPU tests keep their fp64 pair."""
+    target, drafter = trained_pair(arch)
+    target.to("cuda", torch.float32)
+    drafter.to("cuda", torch.float32)
+    try:
+        yield target, drafter
+    finally:
+        target.to("cpu", torch.float64)
+        drafter.to("cpu", torch.float64)
+        fold_hf.generation.release_fast_state(target)
