@@ -11,7 +11,7 @@ fast loop replays them) with the L2 flushed before every replay:
 * ``bucket``: what ``StaticTarget.forward_static`` runs by default: two matmuls over the length bucket with a
   masked fp32 softmax;
 * ``triton``: ``decode_attention_triton`` with the length read from the device and splits sized for the bucket
-  (what ``target_attention="triton"`` runs), plus a small sweep of ``num_splits`` x ``num_stages`` x ``block_n``
+  (what ``target_attention="triton"`` runs), plus a small sweep of ``num_splits`` x ``num_stages`` x ``block_n`` x ``num_warps``
   (each config's relative error against the fp64 twin is recorded: a config that is fast but wrong shows it);
 * ``floor``: K + V bytes of the T entries / the copy bandwidth measured in the same run.
 
@@ -117,10 +117,10 @@ def main(argv=None) -> int:
             record("bucket", *graphed(
                 lambda: bucket_attention(q, keys, values, positions, bucket, scaling).transpose(1, 2)))
             splits0 = default_num_splits(bucket, Hkv, 64, device)
-            configs = [dict(num_splits=None, num_stages=None, block_n=None)]
+            configs = [dict(num_splits=None, num_stages=None, block_n=None, num_warps=None)]
             if not args.no_sweep:
-                configs += [dict(num_splits=s, num_stages=st, block_n=bn)
-                            for s in (splits0, 2 * splits0, 4 * splits0) for st in (1, 2, 3) for bn in (32, 64)]
+                configs += [dict(num_splits=s, num_stages=st, block_n=bn, num_warps=w)
+                            for s in (splits0, 2 * splits0) for st in (2, 3) for bn in (32, 64) for w in (4, 8)]
             for config in configs:
                 def call(config=config):
                     return decode_attention_triton(q, keys, values, block_k, block_v, length, scaling=scaling,
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    fields = ["impl", "T", "L", "bucket", "num_splits", "num_stages", "block_n", "p20_us", "p50_us", "p80_us",
+    fields = ["impl", "T", "L", "bucket", "num_splits", "num_stages", "block_n", "num_warps", "p20_us", "p50_us", "p80_us",
               "floor_us", "fraction_of_floor", "rel_err"]
     with (out / "decode_attention.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     (out / "decode_attention.json").write_text(json.dumps({"versions": versions(), "bandwidth_tb_s": bandwidth / 1e12,
                                                            "best_triton": best, "rows": rows}, indent=2))
     log("best triton config per shape: " + json.dumps({k: {c: v[c] for c in ("num_splits", "num_stages", "block_n",
-                                                                              "p50_us", "fraction_of_floor")}
+                                                                              "num_warps", "p50_us",
+                                                                              "fraction_of_floor")}
                                                        for k, v in best.items()}, indent=1))
     return 0
 

@@ -175,7 +175,7 @@ TARGET_PATHS = {"default": {},
                 "fused": dict(target_attention="triton", fused_layers=True),
                 # the fused ops also in the drafter's static step (experimental, FOLD_HF_FUSED_DRAFTER=1)
                 "fused_drafter": dict(target_attention="triton", fused_layers=True)}
-PATH_ENV = {"fused_drafter": {"FOLD_HF_FUSED_DRAFTER": "1"}}
+PATH_ENV = {"fused": {"FOLD_HF_FUSED_DRAFTER": "0"}, "fused_drafter": {"FOLD_HF_FUSED_DRAFTER": "1"}}
 
 
 @contextlib.contextmanager

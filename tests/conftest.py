@@ -15,7 +15,31 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (run on the GPU machine)")
 
 
+# A GPU suite longer than one machine call runs in parts: with FOLD_HF_TESTS_DONE_FILE set, every test that passes
+# is appended to that file and tests already listed there are deselected, so the next call goes on where the last
+# one was cut (on a machine that keeps the file between calls).
+_DONE_FILE = os.environ.get("FOLD_HF_TESTS_DONE_FILE")
+
+
+def _passed_before() -> set:
+    if not _DONE_FILE or not os.path.isfile(_DONE_FILE):
+        return set()
+    with open(_DONE_FILE) as fh:
+        return {line.strip() for line in fh if line.strip()}
+
+
+def pytest_runtest_logreport(report):
+    if _DONE_FILE and report.when == "call" and report.passed:
+        with open(_DONE_FILE, "a") as fh:
+            fh.write(report.nodeid + "\n")
+
+
 def pytest_collection_modifyitems(config, items):
+    done = _passed_before()
+    if done:
+        kept = [item for item in items if item.nodeid not in done]
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+        items[:] = kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; run on the GPU machine (see README, 'GPU tests')")

@@ -91,3 +91,24 @@ def test_a_difference_is_reported_with_its_round_and_logit_gap(pair, prompts):
     assert (d["token_index"], d["round"], d["index_in_round"]) == (5, 2, 2)
     assert d["ar_token"] == ar[5] and d["sd_token"] == sd[5]
     assert d["ar_minus_sd_logit"] > 0 and d["top2_gap"] >= 0  # greedy AR took the argmax
+
+
+def test_workers_share_prompts_by_claims_and_take_over_a_dead_workers_prompt(tmp_path):
+    import subprocess
+    import sys
+
+    assert soak.claim_prompt(tmp_path, "p1")
+    assert not soak.claim_prompt(tmp_path, "p1"), "a prompt this process holds is not handed out again"
+    # a claim held by another running soak worker stays with it; once that worker is gone, its prompt is taken over
+    other = subprocess.Popen([sys.executable, "-c", "print(flush=True); import time; time.sleep(60)", "soak-worker"],
+                             stdout=subprocess.PIPE)
+    try:
+        other.stdout.readline()  # the worker runs (its command line is in /proc), as when it writes a claim
+        (tmp_path / "p2.claim").write_text(f"{other.pid}\n")
+        assert not soak.claim_prompt(tmp_path, "p2")
+    finally:
+        other.kill()
+        other.wait()
+    assert soak.claim_prompt(tmp_path, "p2")
+    (tmp_path / "p3.claim").write_text("not a pid\n")  # a torn claim file: taken over, never a crash
+    assert soak.claim_prompt(tmp_path, "p3")

@@ -1,14 +1,24 @@
 # Source on the GPU machine (no registries there): joins the staged GGUF parts, installs the carried gguf wheel,
 # points fold_hf at the GGUF and at a cache holding the carried Shakespeare texts.
-# Parts arrive one per call (../shared/tools/stage-smollm2.sh makes them); each call copies its part first.
+# Parts arrive one per call (../shared/tools/stage-smollm2.sh N makes N of them; 3 parts of 33 MB fit beside a
+# 26 MB tree); each call copies its part first.
 mkdir -p /root/stage /root/cache
 for p in .stage/p*; do [ -d "$p" ] && cp "$p"/part-* /root/stage/; done
 [ -d .gpu/cache/shakespeare ] && cp -r .gpu/cache/shakespeare /root/cache/
 if [ -d .whl ] && [ ! -d /tmp/site/gguf ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 fi
-if [ -f /root/stage/part-3 ] && [ ! -f /root/stage/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-  cat /root/stage/part-* > /root/stage/SmolLM2-135M-Instruct.Q4_1.gguf
+# join once every part is there (any number of parts: ../shared/tools/stage-smollm2.sh N), checked by sha256
+GGUF=/root/stage/SmolLM2-135M-Instruct.Q4_1.gguf
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ ! -f $GGUF ] && ls /root/stage/part-* > /dev/null 2>&1; then
+  if [ "$(cat /root/stage/part-* | sha256sum | cut -c1-64)" = "$GGUF_SHA" ]; then
+    cat /root/stage/part-* > $GGUF
+  fi
+fi
+# soak prompts built where the Shakespeare texts are (python benchmarks/soak.py writes <out>/prompts.jsonl once)
+if [ -f .gpu/soak/prompts.jsonl ] && [ ! -f /root/soak/prompts.jsonl ]; then
+  mkdir -p /root/soak && cp .gpu/soak/prompts.jsonl /root/soak/
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export FOLD_HF_SMOLLM2_GGUF=/root/stage/SmolLM2-135M-Instruct.Q4_1.gguf FOLD_HF_CACHE=/root/cache

@@ -42,11 +42,12 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     return None
 
 
-def default_read_function():
-    """``fold_read_triton`` when the kernel module imports (Triton + CUDA), else None."""
-    from ..import_utils import is_triton_available
+def default_read_function(device: torch.device | str = "cuda"):
+    """``fold_read_triton`` when tensors on ``device`` may run Triton kernels (CUDA, Triton importable,
+    ``FOLD_HF_DISABLE_TRITON`` not ``1``), else None."""
+    from ..kernels import triton_kernels_enabled
 
-    if not is_triton_available():
+    if not triton_kernels_enabled(device):
         return None
     try:
         from ..kernels.triton_fold import fold_read_triton

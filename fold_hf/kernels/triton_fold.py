@@ -27,6 +27,7 @@ Logits live in base 2 inside the kernels (``exp2``); everything accumulates in f
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -320,16 +321,26 @@ def _fold_merge_kernel(
              out.to(OUT.dtype.element_ty), mask=dv_ok)
 
 
+DEFAULT_WINDOW_SPLITS = 16  # programs per KV head for the window region of a read (fold_read_triton)
+
+
 def _next_pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(device: torch.device) -> int:
+    # asked once per device: an eager read's host time adds to its latency when the read itself is short
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def default_num_splits(span: int, num_kv_heads: int, block_n: int, device: torch.device) -> int:
     """Splits along the context so that about two programs per SM exist (flash-decoding)."""
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        sms = 4
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    sms = _multiprocessor_count(device)
     wanted = max(1, -(-2 * sms // max(num_kv_heads, 1)))
     return max(1, min(wanted, -(-max(span, 1) // block_n)))
 
@@ -373,13 +384,18 @@ class _LaunchPlan:
 def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: torch.dtype, device: torch.device,
                  num_splits: int | None, block_m: int | None, block_n: int | None, num_warps: int | None,
                  num_stages: int | None) -> _LaunchPlan:
-    """Defaults for the tuning knobs left None, and the even split of ``span`` context entries."""
+    """Defaults for the tuning knobs left None, and the even split of ``span`` context entries.
+
+    Tiles of up to 64 x 128 (``block_m x block_d``) run with 4 warps, larger ones with 8: both reads are bound by
+    loading keys, and on the H200 (Triton 3.6, Llama-3.1-8B shapes, value-checked) 4 warps were faster for the
+    40 packed rows of a 10-token block: verify attention 57 vs 67 us per layer at 32K entries and 148 vs 199 us
+    at 128K (benchmarks/decode_attention_bench.py), FOLD read 193 vs 216 us at 128K (kernel_bench.py's sweep)."""
     block_m = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
     block_d, block_dv = _next_pow2(Dh), _next_pow2(Dv)
     if block_n is None:
         block_n = 64 if max(block_d, block_dv) <= 128 else 32
     if num_warps is None:
-        num_warps = 4 if block_m * max(block_d, block_dv) <= 64 * 64 else 8
+        num_warps = 4 if block_m * max(block_d, block_dv) <= 64 * 128 else 8
     if num_stages is None:
         num_stages = 3 if device.type == "cuda" else 1
     if num_splits is None:
@@ -417,7 +433,7 @@ def fold_read_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    window_splits: int = 0,
+    window_splits: int | None = None,
 ) -> torch.Tensor:
     """FOLD read of one layer in two Triton launches (split pass, merge pass).
 
@@ -443,8 +459,10 @@ def fold_read_triton(
         block_m, block_n, num_warps, num_stages: tuning overrides (benchmarks); ``block_m`` rows of the
             ``G * Lq`` packed rows per program.
         window_splits: extra programs given to the window region alone (the last ``W + B`` entries, where keys
-            are rotated and masked per row), on top of ``num_splits`` for the far-only region; 0 (default) splits
-            the whole context evenly, which leaves the window to the last split. Experimental until measured.
+            are rotated and masked per row), on top of ``num_splits`` for the far-only region; 0 splits the whole
+            context evenly, which leaves the window to one program per KV head. Default: 16 with a window, else 0.
+            (H200, Llama drafter shape, 128K entries: 16 window splits and 4 warps read at 0.73 of the memory
+            floor vs 0.56 with even splits and 8 warps; benchmarks/kernel_bench.py's sweep.)
 
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
@@ -484,7 +502,10 @@ def fold_read_triton(
         span = ctx_value
 
     plan = _launch_plan(G * Lq, Dh, Dv, Hkv, span, dtype, device, num_splits, block_m, block_n, num_warps, num_stages)
-    window_splits = max(0, int(window_splits)) if window is not None else 0
+    if window is None:
+        window_splits = 0
+    else:
+        window_splits = DEFAULT_WINDOW_SPLITS if window_splits is None else max(0, int(window_splits))
     num_splits = plan.num_splits + window_splits
     half_rotary = cos.shape[-1] // 2
     part_m, part_l, part_acc = _partials(2 if has_far else 1, Hkv, num_splits, plan.num_rows, Dv, device)
