@@ -387,6 +387,12 @@ def run_smollm2(args) -> None:
                              "speedup_vs_our_ar": our_ar.tpot_s / tagged.tpot_s if tagged.tpot_s else None})
         log(f"{req['id']}: " + ", ".join(f"{r['method']} {r['tpot_ms']:.2f}ms" for r in rows
                                           if r["request"] == req["id"]))
+        write_smollm2(args, rows, checks)  # after every request: a run cut by a time limit keeps what it measured
+    write_smollm2(args, rows, checks, final=True)
+
+
+def write_smollm2(args, rows: list[dict], checks: list[dict], final: bool = False) -> None:
+    """``smollm2_fast.json`` (machine, per-method means, rows, token checks) and ``smollm2_fast.csv`` under --out."""
     summary = {}
     for method in sorted({r["method"] for r in rows}):
         sel = [r for r in rows if r["method"] == method]
@@ -395,11 +401,18 @@ def run_smollm2(args) -> None:
                            if all(r.get(k) is not None for r in sel)}
     summary["requests_with_different_tokens"] = sum(not c["same_tokens"] for c in checks)
     summary["requests_with_different_tau"] = sum(not c.get("same_tau", True) for c in checks)
+    summary["requests_done"] = len({r["request"] for r in rows})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "smollm2_fast.json").write_text(json.dumps({"machine": machine(), "summary": summary, "rows": rows,
                                                        "checks": checks}, indent=2))
-    log(json.dumps(summary, indent=2))
+    with (out / "smollm2_fast.csv").open("w", newline="") as fh:
+        fields = ["request", "tier", "method", "tpot_ms", "tau", "speedup_vs_hf_ar", "speedup_vs_our_ar"]
+        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    if final:
+        log(json.dumps(summary, indent=2))
 
 
 # ---------------------------------------------------------------------------------------------- output

