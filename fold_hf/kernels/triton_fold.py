@@ -461,8 +461,8 @@ def fold_read_triton(
         window_splits: extra programs given to the window region alone (the last ``W + B`` entries, where keys
             are rotated and masked per row), on top of ``num_splits`` for the far-only region; 0 splits the whole
             context evenly, which leaves the window to one program per KV head. Default: 16 with a window, else 0.
-            (H200, Llama drafter shape, 128K entries: 16 window splits and 4 warps read at 0.73 of the memory
-            floor vs 0.56 with even splits and 8 warps; benchmarks/kernel_bench.py's sweep.)
+            (H200, Llama drafter shape, 128K entries, two runs of benchmarks/kernel_bench.py's sweep: 16 window
+            splits and 4 warps read at 0.67-0.73 of the memory floor vs 0.56 with even splits and 8 warps.)
 
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
