@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_bench import measure_bandwidth, percentiles, time_cuda, versions  # noqa: E402
+from kernel_bench import graphed, measure_bandwidth, percentiles, time_cuda, versions  # noqa: E402
 
 from fold_hf.generation.static_target import bucket_length  # noqa: E402
 from fold_hf.kernels import decode_attention_reference  # noqa: E402
@@ -57,16 +57,6 @@ def bucket_attention(q, keys, values, positions, bucket: int, scaling: float):
     scores = torch.matmul(q_rows, keys[:, :, :bucket].transpose(-1, -2)).float() * scaling
     probs = scores.masked_fill(hidden_keys, -math.inf).softmax(-1).to(values.dtype)
     return torch.matmul(probs, values[:, :, :bucket]).reshape(1, Hq, L, D)
-
-
-def graphed(fn):
-    """Capture ``fn`` once (after a warm-up call that compiles) and return (replay, captured output)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph.replay, out
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,7 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     return None
 
 
-def default_read_function(device: torch.device | str = "cuda"):
+def default_read_function(device: torch.device | str):
     """``fold_read_triton`` when tensors on ``device`` may run Triton kernels (CUDA, Triton importable,
     ``FOLD_HF_DISABLE_TRITON`` not ``1``), else None."""
     from ..kernels import triton_kernels_enabled

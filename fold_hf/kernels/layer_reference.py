@@ -84,8 +84,6 @@ def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-
-
 def rotate_heads_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float,
                            out_dtype: torch.dtype) -> torch.Tensor:
     """Rotate per-token heads by rope tables in the tables' dtype, scale, cast: the drafter's query and block-key
