@@ -112,3 +112,20 @@ def test_workers_share_prompts_by_claims_and_take_over_a_dead_workers_prompt(tmp
     assert soak.claim_prompt(tmp_path, "p2")
     (tmp_path / "p3.claim").write_text("not a pid\n")  # a torn claim file: taken over, never a crash
     assert soak.claim_prompt(tmp_path, "p3")
+
+
+def test_summarize_only_merges_runs_of_several_workers_and_runs_nothing(tmp_path):
+    prompts = [{"id": f"p{k}", "kind": "span", "source": "stdlib", "input_ids": [1, 2, 3]} for k in range(3)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    runs = tmp_path / "runs-float32"
+    runs.mkdir()
+    entry = {"same": True, "tau": 2.0, "rounds": 3, "seconds": 0.5}
+    for worker, ids in (("shard-11-0of2.jsonl", ["p0"]), ("shard-12-1of2.jsonl", ["p2"])):
+        (runs / worker).write_text("".join(json.dumps({"id": i, "kind": "span", "source": "stdlib", "length": 3,
+                                                       "ar": [5], "ar_seconds": 0.1,
+                                                       "runs": {"fold-a2/fast": entry}}) + "\n" for i in ids))
+    assert soak.main(["--out", str(tmp_path), "--device", "cpu", "--summarize-only"]) == 0
+    summary = json.loads((tmp_path / "summary-float32.json").read_text())
+    assert summary["prompts_done"] == 2 and summary["prompts_planned"] == 3 and summary["identical"] == 2
+    assert not (tmp_path / "claims-float32").exists(), "--summarize-only must not start a worker"
+    assert len((tmp_path / "runs-float32-merged.jsonl").read_text().splitlines()) == 2
