@@ -107,7 +107,9 @@ def main(argv=None) -> int:
             record("bucket", *graphed(
                 lambda: bucket_attention(q, keys, values, positions, bucket, scaling).transpose(1, 2)))
             splits0 = default_num_splits(bucket, Hkv, 64, device)
-            configs = [dict(num_splits=None, num_stages=None, block_n=None, num_warps=None)]
+            configs = [dict(num_splits=None, num_stages=None, block_n=None, num_warps=None),
+                       # the merge pass as it was before 2026-11-30's single-load merge (8 splits per load)
+                       dict(num_splits=None, num_stages=None, block_n=None, num_warps=None, merge_split_chunk=8)]
             if not args.no_sweep:
                 configs += [dict(num_splits=s, num_stages=st, block_n=bn, num_warps=w)
                             for s in (splits0, 2 * splits0) for st in (2, 3) for bn in (32, 64) for w in (4, 8)]
@@ -124,8 +126,8 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    fields = ["impl", "T", "L", "bucket", "num_splits", "num_stages", "block_n", "num_warps", "p20_us", "p50_us", "p80_us",
-              "floor_us", "fraction_of_floor", "rel_err"]
+    fields = ["impl", "T", "L", "bucket", "num_splits", "num_stages", "block_n", "num_warps", "merge_split_chunk",
+              "p20_us", "p50_us", "p80_us", "floor_us", "fraction_of_floor", "rel_err"]
     with (out / "decode_attention.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()

@@ -173,7 +173,8 @@ TARGET_PATHS = {"default": {},
                 "bucket": dict(target_attention="bucket", fused_layers=False),
                 "triton": dict(target_attention="triton", fused_layers=False),
                 "fused": dict(target_attention="triton", fused_layers=True),
-                # the fused ops also in the drafter's static step (experimental, FOLD_HF_FUSED_DRAFTER=1)
+                # "fused": fused target layers, drafter on its modules (FOLD_HF_FUSED_DRAFTER=0, the default before
+                # 2026-11-30's GPU run); "fused_drafter": the drafter's static step fused too (the default since)
                 "fused_drafter": dict(target_attention="triton", fused_layers=True)}
 PATH_ENV = {"fused": {"FOLD_HF_FUSED_DRAFTER": "0"}, "fused_drafter": {"FOLD_HF_FUSED_DRAFTER": "1"}}
 

@@ -314,6 +314,17 @@ def tuning_sweep(fold_read_triton, bandwidth: float, flush: torch.Tensor, args) 
                                     rel_err_vs_reference=rel_err))
                     print(f"  sweep {config}: p50 {p50:.1f} us ({floor_us / p50:.2f} of floor), rel err {rel_err:.1e}",
                           flush=True)
+    # the default launch with the merge pass as it was before 2026-11-30 (8 splits per load) vs all splits at once
+    for merge_split_chunk in (8, None):
+        config = dict(merge_split_chunk=merge_split_chunk)
+        replay, captured = graphed(lambda: fold_read_triton(**inputs, **config))
+        replay()
+        rel_err = relative_error(captured, expected)
+        p50 = percentiles(time_cuda(replay, 20, 2, flush))[1]
+        out.append(dict(config, p50_us=round(p50, 2), fraction_of_floor=round(floor_us / p50, 3),
+                        rel_err_vs_reference=rel_err))
+        print(f"  default with {config}: p50 {p50:.1f} us ({floor_us / p50:.2f} of floor), rel err {rel_err:.1e}",
+              flush=True)
     return out
 
 

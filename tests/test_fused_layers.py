@@ -117,11 +117,16 @@ def test_static_engine_with_fused_layers_is_lossless(arch):
     assert max(rounds) >= 2 and min(rounds) == 1, rounds
 
 
+@pytest.mark.parametrize("fused_drafter", [None, "1", "0"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_fused_drafter_layers_give_the_foundation_loops_rounds(arch, monkeypatch):
-    """``FOLD_HF_FUSED_DRAFTER=1``: the drafter's static step with the fused ops (twins off CUDA) drafts exactly
-    what its modules draft, so the rounds equal the foundation loop's in every static mode."""
-    monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "1")
+def test_fused_drafter_layers_give_the_foundation_loops_rounds(arch, fused_drafter, monkeypatch):
+    """The drafter's static step with the fused ops (the default, ``FOLD_HF_FUSED_DRAFTER=1``; twins off CUDA)
+    drafts exactly what its modules draft (``=0``), so the rounds equal the foundation loop's in every static
+    mode either way."""
+    if fused_drafter is None:
+        monkeypatch.delenv("FOLD_HF_FUSED_DRAFTER", raising=False)
+    else:
+        monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", fused_drafter)
     target, drafter = trained_pair(arch)
     fold_hf.generation.release_fast_state(target)  # a fresh session: only this test's static drafters in it
     for seed, length in enumerate([5, 120]):
@@ -130,7 +135,9 @@ def test_fused_drafter_layers_give_the_foundation_loops_rounds(arch, monkeypatch
         for mode in ("fold", "dflash", "window"):
             fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, mode, 30)
     session = target.__dict__["_fold_fast_session"]
-    assert all(d is not None and d.ops is not None for d in session.static_drafters.values())
+    fused = fused_drafter != "0"
+    assert session.static_drafters and all(d is not None and (d.ops is not None) == fused
+                                           for d in session.static_drafters.values())
     fold_hf.generation.release_fast_state(target)
 
 
@@ -252,12 +259,12 @@ def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch, monkeypatch
             for mode in ("fold", "dflash"):
                 kw = dict(input_ids=ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
                           engine="graphs", target_attention="triton")
+                monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")  # fused target, drafter on its modules
                 fused = fast_generate(target, drafter, **kw, fused_layers=True)
                 unfused = fast_generate(target, drafter, **kw, fused_layers=False)
                 assert torch.equal(fused.sequences, expected), (arch, mode, length)
                 assert fused.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)
-                monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "1")
+                monkeypatch.delenv("FOLD_HF_FUSED_DRAFTER")  # the default: the drafter's step fused too
                 fused_drafter = fast_generate(target, drafter, **kw, fused_layers=True)
-                monkeypatch.delenv("FOLD_HF_FUSED_DRAFTER")
                 assert torch.equal(fused_drafter.sequences, expected), (arch, mode, length)
                 assert fused_drafter.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)

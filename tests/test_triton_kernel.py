@@ -120,7 +120,7 @@ def test_reads_not_following_the_geometry_stay_on_the_reference():
 
 # ---------------------------------------------------------------------------------------------------- kernel
 def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, device, capacity=None,
-                as_tensors=False, num_splits=None, seed=0, window_splits=0):
+                as_tensors=False, num_splits=None, seed=0, window_splits=0, merge_split_chunk=None):
     """Kernel output and its fp64 oracle for random contract inputs (rotated queries given directly)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     capacity = max(capacity or T, 1)
@@ -148,7 +148,7 @@ def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, d
     else:
         lengths = dict(context_length=T, block_start=t)
     out = fold_read_triton(**inputs, cos=cos, sin=sin, **lengths, window=D, alpha=alpha, num_splits=num_splits,
-                           window_splits=window_splits)
+                           window_splits=window_splits, merge_split_chunk=merge_split_chunk)
     assert out.shape == (1, Lq, Hq, head_dim) and out.dtype == dtype
     return out, oracle
 
@@ -167,7 +167,7 @@ INTERPRETER_CASES = [
     dict(T=90, t=95, Lq=4, Hq=4, Hkv=2, head_dim=16, rotary_dim=16, D=30, alpha=16.0, far=False),
     dict(T=19, t=19, Lq=4, Hq=8, Hkv=2, head_dim=16, rotary_dim=16, D=16, alpha=2.0, far=True, num_splits=2),
     dict(T=77, t=80, Lq=3, Hq=6, Hkv=2, head_dim=24, rotary_dim=12, D=33, alpha=2.0, far=True, num_splits=2),
-    # more splits than the merge sums at once, most of them empty
+    # many splits, most of them empty (the merge loads them all at once; test_merge_in_chunks_* loads a few)
     dict(T=200, t=201, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=50, alpha=2.0, far=True, num_splits=11),
     dict(T=200, t=201, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=50, alpha=math.inf, far=True, num_splits=11),
 ]
@@ -194,6 +194,16 @@ WINDOW_SPLIT_CASES = [
 @pytest.mark.parametrize("case", WINDOW_SPLIT_CASES)
 def test_window_splits_in_interpreter_match_oracle(interpreter, case):
     out, oracle = kernel_case(**case, dtype=torch.float32, device="cpu")
+    assert rel_err(out, oracle) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("merge_split_chunk", [2, 4, None])
+@pytest.mark.parametrize("alpha", [2.0, math.inf])
+def test_merge_in_chunks_matches_merge_in_one_load(interpreter, merge_split_chunk, alpha):
+    # 11 splits: chunks of 2 and 4 leave a ragged last chunk; None loads all 16 padded slots at once
+    case = dict(T=200, t=201, Lq=3, Hq=2, Hkv=1, head_dim=16, rotary_dim=16, D=50, alpha=alpha, far=True,
+                num_splits=11, window_splits=3)
+    out, oracle = kernel_case(**case, dtype=torch.float32, device="cpu", merge_split_chunk=merge_split_chunk)
     assert rel_err(out, oracle) < TOLERANCE[torch.float32]
 
 
@@ -339,7 +349,15 @@ def test_fold_attention_dispatches_to_the_kernel_on_gpu(mode, alpha, sliding, dt
         q, kc, vc, kb, vb = layer_inputs(T, Lq, 8, 2, 64, dtype, device="cuda", seed=T, capacity=T + 37)
         assert triton_read_applies(q, kc, read)
         got = fold_attention(q, kc, vc, kb, vb, read, scaling=0.125)
-        expected = fold_attention_reference(*(x.double() for x in (q, kc, vc, kb, vb)), read, scaling=0.125)
+        if math.isinf(alpha) and dtype != torch.float32:
+            # a top-1 read is discontinuous: the far query rotated in bf16 flips the argmax of a row whose two best
+            # logits differ by less than its rounding (T = 80 and 777 here: 6-8% error against the fp64 read even
+            # in exact arithmetic), so the oracle reads the kernel's own bf16 inputs exactly
+            inputs = read_kernel_inputs(q, kc, vc, kb, vb, read, 0.125)
+            expected = fold_read_geometry_reference(**{k: v.double() if torch.is_tensor(v) and v.is_floating_point()
+                                                       else v for k, v in inputs.items()})
+        else:
+            expected = fold_attention_reference(*(x.double() for x in (q, kc, vc, kb, vb)), read, scaling=0.125)
         assert rel_err(got, expected) < TOLERANCE[dtype], T
 
 

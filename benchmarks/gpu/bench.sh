@@ -15,13 +15,14 @@ if [ "$gpus" -gt 1 ]; then
 fi
 first() {
   taskset -c 0-7 python benchmarks/kernel_bench.py --out $R/kernel --reps 20 > $R/kernel.log 2>&1; echo "kernel_bench rc=$?"
-  taskset -c 0-7 timeout 280 python benchmarks/e2e_bench.py --out $R/e2e --target-paths ${E2E_PATHS:-bucket,fused_drafter} \
+  taskset -c 0-7 timeout 280 python benchmarks/e2e_bench.py --out $R/e2e --target-paths ${E2E_PATHS:-bucket,fused} \
     --hf-assisted-contexts '' > $R/e2e.log 2>&1; echo "e2e_bench rc=$?"
 }
 second() {
+  taskset -c 8-15 timeout 100 python benchmarks/gemm_bench.py --out $R/gemm > $R/gemm.log 2>&1; echo "gemm_bench rc=$?"
   taskset -c 8-15 timeout 200 python benchmarks/decode_attention_bench.py --out $R/decode > $R/decode.log 2>&1
   echo "decode_attention_bench rc=$?"
-  taskset -c 8-15 timeout 150 python benchmarks/profile_step.py --out $R/profile --paths ${PROFILE_PATHS:-fused,fused_drafter} \
+  taskset -c 8-15 timeout 150 python benchmarks/profile_step.py --out $R/profile --paths ${PROFILE_PATHS:-default,fused} \
     > $R/profile.log 2>&1; echo "profile_step rc=$?"
 }
 if [ "$gpus" -gt 1 ]; then
@@ -34,3 +35,4 @@ grep -h "fraction_of_floor\|rel_err" $R/kernel.log | tail -n 8
 grep -h "headline" -A 12 $R/e2e.log | head -n 14
 grep -h "best triton" -A 3 $R/decode.log | head -n 4
 tail -n 4 $R/profile.log
+grep -h "layer_gemm_us" -A 8 $R/gemm.log

@@ -208,13 +208,16 @@ class StaticDrafter:
         for layer, cache_layer in zip(drafter.layers, self.cache.layers):
             attn = layer.self_attn
             hidden, normed = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
-            cache_layer.keys.index_copy_(2, entry_positions,
-                                         heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm).transpose(1, 2))
-            cache_layer.values.index_copy_(2, entry_positions,
-                                           heads(context, attn.v_proj, attn.num_kv_heads, None).transpose(1, 2))
+            # the new context rows and the block go through k_proj and v_proj together: each weight is read once
+            # a round instead of twice (2 of the layer's 9 GEMMs saved; on the H200 a 4096 x 1024 GEMM costs ~11 us
+            # at any row count up to 16)
+            rows = torch.cat((context, normed), 1)
+            keys = heads(rows, attn.k_proj, attn.num_kv_heads, attn.k_norm)
+            values = heads(rows, attn.v_proj, attn.num_kv_heads, None).transpose(1, 2)
+            cache_layer.keys.index_copy_(2, entry_positions, keys[:, :B].transpose(1, 2))
+            cache_layer.values.index_copy_(2, entry_positions, values[:, :, :B])
             q = heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
-            k_blk = heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
-            v_blk = heads(normed, attn.v_proj, attn.num_kv_heads, None).transpose(1, 2)
+            k_blk, v_blk = keys[:, B:], values[:, :, B:]
             query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
             query_far = ops.rotate_heads(q, self.cos_far, self.sin_far, attn.scaling, self.dtype) if with_far else None
             block_keys = ops.rotate_heads(k_blk, cos_q, sin_q, 1.0, self.dtype)

@@ -407,6 +407,21 @@ def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: to
                        num_splits, chunk, "ieee" if dtype == torch.float32 else "tf32")
 
 
+MERGE_TILE_ELEMENTS = 8192  # fp32 partial outputs one merge program loads at once ([splits, Dv]; 64 registers a thread)
+
+
+def _merge_tiles(num_splits: int, block_dv: int, split_chunk: int | None) -> tuple[int, int]:
+    """(BLOCK_S, SPLIT_CHUNK) of ``_fold_merge_kernel``: every split in one load when the tile fits.
+
+    The merge is latency-bound (a few KB per row, read from L2 right after the split pass), so its cost is the
+    number of dependent load rounds; loading all splits at once instead of 8 at a time cuts them from
+    ``ceil(S / 8)`` to one for up to 64 splits at head_dim 128."""
+    block_s = _next_pow2(num_splits, 2)
+    if split_chunk is None:
+        split_chunk = max(2, min(block_s, MERGE_TILE_ELEMENTS // max(block_dv, 1)))
+    return block_s, _next_pow2(min(int(split_chunk), block_s), 2)
+
+
 def _partials(branches: int, Hkv: int, num_splits: int, num_rows: int, Dv: int, device: torch.device):
     """fp32 split partials (running max, mass, unnormalized output) of every branch, KV head, split and row."""
     part_m = torch.empty(branches, Hkv, num_splits, num_rows, device=device, dtype=torch.float32)
@@ -434,6 +449,7 @@ def fold_read_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     window_splits: int | None = None,
+    merge_split_chunk: int | None = None,
 ) -> torch.Tensor:
     """FOLD read of one layer in two Triton launches (split pass, merge pass).
 
@@ -463,6 +479,8 @@ def fold_read_triton(
             context evenly, which leaves the window to one program per KV head. Default: 16 with a window, else 0.
             (H200, Llama drafter shape, 128K entries, two runs of benchmarks/kernel_bench.py's sweep: 16 window
             splits and 4 warps read at 0.67-0.73 of the memory floor vs 0.56 with even splits and 8 warps.)
+        merge_split_chunk: splits the merge pass loads at once (benchmarks; default all of them when
+            ``splits x Dv <= 8192``).
 
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
@@ -528,12 +546,13 @@ def fold_read_triton(
         # far update gave far-branch errors of 4-14% in every dtype, while one stage matches the oracle
         MIXED_STAGES=1, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
+    block_s, split_chunk = _merge_tiles(num_splits, plan.block_dv, merge_split_chunk)
     _fold_merge_kernel[(Hkv, plan.num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         plan.num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
-        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=_next_pow2(num_splits, 2), SPLIT_CHUNK=8,
+        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
         BLOCK_DV=plan.block_dv,
-        num_warps=4,
+        num_warps=4 if block_s * plan.block_dv <= MERGE_TILE_ELEMENTS // 2 else 8,
     )
     return out
 
@@ -553,6 +572,7 @@ def decode_attention_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    merge_split_chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a target's verify step (AR: ``L = 1``; speculative: one block of ``L``) in two launches.
 
@@ -575,6 +595,7 @@ def decode_attention_triton(
             (default ``capacity``; a graph per length bucket passes the bucket so splits stay balanced).
         block_m, block_n, num_warps, num_stages: tuning overrides. The key loop has no data-dependent branch
             around a dot here (no far branch), so it is software-pipelined with ``num_stages`` (default 3).
+        merge_split_chunk: as in :func:`fold_read_triton`.
 
     Returns:
         ``[1, L, Hq, Dv]`` in ``query.dtype``.
@@ -618,11 +639,12 @@ def decode_attention_triton(
         MIXED_STAGES=plan.num_stages, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
+    block_s, split_chunk = _merge_tiles(plan.num_splits, plan.block_dv, merge_split_chunk)
     _fold_merge_kernel[(Hkv, plan.num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         plan.num_rows, Lq, G, Dv, plan.num_splits, 1.0,
-        HAS_FAR=False, FAR_HARD=False, BLOCK_S=_next_pow2(plan.num_splits, 2), SPLIT_CHUNK=8,
+        HAS_FAR=False, FAR_HARD=False, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
         BLOCK_DV=plan.block_dv,
-        num_warps=4,
+        num_warps=4 if block_s * plan.block_dv <= MERGE_TILE_ELEMENTS // 2 else 8,
     )
     return out
