@@ -161,7 +161,7 @@ def train_drafter(target, cfg, device: torch.device, sequences: list[tuple[torch
         optimizer.step()
     drafter.eval()
     end = sync() if device.type == "cuda" else time.perf_counter()
-    acc = [round(a, 2) for a in stats["accuracy"]]
+    acc = [round(a, 2) for a in stats["accuracy"].tolist()]
     log(f"drafter: 1 layer, block 8, taps {taps}, fitted {steps} steps in {end - start:.1f}s on the check's "
         f"continuations, last slot accuracy {acc}")
     return drafter

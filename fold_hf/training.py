@@ -20,34 +20,38 @@ from .modeling.drafter import FoldDrafter, execution_device
 
 
 def block_training_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
-    """``[n*B, L + n*B]`` bool: block i reads context ``j < anchors[i]`` and its own B slots."""
-    n = anchors.numel()
+    """``[..., n*B, L + n*B]`` bool: block i reads context ``j < anchors[..., i]`` and its own B slots.
+
+    ``anchors`` is ``[n]`` (one sequence) or ``[b, n]`` (a batch, one mask per sequence)."""
+    n = anchors.shape[-1]
     device = anchors.device
     rows = torch.arange(n * block, device=device) // block  # block of each query row
-    ctx = torch.arange(seq_len, device=device)[None, :] < anchors[rows][:, None]
+    ctx = torch.arange(seq_len, device=device) < anchors[..., rows, None]
     own = rows[:, None] == (torch.arange(n * block, device=device) // block)[None, :]
-    return torch.cat((ctx, own), dim=1)
+    return torch.cat((ctx, own.expand(*anchors.shape[:-1], -1, -1)), dim=-1)
 
 
 def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_embeds: torch.Tensor,
                          anchors: torch.Tensor) -> torch.Tensor:
-    """Final hidden states of many blocks at once.
+    """Final hidden states of many blocks of one or several sequences at once.
 
     Args:
-        features: ``[1, L, n_taps * H]`` target taps of the whole sequence.
-        block_embeds: ``[1, n * B, H]`` embeddings of the stacked blocks.
-        anchors: ``[n]`` anchor positions (block i sits at ``anchors[i] .. anchors[i] + B - 1``).
+        features: ``[b, L, n_taps * H]`` target taps of the whole sequences.
+        block_embeds: ``[b, n * B, H]`` embeddings of the stacked blocks.
+        anchors: ``[b, n]`` anchor positions (block i of sequence s sits at ``anchors[s, i] .. + B - 1``);
+            ``[n]`` when ``b = 1``.
 
     Returns:
-        ``[1, n * B, H]`` after the final norm.
+        ``[b, n * B, H]`` after the final norm.
     """
     B = drafter.block_size
-    L = features.shape[1]
+    b, L = features.shape[:2]
+    anchors = anchors.reshape(b, -1)
     context = drafter.context_features(features)
     hidden = block_embeds.to(context.dtype)
-    q_pos = (anchors[:, None] + torch.arange(B, device=anchors.device)[None, :]).reshape(-1)
-    k_pos = torch.cat((torch.arange(L, device=anchors.device), q_pos))
-    mask = block_training_mask(anchors, L, B)
+    q_pos = (anchors[:, :, None] + torch.arange(B, device=anchors.device)).reshape(b, -1)  # [b, n*B]
+    k_pos = torch.cat((torch.arange(L, device=anchors.device).expand(b, -1), q_pos), dim=1)  # [b, L + n*B]
+    mask = block_training_mask(anchors, L, B)[:, None]  # [b, 1, n*B, L + n*B]
     rope = drafter.rope
     for layer in drafter.layers:
         attn = layer.self_attn
@@ -59,12 +63,12 @@ def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_emb
                        attn._heads(x, attn.v_proj, attn.num_kv_heads, None)), dim=2)
         layer_mask = mask
         if attn.sliding_window is not None:
-            layer_mask = mask & ((q_pos[:, None] - k_pos[None, :]) < attn.sliding_window)
-        q = rope.rotate(q, q_pos).to(x.dtype)
-        k = rope.rotate(k, k_pos).to(x.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=layer_mask[None, None], scale=attn.scaling,
+            layer_mask = mask & ((q_pos[:, None, :, None] - k_pos[:, None, None, :]) < attn.sliding_window)
+        q = rope.rotate(q, q_pos[:, None]).to(x.dtype)
+        k = rope.rotate(k, k_pos[:, None]).to(x.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=layer_mask, scale=attn.scaling,
                                              enable_gqa=attn.num_key_value_groups > 1)
-        out = attn.o_proj(out.transpose(1, 2).reshape(1, q.shape[2], -1))
+        out = attn.o_proj(out.transpose(1, 2).reshape(b, q.shape[2], -1))
         hidden = hidden + out
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     return drafter.norm(hidden)
@@ -82,39 +86,45 @@ def sample_anchors(seq_len: int, block: int, count: int, generator: torch.Genera
 
 def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor,
                 gamma: float = 4.0) -> tuple[torch.Tensor, dict]:
-    """Weighted cross-entropy of the DFlash recipe on one sequence.
+    """Weighted cross-entropy of the DFlash recipe on one sequence or a batch of them (one drafter forward).
 
     Args:
-        features: ``[1, L, n_taps * H]`` target taps of ``labels``.
-        labels: ``[1, L]`` token ids (the target's own continuation, or text labelled by it).
-        anchors: ``[n]`` positions; slot k of block i is trained on ``labels[anchors[i] + k]`` when inside L.
+        features: ``[b, L, n_taps * H]`` target taps of ``labels``.
+        labels: ``[b, L]`` token ids (the target's own continuation, or text labelled by it).
+        anchors: ``[b, n]`` positions (``[n]`` when ``b = 1``); slot k of block i of sequence s is trained on
+            ``labels[s, anchors[s, i] + k]`` when inside L.
         gamma: decay of the slot weights ``exp(-(k-1)/gamma)``.
 
     Returns:
-        (loss, {"accuracy": per-slot top-1 accuracy list})
+        (loss, info): the loss is each sequence's weighted mean over its slots, averaged over the ``b``
+        sequences (so a batch equals the mean of its sequences' losses); ``info["accuracy"]`` is the per-slot
+        top-1 accuracy over all blocks, a ``[B - 1]`` tensor left on the device (no host sync per step).
     """
     B = drafter.block_size
-    L = labels.shape[1]
+    b, L = labels.shape
+    anchors = anchors.reshape(b, -1)
+    n = anchors.shape[1]
     device = labels.device
     slots = torch.arange(B, device=device)
-    pos = anchors[:, None] + slots[None, :]  # [n, B]
+    pos = anchors[:, :, None] + slots  # [b, n, B]
     ids = torch.full_like(pos, drafter.config.mask_token_id)
-    ids[:, 0] = labels[0, anchors]
+    ids[:, :, 0] = labels.gather(1, anchors)
     # a device-mapped target may keep its embedding, the drafter and its lm_head on three devices
-    embeds = drafter.target_embedding(ids.reshape(1, -1)).detach().to(features.device)
+    embeds = drafter.target_embedding(ids.reshape(b, -1)).detach().to(features.device)
     hidden = drafter_block_hidden(drafter, features, embeds, anchors)
-    hidden = hidden.view(anchors.numel(), B, -1)[:, 1:]
+    hidden = hidden.view(b, n, B, -1)[:, :, 1:]
     head = drafter.target_lm_head
-    logits = head(hidden.to(execution_device(head), head.weight.dtype)).float().to(device)  # [n, B-1, V]
-    target_pos = pos[:, 1:]
+    logits = head(hidden.to(execution_device(head), head.weight.dtype)).float().to(device)  # [b, n, B-1, V]
+    target_pos = pos[:, :, 1:]
     valid = target_pos < L
-    target_ids = labels[0, target_pos.clamp_max(L - 1)]
-    weights = torch.exp(-(slots[1:].float() - 1) / gamma)[None, :].expand_as(valid) * valid
+    target_ids = labels.gather(1, target_pos.clamp_max(L - 1).reshape(b, -1)).view(b, n, B - 1)
+    weights = torch.exp(-(slots[1:].float() - 1) / gamma) * valid  # [b, n, B-1]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_ids.reshape(-1), reduction="none")
-    loss = (ce * weights.reshape(-1)).sum() / weights.sum().clamp_min(1e-9)
+    per_sequence = (ce.view(b, -1) * weights.view(b, -1)).sum(1) / weights.view(b, -1).sum(1).clamp_min(1e-9)
+    loss = per_sequence.mean()
     with torch.no_grad():
         hit = (logits.argmax(-1) == target_ids) & valid
-        acc = (hit.sum(0).float() / valid.sum(0).clamp_min(1).float()).tolist()
+        acc = hit.sum((0, 1)).float() / valid.sum((0, 1)).clamp_min(1).float()
     return loss, {"accuracy": acc}
 
 

@@ -5,7 +5,7 @@ import torch
 
 from fold_hf import FoldConfig
 from fold_hf.generation.taps import HiddenTaps
-from fold_hf.training import drafter_block_hidden
+from fold_hf.training import dflash_loss, drafter_block_hidden
 from tiny import MASK_ID, tiny_drafter, tiny_target
 
 
@@ -170,3 +170,34 @@ def test_training_forward_matches_inference_per_anchor():
             cache = drafter.new_cache()
             infer = drafter(embeds[:, 4 * i : 4 * i + 4], feats[:, :a], cache=cache).last_hidden_state[0]
             assert torch.allclose(train[i], infer, rtol=0, atol=1e-10)
+
+
+def test_a_batch_trains_like_its_sequences_one_by_one():
+    """One batched forward (what train-drafter runs) gives every sequence the blocks, loss and gradient it gets
+    alone: blocks at different anchors per sequence, a sliding layer, the loss = mean of the sequences' losses."""
+    target = tiny_target("llama", seed=5)
+    drafter = tiny_drafter(target, block=4, fold_config=FoldConfig(mode="dflash"), layer_types=["sliding_attention",
+                           "full_attention"], sliding_window=12)
+    drafter.bind_target(target)
+    ids = torch.randint(0, MASK_ID, (3, 40), generator=torch.Generator().manual_seed(2))
+    feats = taps_of(target, drafter, ids)
+    anchors = torch.tensor([[3, 17, 30], [5, 6, 38], [20, 21, 22]])  # the last block of row 1 overhangs L
+    ids_blocks = torch.full((3, 3, 4), MASK_ID)
+    ids_blocks[:, :, 0] = ids.gather(1, anchors)
+    embeds = target.get_input_embeddings()(ids_blocks.reshape(3, -1))
+    with torch.no_grad():
+        batched = drafter_block_hidden(drafter, feats, embeds, anchors)
+        for s in range(3):
+            alone = drafter_block_hidden(drafter, feats[s : s + 1], embeds[s : s + 1], anchors[s])
+            assert torch.allclose(batched[s], alone[0], rtol=0, atol=1e-10)
+    loss, info = dflash_loss(drafter, feats, ids, anchors)
+    grads = torch.autograd.grad(loss, list(drafter.parameters()))
+    losses = []
+    for s in range(3):
+        one, _ = dflash_loss(drafter, feats[s : s + 1], ids[s : s + 1], anchors[s])
+        losses.append(one)
+    mean = torch.stack(losses).mean()
+    assert torch.allclose(loss, mean, rtol=1e-12, atol=0)
+    for got, want in zip(grads, torch.autograd.grad(mean, list(drafter.parameters()))):
+        assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert info["accuracy"].shape == (3,) and bool(((info["accuracy"] >= 0) & (info["accuracy"] <= 1)).all())
