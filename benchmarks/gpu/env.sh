@@ -1,8 +1,8 @@
 # Source on the GPU machine (no registries there): joins the staged GGUF parts, installs the carried gguf wheel,
 # points fold_hf at the GGUF and at a cache holding the carried Shakespeare texts. The scripts beside this file
 # (tests.sh, bench.sh, soak.sh) source it and are what one device call runs.
-# Parts arrive one per call (../shared/tools/stage-smollm2.sh N makes N of them; 3 parts of 33 MB fit beside a
-# 26 MB tree); each call copies its part first.
+# Parts arrive one per call (../shared/tools/stage-smollm2.sh N makes N of them; 4 parts of 24.6 MB fit beside
+# the 28 MB tree and the 12.4 MB Shakespeare cache); each call copies its part first.
 mkdir -p /root/stage /root/cache
 for p in .stage/p*; do [ -d "$p" ] && cp "$p"/part-* /root/stage/; done
 [ -d .gpu/cache/shakespeare ] && cp -r .gpu/cache/shakespeare /root/cache/

@@ -31,6 +31,6 @@ else
   timeout -s INT 120 $pytest_gpu -n 2 -k long_contexts $kernels > $out/gpu_tests_kernel_long.log 2>&1
 fi
 cp $FOLD_HF_TESTS_DONE_FILE $out/gpu_tests_passed.txt 2>/dev/null
-echo "passed so far (all calls): $(sort -u $FOLD_HF_TESTS_DONE_FILE 2>/dev/null | wc -l) of $(FOLD_HF_TESTS_DONE_FILE= $pytest_gpu --co -q tests/ 2>/dev/null | grep -c '::')"
+echo "passed so far (all calls): $(sort -u $FOLD_HF_TESTS_DONE_FILE 2>/dev/null | wc -l) of $(FOLD_HF_TESTS_DONE_FILE= $pytest_gpu --co $loop $kernels 2>/dev/null | grep -c '::')"
 tail -n 3 $out/gpu_tests*.log
 grep -h "^FAILED\|^ERROR" $out/gpu_tests*.log | head -40
