@@ -153,17 +153,25 @@ def test_custom_mask_function_changes_what_is_read(pair):
     assert calls and torch.allclose(masked, window, rtol=0, atol=1e-12)
 
 
-def test_training_forward_matches_inference_per_anchor():
-    target = tiny_target("llama", seed=4)
+def training_case(seed: int, sequences: int, anchors: torch.Tensor):
+    """A dflash drafter (block 4; a sliding and a full layer) on a tiny Llama, ``sequences`` random 40-token
+    sequences, their taps, and the embeddings of the blocks ``[last, mask x 3]`` at ``anchors [b, n]``
+    (stacked ``[b, n * 4, H]``, as the training forward takes them)."""
+    target = tiny_target("llama", seed=seed)
     drafter = tiny_drafter(target, block=4, fold_config=FoldConfig(mode="dflash"), layer_types=["sliding_attention",
                            "full_attention"], sliding_window=12)
     drafter.bind_target(target)
-    ids = torch.randint(0, MASK_ID, (1, 40), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, MASK_ID, (sequences, 40), generator=torch.Generator().manual_seed(seed - 3))
     feats = taps_of(target, drafter, ids)
+    ids_blocks = torch.full((*anchors.shape, 4), MASK_ID)
+    ids_blocks[:, :, 0] = ids.gather(1, anchors)
+    embeds = target.get_input_embeddings()(ids_blocks.reshape(sequences, -1))
+    return drafter, ids, feats, embeds
+
+
+def test_training_forward_matches_inference_per_anchor():
     anchors = torch.tensor([3, 17, 30])
-    ids_blocks = torch.full((3, 4), MASK_ID)
-    ids_blocks[:, 0] = ids[0, anchors]
-    embeds = target.get_input_embeddings()(ids_blocks.reshape(1, -1))
+    drafter, ids, feats, embeds = training_case(4, 1, anchors[None])
     with torch.no_grad():
         train = drafter_block_hidden(drafter, feats, embeds, anchors).view(3, 4, -1)
         for i, a in enumerate(anchors.tolist()):
@@ -175,16 +183,8 @@ def test_training_forward_matches_inference_per_anchor():
 def test_a_batch_trains_like_its_sequences_one_by_one():
     """One batched forward (what train-drafter runs) gives every sequence the blocks, loss and gradient it gets
     alone: blocks at different anchors per sequence, a sliding layer, the loss = mean of the sequences' losses."""
-    target = tiny_target("llama", seed=5)
-    drafter = tiny_drafter(target, block=4, fold_config=FoldConfig(mode="dflash"), layer_types=["sliding_attention",
-                           "full_attention"], sliding_window=12)
-    drafter.bind_target(target)
-    ids = torch.randint(0, MASK_ID, (3, 40), generator=torch.Generator().manual_seed(2))
-    feats = taps_of(target, drafter, ids)
     anchors = torch.tensor([[3, 17, 30], [5, 6, 38], [20, 21, 22]])  # the last block of row 1 overhangs L
-    ids_blocks = torch.full((3, 3, 4), MASK_ID)
-    ids_blocks[:, :, 0] = ids.gather(1, anchors)
-    embeds = target.get_input_embeddings()(ids_blocks.reshape(3, -1))
+    drafter, ids, feats, embeds = training_case(5, 3, anchors)
     with torch.no_grad():
         batched = drafter_block_hidden(drafter, feats, embeds, anchors)
         for s in range(3):

@@ -410,8 +410,9 @@ def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: to
 MERGE_TILE_ELEMENTS = 8192  # fp32 partial outputs one merge program loads at once ([splits, Dv]; 64 registers a thread)
 
 
-def _merge_tiles(num_splits: int, block_dv: int, split_chunk: int | None) -> tuple[int, int]:
-    """(BLOCK_S, SPLIT_CHUNK) of ``_fold_merge_kernel``: every split in one load when the tile fits.
+def _merge_tiles(num_splits: int, block_dv: int, split_chunk: int | None) -> tuple[int, int, int]:
+    """(BLOCK_S, SPLIT_CHUNK, num_warps) of ``_fold_merge_kernel``: every split in one load when the tile fits,
+    8 warps when the padded ``[BLOCK_S, BLOCK_DV]`` tile is over half of that size.
 
     The merge is latency-bound (a few KB per row, read from L2 right after the split pass), so its cost is the
     number of dependent load rounds; loading all splits at once instead of 8 at a time cuts them from
@@ -419,7 +420,8 @@ def _merge_tiles(num_splits: int, block_dv: int, split_chunk: int | None) -> tup
     block_s = _next_pow2(num_splits, 2)
     if split_chunk is None:
         split_chunk = max(2, min(block_s, MERGE_TILE_ELEMENTS // max(block_dv, 1)))
-    return block_s, _next_pow2(min(int(split_chunk), block_s), 2)
+    num_warps = 4 if block_s * block_dv <= MERGE_TILE_ELEMENTS // 2 else 8
+    return block_s, _next_pow2(min(int(split_chunk), block_s), 2), num_warps
 
 
 def _partials(branches: int, Hkv: int, num_splits: int, num_rows: int, Dv: int, device: torch.device):
@@ -546,13 +548,13 @@ def fold_read_triton(
         # far update gave far-branch errors of 4-14% in every dtype, while one stage matches the oracle
         MIXED_STAGES=1, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
-    block_s, split_chunk = _merge_tiles(num_splits, plan.block_dv, merge_split_chunk)
+    block_s, split_chunk, merge_warps = _merge_tiles(num_splits, plan.block_dv, merge_split_chunk)
     _fold_merge_kernel[(Hkv, plan.num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         plan.num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
         HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
         BLOCK_DV=plan.block_dv,
-        num_warps=4 if block_s * plan.block_dv <= MERGE_TILE_ELEMENTS // 2 else 8,
+        num_warps=merge_warps,
     )
     return out
 
@@ -639,12 +641,12 @@ def decode_attention_triton(
         MIXED_STAGES=plan.num_stages, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
-    block_s, split_chunk = _merge_tiles(plan.num_splits, plan.block_dv, merge_split_chunk)
+    block_s, split_chunk, merge_warps = _merge_tiles(plan.num_splits, plan.block_dv, merge_split_chunk)
     _fold_merge_kernel[(Hkv, plan.num_rows)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         plan.num_rows, Lq, G, Dv, plan.num_splits, 1.0,
         HAS_FAR=False, FAR_HARD=False, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
         BLOCK_DV=plan.block_dv,
-        num_warps=4 if block_s * plan.block_dv <= MERGE_TILE_ELEMENTS // 2 else 8,
+        num_warps=merge_warps,
     )
     return out
