@@ -178,11 +178,33 @@ def machine_info() -> dict:
     return info
 
 
+BENCH_ENGINES = ("loop", "fast")
+
+
 def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_dir: str | Path,
-              max_minutes: float | None = None, log=print) -> Path:
-    """Run every method on every request not yet in ``out_dir/runs.jsonl``; returns that file."""
+              max_minutes: float | None = None, log=print, engine: str = "loop", warmup: bool | None = None) -> Path:
+    """Run every method on every request not yet in ``out_dir/runs.jsonl``; returns that file.
+
+    ``engine``: ``"loop"`` decodes with the foundation loop (:func:`fold_hf.generate`: transformers' forward,
+    the torch read), ``"fast"`` with :func:`fold_hf.fast_generate` (static caches, CUDA graphs and the Triton
+    kernels on a GPU), which is what the speedups of a GPU run should time. ``warmup`` (default: on for
+    ``fast``) runs each method once on the request before the timed run, so graph capture and kernel compilation
+    stay out of the timings; the tokens are the same either way.
+    """
     import time
 
+    if engine not in BENCH_ENGINES:
+        raise ValueError(f"engine must be one of {BENCH_ENGINES}, got {engine!r}")
+    if engine == "fast":
+        from .generation.fast import fast_generate, fast_unsupported
+
+        reason = fast_unsupported(target, drafter)
+        if reason is not None:
+            raise ValueError(f"engine='fast' cannot run this pair: {reason}; use engine='loop'")
+        decode = fast_generate
+    else:
+        decode = generate
+    warmup = engine == "fast" if warmup is None else warmup
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = out / "runs.jsonl"
@@ -205,15 +227,17 @@ def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_
         rows = []
         reference = None
         for method in methods:
-            res = generate(target, drafter if method.config is not None else None, input_ids=ids,
-                           max_new_tokens=req["new_tokens"], return_stats=True, fold_config=method.config,
-                           eos_token_id=[])
+            kwargs = dict(input_ids=ids, max_new_tokens=req["new_tokens"], fold_config=method.config, eos_token_id=[])
+            method_drafter = drafter if method.config is not None else None
+            if warmup:
+                decode(target, method_drafter, **kwargs)
+            res = decode(target, method_drafter, return_stats=True, **kwargs)
             tokens = res.new_tokens[0].tolist()
             if reference is None:
                 reference = tokens
             rows.append({"request": req["id"], "suite": req["suite"], "tier": req["tier"], "method": method.name,
                          "tau": res.tau, "tpot_s": res.tpot_s, "ttft_s": res.ttft_s, "rounds": res.rounds,
-                         "new_tokens": res.num_new_tokens, "same_as_ar": tokens == reference})
+                         "new_tokens": res.num_new_tokens, "same_as_ar": tokens == reference, "engine": engine})
         with runs.open("a") as fh:  # a request is written whole, so pairing with its AR run survives restarts
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
@@ -236,6 +260,9 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "")
     rows = []
     for f in run_files:
         rows += [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+    engines = sorted({r.get("engine", "loop") for r in rows})  # runs before the engine was recorded: the loop
+    if len(engines) > 1:
+        raise ValueError(f"the run files mix engines {engines}: their timings do not pair; summarize them apart")
     by_request: dict[str, dict[str, dict]] = {}
     for row in rows:
         by_request.setdefault(row["request"], {})[row["method"]] = row
@@ -267,8 +294,8 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "")
         meta = Path(f).parent / "machine.json"
         if meta.is_file():
             machine = json.loads(meta.read_text())
-    summary = {"title": title, "date": _dt.date.today().isoformat(), "machine": machine, "rows": table,
-               "averages": _averages(table)}
+    summary = {"title": title, "date": _dt.date.today().isoformat(), "machine": machine,
+               "engine": engines[0] if engines else None, "rows": table, "averages": _averages(table)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with (out / "summary.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(table[0]) if table else ["suite"])

@@ -103,9 +103,16 @@ def cmd_train(args) -> int:
 
     held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
     report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
-                           max_minutes=args.max_minutes)
+                           max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only)
     print(json.dumps(report, indent=2))
     return 0
+
+
+def _bench_engine(engine: str, device: torch.device) -> str:
+    """``auto``: the fast path on CUDA (what a GPU user runs), the foundation loop elsewhere."""
+    if engine == "auto":
+        return "fast" if device.type == "cuda" else "loop"
+    return engine
 
 
 def cmd_bench(args) -> int:
@@ -138,7 +145,7 @@ def cmd_bench(args) -> int:
         requests = requests[index::count]
     runs = run_bench(target, drafter, requests, methods, out / (f"shard{args.shard.replace('/', 'of')}"
                                                                 if args.shard else "run"),
-                     max_minutes=args.max_minutes)
+                     max_minutes=args.max_minutes, engine=_bench_engine(args.engine, device))
     files = sorted(out.glob("*/runs.jsonl")) or [runs]
     summary = summarize(files, out, title=f"SmolLM2-135M + DFlash drafter, W={args.window}")
     _print_table(summary)
@@ -212,23 +219,27 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train-drafter", help="train a DFlash drafter for SmolLM2-135M-Instruct")
     train.add_argument("--out", required=True)
     train.add_argument("--device")
-    train.add_argument("--layers", type=int, default=4)
+    train.add_argument("--layers", type=int, default=6)
     train.add_argument("--block-size", type=int, default=8)
-    train.add_argument("--intermediate", type=int, default=1024)
+    train.add_argument("--intermediate", type=int, default=448)
     train.add_argument("--mask-token-id", type=int, default=16, help="SmolLM2's <empty_output>")
     train.add_argument("--prompt-tokens", type=int, default=512)
     train.add_argument("--new-tokens", type=int, default=256)
-    train.add_argument("--sequences", type=int, default=2048)
-    train.add_argument("--gen-batch", type=int, default=128)
-    train.add_argument("--steps", type=int, default=3000)
-    train.add_argument("--batch", type=int, default=8)
+    train.add_argument("--sequences", type=int, default=16384)
+    train.add_argument("--gen-batch", type=int, default=512)
+    train.add_argument("--steps", type=int, default=10000)
+    train.add_argument("--batch", type=int, default=32)
     train.add_argument("--anchors", type=int, default=48)
     train.add_argument("--lr", type=float, default=6e-4)
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--warmup", type=int, default=100, help="linear warm-up steps before the cosine decay")
+    train.add_argument("--warmup", type=int, default=300, help="linear warm-up steps before the cosine decay")
     train.add_argument("--init-from", help="drafter directory to continue training from (new data, fresh optimizer)")
     train.add_argument("--eval-package", default="transformers")
     train.add_argument("--max-minutes", type=float, help="stop and save after this long (resume later)")
+    train.add_argument("--generate-only", action="store_true",
+                       help="generate OUT/data.pt (--sequences continuations, windows drawn with --seed) and stop")
+    train.add_argument("--data", nargs="+", metavar="DATA_PT",
+                       help="train on these data.pt files (one per GPU from --generate-only) instead of generating")
     train.set_defaults(func=cmd_train)
 
     bench = sub.add_parser("bench", help="τ and speedup of every mode vs AR by input length")
@@ -248,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--shard", help="i/n: run every n-th request starting at i")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--max-minutes", type=float)
+    bench.add_argument("--engine", choices=("auto", "loop", "fast"), default="auto",
+                       help="decode with fold_hf.fast_generate (fast) or the foundation loop (loop); auto: fast on "
+                            "CUDA, loop elsewhere. Shards of one directory must use one engine")
     bench.set_defaults(func=cmd_bench)
 
     doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run")

@@ -36,20 +36,23 @@ from .training import dflash_loss, sample_anchors
 
 @dataclass
 class TrainSettings:
-    layers: int = 4
+    """A training run's settings; the defaults are the committed SmolLM2 drafter's recipe (its model card), except
+    ``intermediate_size`` (None: the target's) and ``mask_token_id`` (None: the last vocabulary id)."""
+
+    layers: int = 6
     block_size: int = 8
     intermediate_size: int | None = None
     target_layer_ids: list[int] | None = None
     mask_token_id: int | None = None
     prompt_tokens: int = 512
     new_tokens: int = 256
-    sequences: int = 2048
-    gen_batch: int = 64
-    steps: int = 3000
-    batch: int = 8
+    sequences: int = 16384
+    gen_batch: int = 512
+    steps: int = 10000
+    batch: int = 32
     anchors: int = 48
     lr: float = 6e-4
-    warmup: int = 100
+    warmup: int = 300
     gamma: float = 4.0
     seed: int = 0
     save_every: int = 250
@@ -109,24 +112,52 @@ def generate_training_data(target, prompts: torch.Tensor, new_tokens: int, batch
     return torch.cat(out)
 
 
+def load_training_data(files: list[str | Path], prompt_tokens: int, new_tokens: int) -> torch.Tensor:
+    """Concatenate data generated elsewhere (``data.pt`` of ``--generate-only`` runs, e.g. one per GPU)."""
+    parts = []
+    for f in files:
+        part = torch.load(f)
+        if part.ndim != 2 or part.shape[1] != prompt_tokens + new_tokens:
+            raise ValueError(f"{f}: data of shape {tuple(part.shape)}, settings ask for [n, {prompt_tokens} + "
+                             f"{new_tokens}] (--prompt-tokens/--new-tokens must match the generating run)")
+        parts.append(part)
+    if not parts:
+        raise ValueError("no data files given")
+    return torch.cat(parts)
+
+
+def prepare_training_data(target, tokenizer, out: Path, sources: list[str], settings: TrainSettings,
+                          data_files: list[str | Path] | None = None) -> torch.Tensor:
+    """The run's ``[n, P + N]`` training tokens: given files, else ``out/data.pt``, else generated and stored."""
+    if data_files:
+        return load_training_data(data_files, settings.prompt_tokens, settings.new_tokens)
+    data_file = out / "data.pt"
+    if data_file.is_file():
+        return torch.load(data_file)
+    prompts = token_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed)
+    data = generate_training_data(target, prompts, settings.new_tokens, settings.gen_batch)
+    torch.save(data, data_file)
+    return data
+
+
 def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], settings: TrainSettings,
                   held_out: list[str] | None = None, max_minutes: float | None = None,
-                  log=print) -> dict:
-    """Train (or resume) a drafter for ``target``; writes the z-lab layout into ``out_dir`` when done."""
+                  log=print, data_files: list[str | Path] | None = None, generate_only: bool = False) -> dict:
+    """Train (or resume) a drafter for ``target``; writes the z-lab layout into ``out_dir`` when done.
+
+    ``data_files``: train on these pre-generated ``[n, P + N]`` tensors (concatenated) instead of generating;
+    ``generate_only``: generate ``out_dir/data.pt`` and return without training (to split generation over GPUs).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     device = next(target.parameters()).device
     torch.manual_seed(settings.seed)
 
-    data_file = out / "data.pt"
-    if data_file.is_file():
-        data = torch.load(data_file)
-    else:
-        prompts = token_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed)
-        data = generate_training_data(target, prompts, settings.new_tokens, settings.gen_batch)
-        torch.save(data, data_file)
+    data = prepare_training_data(target, tokenizer, out, sources, settings, data_files)
     log(f"training data: {tuple(data.shape)} tokens ({time.time() - started:.0f}s)")
+    if generate_only:
+        return {"generated": list(data.shape), "data": str(out / "data.pt"), "minutes": (time.time() - started) / 60}
 
     if settings.init_from:
         # warm start: continue a finished drafter on new data (its architecture, not the settings', decides the shape)
@@ -210,8 +241,9 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
     drafter = drafter.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
     # final_loss: mean of the last 5 logged losses (one every log_every steps)
     report = {"finished": finished, "step": step, "minutes": (time.time() - started) / 60,
-              "final_loss": sum(history[-5:]) / max(1, len(history[-5:])), "loss_every": settings.log_every}
-    if held_out:
+              "final_loss": sum(history[-5:]) / max(1, len(history[-5:])), "loss_every": settings.log_every,
+              "data": {"sequences": len(data), "files": [str(f) for f in data_files or []]}}
+    if held_out and finished:  # a stopped run is measured when it finishes (the read costs minutes on a GPU)
         report["held_out"] = evaluate_tau(target, tokenizer, drafter, held_out, settings, seed=settings.seed + 1)
         log(f"held-out tau: {report['held_out']}")
     drafter.set_fold_config(FoldConfig(mode="dflash"))

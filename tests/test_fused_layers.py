@@ -222,6 +222,23 @@ def check_kernels(device, dtype, norm_shapes, rope_shapes, silu_shapes, exact_ro
         assert rel_err(out, ref) < tol, shape
         if dtype != torch.float32:  # at most one rounding step apart, and nearly always identical
             assert (out != ref).float().mean().item() < 0.01, shape
+    # fused projections: the heads of a q|k|v output and the halves of a gate|up output are read in place, with
+    # the same result as from contiguous copies
+    for L, Hq, Hkv, D in ((1, 4, 2, 16), (10, 6, 2, 24), (7, 8, 8, 64)):
+        fused = randn(1, L, (Hq + 2 * Hkv) * D, dtype=dtype, device=device, seed=L + Hq, scale=3)
+        weight = randn(D, dtype=dtype, device=device, seed=D)
+        for start, heads in ((0, Hq), (Hq * D, Hkv), ((Hq + Hkv) * D, Hkv), (0, Hq + Hkv)):
+            view = fused[..., start:start + heads * D].view(1, L, heads, D)
+            assert L == 1 or not view.is_contiguous()
+            _, normed = add_rms_norm_triton(view, None, weight, 1e-6)
+            assert normed.is_contiguous() and torch.equal(normed,
+                                                          add_rms_norm_triton(view.contiguous(), None, weight, 1e-6)[1])
+            assert rel_err(normed, add_rms_norm_reference(view, None, weight, 1e-6)[1]) < tol, (L, start, heads)
+    for L, width in ((1, 100), (10, 1030), (3, 64)):
+        gate, up = randn(1, L, 2 * width, dtype=dtype, device=device, seed=L + width, scale=4).split(width, -1)
+        out = silu_mul_triton(gate, up)
+        assert out.is_contiguous() and torch.equal(out, silu_mul_triton(gate.contiguous(), up.contiguous()))
+        assert rel_err(out, silu_mul_reference(gate, up)) < tol, (L, width)
 
 
 INTERPRETER_NORMS = [(1, 96), (3, 64), (2, 1000)]
@@ -268,3 +285,40 @@ def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch, monkeypatch
                 fused_drafter = fast_generate(target, drafter, **kw, fused_layers=True)
                 assert torch.equal(fused_drafter.sequences, expected), (arch, mode, length)
                 assert fused_drafter.acceptance_lengths == unfused.acceptance_lengths, (arch, mode, length)
+
+
+def test_fused_drafter_projections_hold_the_weights_once_and_save_as_before(tmp_path, monkeypatch):
+    """The fused drafter step reads q|k|v and gate|up as one GEMM each; the drafter's own parameters become views of
+    those buffers (no second copy), keep their values, train and save as before, and a ``.to()`` afterwards is
+    picked up."""
+    from fold_hf.generation.static_drafter import fused_projections
+
+    monkeypatch.delenv("FOLD_HF_FUSED_DRAFTER", raising=False)
+    target, drafter = trained_pair("llama")
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    fold_hf.generation.release_fast_state(target)
+    ids = prompt(40, 60)
+    expected = greedy_reference(target, ids, 20)
+    fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, "fold", 20)
+    attn, mlp = drafter.layers[0].self_attn, drafter.layers[0].mlp
+    qkv, _, gate_up = fused_projections(drafter.layers[0])
+    assert attn.q_proj.weight.data_ptr() == qkv.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == qkv[attn.q_proj.out_features + attn.k_proj.out_features:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == gate_up[mlp.gate_proj.out_features:].data_ptr()
+    assert all(torch.equal(v, before[k]) for k, v in drafter.state_dict().items())
+    drafter.save_pretrained(tmp_path / "saved")  # safetensors refuses tensors sharing memory: save copies
+    reloaded = fold_hf.FoldDrafter.from_pretrained(tmp_path / "saved", dtype=drafter.fc.weight.dtype)
+    assert all(torch.equal(v, before[k]) for k, v in reloaded.state_dict().items())
+    with torch.no_grad():  # a write through the module reaches the fused buffer the step reads
+        attn.k_proj.weight.mul_(2)
+    assert torch.equal(qkv[attn.q_proj.out_features:][:attn.k_proj.out_features], attn.k_proj.weight)
+    attn.k_proj.weight.data.div_(2)
+    dtype = drafter.fc.weight.dtype
+    try:
+        drafter.to(torch.float32)  # new tensors for every parameter: the next call fuses them again
+        assert fused_projections(drafter.layers[0])[0].dtype == torch.float32
+        assert attn.q_proj.weight.data_ptr() == fused_projections(drafter.layers[0])[0].data_ptr()
+    finally:
+        drafter.to(dtype)  # the pair is shared by the module's tests
+        drafter.load_state_dict(before)
+        fold_hf.generation.release_fast_state(target)

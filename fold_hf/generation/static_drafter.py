@@ -23,6 +23,7 @@ near-tie. Greedy output never depends on the drafts.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels.reference import fold_read_geometry_reference, rotate_by_tables
 from ..modeling.cache import FoldCache
@@ -200,23 +201,23 @@ class StaticDrafter:
         """:meth:`_layers` with the fused elementwise ops: each residual add happens inside the next norm."""
         drafter, B, ops = self.drafter, self.block, self.ops
         delta = None
-
-        def heads(x, proj, n, norm):
-            y = proj(x).view(1, x.shape[1], n, -1)
-            return y if norm is None else ops.add_rms_norm(y, None, norm.weight, norm.eps)[1]
-
         for layer, cache_layer in zip(drafter.layers, self.cache.layers):
             attn = layer.self_attn
+            qkv_weight, qkv_bias, gate_up_weight = fused_projections(layer)
             hidden, normed = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
-            # the new context rows and the block go through k_proj and v_proj together: each weight is read once
-            # a round instead of twice (2 of the layer's 9 GEMMs saved; on the H200 a 4096 x 1024 GEMM costs ~11 us
-            # at any row count up to 16)
+            # one q|k|v GEMM over the new context rows and the block together: the weights are read once a round
+            # (7 -> 4 GEMMs a layer with gate|up below; on the H200 a GEMM costs the same at any row count up to
+            # 16, so the queries of the context rows, which nothing reads, cost nothing)
             rows = torch.cat((context, normed), 1)
-            keys = heads(rows, attn.k_proj, attn.num_kv_heads, attn.k_norm)
-            values = heads(rows, attn.v_proj, attn.num_kv_heads, None).transpose(1, 2)
+            qkv = F.linear(rows, qkv_weight, qkv_bias)  # [1, 2B, (Hq + 2 Hkv) D]
+            n_q, n_kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+            q = ops.add_rms_norm(qkv[:, B:, :n_q].view(1, B, attn.num_heads, attn.head_dim), None,
+                                 attn.q_norm.weight, attn.q_norm.eps)[1]
+            keys = ops.add_rms_norm(qkv[..., n_q:n_q + n_kv].view(1, 2 * B, attn.num_kv_heads, attn.head_dim), None,
+                                    attn.k_norm.weight, attn.k_norm.eps)[1]
+            values = qkv[..., n_q + n_kv:].view(1, 2 * B, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
             cache_layer.keys.index_copy_(2, entry_positions, keys[:, :B].transpose(1, 2))
             cache_layer.values.index_copy_(2, entry_positions, values[:, :, :B])
-            q = heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
             k_blk, v_blk = keys[:, B:], values[:, :, B:]
             query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
             query_far = ops.rotate_heads(q, self.cos_far, self.sin_far, attn.scaling, self.dtype) if with_far else None
@@ -225,9 +226,61 @@ class StaticDrafter:
                             self.cos, self.sin, context_length, context_length, self.window, self.alpha)
             post = layer.post_attention_layernorm
             hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, B, -1)), post.weight, post.eps)
-            mlp = layer.mlp
-            delta = mlp.down_proj(ops.silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            gate, up = F.linear(normed, gate_up_weight).chunk(2, -1)
+            delta = layer.mlp.down_proj(ops.silu_mul(gate, up))
         return ops.add_rms_norm(hidden, delta, drafter.norm.weight, drafter.norm.eps)[1]
+
+
+def _rows_of_one_buffer(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The ``[sum(rows), ...]`` tensor whose consecutive row blocks ``parts`` are (one storage, contiguous, no
+    gaps), or None when they are not laid out so."""
+    first = parts[0]
+    if not all(p.is_contiguous() and p.dtype == first.dtype and p.device == first.device
+               and p.shape[1:] == first.shape[1:] for p in parts):
+        return None
+    storage = first.untyped_storage()
+    offset = first.storage_offset()
+    for part in parts:
+        if part.untyped_storage().data_ptr() != storage.data_ptr() or part.storage_offset() != offset:
+            return None
+        offset += part.numel()
+    rows = sum(p.shape[0] for p in parts)
+    return first.new_empty(0).set_(storage, first.storage_offset(), (rows, *first.shape[1:]))
+
+
+def _fuse_rows(modules: list[torch.nn.Linear], name: str) -> torch.Tensor | None:
+    """One buffer holding the modules' ``name`` tensors (weight or bias) as consecutive row blocks; the modules'
+    parameters become views of it, so the weights are not held twice."""
+    params = [getattr(m, name) for m in modules]
+    if params[0] is None:
+        return None
+    whole = _rows_of_one_buffer([p.data for p in params])
+    if whole is not None:
+        return whole
+    whole = torch.cat([p.data for p in params])
+    offset = 0
+    for param in params:
+        param.data = whole[offset:offset + param.shape[0]]
+        offset += param.shape[0]
+    return whole
+
+
+@torch.no_grad()
+def fused_projections(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``(q|k|v weight [(Hq + 2 Hkv) D, H], q|k|v bias or None, gate|up weight [2 I, H])`` of a drafter layer.
+
+    The first call concatenates the weights and points the layer's own q/k/v and gate/up parameters into the new
+    buffers, so the weights are not held twice and ``load_state_dict`` or training writes reach the buffers;
+    later calls find the parameters laid out so and return views of the same buffers (after ``.to()``, which
+    gives every parameter a buffer of its own, they are concatenated again).
+    """
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+    if (attn.q_proj.bias is None) != (attn.k_proj.bias is None) or (attn.k_proj.bias is None) != (
+            attn.v_proj.bias is None):
+        raise ValueError("q/k/v projections must all have biases or none")
+    return (_fuse_rows(projections, "weight"), _fuse_rows(projections, "bias"),
+            _fuse_rows([mlp.gate_proj, mlp.up_proj], "weight"))
 
 
 def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:

@@ -52,12 +52,16 @@ def _round_to(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def _add_rms_norm_kernel(HIDDEN, DELTA, WEIGHT, SUM_OUT, NORM_OUT, hidden_size, inv_hidden_size, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                         rows_per_token, token_stride, row_stride, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < hidden_size
-    base = row * hidden_size
-    x = tl.load(HIDDEN + base + offs, mask=ok, other=0.0)
+    base = row * hidden_size  # outputs are contiguous
+    # inputs may be heads sliced out of a wider projection: row r is head (r % rows_per_token) of token
+    # (r // rows_per_token)
+    token = row // rows_per_token
+    in_base = token.to(tl.int64) * token_stride + (row - token * rows_per_token) * row_stride
+    x = tl.load(HIDDEN + in_base + offs, mask=ok, other=0.0)
     dtype = x.dtype
     xf = x.to(tl.float32)
     if HAS_DELTA:
@@ -69,14 +73,34 @@ def _add_rms_norm_kernel(HIDDEN, DELTA, WEIGHT, SUM_OUT, NORM_OUT, hidden_size, 
     tl.store(NORM_OUT + base + offs, _round_to(w.to(tl.float32) * normed, dtype).to(dtype), mask=ok)
 
 
+def _token_head_strides(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
+    """``(x viewed as [tokens, heads, D], heads, token stride, head stride)`` when ``x [..., heads, D]`` has a
+    contiguous last dim and viewable leading dims (heads sliced out of a wider projection), else None."""
+    if x.dim() < 2 or x.stride(-1) != 1:
+        return None
+    try:
+        view = x.view(-1, x.shape[-2], x.shape[-1])
+    except RuntimeError:
+        return None
+    return view, view.shape[1], view.stride(0), view.stride(1)
+
+
 def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then RMSNorm; shapes and semantics of
-    :func:`~fold_hf.kernels.layer_reference.add_rms_norm_reference` (``[..., H]`` contiguous, ``weight [H]``)."""
+    :func:`~fold_hf.kernels.layer_reference.add_rms_norm_reference` (``hidden [..., H]``, ``weight [H]``).
+
+    Without ``delta``, ``hidden`` may be strided in its leading dims (e.g. ``[1, L, heads, D]`` heads sliced out of
+    a fused q|k|v projection, read in place); the outputs are contiguous."""
     H = hidden.shape[-1]
     if weight.shape != (H,) or weight.dtype != hidden.dtype:
         raise ValueError(f"weight must be [{H}] in {hidden.dtype}, got {tuple(weight.shape)} {weight.dtype}")
-    hidden = hidden.contiguous()
+    strided = None if delta is not None or hidden.is_contiguous() else _token_head_strides(hidden)
+    if strided is None:
+        hidden = hidden.contiguous()
+        source, rows_per_token, token_stride, row_stride = hidden, 1, H, 0
+    else:
+        source, rows_per_token, token_stride, row_stride = strided
     rows = hidden.numel() // H
     total = hidden
     if delta is not None:
@@ -85,10 +109,11 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
                              f"{tuple(hidden.shape)} {hidden.dtype}")
         delta = delta.contiguous()
         total = torch.empty_like(hidden)
-    normed = torch.empty_like(hidden)
+    normed = torch.empty(hidden.shape, device=hidden.device, dtype=hidden.dtype)
     block = _next_pow2(H)
-    _add_rms_norm_kernel[(rows,)](hidden, delta if delta is not None else hidden, weight, total, normed, H,
-                                  1.0 / H, float(eps), HAS_DELTA=delta is not None, BLOCK=block,
+    _add_rms_norm_kernel[(rows,)](source, delta if delta is not None else source, weight, total, normed, H,
+                                  1.0 / H, float(eps), rows_per_token, token_stride, row_stride,
+                                  HAS_DELTA=delta is not None, BLOCK=block,
                                   num_warps=max(1, min(16, block // 512)), **_EXACT)
     return total, normed
 
@@ -168,11 +193,14 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 @triton.jit
-def _silu_mul_kernel(GATE, UP, OUT, n, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+def _silu_mul_kernel(GATE, UP, OUT, n, width, gate_row_stride, up_row_stride, BLOCK: tl.constexpr,
+                     LIBDEVICE_EXP: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
-    g = tl.load(GATE + offs, mask=ok, other=0.0)
-    u = tl.load(UP + offs, mask=ok, other=0.0)
+    row = offs // width  # gate and up may be the two halves of one gate|up projection
+    col = offs - row * width
+    g = tl.load(GATE + row * gate_row_stride + col, mask=ok, other=0.0)
+    u = tl.load(UP + row * up_row_stride + col, mask=ok, other=0.0)
     gf = g.to(tl.float32)
     if LIBDEVICE_EXP:
         e = libdevice.exp(-gf)  # expf, as torch's silu; tl.exp is exp2-based and a few ulp off
@@ -182,16 +210,24 @@ def _silu_mul_kernel(GATE, UP, OUT, n, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.co
     tl.store(OUT + offs, _round_to(silu * u.to(tl.float32), g.dtype).to(g.dtype), mask=ok)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., I]`` as ``[rows, I]`` with a contiguous last dim, a view where one exists."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` (``[..., I]``, one dtype); the semantics of
-    :func:`~fold_hf.kernels.layer_reference.silu_mul_reference`."""
+    :func:`~fold_hf.kernels.layer_reference.silu_mul_reference`. The inputs may have strided rows (the two halves
+    of a fused gate|up projection are read in place); the output is contiguous."""
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
+    out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
+    gate_rows, up_rows = _rows(gate), _rows(up)
+    n, width = gate.numel(), gate.shape[-1]
     block = 1024
-    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block,
+    _silu_mul_kernel[(triton.cdiv(n, block),)](gate_rows, up_rows, out, n, width, gate_rows.stride(0),
+                                               up_rows.stride(0), BLOCK=block,
                                                LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1", num_warps=4,
                                                **_EXACT)
     return out

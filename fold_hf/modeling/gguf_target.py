@@ -88,6 +88,33 @@ def load_smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
+def publish_plain_checkpoint(model, converted: Path) -> None:
+    """Write ``model`` as ``config.json`` + ``model.safetensors`` (no quantization marker) into ``converted``.
+
+    Each caller stages in a folder of its own and the first to finish publishes it by an atomic rename, so
+    several processes (one per GPU on a fresh machine) may convert at once; an incomplete folder left by a
+    killed process is replaced."""
+    from safetensors.torch import save_file
+
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=converted.parent, prefix=converted.name + ".part-"))
+    try:
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        state = {k: v.contiguous() for k, v in model.state_dict().items()
+                 if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        if converted.exists() and not (converted / "model.safetensors").is_file():
+            shutil.rmtree(converted, ignore_errors=True)
+        try:
+            os.replace(staging, converted)
+        except OSError:
+            pass  # another process published the same conversion first
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """(model, tokenizer) of SmolLM2-135M-Instruct; fp32 on CPU and bf16 on GPU unless ``dtype`` is given."""
     from transformers import AutoModelForCausalLM
@@ -103,19 +130,7 @@ def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype | None =
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         # transformers refuses to re-save a GGUF-loaded model: write plain weights and a config without the
         # quantization marker, which from_pretrained then loads in seconds
-        from safetensors.torch import save_file
-
-        staging = converted.with_name(converted.name + ".part")
-        staging.mkdir(parents=True, exist_ok=True)
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        (staging / "config.json").write_text(json.dumps(config, indent=2))
-        state = {k: v.contiguous() for k, v in model.state_dict().items()
-                 if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
-        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        if converted.exists():
-            shutil.rmtree(converted)
-        os.replace(staging, converted)
+        publish_plain_checkpoint(model, converted)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     return model.to(device=device, dtype=dtype).eval(), tokenizer

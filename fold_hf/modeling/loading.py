@@ -156,6 +156,7 @@ def save_drafter(model, save_directory) -> None:
     data = model.config.to_zlab_dict()
     data["torch_dtype"] = str(model.fc.weight.dtype).replace("torch.", "")
     (directory / CONFIG_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # copies: the fast loop's fused projections make parameters views of one buffer, which safetensors refuses
+    state = {k: v.detach().to('cpu', copy=True).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
     model.fold_config.save_pretrained(directory)
