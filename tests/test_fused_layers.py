@@ -322,3 +322,31 @@ def test_fused_drafter_projections_hold_the_weights_once_and_save_as_before(tmp_
         drafter.to(dtype)  # the pair is shared by the module's tests
         drafter.load_state_dict(before)
         fold_hf.generation.release_fast_state(target)
+
+
+def test_wrapped_drafter_projection_runs_as_its_module(monkeypatch):
+    """A drafter projection wrapped by an adapter (here a Linear subclass adding a low-rank delta, as LoRA does)
+    keeps the fused drafter step off, so the adapter's output is what drafts: same rounds as the foundation loop."""
+    import copy
+
+    from fold_hf.generation.static_drafter import fused_drafter_unsupported
+
+    class WithDelta(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 0.5 * x[..., : self.out_features].flip(-1)
+
+    monkeypatch.delenv("FOLD_HF_FUSED_DRAFTER", raising=False)
+    target, base = trained_pair("llama")
+    drafter = copy.deepcopy(base)
+    old = drafter.layers[0].self_attn.q_proj
+    wrapped = WithDelta(old.in_features, old.out_features, bias=False, dtype=old.weight.dtype)
+    wrapped.weight.data.copy_(old.weight.data)
+    drafter.layers[0].self_attn.q_proj = wrapped
+    assert "WithDelta" in fused_drafter_unsupported(drafter)
+    fold_hf.generation.release_fast_state(target)
+    ids = prompt(50, 70)
+    expected = greedy_reference(target, ids, 24)
+    fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, "fold", 24)
+    session = target.__dict__["_fold_fast_session"]
+    assert all(d is not None and d.ops is None for d in session.static_drafters.values())
+    fold_hf.generation.release_fast_state(target)

@@ -293,7 +293,14 @@ def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:
                                                                        layer.self_attn.q_norm, layer.self_attn.k_norm)]
     if any(n.weight.dtype != dtype for n in norms):
         return f"norm weights not in the drafter's dtype {dtype}"
-    for layer in drafter.layers:
+    for i, layer in enumerate(drafter.layers):
         if not is_silu(layer.mlp.act):
             return f"MLP activation {type(layer.mlp.act).__name__} is not SiLU"
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, module in (("q_proj", attn.q_proj), ("k_proj", attn.k_proj), ("v_proj", attn.v_proj),
+                             ("gate_proj", mlp.gate_proj), ("up_proj", mlp.up_proj)):
+            # the fused step reads these weights straight into one GEMM: a wrapped or quantized projection (LoRA,
+            # bitsandbytes...) must run as its module
+            if type(module) is not torch.nn.Linear or module.weight.dtype != dtype:
+                return f"layer {i} {name} is a {type(module).__name__} in {module.weight.dtype}, not a plain Linear"
     return None
