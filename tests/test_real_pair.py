@@ -73,22 +73,30 @@ def test_demo_runs(capsys):
     assert "FOLD" in printed and "original drafter" in printed and "same as AR" in printed
 
 
-def test_train_drafter_runs_resumes_and_writes_the_zlab_layout(tmp_path):
-    from fold_hf.train_drafter import TrainSettings, train_drafter
+class _CharTokenizer:
+    """Characters to ids 0..10 (the tiny target's vocabulary)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 11 for c in text]}
+
+
+def tiny_training_case():
+    """(tiny fp32 target, a character tokenizer, 5 synthetic 400-character sources) for train-drafter tests."""
     from tiny import tiny_target
 
-    target = tiny_target("llama", dtype=torch.float32)
-
-    class Tok:
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [ord(c) % 11 for c in text]}
-
     sources = ["".join(chr(97 + (i * 7 + j) % 20) for j in range(400)) for i in range(5)]
+    return tiny_target("llama", dtype=torch.float32), _CharTokenizer(), sources
+
+
+def test_train_drafter_runs_resumes_and_writes_the_zlab_layout(tmp_path):
+    from fold_hf.train_drafter import TrainSettings, train_drafter
+
+    target, tokenizer, sources = tiny_training_case()
     settings = TrainSettings(layers=1, block_size=4, intermediate_size=32, prompt_tokens=24, new_tokens=16,
                              sequences=6, gen_batch=3, steps=4, batch=2, anchors=4, warmup=1, save_every=2)
-    first = train_drafter(target, Tok(), tmp_path, sources, settings, max_minutes=0.0, log=lambda *a: None)
+    first = train_drafter(target, tokenizer, tmp_path, sources, settings, max_minutes=0.0, log=lambda *a: None)
     assert first["finished"] is False and (tmp_path / "state.pt").is_file()
-    report = train_drafter(target, Tok(), tmp_path, sources, settings, log=lambda *a: None)
+    report = train_drafter(target, tokenizer, tmp_path, sources, settings, log=lambda *a: None)
     assert report["finished"] and report["step"] == 4
     drafter = fold_hf.FoldDrafter.from_pretrained(tmp_path / "drafter")
     assert drafter.block_size == 4 and drafter.config.num_target_layers == target.config.num_hidden_layers
@@ -100,20 +108,13 @@ def test_train_drafter_runs_resumes_and_writes_the_zlab_layout(tmp_path):
 def test_train_drafter_splits_generation_from_training(tmp_path):
     """Two --generate-only runs (one per GPU) feed one training run; mismatched lengths are refused."""
     from fold_hf.train_drafter import TrainSettings, train_drafter
-    from tiny import tiny_target
 
-    target = tiny_target("llama", dtype=torch.float32)
-
-    class Tok:
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [ord(c) % 11 for c in text]}
-
-    sources = ["".join(chr(97 + (i * 7 + j) % 20) for j in range(400)) for i in range(5)]
+    target, tokenizer, sources = tiny_training_case()
     shards = []
     for seed in (0, 1):
         settings = TrainSettings(layers=1, block_size=4, intermediate_size=32, prompt_tokens=24, new_tokens=16,
                                  sequences=3, gen_batch=3, steps=2, batch=2, anchors=4, warmup=1, seed=seed)
-        report = train_drafter(target, Tok(), tmp_path / f"gen{seed}", sources, settings, generate_only=True,
+        report = train_drafter(target, tokenizer, tmp_path / f"gen{seed}", sources, settings, generate_only=True,
                                log=lambda *a: None)
         assert report["generated"] == [3, 40] and not (tmp_path / f"gen{seed}" / "state.pt").exists()
         shards.append(tmp_path / f"gen{seed}" / "data.pt")
@@ -122,13 +123,13 @@ def test_train_drafter_splits_generation_from_training(tmp_path):
     # every generated row is the target's own greedy continuation of its window
     assert torch.equal(a[:1], target.generate(a[:1, :24], max_new_tokens=16, min_new_tokens=16, do_sample=False))
     settings.seed = 0
-    report = train_drafter(target, Tok(), tmp_path / "train", sources, settings, data_files=shards,
+    report = train_drafter(target, tokenizer, tmp_path / "train", sources, settings, data_files=shards,
                            log=lambda *a: None)
     assert report["finished"] and report["step"] == 2
     assert not (tmp_path / "train" / "data.pt").exists()  # trained on the shards, generated nothing
     settings.new_tokens = 8
     with pytest.raises(ValueError, match="must match the generating run"):
-        train_drafter(target, Tok(), tmp_path / "other", sources, settings, data_files=shards, log=lambda *a: None)
+        train_drafter(target, tokenizer, tmp_path / "other", sources, settings, data_files=shards, log=lambda *a: None)
 
 
 def test_converted_target_is_published_once_when_processes_race(tmp_path):

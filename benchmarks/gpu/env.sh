@@ -20,3 +20,10 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export FOLD_HF_SMOLLM2_GGUF=/root/stage/SmolLM2-135M-Instruct.Q4_1.gguf FOLD_HF_CACHE=/root/cache
 ls /root/stage
+# scripts that need the GGUF call this: it ends the calls that only stage a part (nothing else to do yet)
+stop_until_gguf_whole() {
+  if [ ! -f "$FOLD_HF_SMOLLM2_GGUF" ]; then
+    echo "GGUF not whole yet (staged: $(ls /root/stage | tr '\n' ' ')); carry the next part"
+    exit 0
+  fi
+}

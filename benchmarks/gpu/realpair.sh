@@ -12,10 +12,7 @@
 # json/csv, the two plots, machine.json and the merged runs: 6 files, under the 8 a call returns).
 source benchmarks/gpu/env.sh > /dev/null
 out=${1:-${OUT:-/tmp}}
-if [ ! -f "$FOLD_HF_SMOLLM2_GGUF" ]; then
-  echo "GGUF not whole yet (staged: $(ls /root/stage | tr '\n' ' ')); carry the next part"
-  exit 0
-fi
+stop_until_gguf_whole
 R=/root/realpair
 mkdir -p $R
 [ -f $R/requests.jsonl ] || python -m fold_hf.cli bench --out $R --build-only ${BENCH_ARGS:-} > $R/build.log 2>&1

@@ -26,10 +26,7 @@ source benchmarks/gpu/env.sh > /dev/null
 out=${1:-${OUT:-/tmp}}
 started=$(date +%s)
 minutes=${MINUTES:-8.8}
-if [ ! -f "$FOLD_HF_SMOLLM2_GGUF" ]; then
-  echo "GGUF not whole yet (staged: $(ls /root/stage | tr '\n' ' ')); carry the next part"
-  exit 0
-fi
+stop_until_gguf_whole
 ngpu=$(nvidia-smi -L | wc -l)
 [ "${GPUS:-$ngpu}" -lt "$ngpu" ] && ngpu=$GPUS
 mkdir -p /root/train

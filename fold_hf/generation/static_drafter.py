@@ -276,8 +276,7 @@ def fused_projections(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.T
     """
     attn, mlp = layer.self_attn, layer.mlp
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-    if (attn.q_proj.bias is None) != (attn.k_proj.bias is None) or (attn.k_proj.bias is None) != (
-            attn.v_proj.bias is None):
+    if len({p.bias is None for p in projections}) > 1:
         raise ValueError("q/k/v projections must all have biases or none")
     return (_fuse_rows(projections, "weight"), _fuse_rows(projections, "bias"),
             _fuse_rows([mlp.gate_proj, mlp.up_proj], "weight"))
