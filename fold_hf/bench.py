@@ -217,6 +217,7 @@ def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_
     if not meta.is_file():
         meta.write_text(json.dumps(machine_info(), indent=2))
     device = next(target.parameters()).device
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     todo = [r for r in requests if r["id"] not in done]
     started = time.time()
     for req in tqdm(todo, desc="bench requests", unit="req"):
@@ -237,7 +238,8 @@ def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_
                 reference = tokens
             rows.append({"request": req["id"], "suite": req["suite"], "tier": req["tier"], "method": method.name,
                          "tau": res.tau, "tpot_s": res.tpot_s, "ttft_s": res.ttft_s, "rounds": res.rounds,
-                         "new_tokens": res.num_new_tokens, "same_as_ar": tokens == reference, "engine": engine})
+                         "new_tokens": res.num_new_tokens, "same_as_ar": tokens == reference, "engine": engine,
+                         "dtype": dtype})
         with runs.open("a") as fh:  # a request is written whole, so pairing with its AR run survives restarts
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
@@ -255,14 +257,21 @@ def _bootstrap_mean_ci(values: list[float], resamples: int = 2000, seed: int = 0
     return float(means[int(0.025 * resamples)]), float(means[int(0.975 * resamples) - 1])
 
 
-def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "") -> dict:
-    """Merge run files, compute the table, write ``summary.json``, ``summary.csv`` and PNG plots."""
+def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "", focus: str | None = None) -> dict:
+    """Merge run files, compute the table, write ``summary.json``, ``summary.csv``, ``paired.csv`` and PNG plots.
+
+    ``focus``: the method compared request by request with every other one (:func:`paired_comparison`; default
+    ``fold-a2`` when present, else the first ``fold`` method)."""
     rows = []
     for f in run_files:
         rows += [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
     engines = sorted({r.get("engine", "loop") for r in rows})  # runs before the engine was recorded: the loop
     if len(engines) > 1:
         raise ValueError(f"the run files mix engines {engines}: their timings do not pair; summarize them apart")
+    dtypes = sorted({r.get("dtype", "unrecorded") for r in rows})
+    if len(dtypes) > 1:
+        raise ValueError(f"the run files mix dtypes {dtypes}: their timings and outputs do not pair; summarize "
+                         "them apart")
     by_request: dict[str, dict[str, dict]] = {}
     for row in rows:
         by_request.setdefault(row["request"], {})[row["method"]] = row
@@ -294,15 +303,53 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "")
         meta = Path(f).parent / "machine.json"
         if meta.is_file():
             machine = json.loads(meta.read_text())
+    if focus is None:
+        focus = "fold-a2" if "fold-a2" in methods else next((m for m in methods if m.startswith("fold")), None)
+    paired = paired_comparison(by_request, focus) if focus is not None else []
     summary = {"title": title, "date": _dt.date.today().isoformat(), "machine": machine,
-               "engine": engines[0] if engines else None, "rows": table, "averages": _averages(table)}
+               "engine": engines[0] if engines else None, "dtype": dtypes[0] if dtypes else None, "rows": table,
+               "averages": _averages(table), "paired": {"focus": focus, "rows": paired}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    with (out / "summary.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(table[0]) if table else ["suite"])
-        writer.writeheader()
-        writer.writerows(table)
+    for name, data in (("summary.csv", table), ("paired.csv", paired)):
+        with (out / name).open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(data[0]) if data else ["suite"])
+            writer.writeheader()
+            writer.writerows(data)
     _plot(table, out, title)
     return summary
+
+
+def paired_comparison(by_request: dict[str, dict[str, dict]], focus: str) -> list[dict]:
+    """``focus`` against every other method on the same requests, per suite and over all suites.
+
+    Per request, ``delta_tau`` = τ(focus) - τ(other) and ``speed_ratio`` = TPOT(other) / TPOT(focus) (> 1: focus
+    is faster); rows give their means with 95% bootstrap CIs and how many requests focus wins, ties and loses
+    on τ. Pairing removes the request-to-request spread (the tiers and suites hold different texts), so a CI
+    that excludes 0 (or 1) says which method reads better on these inputs even where the per-method CIs overlap.
+
+    Args:
+        by_request: ``{request id: {method: run row}}`` (rows as ``run_bench`` writes them).
+        focus: the method compared with the others.
+    """
+    reqs = [v for v in by_request.values() if focus in v and v[focus]["tpot_s"] > 0]
+    others = sorted({m for v in reqs for m in v} - {focus, "ar"})
+    out = []
+    for suite in sorted({v[focus]["suite"] for v in reqs}) + ["all"]:
+        chosen = [v for v in reqs if suite == "all" or v[focus]["suite"] == suite]
+        for other in others:
+            both = [v for v in chosen if other in v and v[other]["tpot_s"] > 0]
+            if not both:
+                continue
+            deltas = [v[focus]["tau"] - v[other]["tau"] for v in both]
+            ratios = [v[other]["tpot_s"] / v[focus]["tpot_s"] for v in both]
+            dlo, dhi = _bootstrap_mean_ci(deltas)
+            rlo, rhi = _bootstrap_mean_ci(ratios)
+            out.append({"suite": suite, "focus": focus, "other": other, "requests": len(both),
+                        "delta_tau": sum(deltas) / len(deltas), "delta_tau_ci_low": dlo, "delta_tau_ci_high": dhi,
+                        "speed_ratio": sum(ratios) / len(ratios), "speed_ratio_ci_low": rlo,
+                        "speed_ratio_ci_high": rhi, "tau_wins": sum(d > 0 for d in deltas),
+                        "tau_ties": sum(d == 0 for d in deltas), "tau_losses": sum(d < 0 for d in deltas)})
+    return out
 
 
 def _averages(table: list[dict]) -> dict:

@@ -24,12 +24,15 @@ def _device(name: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_default_pair(device: torch.device, drafter_dir: str | Path | None = None):
-    """(target, tokenizer, drafter) of the embedded pair."""
+DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def load_default_pair(device: torch.device, drafter_dir: str | Path | None = None, dtype: torch.dtype | None = None):
+    """(target, tokenizer, drafter) of the embedded pair; ``dtype`` None: fp32 on CPU, bf16 on GPU."""
     from .modeling import FoldDrafter
     from .modeling.gguf_target import load_smollm2
 
-    target, tokenizer = load_smollm2(device)
+    target, tokenizer = load_smollm2(device, dtype)
     path = Path(drafter_dir) if drafter_dir else DEFAULT_DRAFTER
     if not (path / "config.json").is_file():
         raise SystemExit(f"no drafter at {path}: train one with `fold-hf train-drafter` or pass --drafter DIR")
@@ -135,7 +138,7 @@ def cmd_bench(args) -> int:
         print(f"wrote {len(requests)} requests to {requests_file}")
         if args.build_only:
             return 0
-    target, _, drafter = load_default_pair(device, args.drafter)
+    target, _, drafter = load_default_pair(device, args.drafter, DTYPES[args.dtype])
     requests = load_requests(requests_file)
     methods = default_methods(args.window, args.train_length, args.budget)
     if args.methods:
@@ -159,7 +162,7 @@ def cmd_summarize(args) -> int:
     files = sorted(out.glob("*/runs.jsonl"))
     if not files:
         raise SystemExit(f"no */runs.jsonl under {out}")
-    _print_table(summarize(files, out, title=args.title))
+    _print_table(summarize(files, out, title=args.title, focus=args.focus))
     return 0
 
 
@@ -196,6 +199,17 @@ def _print_table(summary: dict) -> None:
     for r in summary["rows"]:
         print(f"{r['suite']:10s} {r['tier']:6d} {r['method']:10s} {r['tau']:6.2f} {r['speedup']:8.2f} "
               f"[{r['speedup_ci_low']:5.2f}, {r['speedup_ci_high']:5.2f}] {r['differ_from_ar']:6d}")
+    paired = summary.get("paired") or {}
+    if paired.get("rows"):
+        print(f"\n{paired['focus']} vs each method on the same requests (Δτ = τ({paired['focus']}) - τ(other); "
+              f"speed = TPOT(other) / TPOT({paired['focus']}))")
+        print(f"{'suite':10s} {'other':10s} {'n':>4s} {'Δτ':>7s} {'95% CI':>17s} {'speed':>6s} {'95% CI':>14s} "
+              f"{'win/tie/loss':>13s}")
+        for r in paired["rows"]:
+            print(f"{r['suite']:10s} {r['other']:10s} {r['requests']:4d} {r['delta_tau']:+7.3f} "
+                  f"[{r['delta_tau_ci_low']:+6.3f}, {r['delta_tau_ci_high']:+6.3f}] {r['speed_ratio']:6.3f} "
+                  f"[{r['speed_ratio_ci_low']:5.3f}, {r['speed_ratio_ci_high']:5.3f}] "
+                  f"{r['tau_wins']:>5d}/{r['tau_ties']}/{r['tau_losses']}")
 
 
 def _machine_tag(device: torch.device) -> str:
@@ -262,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--engine", choices=("auto", "loop", "fast"), default="auto",
                        help="decode with fold_hf.fast_generate (fast) or the foundation loop (loop); auto: fast on "
                             "CUDA, loop elsewhere. Shards of one directory must use one engine")
+    bench.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
+                       help="the pair's dtype; auto: fp32 on CPU, bf16 on GPU. In bf16 a speculative run can differ "
+                            "from AR at a near-tie of two logits (the verify step rounds differently from one-token "
+                            "decoding); fp32 shows losslessness. Shards of one directory must use one dtype")
     bench.set_defaults(func=cmd_bench)
 
     doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run")
@@ -274,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     summ = sub.add_parser("summarize", help="merge */runs.jsonl under a results folder into the table and plots")
     summ.add_argument("out")
     summ.add_argument("--title", default="")
+    summ.add_argument("--focus", help="method compared request by request with the others (default fold-a2)")
     summ.set_defaults(func=cmd_summarize)
 
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 import fold_hf
 from fold_hf.generation import fast_generate
+from fold_hf.generation.static_drafter import static_drafter_unsupported
 from tiny import MASK_ID, VOCAB, greedy_reference, mode_config, pair_on_gpu, trained_pair
 
 PROMPT_LENGTHS = [10, 90, 300]  # the window is 16: the longer prompts read a far memory
@@ -38,11 +39,13 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
-# "streaming" has no static drafter step: the static engine then drafts eagerly, which is covered too
+# every reading mode has a static drafter step (the baselines too, so a benchmark compares reading, not engines);
+# the 300-token prompt reads a far memory (fold, rerope), a rescaled rope (yarn) and a full streaming budget
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("mode", ["fold", "dflash", "streaming"])
+@pytest.mark.parametrize("mode", ["fold", "dflash", "window", "streaming", "rerope", "yarn"])
 def test_same_tokens_and_rounds_as_the_foundation_loop(arch, mode):
     target, drafter = trained_pair(arch)
+    assert static_drafter_unsupported(drafter.set_fold_config(mode_config(mode))) is None
     rounds = []
     for seed, length in enumerate(PROMPT_LENGTHS):
         ids = prompt(seed, length)
@@ -68,7 +71,9 @@ def test_switching_modes_within_a_session_keeps_each_mode_exact():
     ids = prompt(20, 120)
     reference = greedy_reference(target, ids, 24)
     fold = mode_config("fold")
-    configs = [fold, mode_config("dflash"), mode_config("window"), mode_config("streaming")]
+    # yarn first: its rope tables are its own (refilled per request), the modes built after it must not share them
+    configs = [mode_config("yarn"), fold, mode_config("dflash"), mode_config("window"), mode_config("streaming"),
+               mode_config("rerope")]
     configs += [fold.replace(alpha=a) for a in (1.0, 3.0, 4.0, 8.0)] + [fold.replace(window=w) for w in (8, 32)]
     configs += [fold, mode_config("dflash")]  # back to modes the session has dropped by now
     assert len({repr(c) for c in configs}) > KEPT_DRAFT_MODES
@@ -164,7 +169,7 @@ def test_graph_engine_matches_the_foundation_loop_on_gpu(arch):
             ids = prompt(seed, length).cuda()
             ar = fast_generate(target, None, input_ids=ids, max_new_tokens=NEW_TOKENS, engine="graphs")
             assert torch.equal(ar, greedy_reference(target, ids, NEW_TOKENS)), (arch, length)
-            for mode in ("fold", "dflash", "streaming"):
+            for mode in ("fold", "dflash", "window", "streaming", "rerope", "yarn"):
                 ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
                                        fold_config=mode_config(mode))
                 assert torch.equal(ref.sequences, ar)

@@ -90,6 +90,7 @@ def prompt(seed: int, length: int) -> torch.Tensor:
 
 
 FUSED_STATIC = dict(engine="static", target_attention="triton", fused_layers=True)
+ALL_MODES = ("fold", "dflash", "window", "streaming", "rerope", "yarn")
 
 
 def fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, mode: str, new_tokens: int) -> list[int]:
@@ -121,7 +122,7 @@ def test_static_engine_with_fused_layers_is_lossless(arch):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_fused_drafter_layers_give_the_foundation_loops_rounds(arch, fused_drafter, monkeypatch):
     """The drafter's static step with the fused ops (the default, ``FOLD_HF_FUSED_DRAFTER=1``; twins off CUDA)
-    drafts exactly what its modules draft (``=0``), so the rounds equal the foundation loop's in every static
+    drafts exactly what its modules draft (``=0``), so the rounds equal the foundation loop's in every reading
     mode either way."""
     if fused_drafter is None:
         monkeypatch.delenv("FOLD_HF_FUSED_DRAFTER", raising=False)
@@ -132,7 +133,7 @@ def test_fused_drafter_layers_give_the_foundation_loops_rounds(arch, fused_draft
     for seed, length in enumerate([5, 120]):
         ids = prompt(20 + seed, length)
         expected = greedy_reference(target, ids, 30)
-        for mode in ("fold", "dflash", "window"):
+        for mode in ALL_MODES:
             fused_rounds_equal_the_foundation_loops(target, drafter, ids, expected, mode, 30)
     session = target.__dict__["_fold_fast_session"]
     fused = fused_drafter != "0"
@@ -273,7 +274,7 @@ def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch, monkeypatch
                 ar = fast_generate(target, None, input_ids=ids, max_new_tokens=40, engine="graphs",
                                    target_attention="triton", fused_layers=fused)
                 assert torch.equal(ar, expected), (arch, length, fused)
-            for mode in ("fold", "dflash"):
+            for mode in ALL_MODES:
                 kw = dict(input_ids=ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
                           engine="graphs", target_attention="triton")
                 monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")  # fused target, drafter on its modules

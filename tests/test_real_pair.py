@@ -175,8 +175,47 @@ def test_bench_fast_engine_times_the_same_decoding_as_the_loop(tmp_path):
         fast_row = rows["fast"][key]
         assert fast_row["same_as_ar"] and loop_row["same_as_ar"], key
         assert (fast_row["tau"], fast_row["rounds"]) == (loop_row["tau"], loop_row["rounds"]), key
-    assert summarize([tmp_path / "fast" / "runs.jsonl"], tmp_path / "sum")["engine"] == "fast"
+    summary = summarize([tmp_path / "fast" / "runs.jsonl"], tmp_path / "sum")
+    assert (summary["engine"], summary["dtype"]) == ("fast", str(target.dtype).removeprefix("torch."))
     with pytest.raises(ValueError, match="mix engines"):
         summarize([tmp_path / "loop" / "runs.jsonl", tmp_path / "fast" / "runs.jsonl"], tmp_path / "sum")
+    other = tmp_path / "bf16" / "runs.jsonl"  # a shard of the same requests run in another dtype
+    other.parent.mkdir()
+    other.write_text("".join(json.dumps({**row, "dtype": "bfloat16"}) + "\n" for row in rows["fast"].values()))
+    with pytest.raises(ValueError, match="mix dtypes"):
+        summarize([tmp_path / "fast" / "runs.jsonl", other], tmp_path / "sum")
     with pytest.raises(ValueError, match="engine must be one of"):
         run_bench(target, drafter, requests, methods, tmp_path / "x", engine="graphs")
+
+
+def test_summary_compares_fold_with_each_method_request_by_request(tmp_path, capsys):
+    """The paired table: Δτ and TPOT ratio per request, averaged per suite and over all suites, with win/tie/loss
+    counts; the CLI prints it and writes paired.csv."""
+    from fold_hf.bench import summarize
+
+    def row(request, suite, method, tau, tpot_ms):
+        return {"request": request, "suite": suite, "tier": 1024, "method": method, "tau": tau,
+                "tpot_s": tpot_ms / 1000, "ttft_s": 0.01, "rounds": 1, "new_tokens": 8, "same_as_ar": True,
+                "engine": "fast", "dtype": "bfloat16"}
+
+    rows = []
+    for request, suite, fold_tau, window_tau in (("a", "code", 3.0, 2.0), ("b", "code", 2.0, 2.0),
+                                                  ("c", "books", 2.5, 3.0)):
+        rows += [row(request, suite, "ar", 1.0, 2.0), row(request, suite, "fold-a2", fold_tau, 1.0),
+                 row(request, suite, "window", window_tau, 1.25)]
+    runs = tmp_path / "shard0" / "runs.jsonl"
+    runs.parent.mkdir()
+    runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = summarize([runs], tmp_path)
+    paired = {(r["suite"], r["other"]): r for r in summary["paired"]["rows"]}
+    assert summary["paired"]["focus"] == "fold-a2" and set(paired) == {("code", "window"), ("books", "window"),
+                                                                        ("all", "window")}
+    code, everything = paired[("code", "window")], paired[("all", "window")]
+    assert (code["requests"], code["delta_tau"], code["speed_ratio"]) == (2, 0.5, 1.25)
+    assert (code["tau_wins"], code["tau_ties"], code["tau_losses"]) == (1, 1, 0)
+    assert everything["requests"] == 3 and everything["delta_tau"] == pytest.approx(0.5 / 3)
+    assert (everything["tau_wins"], everything["tau_ties"], everything["tau_losses"]) == (1, 1, 1)
+    assert (tmp_path / "paired.csv").read_text().count("\n") == 4  # header + 3 rows
+    assert main(["summarize", str(tmp_path), "--focus", "window"]) == 0
+    printed = capsys.readouterr().out
+    assert "window vs each method" in printed and "fold-a2" in printed

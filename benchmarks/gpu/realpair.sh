@@ -10,11 +10,15 @@
 # runs.jsonl under /root/realpair, so a later call on the same warm machine resumes where the last stopped;
 # each call stops starting requests after MINUTES and then summarizes everything so far into $OUT (summary
 # json/csv, the two plots, machine.json and the merged runs: 6 files, under the 8 a call returns).
+# Environment: MINUTES, REQUESTS (a requests file built on the CPU machine, so both machines time the same
+# requests), REALPAIR_DIR, BENCH_ARGS (e.g. "--dtype float32"), DEVICE, ENGINE.
 source benchmarks/gpu/env.sh > /dev/null
 out=${1:-${OUT:-/tmp}}
 stop_until_gguf_whole
-R=/root/realpair
+R=${REALPAIR_DIR:-/root/realpair}  # one folder per dtype: shards of one folder must share engine and dtype
 mkdir -p $R
+# REQUESTS: a requests file built elsewhere (`fold-hf bench --build-only`), carried in; else built here
+if [ ! -f $R/requests.jsonl ] && [ -n "${REQUESTS:-}" ]; then cp "$REQUESTS" $R/requests.jsonl; fi
 [ -f $R/requests.jsonl ] || python -m fold_hf.cli bench --out $R --build-only ${BENCH_ARGS:-} > $R/build.log 2>&1
 gpus=$(nvidia-smi -L | wc -l)
 for g in $(seq 0 $((gpus - 1))); do

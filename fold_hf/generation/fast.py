@@ -17,9 +17,9 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   ``graphs``  ``static`` with each step captured once in a CUDA graph and replayed. The verify step has one
               graph per (query length, attention bucket): the bucket grows with the context (length
               dispatch), so a short context does not read the whole capacity. The drafter step is captured
-              when the FOLD Triton kernel (``fold_hf.kernels.triton_fold``) imports and the mode is
-              ``fold``/``window``/``dflash``, with a window-only variant until the context exceeds W; otherwise
-              the drafter runs eagerly. Default on CUDA.
+              when the FOLD Triton kernel (``fold_hf.kernels.triton_fold``) imports, in every reading mode
+              (the baselines too, :mod:`~fold_hf.generation.static_drafter`), with a window-only variant until
+              the context exceeds W; drafters with sliding-window layers draft eagerly. Default on CUDA.
 
 * ``target_attention`` (static and graphs engines): ``"triton"`` (default on CUDA with Triton) runs the verify
   step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
@@ -84,7 +84,7 @@ from .verify import greedy_accept
 ENGINES = ("eager", "static", "graphs")
 _SESSION_ATTR = "_fold_fast_session"
 CAPACITY_ROUNDING = 256
-KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured (a benchmark sweep has 5 static)
+KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured (a benchmark sweep has 8)
 
 # state vector slots (long, on device)
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
@@ -210,7 +210,8 @@ class _Session:
                 if read is None and self.engine == "static":
                     read = fold_read_geometry_reference
                 if read is not None:
-                    shared = next((d for d in self.static_drafters.values() if d is not None), None)
+                    shared = next((d for d in self.static_drafters.values()
+                                   if d is not None and not d.owns_tables), None)
                     static = StaticDrafter(drafter, self.drafter_cache, read,
                                            tables=(shared.cos, shared.sin) if shared is not None else None,
                                            layer_ops=default_layer_ops(self.device) if fused else None)
@@ -226,6 +227,8 @@ class _Session:
         self.draft_tag = tag
         self.drafter_cache.reset()
         self.drafter_cache.request_length = request_length
+        if self.static_drafter is not None:
+            self.static_drafter.start_request(request_length)
         return self.drafter_cache, self.static_drafter
 
 

@@ -11,9 +11,15 @@ in a device tensor, so a round can be captured once and replayed:
   start as device tensors: ``fold_read_triton`` when Triton is there (no host read: capturable), else its torch
   twin :func:`~fold_hf.kernels.reference.fold_read_geometry_reference` (reads the lengths on the host: the
   ``static`` engine's uncaptured path);
-* reading modes with that geometry: ``fold`` (window + far memory), ``window`` (no far memory) and ``dflash``
-  (every entry near). Before the context exceeds W the far memory is empty, and the caller picks the
-  window-only variant (``with_far=False``), which skips the far branch entirely (length dispatch).
+* every reading mode, each as a case of that one geometry, so the baselines run as fast as FOLD and a
+  comparison of modes compares reading, not engines: ``fold`` (window + far memory), ``window`` (no far
+  memory), ``dflash`` (every entry near), ``rerope`` (``fold`` at α = 1 with each row's queries scaled by
+  max(1, log(p + 1) / log R)), ``yarn`` (``dflash`` with the request's rescaled rope tables, refilled in place
+  by :meth:`StaticDrafter.start_request`, so captured graphs stay valid) and ``streaming`` (the sinks and the
+  most recent entries gathered into a ``[1, Hkv, budget, Dh]`` buffer by device-side indices, then read as
+  ``dflash`` at their renumbered positions 0 .. kept-1, the block right after them). Before the context
+  exceeds W the far memory is empty, and the caller picks the window-only variant (``with_far=False``), which
+  skips the far branch entirely (length dispatch).
 
 Numerics: queries and block keys are rotated in fp32 (fp64 for fp64 models) and cast to the model dtype, as
 the kernel contract asks; the foundation loop keeps them in fp32, so drafts may rarely differ in bf16 at a
@@ -21,6 +27,8 @@ near-tie. Greedy output never depends on the drafts.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +38,7 @@ from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.rope import compute_dtype
 
-STATIC_MODES = ("fold", "window", "dflash")
+STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming")
 
 
 def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
@@ -112,17 +120,27 @@ class StaticDrafter:
         self.dtype = drafter.fc.weight.dtype
         acc = compute_dtype(self.dtype)
         rope = drafter.rope
-        if tables is None:
+        self.mode = cfg.mode
+        # yarn's tables depend on the request (its length sets the factor): this drafter keeps its own and
+        # refills them per request; every other mode reads the drafter's plain tables, which may be shared
+        self.owns_tables = cfg.mode == "yarn"
+        self.acc = acc
+        self.yarn_rope = None
+        if tables is None or self.owns_tables:
             positions = torch.arange(self.capacity + self.block, device=self.device)
             tables = rope.cos_sin(positions, dtype=acc)
         self.cos, self.sin = tables  # [capacity + B, rotary_dim]
-        self.window = None if cfg.mode == "dflash" else cfg.window + self.block
+        self.window = cfg.window + self.block if cfg.mode in ("fold", "window", "rerope") else None
         self.alpha = float(cfg.alpha) if cfg.mode == "fold" else 1.0
-        self.has_far_mode = cfg.mode == "fold"
+        self.has_far_mode = cfg.mode in ("fold", "rerope")
         self.far_threshold = cfg.window  # the far memory is non-empty once the context exceeds W
         if self.window is not None:
             far_pos = self.window + torch.arange(self.block, device=self.device)
             self.cos_far, self.sin_far = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
+        self.log_train_length = math.log(cfg.train_length) if cfg.mode == "rerope" else None
+        if cfg.mode == "streaming":
+            self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
+            self.budget_slots = torch.arange(self.budget, device=self.device)
         self.block_offsets = torch.arange(self.block, device=self.device)
         self.mask_id = drafter.config.mask_token_id
         if layer_ops is not None:
@@ -130,6 +148,21 @@ class StaticDrafter:
             if reason is not None:
                 raise ValueError(f"fused drafter layers: {reason}")
         self.ops = layer_ops
+
+    def start_request(self, request_length: int | None) -> None:
+        """Prepare for a request of ``request_length`` = P + G tokens: ``yarn`` refills its rope tables in place
+        with the request's factor (the same tables the foundation loop builds); other modes need nothing."""
+        if not self.owns_tables:
+            return
+        self.cache.request_length = request_length
+        rope = self.drafter._rope_for(False, 0, self.block, self.cache, self.drafter.fold_config)
+        if rope is self.yarn_rope:
+            return
+        positions = torch.arange(self.cos.shape[0], device=self.device)
+        cos, sin = rope.cos_sin(positions, dtype=self.acc)
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
+        self.yarn_rope = rope
 
     def needs_far(self, context_length: int) -> bool:
         """Whether a round whose context holds ``context_length`` entries reads a non-empty far memory."""
@@ -148,22 +181,45 @@ class StaticDrafter:
         Returns:
             ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long).
         """
+        if self.owns_tables and self.yarn_rope is None:
+            raise RuntimeError("yarn reads the request's rope tables: call start_request(request_length) first")
         layers = self._layers if self.ops is None else self._layers_fused
         return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far))
 
     def _block_inputs(self, new_features: torch.Tensor, state: torch.Tensor):
-        """What every layer of a round needs: entry positions of the new context rows, the context length (device
-        tensors), the new context features, the block's embeddings and the block rows' rope tables."""
+        """What every layer of a round needs (device tensors): entry positions of the new context rows, the new
+        context features, the block's embeddings, the block rows' rope tables, and the read: how many entries it
+        reads (``streaming``: the kept ones), which cache entries those are (``streaming``; None = the cache as it
+        is) and each row's logit scale (``rerope``; else None)."""
         drafter, B = self.drafter, self.block
         d_len, d_new, last = state[1:2], state[2:3], state[3:4]
         entry_positions = d_len + self.block_offsets
         context_length = d_len + d_new
-        query_positions = context_length + self.block_offsets  # block_start = end of the context
+        read_length, kept_index, row_scale = context_length, None, None
+        if self.mode == "streaming":
+            # slot i holds sink i, or recent entry T - budget + i once the context outgrows the budget; slots past
+            # the context (short contexts) are gathered but never read
+            read_length = context_length.clamp_max(self.budget)
+            shift = (context_length - self.budget).clamp_min(0)
+            kept_index = torch.where(self.budget_slots < self.sinks, self.budget_slots, self.budget_slots + shift)
+            kept_index = kept_index.clamp_max(self.capacity - 1)
+        query_positions = read_length + self.block_offsets  # block_start = end of the (kept) context
+        if self.log_train_length is not None:
+            row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_train_length).clamp_min(1.0)
         context = drafter.context_features(new_features)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
         embed = drafter.target_embedding
         hidden = embed(ids[None].to(embed.weight.device)).to(self.dtype)
-        return entry_positions, context_length, context, hidden, self.cos[query_positions], self.sin[query_positions]
+        return (entry_positions, context, hidden, self.cos[query_positions], self.sin[query_positions],
+                read_length, kept_index, row_scale)
+
+    def _read(self, cache_layer, query_near, query_far, block_keys, block_values, read_length, kept_index):
+        """The layer's attention over its cache (or the kept entries gathered from it) and the block."""
+        keys, values = cache_layer.keys, cache_layer.values
+        if kept_index is not None:
+            keys, values = keys.index_select(2, kept_index), values.index_select(2, kept_index)
+        return self.read(query_near, query_far, keys, values, block_keys, block_values, self.cos, self.sin,
+                         read_length, read_length, self.window, self.alpha)
 
     def _draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy drafts ``[B - 1]`` from the final-normed block ``[1, B, H]``."""
@@ -171,7 +227,7 @@ class StaticDrafter:
         logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
         return logits[0].argmax(-1)
 
-    def _layers(self, entry_positions, context_length, context, hidden, cos_q, sin_q,
+    def _layers(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
                 with_far: bool) -> torch.Tensor:
         """The drafter's layers through its modules; returns the final-normed block ``[1, B, H]``."""
         drafter, B = self.drafter, self.block
@@ -185,18 +241,18 @@ class StaticDrafter:
             q = attn._heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
             k_blk = attn._heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
             v_blk = attn._heads(normed, attn.v_proj, attn.num_kv_heads, None)
-            query_near = (rotate_by_tables(q, cos_q, sin_q) * attn.scaling).to(self.dtype)
+            scale = attn.scaling if row_scale is None else attn.scaling * row_scale[:, None]  # [B, 1]: rows
+            query_near = (rotate_by_tables(q, cos_q, sin_q) * scale).to(self.dtype)
             query_far = None
             if with_far:
-                query_far = (rotate_by_tables(q, self.cos_far, self.sin_far) * attn.scaling).to(self.dtype)
+                query_far = (rotate_by_tables(q, self.cos_far, self.sin_far) * scale).to(self.dtype)
             block_keys = rotate_by_tables(k_blk, cos_q, sin_q).to(self.dtype)
-            out = self.read(query_near, query_far, cache_layer.keys, cache_layer.values, block_keys, v_blk,
-                            self.cos, self.sin, context_length, context_length, self.window, self.alpha)
+            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index)
             hidden = hidden + attn.o_proj(out.reshape(1, B, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return drafter.norm(hidden)
 
-    def _layers_fused(self, entry_positions, context_length, context, hidden, cos_q, sin_q,
+    def _layers_fused(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
                       with_far: bool) -> torch.Tensor:
         """:meth:`_layers` with the fused elementwise ops: each residual add happens inside the next norm."""
         drafter, B, ops = self.drafter, self.block, self.ops
@@ -219,11 +275,12 @@ class StaticDrafter:
             cache_layer.keys.index_copy_(2, entry_positions, keys[:, :B].transpose(1, 2))
             cache_layer.values.index_copy_(2, entry_positions, values[:, :, :B])
             k_blk, v_blk = keys[:, B:], values[:, :, B:]
+            if row_scale is not None:  # rerope: scaling a row's query scales its logits, the rotation is linear
+                q = q * row_scale.to(q.dtype)[None, :, None, None]
             query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
             query_far = ops.rotate_heads(q, self.cos_far, self.sin_far, attn.scaling, self.dtype) if with_far else None
             block_keys = ops.rotate_heads(k_blk, cos_q, sin_q, 1.0, self.dtype)
-            out = self.read(query_near, query_far, cache_layer.keys, cache_layer.values, block_keys, v_blk,
-                            self.cos, self.sin, context_length, context_length, self.window, self.alpha)
+            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index)
             post = layer.post_attention_layernorm
             hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, B, -1)), post.weight, post.eps)
             gate, up = F.linear(normed, gate_up_weight).chunk(2, -1)
