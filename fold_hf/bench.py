@@ -64,8 +64,19 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def build_suite(tokenizer, suite: str, tiers, per_tier: int, new_tokens: int, seed: int = 0,
-                package: str = "transformers") -> list[dict]:
-    """Requests ``{"id", "suite", "tier", "input_ids", "new_tokens"}`` of exactly ``tier`` prompt tokens."""
+                package: str = "transformers", nested: bool = False) -> list[dict]:
+    """Requests ``{"id", "suite", "tier", "input_ids", "new_tokens"}`` of exactly ``tier`` prompt tokens.
+
+    ``nested``: request ``k`` of every tier is the last ``tier`` tokens of one input built at the longest tier, so
+    every tier continues the same text at the same point and differences between tiers come from the input's
+    length alone (by default each tier draws its own texts). Requests then also carry ``"family"``, the id of
+    that longest input. In the retrieval suite a short suffix may no longer hold the distant content the
+    continuation copies: there the shorter tiers are a different task, not only a shorter input."""
+    if nested:
+        longest = build_suite(tokenizer, suite, [max(tiers)], per_tier, new_tokens, seed, package)
+        return [{**req, "id": f"{suite}-{tier}-{k}", "tier": tier, "input_ids": req["input_ids"][-tier:],
+                 "family": req["id"]}
+                for tier in tiers for k, req in enumerate(longest)]
     from .data import book_split, package_sources, shakespeare_texts
 
     rng = random.Random(f"{suite}-{seed}")
@@ -239,7 +250,7 @@ def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_
             rows.append({"request": req["id"], "suite": req["suite"], "tier": req["tier"], "method": method.name,
                          "tau": res.tau, "tpot_s": res.tpot_s, "ttft_s": res.ttft_s, "rounds": res.rounds,
                          "new_tokens": res.num_new_tokens, "same_as_ar": tokens == reference, "engine": engine,
-                         "dtype": dtype})
+                         "dtype": dtype, **({"family": req["family"]} if "family" in req else {})})
         with runs.open("a") as fh:  # a request is written whole, so pairing with its AR run survives restarts
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
@@ -306,9 +317,11 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
     if focus is None:
         focus = "fold-a2" if "fold-a2" in methods else next((m for m in methods if m.startswith("fold")), None)
     paired = paired_comparison(by_request, focus) if focus is not None else []
+    retention = length_retention(rows)
     summary = {"title": title, "date": _dt.date.today().isoformat(), "machine": machine,
                "engine": engines[0] if engines else None, "dtype": dtypes[0] if dtypes else None, "rows": table,
-               "averages": _averages(table), "paired": {"focus": focus, "rows": paired}}
+               "averages": _averages(table), "paired": {"focus": focus, "rows": paired},
+               "length_retention": retention}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     for name, data in (("summary.csv", table), ("paired.csv", paired)):
         with (out / name).open("w", newline="") as fh:
@@ -317,6 +330,28 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
             writer.writerows(data)
     _plot(table, out, title)
     return summary
+
+
+def length_retention(rows: list[dict]) -> list[dict]:
+    """For nested suites (``build_suite(nested=True)``): per suite and method, τ at the longest tier over τ at the
+    shortest, computed per family (the same text at both lengths) and averaged, with a 95% bootstrap CI; empty
+    when no row names a family."""
+    tau: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        if r.get("family") is not None and r["method"] != "ar":
+            tau.setdefault((r["suite"], r["method"], r["family"]), {})[r["tier"]] = r["tau"]
+    out = []
+    for suite, method in sorted({(s, m) for s, m, _ in tau}):
+        by_family = [t for (s, m, _), t in tau.items() if (s, m) == (suite, method) and len(t) > 1]
+        if not by_family:
+            continue
+        short, long = min(min(t) for t in by_family), max(max(t) for t in by_family)
+        ratios = [t[long] / t[short] for t in by_family if short in t and long in t]
+        lo, hi = _bootstrap_mean_ci(ratios)
+        out.append({"suite": suite, "method": method, "short_tier": short, "long_tier": long,
+                    "families": len(ratios), "tau_ratio": sum(ratios) / len(ratios), "tau_ratio_ci_low": lo,
+                    "tau_ratio_ci_high": hi})
+    return out
 
 
 def paired_comparison(by_request: dict[str, dict[str, dict]], focus: str) -> list[dict]:

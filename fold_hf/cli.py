@@ -133,7 +133,8 @@ def cmd_bench(args) -> int:
         tokenizer = load_smollm2_tokenizer()
         requests = []
         for suite in args.suites:
-            requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed)
+            requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed,
+                                    nested=args.nested)
         save_requests(requests, requests_file)
         print(f"wrote {len(requests)} requests to {requests_file}")
         if args.build_only:
@@ -199,6 +200,12 @@ def _print_table(summary: dict) -> None:
     for r in summary["rows"]:
         print(f"{r['suite']:10s} {r['tier']:6d} {r['method']:10s} {r['tau']:6.2f} {r['speedup']:8.2f} "
               f"[{r['speedup_ci_low']:5.2f}, {r['speedup_ci_high']:5.2f}] {r['differ_from_ar']:6d}")
+    if summary.get("length_retention"):
+        print("\nτ at the longest tier / τ at the shortest, per text (nested suite), mean and 95% CI")
+        for r in summary["length_retention"]:
+            print(f"{r['suite']:10s} {r['method']:10s} {r['long_tier']:>6d}/{r['short_tier']:<6d} "
+                  f"{r['tau_ratio']:6.3f} [{r['tau_ratio_ci_low']:5.3f}, {r['tau_ratio_ci_high']:5.3f}] "
+                  f"({r['families']} texts)")
     paired = summary.get("paired") or {}
     if paired.get("rows"):
         print(f"\n{paired['focus']} vs each method on the same requests (Δτ = τ({paired['focus']}) - τ(other); "
@@ -265,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--suites", nargs="+", default=["code", "books", "retrieval"])
     bench.add_argument("--tiers", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     bench.add_argument("--per-tier", type=int, default=8)
+    bench.add_argument("--nested", action="store_true",
+                       help="every tier's request k is a suffix of one input built at the longest tier (same text, "
+                            "same continuation point), so tiers differ in length only")
     bench.add_argument("--new-tokens", type=int, default=64)
     bench.add_argument("--window", type=int, default=DEMO_WINDOW)
     bench.add_argument("--train-length", type=int, default=DEMO_TRAIN_LENGTH)

@@ -219,3 +219,32 @@ def test_summary_compares_fold_with_each_method_request_by_request(tmp_path, cap
     assert main(["summarize", str(tmp_path), "--focus", "window"]) == 0
     printed = capsys.readouterr().out
     assert "window vs each method" in printed and "fold-a2" in printed
+
+
+def test_nested_suite_continues_one_text_at_every_length(tmp_path, pair):
+    """`bench --nested`: request k of every tier is a suffix of the same input (same continuation point), and the
+    summary reports τ(longest) / τ(shortest) per text."""
+    _, tokenizer, _ = pair
+    from fold_hf.bench import build_suite
+
+    requests = build_suite(tokenizer, "books", [96, 192], per_tier=2, new_tokens=8, nested=True)
+    by_id = {r["id"]: r for r in requests}
+    assert sorted(by_id) == ["books-192-0", "books-192-1", "books-96-0", "books-96-1"]
+    for k in range(2):
+        short, long = by_id[f"books-96-{k}"], by_id[f"books-192-{k}"]
+        assert len(short["input_ids"]) == 96 and short["input_ids"] == long["input_ids"][-96:]
+        assert short["family"] == long["family"]
+    assert by_id["books-192-0"]["input_ids"] != by_id["books-192-1"]["input_ids"]
+    out = tmp_path / "nested"
+    assert main(["bench", "--out", str(out), "--device", "cpu", "--suites", "books", "--tiers", "96", "192",
+                 "--per-tier", "2", "--new-tokens", "8", "--window", "32", "--train-length", "64", "--nested",
+                 "--methods", "fold-a2", "dflash"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    retention = {r["method"]: r for r in summary["length_retention"]}
+    assert set(retention) == {"fold-a2", "dflash"}
+    rows = [json.loads(line) for line in (out / "run" / "runs.jsonl").read_text().splitlines()]
+    for method, r in retention.items():
+        assert (r["short_tier"], r["long_tier"], r["families"]) == (96, 192, 2)
+        tau = {(x["family"], x["tier"]): x["tau"] for x in rows if x["method"] == method}
+        expected = sum(tau[(f, 192)] / tau[(f, 96)] for f in {f for f, _ in tau}) / 2
+        assert r["tau_ratio"] == pytest.approx(expected)
