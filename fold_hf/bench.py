@@ -276,13 +276,9 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
     rows = []
     for f in run_files:
         rows += [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
-    engines = sorted({r.get("engine", "loop") for r in rows})  # runs before the engine was recorded: the loop
-    if len(engines) > 1:
-        raise ValueError(f"the run files mix engines {engines}: their timings do not pair; summarize them apart")
-    dtypes = sorted({r.get("dtype", "unrecorded") for r in rows})
-    if len(dtypes) > 1:
-        raise ValueError(f"the run files mix dtypes {dtypes}: their timings and outputs do not pair; summarize "
-                         "them apart")
+    # runs from before the engine was recorded used the loop
+    engine = _one_setting(rows, "engine", "loop", "engines", "their timings do not pair")
+    dtype = _one_setting(rows, "dtype", "unrecorded", "dtypes", "their timings and outputs do not pair")
     by_request: dict[str, dict[str, dict]] = {}
     for row in rows:
         by_request.setdefault(row["request"], {})[row["method"]] = row
@@ -319,7 +315,7 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
     paired = paired_comparison(by_request, focus) if focus is not None else []
     retention = length_retention(rows)
     summary = {"title": title, "date": _dt.date.today().isoformat(), "machine": machine,
-               "engine": engines[0] if engines else None, "dtype": dtypes[0] if dtypes else None, "rows": table,
+               "engine": engine, "dtype": dtype, "rows": table,
                "averages": _averages(table), "paired": {"focus": focus, "rows": paired},
                "length_retention": retention}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -330,6 +326,15 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
             writer.writerows(data)
     _plot(table, out, title)
     return summary
+
+
+def _one_setting(rows: list[dict], key: str, default: str, plural: str, why: str) -> str | None:
+    """The one value of ``key`` over ``rows`` (``default`` where a row lacks it), None without rows; ValueError when
+    the rows mix values."""
+    values = sorted({r.get(key, default) for r in rows})
+    if len(values) > 1:
+        raise ValueError(f"the run files mix {plural} {values}: {why}; summarize them apart")
+    return values[0] if values else None
 
 
 def length_retention(rows: list[dict]) -> list[dict]:

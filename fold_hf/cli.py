@@ -226,6 +226,8 @@ def _machine_tag(device: torch.device) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .bench import BENCH_ENGINES
+
     parser = argparse.ArgumentParser(prog="fold-hf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--shard", help="i/n: run every n-th request starting at i")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--max-minutes", type=float)
-    bench.add_argument("--engine", choices=("auto", "loop", "fast"), default="auto",
+    bench.add_argument("--engine", choices=("auto", *BENCH_ENGINES), default="auto",
                        help="decode with fold_hf.fast_generate (fast) or the foundation loop (loop); auto: fast on "
                             "CUDA, loop elsewhere. Shards of one directory must use one engine")
     bench.add_argument("--dtype", choices=tuple(DTYPES), default="auto",

@@ -45,7 +45,9 @@ def tokenizer():
 @pytest.mark.parametrize("mode", ["fold", "dflash", "window", "streaming", "rerope", "yarn"])
 def test_same_tokens_and_rounds_as_the_foundation_loop(arch, mode):
     target, drafter = trained_pair(arch)
+    own = drafter.fold_config  # the pair is shared by other tests: leave its own config as it was
     assert static_drafter_unsupported(drafter.set_fold_config(mode_config(mode))) is None
+    drafter.set_fold_config(own)
     rounds = []
     for seed, length in enumerate(PROMPT_LENGTHS):
         ids = prompt(seed, length)
@@ -180,3 +182,21 @@ def test_graph_engine_matches_the_foundation_loop_on_gpu(arch):
                     assert res.acceptance_lengths == ref.acceptance_lengths, (arch, mode, engine, length)
             chunked = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, prefill_chunk=128)
             assert torch.equal(chunked, ar), (arch, length)
+
+
+def test_yarn_static_step_refuses_to_draft_before_its_request_tables_are_set():
+    """yarn's rope tables depend on the request's length: a static step used without `start_request` would draft
+    with plain tables, so it refuses; `start_request` fills the request's tables in place (the same buffer)."""
+    import copy
+
+    from fold_hf.generation.static_drafter import StaticDrafter, preallocated_cache
+
+    _, base = trained_pair("llama")
+    drafter = copy.deepcopy(base).set_fold_config(mode_config("yarn"))
+    static = StaticDrafter(drafter, preallocated_cache(drafter, 512, "cpu"))
+    plain = static.cos.clone()
+    with pytest.raises(RuntimeError, match="start_request"):
+        static.draft(None, None, with_far=False)
+    buffer = static.cos.data_ptr()
+    static.start_request(400)  # factor 512 / 64 = 8 with the tests' training length 64
+    assert static.cos.data_ptr() == buffer and not torch.equal(static.cos, plain)

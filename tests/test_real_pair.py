@@ -248,3 +248,11 @@ def test_nested_suite_continues_one_text_at_every_length(tmp_path, pair):
         tau = {(x["family"], x["tier"]): x["tau"] for x in rows if x["method"] == method}
         expected = sum(tau[(f, 192)] / tau[(f, 96)] for f in {f for f, _ in tau}) / 2
         assert r["tau_ratio"] == pytest.approx(expected)
+
+
+def test_default_pair_loads_in_the_dtype_asked_for():
+    """`fold-hf bench --dtype bfloat16` on a CPU: target and drafter both in bf16 (auto keeps fp32 on CPU)."""
+    from fold_hf.cli import DTYPES
+
+    target, _, drafter = load_default_pair(torch.device("cpu"), dtype=DTYPES["bfloat16"])
+    assert target.dtype == drafter.fc.weight.dtype == torch.bfloat16
