@@ -26,11 +26,44 @@ def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: 
         model = LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **common))
     elif arch == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, rope_theta=10000.0, **common))
+    elif arch in GEMMA_ARCHS:
+        model = tiny_gemma(arch, common)
     else:
         raise ValueError(arch)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = None
     return model.to(dtype).eval()
+
+
+GEMMA_ARCHS = ("gemma3", "gemma4", "gemma4_shared")
+GEMMA_WINDOW = 8  # the tiny Gemma targets' sliding window (tokens)
+
+
+def tiny_gemma(arch: str, common: dict):
+    """Tiny Gemma-3 / Gemma-4 text targets with sliding layers (window 8) and global ones (Gemma-3: five sliding then
+    one global; Gemma-4: global every third layer and last).
+
+    ``gemma3``: (1 + w) norms, query_pre_attn_scalar scaling, final logit soft-capping, attention soft-capping.
+    ``gemma4``: global layer with its own head_dim 16, one KV head, ``attention_k_eq_v``, proportional partial
+    rope (0.25), per-layer inputs (PLE), final soft-capping. ``gemma4_shared``: ``gemma4`` with the last two layers
+    reusing earlier layers' keys and values (``num_kv_shared_layers=2``).
+    """
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Gemma4ForCausalLM, Gemma4TextConfig
+
+    common = dict(common, head_dim=8, sliding_window=GEMMA_WINDOW)
+    common.pop("tie_word_embeddings")
+    if arch == "gemma3":
+        return Gemma3ForCausalLM(Gemma3TextConfig(query_pre_attn_scalar=8, final_logit_softcapping=30.0,
+                                                  attn_logit_softcapping=20.0, **common))
+    n = common["num_hidden_layers"]
+    layer_types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(n)]
+    layer_types[-1] = "full_attention"
+    shared = 2 if arch == "gemma4_shared" else 0
+    return Gemma4ForCausalLM(Gemma4TextConfig(global_head_dim=16, num_global_key_value_heads=1,
+                                              attention_k_eq_v=True, final_logit_softcapping=30.0,
+                                              hidden_size_per_layer_input=4, vocab_size_per_layer_input=common[
+                                                  "vocab_size"], layer_types=layer_types,
+                                              num_kv_shared_layers=shared, **common))
 
 
 def drafter_config(target, block: int = 4, layers: int = 2, taps=(1, 3), sliding_window=None,

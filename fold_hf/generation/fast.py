@@ -37,7 +37,8 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
 
-Greedy only, batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`); anything else raises a
+Greedy only, batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`) and the registered families
+(:mod:`fold_hf.generation.targets`: Gemma-3 / Gemma-4 text); anything else raises a
 ValueError saying why (use :func:`fold_hf.generate` for those). EOS, stop strings, streamers and the returned
 :class:`GenerationResult` behave as in the foundation loop; tokens and acceptance lengths are the same.
 
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -76,6 +78,7 @@ from .static_target import (
     StaticTarget,
     UnsupportedTarget,
     bucket_length,
+    build_static_target,
     check_target,
 )
 from .stats import GenerationResult
@@ -88,6 +91,15 @@ KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured
 
 # state vector slots (long, on device)
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=3)
 
 
 def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu") -> str:
@@ -117,8 +129,13 @@ def resolve_fused_layers(fused_layers: bool | None, target_attention: str, runne
         if env:
             fused_layers = env == "1"
         else:
-            return (engine != "eager" and target_attention == "triton" and runner.device.type == "cuda"
-                    and runner.fused_unsupported() is None)
+            if engine == "eager" or target_attention != "triton" or runner.device.type != "cuda":
+                return False
+            reason = runner.fused_unsupported()
+            if reason is not None:
+                _warn_once(f"fused:{type(runner).__name__}", f"fold_hf fast loop: the fused layer kernels do not run "
+                           f"this target ({reason}); its layers run on the model's modules")
+            return reason is None
     if not fused_layers:
         return False
     if engine == "eager":
@@ -151,7 +168,7 @@ class _Session:
     """Buffers and captured steps of one target (reused across calls while they fit)."""
 
     def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str) -> None:
-        self.runner = StaticTarget(target, capacity, tap_layer_ids)
+        self.runner = build_static_target(target, capacity, tap_layer_ids)
         self.capacity = capacity
         self.tap_layer_ids = tap_layer_ids
         self.engine = engine

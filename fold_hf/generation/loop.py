@@ -21,6 +21,7 @@ from ..modeling.fold_config import FoldConfig
 from ..modeling.validation import validate_batch
 from .stats import GenerationResult
 from .taps import HiddenTaps, _unwrap
+from .targets.gemma import slices_before_taps
 from .verify import greedy_accept, process_logits, speculative_accept
 
 
@@ -62,6 +63,25 @@ class _StopStrings:
             if any(s in text for s in self.strings):
                 return end
         return None
+
+
+def _record_past(cache) -> bool:
+    """Make ``cache`` able to roll back past a sliding window (transformers' own mechanism); True when it did.
+
+    A ``DynamicSlidingWindowLayer`` keeps only its last ``window - 1`` entries, so once the window is reached a
+    rejected draft could not be removed (``crop`` raises). ``activate_past_recording`` (transformers 5.17 and
+    5.24) makes each update keep the new entries until the next ``crop``, which removes the rejected ones and
+    trims the layer back to its window; so with recording on, every forward is followed by a ``crop`` (``crop(0)``
+    when nothing is rejected). Full-attention layers ignore it. A cache without sliding layers is left as is.
+    """
+    activate = getattr(cache, "activate_past_recording", None)
+    if activate is None:
+        return False
+    layers = getattr(cache, "layers", None)
+    if layers is not None and not any(getattr(layer, "is_sliding", False) for layer in layers):
+        return False
+    activate()
+    return True
 
 
 def _forward_parameters(target) -> set[str]:
@@ -154,9 +174,12 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
 
     taps = HiddenTaps(target, drafter.config.target_layer_ids, device=drafter.device) if drafter is not None else None
     target_cache = DynamicCache(config=getattr(target, "config", None))
+    recording = _record_past(target_cache)
     params = _forward_parameters(target)
     cache_name = "cache" if "cache" in params else "past_key_values"
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    keep_one = "logits_to_keep" in params and not (
+        taps is not None and slices_before_taps(_unwrap(target), drafter.config.target_layer_ids))
+    extra = {"logits_to_keep": 1} if keep_one else {}
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -168,6 +191,8 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
     else:
         out = target(input_ids=input_ids, **{cache_name: target_cache}, use_cache=True, **extra)
         pending_context = None
+    if recording:
+        target_cache.crop(0)  # a recording sliding layer trims back to its window only when cropped
     last = pick(out.logits[0, -1])
     first_token_at = _clock(device)
 
@@ -216,7 +241,7 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
                 n, commit = 0, torch.multinomial(target_probs[0], 1, generator=generator)
         else:
             n, commit = greedy_accept(drafts_there, logits)
-        if k > n:
+        if k > n or recording:
             target_cache.crop(-(k - n))
         if taps is not None:
             accepted = features[:, : n + 1]

@@ -60,13 +60,38 @@ def _sliding_window_of(model, layer) -> int | None:
     return window
 
 
+_FAMILIES: dict[str, type] = {}  # architecture (class name) -> StaticTarget subclass of a registered family
+
+
+def register_target_family(architectures, runner: type) -> None:
+    """Let the fast loop run ``architectures`` (model class names) with ``runner``, a :class:`StaticTarget`
+    subclass with a classmethod ``check(model, capacity)`` raising :class:`UnsupportedTarget` (one module per
+    family, :mod:`fold_hf.generation.targets`). Unregistered architectures use :class:`StaticTarget`."""
+    for name in architectures:
+        _FAMILIES[name] = runner
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """Every architecture the fast loop runs: the default family's and the registered families'."""
+    return SUPPORTED_ARCHITECTURES + tuple(_FAMILIES)
+
+
+def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=()) -> "StaticTarget":
+    """The :class:`StaticTarget` (or registered family subclass) for ``target``."""
+    runner = _FAMILIES.get(type(_unwrap(target)).__name__, StaticTarget)
+    return runner(target, capacity, tap_layer_ids)
+
+
 def check_target(target: nn.Module, capacity: int | None = None) -> None:
-    """Raise :class:`UnsupportedTarget` when :class:`StaticTarget` cannot run ``target``."""
+    """Raise :class:`UnsupportedTarget` when the fast loop cannot run ``target``."""
     model = _unwrap(target)
     name = type(model).__name__
+    if name in _FAMILIES:
+        _FAMILIES[name].check(model, capacity)
+        return
     if name not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedTarget(
-            f"the fast loop runs {', '.join(SUPPORTED_ARCHITECTURES)}; {name} is not one of them "
+            f"the fast loop runs {', '.join(supported_architectures())}; {name} is not one of them "
             "(use fold_hf.generate, which runs any causal LM)")
     decoder = getattr(model, "model", None)
     if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
@@ -103,6 +128,11 @@ class StaticTarget:
         capacity: cache length in tokens (prompt + generated + one block of slack).
         tap_layer_ids: the drafter's tapped layers (``hidden_states[l + 1]`` of each), or ``()``.
     """
+
+    @classmethod
+    def check(cls, model: nn.Module, capacity: int | None = None) -> None:
+        """Raise :class:`UnsupportedTarget` when this family cannot run ``model`` (registered families override)."""
+        check_target(model, capacity)
 
     def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:
         check_target(target, capacity)
@@ -396,3 +426,6 @@ class StaticTarget:
             return out.transpose(1, 2)
 
         return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
+
+
+from . import targets  # noqa: E402,F401  (registers the other target families)

@@ -1,0 +1,433 @@
+"""The Gemma text family on the fast loop: ``Gemma3ForCausalLM`` (``gemma3_text``) and ``Gemma4ForCausalLM``
+(``gemma4_text``). Everything the fast loop needs to know about these targets is here.
+
+What differs from the default (Llama) family, all read from the model's own config and modules:
+
+* **layer types**: ``config.layer_types`` mixes ``sliding_attention`` (a query at position q sees keys at
+  ``q - window < p <= q``, ``window = config.sliding_window``) and ``full_attention`` layers.
+* **per-type rope**: ``model.model.rotary_emb(x, positions, layer_type)``; Gemma-4's global layers have their own
+  head_dim (``global_head_dim``) and a *proportional* partial rope (only the first ``partial_rotary_factor`` of the
+  frequencies turn; the rest have cos 1, sin 0 in the model's own table, so one table lookup covers it).
+* **attention**: q/k RMSNorms over head_dim (Gemma-3: ``(1 + w)``; Gemma-4: ``w``), Gemma-4's value norm without
+  scale and ``attention_k_eq_v`` (global layers without ``v_proj``: values are the raw key projection), scaling
+  ``query_pre_attn_scalar ** -0.5`` (Gemma-3) or 1.0 (Gemma-4) as ``self_attn.scaling``, optional attention logit
+  soft-capping (Gemma-3 ``attn_logit_softcapping``: ``tanh(s / c) * c`` before the mask).
+* **sandwich norms**: ``h += post_attention_layernorm(attn)``; ``h += post_feedforward_layernorm(mlp(
+  pre_feedforward_layernorm(h)))``; GELU-tanh MLP (the model's module).
+* **Gemma-4 extras**: per-layer inputs (PLE: ``get_per_layer_inputs`` / ``project_per_layer_inputs`` of the model,
+  then a gated projection after the MLP), ``layer_scalar``, KV sharing (``num_kv_shared_layers``: the last layers
+  reuse the keys/values of the last earlier layer of their type).
+* **embeddings** scaled by ``sqrt(hidden)`` (the model's embedding module does it); **final logit soft-capping**
+  ``tanh(z / c) * c`` (``final_logit_softcapping``).
+
+The static cache of a sliding layer is a *ring* of ``R = window + RING_SLACK`` entries (position p in slot
+``p mod R``) instead of the whole capacity, so memory and the attention read stay ``O(window)`` at any context. It
+is rollback-safe without copies: a verify of at most ``RING_SLACK + 1`` rows writes positions ``t .. t + L - 1``;
+the slots it overwrites held positions ``<= t + L - 1 - R < t - window + 1``, older than any later query can see,
+and rejected entries at ``t + n + 1 ..`` are rewritten by the next verify (or sit below the window of every
+later query). Global layers keep the default family's full cache (the bucket attention or the decode kernel).
+
+Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): the MoE block
+(``enable_moe_block``, data-dependent expert routing), bidirectional attention (``use_bidirectional_attention``),
+length-dependent rope types. The fused layer kernels (:mod:`fold_hf.kernels.triton_layer`) are Llama-shaped
+(``x * w`` norms without sandwich norms, SiLU, full rope): :meth:`GemmaStaticTarget.fused_unsupported` says so and
+the fast loop warns once and runs the layers on the model's modules. With attention soft-capping the decode kernel
+cannot run the global layers: they attend through the bucket attention (one warning).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..static_target import StaticTarget, UnsupportedTarget, register_target_family
+
+GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM")
+RING_SLACK = 64  # ring entries beyond the window: the most rows one verify may write and then roll back, minus one
+# (read when a runner is built: tests set it small so the tiny targets wrap their rings)
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def slices_before_taps(model: nn.Module, tap_layer_ids) -> bool:
+    """Whether ``model(..., logits_to_keep=1)`` would cut the sequence before a tapped layer runs.
+
+    Gemma-4 with KV sharing (``num_kv_shared_layers > 0``) drops all but the kept positions from the hidden states
+    at the first shared layer (they read no cache of their own), so a tap at or after that layer would see only the
+    last position; the foundation loop then prefills without ``logits_to_keep``.
+    """
+    config = getattr(model, "config", None)
+    shared = getattr(config, "num_kv_shared_layers", 0) or 0
+    if not shared:
+        return False
+    first_shared = config.num_hidden_layers - shared
+    return any(lid >= first_shared for lid in tap_layer_ids)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                     scaling: float, softcap: float | None) -> torch.Tensor:
+    """Attention with an explicit visibility mask, GQA without repeating keys.
+
+    Args:
+        q: ``[1, Hq, L, D]`` rotated queries.
+        keys, values: ``[1, Hkv, S, D]``.
+        visible: ``[L, S]`` bool, True where query row l may read key s (every row must see at least one key).
+        scaling: score scale; softcap: ``tanh(s / c) * c`` on the scaled scores, or None.
+
+    Returns:
+        ``[1, Hq, L, D]`` in the values' dtype (softmax in fp32, or fp64 for fp64 inputs).
+    """
+    _, hq, L, D = q.shape
+    hkv = keys.shape[1]
+    group = hq // hkv
+    rows = q.reshape(1, hkv, group * L, D)
+    scores = torch.matmul(rows, keys.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~visible.repeat(group, 1), -math.inf)
+    probs = scores.softmax(-1).to(values.dtype)
+    return torch.matmul(probs, values).reshape(1, hq, L, D)
+
+
+class GemmaStaticTarget(StaticTarget):
+    """:class:`StaticTarget` for Gemma-3 / Gemma-4 text targets (module docstring).
+
+    Per layer ``i``: ``self.windows[i]`` (None for a global layer), ``self.keys[i]`` / ``self.values[i]`` of shape
+    ``[1, Hkv_i, capacity, D_i]`` (global) or ``[1, Hkv_i, R_i, D_i]`` (sliding ring), shared tensors for
+    KV-shared layers (``self.kv_source[i]`` names the layer that writes them).
+    """
+
+    @classmethod
+    def check(cls, model: nn.Module, capacity: int | None = None) -> None:
+        name = type(model).__name__
+        config = model.config
+        decoder = getattr(model, "model", None)
+        if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
+            raise UnsupportedTarget(f"{name} has no .model.layers / .model.rotary_emb (unexpected transformers "
+                                    "layout)")
+        if getattr(config, "enable_moe_block", False):
+            raise UnsupportedTarget(f"{name} with enable_moe_block: the MoE block routes each token to experts chosen "
+                                    "on the device (not a fixed-shape step); use fold_hf.generate")
+        bidirectional = getattr(config, "use_bidirectional_attention", None)
+        if bidirectional in (True, "all"):
+            raise UnsupportedTarget(f"{name} with use_bidirectional_attention={bidirectional!r} is not causal")
+        rope = getattr(config, "rope_parameters", None) or {}
+        for layer_type in set(config.layer_types):
+            params = rope.get(layer_type) or {}
+            rope_type = params.get("rope_type", "default")
+            if "dynamic" in rope_type or rope_type == "longrope":
+                raise UnsupportedTarget(f"{layer_type} layers use rope_type {rope_type!r}, which changes with the "
+                                        "length; the fast loop needs a fixed rope table")
+        unknown = set(config.layer_types) - {"sliding_attention", "full_attention"}
+        if unknown:
+            raise UnsupportedTarget(f"{name} has layer types {sorted(unknown)}; the fast loop runs sliding_attention "
+                                    "and full_attention layers")
+
+    def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:  # noqa: D107
+        from ..taps import _unwrap
+
+        model = _unwrap(target)
+        self.check(model, capacity)
+        self.model = model
+        config = model.config
+        self.decoder = model.model
+        self.layers = self.decoder.layers
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.final_norm = self.decoder.norm
+        self.capacity = int(capacity)
+        self.tap_layer_ids = list(tap_layer_ids)
+        weight = self.embed.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.num_heads = config.num_attention_heads
+        self.layer_types = list(config.layer_types)
+        self.final_softcap = getattr(config, "final_logit_softcapping", None)
+        self.attn_softcap = getattr(config, "attn_logit_softcapping", None)
+        self.ple = bool(getattr(config, "hidden_size_per_layer_input", 0)) and hasattr(self.decoder,
+                                                                                       "project_per_layer_inputs")
+        n = len(self.layers)
+        shared = getattr(config, "num_kv_shared_layers", 0) or 0
+        first_shared = n - shared
+        self.kv_source = []
+        for i, layer in enumerate(self.layers):
+            if shared and i >= first_shared:
+                producers = [j for j in range(first_shared) if self.layer_types[j] == self.layer_types[i]]
+                self.kv_source.append(producers[-1])
+            else:
+                self.kv_source.append(i)
+        self.windows = [config.sliding_window if t == "sliding_attention" else None for t in self.layer_types]
+        self.head_dims = [layer.self_attn.head_dim for layer in self.layers]
+        self.scalings = [float(layer.self_attn.scaling) for layer in self.layers]
+        self.kv_heads = []
+        self.keys, self.values = [], []
+        for i, layer in enumerate(self.layers):
+            src = self.kv_source[i]
+            if src != i:
+                self.kv_heads.append(self.kv_heads[src])
+                self.keys.append(self.keys[src])
+                self.values.append(self.values[src])
+                continue
+            attn = layer.self_attn
+            hkv = attn.k_proj.out_features // self.head_dims[i]
+            self.kv_heads.append(hkv)
+            length = self.capacity if self.windows[i] is None else min(self.capacity, self.windows[i] + RING_SLACK)
+            shape = (1, hkv, length, self.head_dims[i])
+            self.keys.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
+            self.values.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
+        self.num_kv_heads = self.kv_heads[0]
+        self.head_dim = self.head_dims[0]
+        self.scaling = self.scalings[0]
+        self.tables = {}
+        with torch.no_grad():
+            positions = torch.arange(self.capacity, device=self.device)[None]
+            for layer_type in dict.fromkeys(self.layer_types):
+                dim = self.head_dims[self.layer_types.index(layer_type)]
+                probe = torch.empty(1, 1, dim, device=self.device, dtype=self.dtype)
+                cos, sin = self.decoder.rotary_emb(probe, positions, layer_type)
+                self.tables[layer_type] = (cos[0], sin[0])  # [capacity, D_type]
+        self.cos, self.sin = self.tables[self.layer_types[0]]
+        self.length = 0
+        self._decode_attention = None
+        self._layer_ops = None
+
+    # ------------------------------------------------------------------ what the shared machinery asks
+    def fused_unsupported(self) -> str | None:
+        return ("Gemma layers (sandwich norms, (1 + w) or x * w norms in fp32, GELU-tanh MLP, per-type rope) are not "
+                "what the fused Llama-layer kernels compute")
+
+    def global_attention_unsupported(self) -> str | None:
+        """Why the decode kernel cannot attend the global layers (None when it can)."""
+        if self.attn_softcap is not None:
+            return f"attention logit soft-capping ({self.attn_softcap}) is not in the decode kernel"
+        return None
+
+    def bytes_held(self) -> int:
+        unique = {id(t): t for t in self.keys + self.values}
+        return sum(t.numel() * t.element_size() for t in unique.values())
+
+    @property
+    def tap_width(self) -> int:
+        return self.num_taps * self.model.config.hidden_size
+
+    # ------------------------------------------------------------------ one layer
+    def _qkv(self, i: int, layer, hidden: torch.Tensor, positions):
+        """Normed hidden ``[1, L, H]`` -> rotated q ``[1, Hq, L, D]`` and (None for a KV-shared layer) rotated k,
+        normed v ``[1, Hkv, L, D]``."""
+        attn = layer.self_attn
+        cos, sin = self.tables[self.layer_types[i]]
+        cos, sin = cos[positions][None, None], sin[positions][None, None]  # [1, 1, L, D]
+        shape = (*hidden.shape[:-1], -1, self.head_dims[i])
+        q = attn.q_norm(attn.q_proj(hidden).view(shape)).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        if self.kv_source[i] != i:
+            return q, None, None
+        raw_k = attn.k_proj(hidden).view(shape)
+        v_proj = getattr(attn, "v_proj", None)
+        raw_v = v_proj(hidden).view(shape) if v_proj is not None else raw_k  # attention_k_eq_v
+        k = attn.k_norm(raw_k).transpose(1, 2)
+        k = k * cos + _rotate_half(k) * sin
+        v_norm = getattr(attn, "v_norm", None)
+        v = (v_norm(raw_v) if v_norm is not None else raw_v).transpose(1, 2)
+        return q, k, v
+
+    def _tail(self, layer, hidden: torch.Tensor, attn_out: torch.Tensor, per_layer_input) -> torch.Tensor:
+        """Everything of a decoder layer after the attention's ``o_proj`` (the layer's own modules)."""
+        hidden = hidden + layer.post_attention_layernorm(attn_out)
+        hidden = hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+        if per_layer_input is not None:
+            gated = layer.act_fn(layer.per_layer_input_gate(hidden)) * per_layer_input
+            hidden = hidden + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
+        scalar = getattr(layer, "layer_scalar", None)
+        if scalar is not None:
+            hidden = hidden * scalar
+        return hidden
+
+    def _run_layers(self, input_ids: torch.Tensor, positions, write_kv, attend, taps_out, last_only: bool):
+        """Shared body of every forward: ``write_kv(i, k, v)`` stores layer i's new entries, ``attend(i, q)`` returns
+        ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (``[1, V]`` with ``last_only``), soft-capped as the model."""
+        hidden = self.embed(input_ids)
+        per_layer = None
+        if self.ple:
+            per_layer = self.decoder.project_per_layer_inputs(
+                hidden, self.decoder.get_per_layer_inputs(input_ids, hidden))  # [1, L, n_layers, d]
+        L = input_ids.shape[1]
+        H = hidden.shape[-1]
+        last_layer = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(i, layer, layer.input_layernorm(hidden), positions)
+            if k is not None:
+                write_kv(i, k, v)
+            out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
+            hidden = self._tail(layer, hidden, layer.self_attn.o_proj(out),
+                                per_layer[:, :, i] if per_layer is not None else None)
+            if taps_out is not None and i in self.tap_layer_ids:
+                tapped = self.final_norm(hidden) if i == last_layer else hidden
+                for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
+                    taps_out[:, :, slot * H : (slot + 1) * H] = tapped
+        hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
+        logits = self.lm_head(hidden)[0]
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+    # ------------------------------------------------------------------ host-length forward
+    def _ring_slots(self, i: int, positions: torch.Tensor) -> torch.Tensor:
+        return positions % self.keys[i].shape[2]
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Run ``input_ids [1, L]`` at positions ``start .. start+L-1`` (any L: prefill chunks or a verify of at most
+        ``RING_SLACK + 1`` rows that may be rolled back). Global layers: SDPA over the exact prefix; sliding layers:
+        the ring's entries inside the window of the first query plus the new rows, then the last ``R`` new rows
+        enter the ring."""
+        L = input_ids.shape[1]
+        if start + L > self.capacity:
+            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
+        device = self.device
+        positions = torch.arange(start, start + L, device=device)
+        pending = {}
+
+        def write_kv(i, k, v):
+            if self.windows[i] is None:
+                self.keys[i][:, :, start : start + L] = k
+                self.values[i][:, :, start : start + L] = v
+            else:  # the ring's entries inside the first query's window, read before the new rows overwrite any
+                past = torch.arange(max(0, start - self.windows[i] + 1), start, device=device)
+                slots = self._ring_slots(i, past)
+                pending[i] = (torch.cat((self.keys[i][:, :, slots], k), 2),
+                              torch.cat((self.values[i][:, :, slots], v), 2), torch.cat((past, positions)))
+
+        def attend(i, q):
+            src = self.kv_source[i]
+            window = self.windows[i]
+            softcap = self.attn_softcap
+            if window is None:
+                keys = self.keys[src][:, :, : start + L]
+                values = self.values[src][:, :, : start + L]
+                if softcap is None:
+                    return self._attend_prefix_sdpa(q, keys, values, start, self.scalings[i])
+                key_pos = torch.arange(start + L, device=device)
+                visible = key_pos[None, :] <= positions[:, None]
+                return masked_attention(q, keys, values, visible, self.scalings[i], softcap)
+            keys, values, key_pos = pending[src]
+            visible = (key_pos[None, :] <= positions[:, None]) & (positions[:, None] - key_pos[None, :] < window)
+            if softcap is None:
+                return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scalings[i],
+                                                      enable_gqa=True)
+            return masked_attention(q, keys, values, visible, self.scalings[i], softcap)
+
+        def attend_and_store(i, q):
+            out = attend(i, q)
+            src = self.kv_source[i]
+            if self.windows[i] is not None and src == i:
+                keys, values, _ = pending[i]
+                keep = min(L, self.keys[i].shape[2])
+                slots = self._ring_slots(i, positions[L - keep :])
+                self.keys[i][:, :, slots] = keys[:, :, keys.shape[2] - keep :]
+                self.values[i][:, :, slots] = values[:, :, values.shape[2] - keep :]
+            return out
+
+        logits = self._run_layers(input_ids, positions, write_kv, attend_and_store, taps_out, last_only)
+        self.length = start + L
+        return logits
+
+    def _attend_prefix_sdpa(self, q, keys, values, start: int, scaling: float) -> torch.Tensor:
+        L = q.shape[2]
+        if L == 1:
+            mask, causal = None, False
+        elif start == 0:
+            mask, causal = None, True
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask, causal = causal_lower_right(L, start + L), False
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, scale=scaling,
+                                              enable_gqa=True)
+
+    # ------------------------------------------------------------------ device-length forward
+    @torch.no_grad()
+    def forward_static(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                       taps_out: torch.Tensor | None = None, attention: str = "bucket",
+                       fused: bool = False) -> torch.Tensor:
+        """CUDA-graph-friendly forward (same contract as :meth:`StaticTarget.forward_static`).
+
+        Sliding layers write their rows into the ring at ``positions mod R`` and attend over the whole ring with a
+        mask built on device: slot s holds position ``top - ((top - s) mod R)`` (``top = positions[-1]``), visible
+        to query q when it is ``>= 0``, ``<= q`` and ``> q - window``. Global layers attend over the length
+        ``bucket`` (``attention="bucket"``) or through the decode kernel (``"triton"``; with attention soft-capping
+        the bucket attention instead, after one warning). ``fused=True`` raises :class:`UnsupportedTarget`.
+        """
+        from ..static_target import TARGET_ATTENTIONS
+
+        if attention not in TARGET_ATTENTIONS:
+            raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
+        if fused:
+            raise UnsupportedTarget(f"fused layers: {self.fused_unsupported()}")
+        L = input_ids.shape[1]
+        if L > RING_SLACK + 1:
+            raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack ({RING_SLACK} + 1)")
+        use_kernel = attention == "triton"
+        if use_kernel and self.global_attention_unsupported() is not None:
+            _warn_once("gemma-softcap-decode", f"fold_hf fast loop: {self.global_attention_unsupported()}; the "
+                       "global layers attend through the bucket attention (two matmuls, masked fp32 softmax)")
+            use_kernel = False
+        if use_kernel and self._decode_attention is None:
+            from ...kernels import default_decode_attention
+
+            self._decode_attention = default_decode_attention(self.device)
+        key_index = torch.arange(bucket, device=positions.device)
+        global_visible = key_index[None, :] <= positions[:, None]
+        top = positions[-1]
+        rings = {}
+        block_kv = {}
+
+        def ring_visible(i):
+            R = self.keys[i].shape[2]
+            if R not in rings:
+                slot_pos = top - torch.remainder(top - torch.arange(R, device=positions.device), R)
+                delta = positions[:, None] - slot_pos[None, :]
+                rings[R] = (slot_pos[None, :] >= 0) & (delta >= 0) & (delta < self.windows[i])
+            return rings[R]
+
+        def write_kv(i, k, v):
+            if self.windows[i] is None:
+                self.keys[i].index_copy_(2, positions, k)
+                self.values[i].index_copy_(2, positions, v)
+                block_kv[i] = (k, v)
+            else:
+                slots = torch.remainder(positions, self.keys[i].shape[2])
+                self.keys[i].index_copy_(2, slots, k)
+                self.values[i].index_copy_(2, slots, v)
+
+        def attend(i, q):
+            src = self.kv_source[i]
+            if self.windows[i] is not None:
+                return masked_attention(q, self.keys[src], self.values[src], ring_visible(src), self.scalings[i],
+                                        self.attn_softcap)
+            if use_kernel:
+                k, v = block_kv[src]
+                out = self._decode_attention(q, self.keys[src], self.values[src], k, v, positions[:1].to(torch.int32),
+                                             scaling=self.scalings[i], max_context_length=bucket)
+                return out.transpose(1, 2)
+            return masked_attention(q, self.keys[src][:, :, :bucket], self.values[src][:, :, :bucket],
+                                    global_visible, self.scalings[i], self.attn_softcap)
+
+        return self._run_layers(input_ids, positions, write_kv, attend, taps_out, last_only=False)
+
+
+register_target_family(GEMMA_ARCHITECTURES, GemmaStaticTarget)
