@@ -43,7 +43,8 @@ def tiny_gemma(arch: str, common: dict):
     """Tiny Gemma-3 / Gemma-4 text targets with sliding layers (window 8) and global ones (Gemma-3: five sliding then
     one global; Gemma-4: global every third layer and last).
 
-    ``gemma3``: (1 + w) norms, query_pre_attn_scalar scaling, final logit soft-capping, attention soft-capping.
+    ``gemma3``: (1 + w) norms, query_pre_attn_scalar scaling, final logit soft-capping (and
+    attn_logit_softcapping set, which transformers' Gemma-3 attention does not apply).
     ``gemma4``: global layer with its own head_dim 16, one KV head, ``attention_k_eq_v``, proportional partial
     rope (0.25), per-layer inputs (PLE), final soft-capping. ``gemma4_shared``: ``gemma4`` with the last two layers
     reusing earlier layers' keys and values (``num_kv_shared_layers=2``).

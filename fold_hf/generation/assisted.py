@@ -29,6 +29,7 @@ from transformers.generation.utils import GenerationMixin
 
 from ..modeling.drafter import FoldDrafter
 from ..modeling.validation import validate_pair
+from .targets.gemma import slices_before_taps
 from .taps import HiddenTaps
 
 _INSTALLED_ATTR = "_fold_hf_installed"
@@ -58,6 +59,9 @@ class FoldCandidateGenerator(CandidateGenerator):
         self.tokenizer = tokenizer
         self._prefill = True
         self._prefill_round = False
+        if slices_before_taps(target, drafter.config.target_layer_ids):
+            # the prefill must keep every position up to the tapped layers (Gemma-4 KV sharing cuts at logits_to_keep)
+            self.model_kwargs_overrides = {"logits_to_keep": 0}
         drafter.last_acceptance_lengths = self.acceptance_lengths
 
     def close(self) -> None:

@@ -10,8 +10,9 @@ What differs from the default (Llama) family, all read from the model's own conf
   frequencies turn; the rest have cos 1, sin 0 in the model's own table, so one table lookup covers it).
 * **attention**: q/k RMSNorms over head_dim (Gemma-3: ``(1 + w)``; Gemma-4: ``w``), Gemma-4's value norm without
   scale and ``attention_k_eq_v`` (global layers without ``v_proj``: values are the raw key projection), scaling
-  ``query_pre_attn_scalar ** -0.5`` (Gemma-3) or 1.0 (Gemma-4) as ``self_attn.scaling``, optional attention logit
-  soft-capping (Gemma-3 ``attn_logit_softcapping``: ``tanh(s / c) * c`` before the mask).
+  ``query_pre_attn_scalar ** -0.5`` (Gemma-3) or 1.0 (Gemma-4) as ``self_attn.scaling``. Gemma-3's config carries
+  ``attn_logit_softcapping``, but transformers' ``Gemma3Attention`` (5.17 and 5.24) does not pass it to the
+  attention function, so the model attends without it; so do we (the fp32 test compares with the model).
 * **sandwich norms**: ``h += post_attention_layernorm(attn)``; ``h += post_feedforward_layernorm(mlp(
   pre_feedforward_layernorm(h)))``; GELU-tanh MLP (the model's module).
 * **Gemma-4 extras**: per-layer inputs (PLE: ``get_per_layer_inputs`` / ``project_per_layer_inputs`` of the model,
@@ -31,14 +32,12 @@ Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` r
 (``enable_moe_block``, data-dependent expert routing), bidirectional attention (``use_bidirectional_attention``),
 length-dependent rope types. The fused layer kernels (:mod:`fold_hf.kernels.triton_layer`) are Llama-shaped
 (``x * w`` norms without sandwich norms, SiLU, full rope): :meth:`GemmaStaticTarget.fused_unsupported` says so and
-the fast loop warns once and runs the layers on the model's modules. With attention soft-capping the decode kernel
-cannot run the global layers: they attend through the bucket attention (one warning).
+the fast loop warns once and runs the layers on the model's modules.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +48,6 @@ from ..static_target import StaticTarget, UnsupportedTarget, register_target_fam
 GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM")
 RING_SLACK = 64  # ring entries beyond the window: the most rows one verify may write and then roll back, minus one
 # (read when a runner is built: tests set it small so the tiny targets wrap their rings)
-_WARNED: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(message, stacklevel=3)
-
-
 def slices_before_taps(model: nn.Module, tap_layer_ids) -> bool:
     """Whether ``model(..., logits_to_keep=1)`` would cut the sequence before a tapped layer runs.
 
@@ -79,14 +69,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
-                     scaling: float, softcap: float | None) -> torch.Tensor:
+                     scaling: float) -> torch.Tensor:
     """Attention with an explicit visibility mask, GQA without repeating keys.
 
     Args:
         q: ``[1, Hq, L, D]`` rotated queries.
         keys, values: ``[1, Hkv, S, D]``.
         visible: ``[L, S]`` bool, True where query row l may read key s (every row must see at least one key).
-        scaling: score scale; softcap: ``tanh(s / c) * c`` on the scaled scores, or None.
+        scaling: score scale.
 
     Returns:
         ``[1, Hq, L, D]`` in the values' dtype (softmax in fp32, or fp64 for fp64 inputs).
@@ -96,8 +86,6 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     group = hq // hkv
     rows = q.reshape(1, hkv, group * L, D)
     scores = torch.matmul(rows, keys.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~visible.repeat(group, 1), -math.inf)
     probs = scores.softmax(-1).to(values.dtype)
     return torch.matmul(probs, values).reshape(1, hq, L, D)
@@ -156,7 +144,6 @@ class GemmaStaticTarget(StaticTarget):
         self.num_heads = config.num_attention_heads
         self.layer_types = list(config.layer_types)
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
-        self.attn_softcap = getattr(config, "attn_logit_softcapping", None)
         self.ple = bool(getattr(config, "hidden_size_per_layer_input", 0)) and hasattr(self.decoder,
                                                                                        "project_per_layer_inputs")
         n = len(self.layers)
@@ -188,6 +175,7 @@ class GemmaStaticTarget(StaticTarget):
             shape = (1, hkv, length, self.head_dims[i])
             self.keys.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
             self.values.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
+        self.ring_slack = RING_SLACK
         self.num_kv_heads = self.kv_heads[0]
         self.head_dim = self.head_dims[0]
         self.scaling = self.scalings[0]
@@ -208,12 +196,6 @@ class GemmaStaticTarget(StaticTarget):
     def fused_unsupported(self) -> str | None:
         return ("Gemma layers (sandwich norms, (1 + w) or x * w norms in fp32, GELU-tanh MLP, per-type rope) are not "
                 "what the fused Llama-layer kernels compute")
-
-    def global_attention_unsupported(self) -> str | None:
-        """Why the decode kernel cannot attend the global layers (None when it can)."""
-        if self.attn_softcap is not None:
-            return f"attention logit soft-capping ({self.attn_softcap}) is not in the decode kernel"
-        return None
 
     def bytes_held(self) -> int:
         unique = {id(t): t for t in self.keys + self.values}
@@ -315,21 +297,14 @@ class GemmaStaticTarget(StaticTarget):
         def attend(i, q):
             src = self.kv_source[i]
             window = self.windows[i]
-            softcap = self.attn_softcap
             if window is None:
                 keys = self.keys[src][:, :, : start + L]
                 values = self.values[src][:, :, : start + L]
-                if softcap is None:
-                    return self._attend_prefix_sdpa(q, keys, values, start, self.scalings[i])
-                key_pos = torch.arange(start + L, device=device)
-                visible = key_pos[None, :] <= positions[:, None]
-                return masked_attention(q, keys, values, visible, self.scalings[i], softcap)
+                return self._attend_prefix_sdpa(q, keys, values, start, self.scalings[i])
             keys, values, key_pos = pending[src]
             visible = (key_pos[None, :] <= positions[:, None]) & (positions[:, None] - key_pos[None, :] < window)
-            if softcap is None:
-                return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scalings[i],
-                                                      enable_gqa=True)
-            return masked_attention(q, keys, values, visible, self.scalings[i], softcap)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scalings[i],
+                                                  enable_gqa=True)
 
         def attend_and_store(i, q):
             out = attend(i, q)
@@ -369,8 +344,8 @@ class GemmaStaticTarget(StaticTarget):
         Sliding layers write their rows into the ring at ``positions mod R`` and attend over the whole ring with a
         mask built on device: slot s holds position ``top - ((top - s) mod R)`` (``top = positions[-1]``), visible
         to query q when it is ``>= 0``, ``<= q`` and ``> q - window``. Global layers attend over the length
-        ``bucket`` (``attention="bucket"``) or through the decode kernel (``"triton"``; with attention soft-capping
-        the bucket attention instead, after one warning). ``fused=True`` raises :class:`UnsupportedTarget`.
+        ``bucket`` (``attention="bucket"``) or through the decode kernel (``"triton"``). ``fused=True`` raises
+        :class:`UnsupportedTarget`.
         """
         from ..static_target import TARGET_ATTENTIONS
 
@@ -379,13 +354,9 @@ class GemmaStaticTarget(StaticTarget):
         if fused:
             raise UnsupportedTarget(f"fused layers: {self.fused_unsupported()}")
         L = input_ids.shape[1]
-        if L > RING_SLACK + 1:
-            raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack ({RING_SLACK} + 1)")
+        if L > self.ring_slack + 1:
+            raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack ({self.ring_slack} + 1)")
         use_kernel = attention == "triton"
-        if use_kernel and self.global_attention_unsupported() is not None:
-            _warn_once("gemma-softcap-decode", f"fold_hf fast loop: {self.global_attention_unsupported()}; the "
-                       "global layers attend through the bucket attention (two matmuls, masked fp32 softmax)")
-            use_kernel = False
         if use_kernel and self._decode_attention is None:
             from ...kernels import default_decode_attention
 
@@ -417,15 +388,14 @@ class GemmaStaticTarget(StaticTarget):
         def attend(i, q):
             src = self.kv_source[i]
             if self.windows[i] is not None:
-                return masked_attention(q, self.keys[src], self.values[src], ring_visible(src), self.scalings[i],
-                                        self.attn_softcap)
+                return masked_attention(q, self.keys[src], self.values[src], ring_visible(src), self.scalings[i])
             if use_kernel:
                 k, v = block_kv[src]
                 out = self._decode_attention(q, self.keys[src], self.values[src], k, v, positions[:1].to(torch.int32),
                                              scaling=self.scalings[i], max_context_length=bucket)
                 return out.transpose(1, 2)
             return masked_attention(q, self.keys[src][:, :, :bucket], self.values[src][:, :, :bucket],
-                                    global_visible, self.scalings[i], self.attn_softcap)
+                                    global_visible, self.scalings[i])
 
         return self._run_layers(input_ids, positions, write_kv, attend, taps_out, last_only=False)
 

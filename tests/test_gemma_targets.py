@@ -1,0 +1,163 @@
+"""Gemma-3 / Gemma-4 text targets (sliding and global layers) on every generate path, losslessly.
+
+Tiny random targets from transformers' own configs (tests/tiny.py: window 8, Gemma-3 with final soft-capping, Gemma-4 with a wider global head, one global KV head, ``attention_k_eq_v``, proportional partial rope,
+per-layer inputs, and a KV-sharing variant). The fast path's sliding rings get a slack of 3 rows (the block is 4)
+so they wrap within a few dozen tokens. Independent statement: the target's own greedy ``generate`` and its own
+forward (logits in fp32).
+"""
+
+import functools
+import warnings
+
+import pytest
+import torch
+
+import fold_hf
+from fold_hf.generation import fast as fast_module
+from fold_hf.generation.fast import fast_generate, fast_unsupported, release_fast_state
+from fold_hf.generation.static_target import build_static_target
+from fold_hf.generation.targets import gemma
+from tiny import GEMMA_WINDOW, MASK_ID, fit_drafter, greedy_reference, mode_config, tiny_drafter, tiny_target
+
+NEW_TOKENS = 40
+SHORT, LONG = 5, 40  # shorter than the target's window (8); longer than it and than the drafter's window (16)
+
+
+@pytest.fixture(autouse=True)
+def small_ring(monkeypatch):
+    monkeypatch.setattr(gemma, "RING_SLACK", 3)
+
+
+@functools.lru_cache(maxsize=None)
+def gemma_pair(arch: str):
+    target = tiny_target(arch)
+    drafter = fit_drafter(target, tiny_drafter(target, taps=(1, 5)), steps=80, seq_len=40)
+    return target, drafter
+
+
+def prompt(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(500 + seed))
+
+
+def all_paths(target, drafter, ids, mode):
+    """Sequences from the four ways of decoding with ``drafter`` plus their acceptance lengths."""
+    cfg = mode_config(mode)
+    res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+                           fold_config=cfg)
+    drafter.set_fold_config(cfg)
+    outs = {"fold_hf.generate": res.sequences,
+            "assisted": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)}
+    for engine in ("eager", "static"):
+        fast = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine=engine, fold_config=cfg,
+                             target_attention="bucket", return_stats=True)
+        outs[f"fast {engine}"] = fast.sequences
+        assert fast.acceptance_lengths == res.acceptance_lengths, engine  # same drafts, same verification
+    release_fast_state(target)
+    return outs, res.acceptance_lengths
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
+@pytest.mark.parametrize("mode", ["fold", "dflash"])
+def test_lossless_on_every_path(arch, mode):
+    target, drafter = gemma_pair(arch)
+    rounds = []
+    for seed, length in enumerate((SHORT, LONG)):
+        ids = prompt(seed, length)
+        ref = greedy_reference(target, ids, NEW_TOKENS)
+        outs, acceptance = all_paths(target, drafter, ids, mode)
+        for path, seq in outs.items():
+            assert torch.equal(seq, ref), f"{path} differs from the target's greedy output: {arch} {mode} {length}"
+        rounds += acceptance
+    assert max(rounds) >= 2 and min(rounds) == 1, rounds  # accepted blocks and rollbacks both happened
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"])
+def test_forced_rejections_roll_back(arch):
+    """A random drafter gets (nearly) everything rejected: every round rolls back up to three rows, in the sliding
+    layers' caches of transformers (fold_hf.generate) and in our rings (fast engines)."""
+    target = tiny_target(arch, seed=3)
+    drafter = tiny_drafter(target, taps=(1, 5), seed=7)  # tap 5 sits after Gemma-4's first KV-shared layer
+    ids = prompt(9, LONG)
+    ref = greedy_reference(target, ids, NEW_TOKENS)
+    outs, acceptance = all_paths(target, drafter, ids, "fold")
+    for path, seq in outs.items():
+        assert torch.equal(seq, ref), f"{path} differs: {arch}"
+    assert acceptance.count(1) >= len(acceptance) // 2, acceptance
+
+
+@pytest.mark.parametrize("mode", ["window", "streaming", "rerope", "yarn"])
+def test_other_modes_lossless(mode):
+    target, drafter = gemma_pair("gemma4")
+    ids = prompt(3, LONG)
+    ref = greedy_reference(target, ids, NEW_TOKENS)
+    outs, _ = all_paths(target, drafter, ids, mode)
+    for path, seq in outs.items():
+        assert torch.equal(seq, ref), f"{path} differs: {mode}"
+
+
+def test_autoregressive_fast_path():
+    target = tiny_target("gemma3", seed=5)
+    ids = prompt(4, LONG)
+    ref = greedy_reference(target, ids, NEW_TOKENS)
+    for engine in ("eager", "static"):
+        assert torch.equal(fast_generate(target, None, ids, max_new_tokens=NEW_TOKENS, engine=engine), ref)
+    release_fast_state(target)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"])
+def test_static_forwards_match_the_model_fp32(arch):
+    """Our forwards (chunked prefill through the rings, a host verify, the device-length step with the bucket and
+    with the decode kernel's torch twin) give the model's own logits and tapped hidden states in fp32."""
+    target = tiny_target(arch, seed=2, dtype=torch.float32)
+    taps = (1, 5)
+    P, L = 37, 4  # 37 + 4 > window + slack: the rings have wrapped
+    ids = prompt(11, P + 2 * L)
+    with torch.no_grad():
+        full = target(ids, output_hidden_states=True)
+    want_logits = full.logits[0]
+    want_taps = torch.cat([full.hidden_states[t + 1][0] for t in taps], -1)
+    runner = build_static_target(target, capacity=64, tap_layer_ids=taps)
+    assert type(runner).__name__ == "GemmaStaticTarget"
+    seen = []
+    last = runner.prefill(ids[:, :P], chunk=16, on_taps=lambda f, s: seen.append(f))
+    torch.testing.assert_close(last, want_logits[P - 1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.cat(seen, 1)[0], want_taps[:P], rtol=1e-4, atol=1e-4)
+    # a verify of L rows whose last rows get rejected, then the rows again (the rollback is a length rewind)
+    garbage = torch.full((1, L), 3, dtype=torch.long)
+    runner.forward(garbage, P)
+    out = torch.empty(1, L, runner.tap_width)
+    logits = runner.forward(ids[:, P : P + L], P, taps_out=out)
+    torch.testing.assert_close(logits, want_logits[P : P + L], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[0], want_taps[P : P + L], rtol=1e-4, atol=1e-4)
+    for attention in ("bucket", "triton"):
+        runner.forward_static(garbage, torch.arange(P + L, P + 2 * L), 64, attention=attention)
+        logits = runner.forward_static(ids[:, P + L : P + 2 * L], torch.arange(P + L, P + 2 * L), 64,
+                                       taps_out=out, attention=attention)
+        torch.testing.assert_close(logits, want_logits[P + L :], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out[0], want_taps[P + L :], rtol=1e-4, atol=1e-4)
+    # the sliding rings hold window + slack entries, the global layers the capacity
+    for i, window in enumerate(runner.windows):
+        assert runner.keys[i].shape[2] == (64 if window is None else GEMMA_WINDOW + 3)
+
+
+def test_what_the_fast_path_refuses_or_warns():
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    moe = Gemma4ForCausalLM(Gemma4TextConfig(
+        vocab_size=12, hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, global_head_dim=8, sliding_window=8, hidden_size_per_layer_input=0,
+        enable_moe_block=True, num_experts=2, top_k_experts=1, moe_intermediate_size=8))
+    assert "MoE" in fast_unsupported(moe)
+    target = tiny_target("gemma4")
+    assert fast_unsupported(target) is None
+    runner = build_static_target(target, capacity=32)
+    assert "fused" in runner.fused_unsupported()
+    runner.device = torch.device("cuda")  # only the device type is read: the GPU default warns once with the reason
+    fast_module._WARNED.clear()
+    with pytest.warns(UserWarning, match="fused layer kernels do not run this target"):
+        assert fast_module.resolve_fused_layers(None, "triton", runner, "static") is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fast_module.resolve_fused_layers(None, "triton", runner, "static") is False  # once only
+    with pytest.raises(fold_hf.generation.static_target.UnsupportedTarget, match="fused"):
+        fast_module.resolve_fused_layers(True, "triton", runner, "static")
