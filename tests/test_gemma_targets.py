@@ -161,3 +161,24 @@ def test_what_the_fast_path_refuses_or_warns():
         assert fast_module.resolve_fused_layers(None, "triton", runner, "static") is False  # once only
     with pytest.raises(fold_hf.generation.static_target.UnsupportedTarget, match="fused"):
         fast_module.resolve_fused_layers(True, "triton", runner, "static")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"])
+def test_graphs_engine_on_gpu(arch):
+    """The captured verify step over rings and global layers (bucket and decode-kernel attention) gives the target's
+    greedy output, with the drafter's captured step, in fp32 on CUDA."""
+    target = tiny_target(arch, seed=3, dtype=torch.float32).cuda()
+    drafter = tiny_drafter(target, taps=(1, 5), seed=7).cuda()
+    for seed, length in enumerate((SHORT, LONG, 300)):
+        ids = prompt(seed, length).cuda()
+        ref = greedy_reference(target, ids, NEW_TOKENS)
+        for attention in ("bucket", "triton"):
+            ar = fast_generate(target, None, ids, max_new_tokens=NEW_TOKENS, engine="graphs",
+                               target_attention=attention)
+            assert torch.equal(ar, ref), (arch, attention, length)
+            for mode in ("fold", "dflash"):
+                res = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine="graphs",
+                                    target_attention=attention, fold_config=mode_config(mode), return_stats=True)
+                assert torch.equal(res.sequences, ref), (arch, attention, mode, length)
+    release_fast_state(target)

@@ -16,7 +16,7 @@ cores=$(nproc)
 workers=$(( cores / (gpus > 1 ? 2 : 1) - 2 )); [ $workers -gt 14 ] && workers=14
 pytest_gpu="python -m pytest -q -m gpu -p no:benchmark -p no:cacheprovider -rA"
 kernels="tests/test_triton_kernel.py"
-loop="tests/test_fused_layers.py tests/test_fast_loop.py tests/test_memory.py tests/test_target_attention.py"
+loop="tests/test_fused_layers.py tests/test_fast_loop.py tests/test_memory.py tests/test_target_attention.py tests/test_gemma_targets.py"
 if [ "$gpus" -gt 1 ]; then
   # the 128K/256K-entry cases allocate 8 GiB tensors: 14 workers on one GPU ran out of memory (2026-11-30), so
   # they run after the rest with two workers
