@@ -135,6 +135,7 @@ INTERPRETER_CASES = [
     dict(T=150, L=16, Hq=2, Hkv=2, head_dim=16, num_splits=4),
     dict(T=90, L=3, Hq=6, Hkv=2, head_dim=24, capacity=200, as_tensor=True, num_splits=3),
     dict(T=130, L=1, Hq=4, Hkv=1, head_dim=16, capacity=256, as_tensor=True, max_context_length=160),
+    dict(T=40, L=7, Hq=4, Hkv=1, head_dim=512),  # Gemma-4 global layers: head_dim 512, few KV heads, block 7
 ]
 
 
@@ -148,7 +149,7 @@ def test_kernel_in_interpreter_matches_twin(interpreter, case, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("L", [1, 3, 10, 16])
 @pytest.mark.parametrize("T", [1, 63, 500, 8191, 32768])
-@pytest.mark.parametrize("Hq, Hkv, head_dim", [(32, 8, 128), (12, 3, 96), (5, 5, 64)])
+@pytest.mark.parametrize("Hq, Hkv, head_dim", [(32, 8, 128), (12, 3, 96), (5, 5, 64), (16, 4, 512)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_kernel_matches_twin_on_gpu(L, T, Hq, Hkv, head_dim, dtype):
     out, oracle = kernel_vs_twin(T, L, Hq, Hkv, head_dim, dtype, "cuda", seed=T + L)
