@@ -1,7 +1,8 @@
 """Gemma-3 / Gemma-4 text targets (sliding and global layers) on every generate path, losslessly.
 
-Tiny random targets from transformers' own configs (tests/tiny.py: window 8, Gemma-3 with final soft-capping, Gemma-4 with a wider global head, one global KV head, ``attention_k_eq_v``, proportional partial rope,
-per-layer inputs, and a KV-sharing variant). The fast path's sliding rings get a slack of 3 rows (the block is 4)
+Tiny random targets from transformers' own configs (tests/tiny.py: window 8, Gemma-3 with final soft-capping,
+Gemma-4 with a wider global head, one global KV head, ``attention_k_eq_v``, proportional partial rope, per-layer
+inputs, and a KV-sharing variant). The fast path's sliding rings get a slack of 3 rows (the block is 4)
 so they wrap within a few dozen tokens. Independent statement: the target's own greedy ``generate`` and its own
 forward (logits in fp32).
 """
@@ -161,6 +162,11 @@ def test_what_the_fast_path_refuses_or_warns():
         assert fast_module.resolve_fused_layers(None, "triton", runner, "static") is False  # once only
     with pytest.raises(fold_hf.generation.static_target.UnsupportedTarget, match="fused"):
         fast_module.resolve_fused_layers(True, "triton", runner, "static")
+    # the drafter's step keeps its fused kernels when only the target's layer type turned them off
+    assert fast_module.resolve_fused_drafter(False, None, "triton", runner, "static") is True
+    assert fast_module.resolve_fused_drafter(False, False, "triton", runner, "static") is False
+    assert fast_module.resolve_fused_drafter(False, None, "bucket", runner, "static") is False
+    assert fast_module.resolve_fused_drafter(False, None, "triton", runner, "eager") is False
 
 
 @pytest.mark.gpu
@@ -181,4 +187,19 @@ def test_graphs_engine_on_gpu(arch):
                 res = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine="graphs",
                                     target_attention=attention, fold_config=mode_config(mode), return_stats=True)
                 assert torch.equal(res.sequences, ref), (arch, attention, mode, length)
+    release_fast_state(target)
+
+
+def test_fold_fast_routes_gemma_to_the_fast_loop():
+    """``target.generate(..., fold_fast=True)`` takes a Gemma target on the fast loop (no fallback warning)."""
+    target = tiny_target("gemma4", seed=4)
+    drafter = tiny_drafter(target, taps=(1, 5), seed=2)
+    ids = prompt(6, LONG)
+    ref = greedy_reference(target, ids, NEW_TOKENS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False,
+                              fold_fast=True)
+    assert torch.equal(out, ref)
+    assert fast_module._SESSION_ATTR in target.__dict__  # the fast loop ran
     release_fast_state(target)

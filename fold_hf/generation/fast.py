@@ -159,6 +159,22 @@ def fused_drafter_enabled() -> bool:
     return value == "1"
 
 
+def resolve_fused_drafter(fused: bool, fused_layers: bool | None, target_attention: str, runner: StaticTarget,
+                          engine: str) -> bool:
+    """Whether the drafter's static step runs the fused kernels: when the target's layers do (``fused``), and also
+    when only the target's own layer type kept them off by default (a Gemma target with a Llama-layout drafter;
+    the drafter's layers are checked by :func:`fused_drafter_unsupported`). Off with ``fused_layers=False``,
+    ``$FOLD_HF_FUSED_LAYERS=0`` or ``$FOLD_HF_FUSED_DRAFTER=0``."""
+    if not fused_drafter_enabled():
+        return False
+    if fused:
+        return True
+    if (fused_layers is False or os.environ.get("FOLD_HF_FUSED_LAYERS") == "0" or engine == "eager"
+            or target_attention != "triton" or runner.device.type != "cuda"):
+        return False
+    return runner.fused_unsupported() is not None
+
+
 def release_fast_state(target) -> None:
     """Free the fast loop's KV cache, drafter cache and graphs kept on ``target``."""
     target.__dict__.pop(_SESSION_ATTR, None)
@@ -400,14 +416,16 @@ def fast_generate(
         fused = resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
         out = _Output(_eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer)
         return _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, return_stats,
-                       prefill_chunk, target_attention, fused)
+                       prefill_chunk, target_attention, fused,
+                       resolve_fused_drafter(fused, fused_layers, target_attention, session.runner, engine))
     finally:
         if previous_config is not None:
             drafter.set_fold_config(previous_config)
 
 
 def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, return_stats: bool,
-            prefill_chunk: int, target_attention: str = "bucket", fused: bool = False):
+            prefill_chunk: int, target_attention: str = "bucket", fused: bool = False,
+            drafter_fused: bool | None = None):
     runner = session.runner
     device = session.device
     prompt_len = input_ids.shape[1]
@@ -416,8 +434,9 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
     dcache = static_drafter = None
     on_taps = None
     if drafter is not None:
-        dcache, static_drafter = session.drafter_slot(drafter, prompt_len + budget,
-                                                      fused=fused and fused_drafter_enabled())
+        if drafter_fused is None:
+            drafter_fused = fused and fused_drafter_enabled()
+        dcache, static_drafter = session.drafter_slot(drafter, prompt_len + budget, fused=drafter_fused)
 
         def on_taps(features, start):
             commit_context(drafter, dcache, features)
@@ -575,8 +594,9 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     dcache = static_drafter = None
     if drafter is not None:
         drafter.bind_target(target)
-        dcache, static_drafter = session.drafter_slot(drafter, context_length + budget,
-                                                      fused=fused and fused_drafter_enabled())
+        dcache, static_drafter = session.drafter_slot(
+            drafter, context_length + budget,
+            fused=resolve_fused_drafter(fused, fused_layers, target_attention, session.runner, engine))
         for layer in dcache.layers:
             layer.length = context_length
     last = torch.tensor([first_token], device=session.device)

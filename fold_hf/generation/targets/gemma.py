@@ -355,7 +355,8 @@ class GemmaStaticTarget(StaticTarget):
             raise UnsupportedTarget(f"fused layers: {self.fused_unsupported()}")
         L = input_ids.shape[1]
         if L > self.ring_slack + 1:
-            raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack ({self.ring_slack} + 1)")
+            raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack "
+                             f"({self.ring_slack} + 1)")
         use_kernel = attention == "triton"
         if use_kernel and self._decode_attention is None:
             from ...kernels import default_decode_attention
