@@ -62,7 +62,9 @@ class Sampling:
     @classmethod
     def from_settings(cls, do_sample=False, temperature=None, top_k=None, top_p=None, min_p=None,
                       repetition_penalty=None, min_new_tokens=None) -> "Sampling":
-        """From ``generate``-style settings (None = unset)."""
+        """From ``generate``-style settings (None = unset; greedy drops the sampling-only ones)."""
+        if not do_sample:
+            temperature = top_k = top_p = min_p = None
         return cls(do_sample=bool(do_sample), temperature=1.0 if temperature is None else float(temperature),
                    top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
                    min_new_tokens=int(min_new_tokens or 0))
