@@ -174,10 +174,12 @@ def verify_sampled(target_scores: torch.Tensor, proposals: torch.Tensor, q: torc
     p = target_scores.softmax(-1)
     if k:
         index = proposals[:, None]
-        accept = u[k : 2 * k].to(p.dtype) * q.gather(-1, index).squeeze(-1).to(p.dtype) <= p[:k].gather(-1, index).squeeze(-1)
+        q_d = q.gather(-1, index).squeeze(-1).to(p.dtype)
+        accept = u[k : 2 * k].to(p.dtype) * q_d <= p[:k].gather(-1, index).squeeze(-1)  # u < p/q, no division
         matched = accept.long().cumprod(0).sum().view(1)
     else:
         matched = torch.zeros(1, dtype=torch.long, device=p.device)
+        q = p.new_zeros(0, p.shape[-1])
     limit = torch.as_tensor(limit, device=p.device).view(1)
     n = torch.minimum(matched, limit)
     q_pad = torch.cat((q.to(p.dtype), p.new_zeros(1, p.shape[-1])))  # q of "no proposal" = 0: residual = p
