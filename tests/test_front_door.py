@@ -169,3 +169,25 @@ def test_the_models_generation_config_sampling_is_honoured(pair):
     finally:
         config.do_sample, config.temperature, config.top_p = saved
         release_fast_state(target)
+
+
+@pytest.mark.gpu
+def test_graphs_engine_reproduces_the_static_engine_when_sampling():
+    """GPU only: the captured sampled round (uniforms read from a buffer the loop refills) gives the uncaptured
+    round's tokens for the same seed, and the default call routes there."""
+    from tiny import pair_on_gpu
+
+    with pair_on_gpu("llama") as (target, drafter):
+        for seed, length in enumerate([10, 300]):
+            ids = prompt(40 + seed, length).cuda()
+            runs = [fast_generate(target, drafter, ids, max_new_tokens=NEW, engine=engine, return_stats=True,
+                                  generator=torch.Generator(device="cuda").manual_seed(seed), **SAMPLED)
+                    for engine in ("static", "graphs", "graphs")]
+            for run in runs[1:]:
+                assert torch.equal(run.sequences, runs[0].sequences), (seed, length)
+                assert run.acceptance_lengths == runs[0].acceptance_lengths
+            torch.manual_seed(seed)
+            routed_out = target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, **SAMPLED)
+            torch.manual_seed(seed)
+            direct = fast_generate(target, drafter, ids, max_new_tokens=NEW, **SAMPLED)
+            assert torch.equal(routed_out, direct)

@@ -149,3 +149,28 @@ def test_fast_loop_samples_the_target_distribution(pair, engine):
     stat, df = chi2_statistic(counts, probs, n)
     assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"
     assert accepted > n * 0.2, "drafts were rarely accepted: the test would not exercise speculative acceptance"
+
+
+@pytest.mark.gpu
+def test_graphs_engine_samples_the_target_distribution(pair):
+    """GPU only (CUDA graphs): the captured round's speculative sampling against transformers' processors."""
+    import copy
+
+    from fold_hf.generation import fast_generate, release_fast_state
+
+    target, drafter = pair
+    gpu_target = copy.deepcopy(target).to("cuda", torch.float32)
+    gpu_drafter = copy.deepcopy(drafter).to("cuda", torch.float32)
+    n = 4_000
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    counts: dict = {}
+    prompt = PROMPT.cuda()
+    for _ in range(n):
+        out = fast_generate(gpu_target, gpu_drafter, input_ids=prompt, max_new_tokens=NEW, do_sample=True,
+                            generator=gen, engine="graphs", **FULL_WARP)
+        key = tuple(out[0, PROMPT.shape[1]:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    release_fast_state(gpu_target)
+    probs = transformers_distribution(target, FULL_WARP)
+    stat, df = chi2_statistic(counts, probs, n)
+    assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"
