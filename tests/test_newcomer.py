@@ -159,7 +159,8 @@ def test_plots_show_one_and_the_ar_line_and_n_per_point():
 
     row = dict(suite="code", tier=1024, method="fold-a2", requests=2, tau=3.02, tau_ci_low=3.0, tau_ci_high=3.04,
                speedup=2.51, speedup_ci_low=2.5, speedup_ci_high=2.52)
-    table = [row, {**row, "method": "window", "tau": 2.98, "speedup": 2.49}]
+    table = [row, {**row, "method": "window", "tau": 2.98, "tau_ci_low": 2.96, "tau_ci_high": 3.0, "speedup": 2.49,
+                   "speedup_ci_low": 2.48, "speedup_ci_high": 2.5}]
     for metric in ("tau", "speedup"):
         fig = plot_figure(table, metric)
         ax = fig.axes[0]
