@@ -196,3 +196,41 @@ def test_readme_quick_start_runs_on_a_cpu_as_written(capsys):
     assert len(code.strip().splitlines()) <= 12 and "load_embedded_pair" in code
     exec(compile(code, "README.md (Quick start)", "exec"), {"__name__": "__readme__"})
     assert "tau" in capsys.readouterr().out
+
+
+def test_a_drafter_in_another_dtype_than_its_target_is_named_once():
+    import warnings
+
+    import torch
+
+    from tiny import tiny_drafter, tiny_target
+
+    target = tiny_target("llama", dtype=torch.float32)
+    drafter = tiny_drafter(target).to(torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"drafter is torch.bfloat16 and the target torch.float32.*dtype="):
+        drafter.bind_target(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drafter.bind_target(target)  # once per drafter, not once per generate call
+
+
+def test_readme_results_table_matches_the_result_files_it_cites():
+    """The headline numbers are read back from the committed summaries, so the README cannot drift from them."""
+    text = (ROOT / "README.md").read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    run = ROOT / "benchmarks" / "results" / "2026-11-30-nvidia-h200-x2-realpair-v2"
+    assert "benchmarks/results/2026-11-30-nvidia-h200-x2-realpair-v2/README.md" in text and "2026-11-30" in text
+    averages = json.loads((run / "bf16" / "summary.json").read_text())["averages"]
+    retention = {(r["suite"], r["method"]): r["tau_ratio"]
+                 for r in json.loads((run / "nested-bf16" / "summary.json").read_text())["length_retention"]}
+    names = {"FOLD α=2": "fold-a2", "rerope": "rerope", "window only": "window", "dflash": "dflash"}
+    table = text[text.index("| method |"):].split("\n\n", 1)[0]  # the first table of the section
+    rows = [line for line in table.splitlines() if "---" not in line][1:]
+    assert len(rows) == len(names)
+    for line in rows:
+        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
+        method = next(m for label, m in names.items() if cells[0].startswith(label))
+        assert float(cells[1]) == pytest.approx(averages[method]["tau"], abs=5e-4), method
+        assert float(cells[2].rstrip("×")) == pytest.approx(averages[method]["speedup"], abs=5e-4), method
+        books, code = (float(x) for x in cells[3].split("/"))
+        assert books == pytest.approx(retention[("books", method)], abs=5e-3), method
+        assert code == pytest.approx(retention[("code", method)], abs=5e-3), method
