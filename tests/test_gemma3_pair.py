@@ -308,8 +308,10 @@ def test_train_drafter_for_a_gemma3_target_then_bench_it_nested(tiny_pair, tmp_p
     assert {r["method"] for r in summary["length_retention"]} >= {"fold-a2", "dflash"}
     assert "tiny Gemma-3" in summary["title"]
 
-    sweep = tmp_path / "sweep"
-    assert main(["bench", "--out", str(sweep), "--tiers", "96", "--window-sweep", "16", "32", *common]) == 0
+    sweep = tmp_path / "sweep"  # on the longest tier of the same requests, as bench_gemma3.sh runs it
+    longest = tmp_path / "requests-96.jsonl"
+    longest.write_text("".join(json.dumps(r) + "\n" for r in requests if r["tier"] == 96))
+    assert main(["bench", "--out", str(sweep), "--requests", str(longest), "--window-sweep", "16", "32", *common]) == 0
     rows = json.loads((sweep / "summary.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"fold-a2-w16", "window-w16", "fold-a2-w32", "window-w32"}
     assert all(r["tier"] == 96 and r["requests"] == 2 and r["differ_from_ar"] == 0 for r in rows)
