@@ -17,10 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from .modeling.gguf_target import GEMMA3, SMOLLM2, GGUFTarget, load_gguf_target, load_gguf_tokenizer
-
+# nothing heavy is imported here: the CLI reads the pairs' names and defaults while building its parser
 ASSETS = Path(__file__).parent / "assets"
 
 
@@ -30,7 +27,7 @@ class Pair:
 
     Attributes:
         key: the ``--pair`` name.
-        target: the GGUF target.
+        target_key: the key of its :class:`~fold_hf.modeling.gguf_target.GGUFTarget` in ``GGUF_TARGETS``.
         drafter_dir: the drafter ``fold-hf`` uses when ``--drafter`` is not given (may not exist yet).
         bos: prompts and training windows start with the tokenizer's BOS token (Gemma is trained with one at
             the start of every sequence; SmolLM2 has none), which counts towards their length.
@@ -38,21 +35,51 @@ class Pair:
     """
 
     key: str
-    target: GGUFTarget
+    target_key: str
     drafter_dir: Path
     bos: bool
     cli_defaults: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def target(self):
+        """The :class:`~fold_hf.modeling.gguf_target.GGUFTarget` (imported on first use)."""
+        from .modeling.gguf_target import GGUF_TARGETS
+
+        return GGUF_TARGETS[self.target_key]
 
     @property
     def title(self) -> str:
         return self.target.title
 
     def tokenizer(self):
+        from .modeling.gguf_target import load_gguf_tokenizer
+
         return load_gguf_tokenizer(self.target)
 
-    def load_target(self, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-        """(model, tokenizer); fp32 on CPU, bf16 on GPU unless ``dtype`` is given."""
+    def load_target(self, device="cpu", dtype=None):
+        """(model, tokenizer); fp32 on CPU, bf16 on GPU unless ``dtype`` (a ``torch.dtype``) is given."""
+        from .modeling.gguf_target import load_gguf_target
+
         return load_gguf_target(self.target, device, dtype)
+
+    def load(self, device="cpu", dtype=None, drafter_dir: str | Path | None = None):
+        """``(target, tokenizer, drafter)`` with the drafter bound to the target, like
+        :func:`fold_hf.load_embedded_pair` (``dtype``: None / ``"auto"``, a name or a ``torch.dtype``)."""
+        import torch
+
+        from .embedded import _resolve_dtype, require_demo_extra
+        from .modeling import FoldDrafter
+
+        device = torch.device(device)
+        path = Path(drafter_dir) if drafter_dir else self.drafter_dir
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no drafter at {path} (no config.json): pass a drafter directory or train one "
+                                    f"with `fold-hf train-drafter --pair {self.key} --out DIR`")
+        require_demo_extra()
+        target, tokenizer = self.load_target(device, _resolve_dtype(dtype, device))
+        drafter = FoldDrafter.from_pretrained(path, dtype=target.dtype, device=device)
+        drafter.bind_target(target)
+        return target, tokenizer, drafter
 
     def bos_token_id(self, tokenizer) -> int | None:
         if not self.bos:
@@ -64,12 +91,12 @@ class Pair:
 
 PAIRS: dict[str, Pair] = {
     "smollm2-135m": Pair(
-        key="smollm2-135m", target=SMOLLM2, drafter_dir=ASSETS / "smollm2-135m-dflash", bos=False,
+        key="smollm2-135m", target_key="smollm2-135m", drafter_dir=ASSETS / "smollm2-135m-dflash", bos=False,
         # the parser's own defaults are this pair's: nothing to replace
         cli_defaults={},
     ),
     "gemma3-270m": Pair(
-        key="gemma3-270m", target=GEMMA3, drafter_dir=ASSETS / "gemma3-270m-dflash", bos=True,
+        key="gemma3-270m", target_key="gemma3-270m", drafter_dir=ASSETS / "gemma3-270m-dflash", bos=True,
         cli_defaults={
             # 4 layers x MLP 512 over hidden 640 (4 heads of 256, 1 KV head): 12.1 M parameters, 24.3 MB in bf16;
             # sequences of 768 real tokens (BOS first) + 256 the target generates = 1,024 tokens

@@ -250,8 +250,10 @@ def test_the_gemma3_pair_describes_the_real_target_and_its_settings():
 def tiny_pair(tiny_target_description, tmp_path, monkeypatch):
     """A pair registered like gemma3-270m (BOS first, mask <mask>) whose target is the tiny GGUF."""
     from fold_hf import pairs
+    from fold_hf.modeling import gguf_target
 
-    pair = replace(pairs.PAIRS["gemma3-270m"], key="tiny-gemma3", target=tiny_target_description,
+    monkeypatch.setitem(gguf_target.GGUF_TARGETS, "tiny-gemma3", tiny_target_description)
+    pair = replace(pairs.PAIRS["gemma3-270m"], key="tiny-gemma3", target_key="tiny-gemma3",
                    drafter_dir=tmp_path / "train" / "drafter")
     monkeypatch.setitem(pairs.PAIRS, "tiny-gemma3", pair)
     return pair

@@ -28,8 +28,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 
 @dataclass(frozen=True)
 class WheelMember:
@@ -288,8 +286,9 @@ def publish_plain_checkpoint(model, converted: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def load_gguf_target(target: GGUFTarget, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """(model, tokenizer) of ``target``; fp32 on CPU and bf16 on GPU unless ``dtype`` is given."""
+def load_gguf_target(target: GGUFTarget, device="cpu", dtype=None):
+    """(model, tokenizer) of ``target``; fp32 on CPU and bf16 on GPU unless ``dtype`` (a ``torch.dtype``) is given."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     device = torch.device(device)
@@ -320,7 +319,7 @@ def load_smollm2_tokenizer():
     return load_gguf_tokenizer(SMOLLM2)
 
 
-def load_smollm2(device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+def load_smollm2(device="cpu", dtype=None):
     """(model, tokenizer) of SmolLM2-135M-Instruct; fp32 on CPU and bf16 on GPU unless ``dtype`` is given."""
     return load_gguf_target(SMOLLM2, device, dtype)
 
