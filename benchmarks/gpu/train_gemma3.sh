@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu/train_gemma3.sh [OUT_DIR]      (repo root, GPU machine; settings below, MINUTES per call)
 #
-# Staging: benchmarks/gpu/stage-gemma3.sh (11 parts, the saved tokenizer, the gguf wheel, the Shakespeare cache;
+# Staging: benchmarks/gpu/stage-gemma3.sh (12 parts, the saved tokenizer, the gguf wheel, the Shakespeare cache;
 # its header lists what each call carries). Until the GGUF is whole a call only stages its part and stops.
 # The call that completes it generates the data, then trains until MINUTES; later calls resume from
 # /root/g3train/A/state.pt. Issue each call as soon as the last returns: the machine keeps /root only while warm.
