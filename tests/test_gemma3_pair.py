@@ -141,11 +141,61 @@ def tiny_target_description(tiny_gguf, tmp_path, monkeypatch):
                    tokenizer_env="FOLD_HF_TINY_GEMMA3_TOKENIZER", probe=("ab c", (TOKENS.index("a"), TOKENS.index("b"), TOKENS.index("\u2581c"))))
 
 
+def reference_tokenizer(directory):
+    """The tiny vocabulary's tokenizer built directly with the ``tokenizers`` library (not from the GGUF): spaces are
+    "\u2581", BPE merges "\u2581" + letter, no prefix space (Gemma's ``add_space_prefix`` False); saved to
+    ``directory``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = models.BPE(vocab={t: i for i, t in enumerate(TOKENS)}, merges=[("\u2581", c) for c in LETTERS],
+                       unk_token="<unk>")
+    backend = Tokenizer(model)
+    backend.normalizer = normalizers.Replace(" ", "\u2581")
+    backend.decoder = decoders.Replace("\u2581", " ")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>",
+                                        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
 def test_transformers_dequantizes_and_loads_a_gemma3_gguf(tiny_gguf, tiny_target_description, tmp_path, monkeypatch):
-    from fold_hf.modeling.gguf_target import load_gguf_target
+    """Weights: every tensor as written (norms back from 1 + w, the Q8_0 tensor de-quantized by its definition).
+    Tokenizer: transformers >= 5.24 builds the reference tokenizer's encoding from the GGUF; 5.17 (the GPU
+    machine's) builds a wrong one (no "\u2581c" merge), which the probe refuses, naming the saved-tokenizer fix."""
+    from transformers import AutoTokenizer
+
+    from fold_hf.modeling.gguf_target import load_gguf_target, load_gguf_tokenizer, save_tokenizer
 
     _, original, expected, _ = tiny_gguf
+    reference = AutoTokenizer.from_pretrained(str(reference_tokenizer(tmp_path / "reference")))
+    texts = ["abc de", "ab c", "zz yx w"]
+    try:
+        from_gguf = load_gguf_tokenizer(tiny_target_description)
+    except ValueError as err:  # transformers 5.17
+        assert "FOLD_HF_TINY_GEMMA3_TOKENIZER" in str(err) and "save-tokenizer" in str(err)
+        from_gguf = None
+        with pytest.raises(ValueError, match="encodes"):
+            save_tokenizer(tiny_target_description, tmp_path / "refused")
+        monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_TOKENIZER", str(tmp_path / "reference"))
+    if from_gguf is not None:
+        for text in texts:
+            assert from_gguf(text, add_special_tokens=False)["input_ids"] == reference(
+                text, add_special_tokens=False)["input_ids"], text
+        assert from_gguf.decode(from_gguf("abc de", add_special_tokens=False)["input_ids"]) == "abc de"
+        assert from_gguf("abc")["input_ids"][0] == 2  # BOS first by default
+        # a wrong probe is refused; a saved (checked) tokenizer replaces the GGUF's
+        with pytest.raises(ValueError, match="FOLD_HF_TINY_GEMMA3_TOKENIZER"):
+            load_gguf_tokenizer(replace(tiny_target_description, probe=("ab c", (6, 7, 8))))
+        saved = save_tokenizer(tiny_target_description, tmp_path / "tokenizer")
+        monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_TOKENIZER", str(saved))
     model, tokenizer = load_gguf_target(tiny_target_description, "cpu")
+    for text in texts:
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == reference(
+            text, add_special_tokens=False)["input_ids"], text
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (2, 1, 0)
+    assert tokenizer.convert_ids_to_tokens(4) == "<mask>"
+
     assert type(model).__name__ == "Gemma3ForCausalLM" and model.config.model_type == "gemma3_text"
     assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.head_dim) == (HIDDEN, LAYERS,
                                                                                                   HEAD_DIM)
@@ -154,26 +204,10 @@ def test_transformers_dequantizes_and_loads_a_gemma3_gguf(tiny_gguf, tiny_target
     for name, value in expected.items():
         torch.testing.assert_close(loaded[name], torch.from_numpy(np.ascontiguousarray(value)), rtol=0, atol=1e-6,
                                    msg=name)
-    # the Q8_0 tensor is close to the original (quantization error only), so the model still computes the same
+    # the Q8_0 tensor is close to the original (quantization error only)
     up = original.state_dict()["model.layers.1.mlp.up_proj.weight"]
     assert (loaded["model.layers.1.mlp.up_proj.weight"] - up).abs().max() < up.abs().max() / 100
-    # tokenizer from the same file: Gemma's special ids, BOS first by default, text round-trips
-    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (2, 1, 0)
-    assert tokenizer.convert_ids_to_tokens(4) == "<mask>"
-    ids = tokenizer("abc de", add_special_tokens=False)["input_ids"]
-    assert ids and max(ids) < len(TOKENS) and tokenizer.decode(ids) == "abc de"
-    assert tokenizer("abc")["input_ids"][0] == 2
-    # a tokenizer that fails the probe is refused, naming the fix; a saved (checked) tokenizer replaces the GGUF's
-    from fold_hf.modeling.gguf_target import load_gguf_tokenizer, save_tokenizer
-
-    with pytest.raises(ValueError, match="FOLD_HF_TINY_GEMMA3_TOKENIZER"):
-        load_gguf_tokenizer(replace(tiny_target_description, probe=("ab c", (6, 7, 8))))
-    saved = save_tokenizer(tiny_target_description, tmp_path / "tokenizer")
-    monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_TOKENIZER", str(saved))
-    monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_GGUF", str(tmp_path / "missing.gguf"))  # not read any more
-    assert load_gguf_tokenizer(tiny_target_description)("abc de")["input_ids"] == tokenizer("abc de")["input_ids"]
-    monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_GGUF", str(tiny_gguf[0]))
-    # the de-quantized copy in the cache loads again without the GGUF
+    # the second load reads the de-quantized copy kept in the cache and computes the same
     assert (tiny_target_description.dequantized_dir / "model.safetensors").is_file()
     again, _ = load_gguf_target(tiny_target_description, "cpu")
     ids = torch.tensor([[2, 7, 8, 9, 33, 10]])
@@ -253,6 +287,8 @@ def tiny_pair(tiny_target_description, tmp_path, monkeypatch):
     from fold_hf.modeling import gguf_target
 
     monkeypatch.setitem(gguf_target.GGUF_TARGETS, "tiny-gemma3", tiny_target_description)
+    # the tokenizer as the GPU machine gets it: saved, not built from the GGUF (transformers 5.17 builds it wrongly)
+    monkeypatch.setenv("FOLD_HF_TINY_GEMMA3_TOKENIZER", str(reference_tokenizer(tmp_path / "tokenizer")))
     pair = replace(pairs.PAIRS["gemma3-270m"], key="tiny-gemma3", target_key="tiny-gemma3",
                    drafter_dir=tmp_path / "train" / "drafter")
     monkeypatch.setitem(pairs.PAIRS, "tiny-gemma3", pair)
