@@ -19,6 +19,7 @@ from transformers import DynamicCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.validation import validate_batch
+from .rollback import LinearStateRollback, has_linear_state
 from .stats import GenerationResult
 from .taps import HiddenTaps, _unwrap
 from .verify import greedy_accept, process_logits, speculative_accept
@@ -182,6 +183,8 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
         finish = "stop_string"
 
     drafter_cache = drafter.new_cache(request_length=prompt_len + budget) if drafter is not None else None
+    # hybrid targets (linear attention): rejected drafts are undone by snapshot, restore and replay (rollback.py)
+    rollback = LinearStateRollback(target_cache) if has_linear_state(target_cache) else None
     position = prompt_len  # position of `last`, the newest token, not yet seen by the target
     block = drafter.block_size if drafter is not None else 1
     while finish == "length" and len(new_tokens) < budget:
@@ -199,6 +202,8 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
         else:
             drafts = last.new_empty(0)
         verify_ids = torch.cat((last, drafts))[None]
+        if rollback is not None and k > 0:
+            rollback.snapshot()
         if taps is not None:
             with taps:
                 out = target(input_ids=verify_ids, **{cache_name: target_cache}, use_cache=True)
@@ -216,8 +221,12 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
                 n, commit = 0, torch.multinomial(target_probs[0], 1, generator=generator)
         else:
             n, commit = greedy_accept(drafts_there, logits)
-        if k > n:
+        if k > n and rollback is not None:
+            rollback.rollback(target, k + 1, verify_ids[:, : n + 1], cache_name, extra)
+        elif k > n:
             target_cache.crop(-(k - n))
+        elif rollback is not None:
+            rollback.discard()
         if taps is not None:
             accepted = features[:, : n + 1]
             pending_context = accepted if pending_context is None else torch.cat((pending_context, accepted), 1)
