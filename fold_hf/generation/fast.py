@@ -76,6 +76,7 @@ from .static_target import (
     StaticTarget,
     UnsupportedTarget,
     bucket_length,
+    build_static_target,
     check_target,
 )
 from .stats import GenerationResult
@@ -151,7 +152,7 @@ class _Session:
     """Buffers and captured steps of one target (reused across calls while they fit)."""
 
     def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str) -> None:
-        self.runner = StaticTarget(target, capacity, tap_layer_ids)
+        self.runner = build_static_target(target, capacity, tap_layer_ids)
         self.capacity = capacity
         self.tap_layer_ids = tap_layer_ids
         self.engine = engine
@@ -450,6 +451,7 @@ def _eager_rounds(session: _Session, drafter, dcache, last, position: int, budge
         taps = taps_buffer[:, : k + 1] if taps_buffer is not None else None
         logits = runner.forward(torch.cat((last, drafts))[None], position, taps_out=taps)
         n, commit = greedy_accept(drafts, logits)
+        runner.accept(n)
         if taps is not None:
             accepted = taps[:, : n + 1].clone()  # the buffer is rewritten by the next verify
             pending = accepted if pending is None else torch.cat((pending, accepted), 1)
@@ -486,6 +488,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             drafts = ids[0, 1:]
             matched = (drafts == posterior[:-1]).long().cumprod(0).sum()
             n = torch.minimum(matched, state[_LIMIT]).view(1)
+            runner.accept(n)  # recurrent-state families keep the accepted position's state (device-side)
             next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
                                     state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
                                     n + 1, posterior.gather(0, n), state[_LIMIT:]))
