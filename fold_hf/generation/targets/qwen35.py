@@ -120,10 +120,12 @@ class Qwen35StaticTarget(StaticTarget):
                                                      dtype=self.state_dtype) for f in full]
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         with torch.no_grad():
-            positions = torch.arange(self.capacity, device=self.device)[None]
+            # text positions: the same in the three mrope sections ([3, 1, capacity], as 5.17 and 5.24 both take)
+            positions = torch.arange(self.capacity, device=self.device).expand(3, 1, self.capacity)
             probe = torch.empty(1, 1, self.head_dim, device=self.device, dtype=self.dtype)
             cos, sin = self.decoder.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0], sin[0]  # [capacity, rotary dims]
+        self.cos, self.sin = cos.reshape(-1, self.capacity, cos.shape[-1])[0], sin.reshape(
+            -1, self.capacity, sin.shape[-1])[0]  # [capacity, rotary dims]
         self.length = 0
         self._decode_attention = None
         self._layer_ops = None
