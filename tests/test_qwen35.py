@@ -279,8 +279,9 @@ def test_gated_delta_reference_against_float64_loop_and_transformers():
     # transformers' own recurrent rule (it L2-normalizes and scales q itself; ours arrive prepared)
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
+    group = v.shape[1] // k.shape[1]  # 5.17's rule takes as many q/k heads as v heads
     hf_out, hf_state = m.torch_recurrent_gated_delta_rule(
-        q[None] * 1.0, k[None], v[None], g=gate[None], beta=beta[None], initial_state=state[None],
+        q.repeat_interleave(group, 1)[None], k.repeat_interleave(group, 1)[None], v[None], g=gate[None], beta=beta[None], initial_state=state[None],
         output_final_state=True, use_qk_l2norm_in_kernel=False)
     # transformers scales q by Dk ** -0.5 again: compare against our output for q * Dk ** -0.5
     scaled_out, _ = gated_delta_states_reference(q * q.shape[-1] ** -0.5, k, v, gate, beta, state)
