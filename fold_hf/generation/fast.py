@@ -18,8 +18,9 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
               graph per (query length, attention bucket): the bucket grows with the context (length
               dispatch), so a short context does not read the whole capacity. The drafter step is captured
               when the FOLD Triton kernel (``fold_hf.kernels.triton_fold``) imports, in every reading mode
-              (the baselines too, :mod:`~fold_hf.generation.static_drafter`), with a window-only variant until
-              the context exceeds W; drafters with sliding-window layers draft eagerly. Default on CUDA.
+              (the baselines too, :mod:`~fold_hf.generation.static_drafter`), sliding-window layers included,
+              with a window-only variant until some layer's far memory is non-empty (the context exceeds W;
+              a sliding layer's sliding_window - B). Default on CUDA.
 
 * ``target_attention`` (static and graphs engines): ``"triton"`` (default on CUDA with Triton) runs the verify
   step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -91,6 +93,16 @@ KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
 
 
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A UserWarning the first time ``message`` comes up in this process (the fast path's fallbacks say why)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
 def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu") -> str:
     """``target_attention``, else ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA with Triton and
     ``"bucket"`` elsewhere; raises on unknown names."""
@@ -118,8 +130,12 @@ def resolve_fused_layers(fused_layers: bool | None, target_attention: str, runne
         if env:
             fused_layers = env == "1"
         else:
-            return (engine != "eager" and target_attention == "triton" and runner.device.type == "cuda"
-                    and runner.fused_unsupported() is None)
+            if engine == "eager" or target_attention != "triton" or runner.device.type != "cuda":
+                return False
+            reason = runner.fused_unsupported()
+            if reason is not None:
+                warn_once(f"fused target layers are off: {reason}")
+            return reason is None
     if not fused_layers:
         return False
     if engine == "eager":
@@ -206,16 +222,22 @@ class _Session:
         tag = repr(cfg) + (" fused" if fused else "")
         if tag not in self.static_drafters:
             static = None
-            if self.engine != "eager" and static_drafter_unsupported(drafter) is None:
+            reason = static_drafter_unsupported(drafter) if self.engine != "eager" else None
+            if self.engine != "eager" and reason is None:
                 read = default_read_function(self.device)
                 if read is None and self.engine == "static":
                     read = fold_read_geometry_reference
+                if read is None:
+                    warn_once("the FOLD Triton read kernel is not usable here (Triton missing or "
+                              "FOLD_HF_DISABLE_TRITON=1): the drafter drafts eagerly, uncaptured")
                 if read is not None:
                     shared = next((d for d in self.static_drafters.values()
                                    if d is not None and not d.owns_tables), None)
                     static = StaticDrafter(drafter, self.drafter_cache, read,
                                            tables=(shared.cos, shared.sin) if shared is not None else None,
                                            layer_ops=default_layer_ops(self.device) if fused else None)
+            if reason is not None:
+                warn_once(f"the drafter drafts eagerly, uncaptured: static drafting does not cover {reason}")
             self.static_drafters[tag] = static
             while len(self.static_drafters) > KEPT_DRAFT_MODES:
                 oldest = next(iter(self.static_drafters))
