@@ -301,3 +301,42 @@ def test_gated_delta_triton_in_interpreter(interpreter, shape):
     want_out, want_states = _float64_loop(q, k, v, gate, beta, state)
     torch.testing.assert_close(out.double(), want_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(states.double(), want_states, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gated_delta_triton_on_gpu_at_the_9b_shape():
+    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+
+    q, k, v, gate, beta, state = (t.cuda() for t in _inputs(16, 16, 32, 128, 128, seed=3))
+    out, states = gated_delta_states_triton(q, k, v, gate, beta, state)
+    ref_out, ref_states = gated_delta_states_reference(q, k, v, gate, beta, state)
+    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(states, ref_states, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_graph_engine_matches_the_foundation_loop_on_gpu(mode):
+    """fp32 on CUDA: the captured verify (Triton gated delta rule, per-position states selected on device) and the
+    captured sliding-window drafter step give the foundation loop's tokens and acceptance lengths."""
+    target = qwen35_target(seed=5)
+    target.to("cuda", torch.float32)
+    drafter = qwen35_drafter(target).to("cuda", torch.float32)
+    try:
+        cfg = mode_config(mode)
+        for seed, length in enumerate([9, 40, 300]):
+            ids = prompt(seed, length).cuda()
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24, return_stats=True,
+                                   fold_config=cfg)
+            assert torch.equal(ref.sequences, reference(target, ids, 24))
+            ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=24, engine="graphs")
+            assert torch.equal(ar, ref.sequences)
+            for engine in ("static", "graphs"):
+                res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, engine=engine,
+                                            return_stats=True, fold_config=cfg)
+                assert torch.equal(res.sequences, ref.sequences), (mode, engine, length)
+                assert res.acceptance_lengths == ref.acceptance_lengths, (mode, engine, length)
+    finally:
+        fold_hf.generation.release_fast_state(target)
+        qwen35_target.cache_clear()
