@@ -164,6 +164,36 @@ def test_autoregressive_fast_loop():
         assert torch.equal(fold_hf.fast_generate(target, None, ids, max_new_tokens=12, engine=engine), ref)
 
 
+def test_moe_variant_on_the_transformers_paths(oracle):
+    """Qwen3.5-MoE has the same linear-attention cache: the rollback covers it (fp32: transformers' grouped GEMM of
+    the experts takes no fp64). The fast loop declines it, saying why."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    from fold_hf.generation.fast import fast_unsupported
+
+    torch.manual_seed(2)
+    config = Qwen3_5MoeTextConfig(vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=16,
+                                  shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    target = Qwen3_5MoeForCausalLM(config).eval()
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = None
+    drafter = tiny_drafter(target, block=BLOCK, taps=(1, 3)).float()
+    ids = prompt(31, 25)
+    ref = reference(target, ids, 20)
+    oracle(drafter, ref)
+    rounds = []
+    for path in ("generate", "assisted"):
+        out, acceptance = _run(path, target, drafter, ids, 20)
+        assert torch.equal(out, ref), path
+        rounds += acceptance
+    assert min(rounds) < BLOCK and max(rounds) > 1, rounds
+    assert "Qwen3_5MoeForCausalLM is not one of them" in fast_unsupported(target)
+
+
 # ---------------------------------------------------------------------------------------------- rollback
 def test_snapshot_rollback_equals_accepted_prefix_only():
     """After a 5-token verify of which 2 tokens are kept, the cache equals one that only ever saw those 2."""
