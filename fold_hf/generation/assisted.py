@@ -8,8 +8,13 @@ hidden-state hooks when the call ends.
 
 ``target.generate(..., fold_fast=True)`` (with or without ``assistant_model``) runs
 :func:`fold_hf.generation.fast.fast_generate` instead when the arguments allow (greedy, batch 1, a
-Llama-family target, no logits processors or extra outputs); otherwise it warns with the reason and runs
-transformers' own path.
+target the fast loop runs (Llama family, Qwen3.5), no logits processors or extra outputs); otherwise it warns with
+the reason and runs transformers' own path.
+
+Hybrid targets (Qwen3.5: linear-attention layers with recurrent state): transformers refuses assisted decoding on
+stateful models. For a FoldDrafter assistant the refusal is lifted for the call and the target's cache becomes a
+rolling-back cache (:func:`fold_hf.generation.rollback.make_rollback_cache`): the generator snapshots the linear
+states before each verify, ``crop`` restores them, and the generator replays the accepted tokens.
 
 Hidden states come from forward hooks on the tapped target layers rather than
 ``output_hidden_states``: a long prompt would otherwise keep every layer's states, and the index

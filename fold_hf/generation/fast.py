@@ -38,7 +38,10 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
 
-Greedy only, batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`); anything else raises a
+Greedy only, batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`) and the families registered in
+:data:`~fold_hf.generation.static_target.TARGET_FAMILIES` (Qwen3.5: :mod:`fold_hf.generation.targets.qwen35`, whose
+verify keeps the linear-attention state of every block position and :meth:`accept` selects the accepted one on
+the device); anything else raises a
 ValueError saying why (use :func:`fold_hf.generate` for those). EOS, stop strings, streamers and the returned
 :class:`GenerationResult` behave as in the foundation loop; tokens and acceptance lengths are the same.
 

@@ -4,7 +4,9 @@ One code path for every method: with a drafter, each round drafts a block, verif
 target forward and commits the accepted prefix plus the target's token; without one (``drafter=None``)
 the same loop verifies an empty block, which is plain autoregressive decoding (DFlash's "block 1").
 Only accepted positions reach the drafter's cache, so a rejection costs the target cache a rewind and
-the drafter nothing.
+the drafter nothing. Hybrid targets (Qwen3.5's linear-attention layers) cannot rewind their recurrent state: their
+linear states are snapshotted before each verify and, on a rejection, restored and advanced by a replay of the
+accepted tokens (:mod:`fold_hf.generation.rollback`).
 """
 
 from __future__ import annotations
