@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import random
+import warnings
 
 import pytest
 import torch
@@ -156,12 +157,18 @@ def test_every_mode_lossless_random_drafter(mode):
     assert torch.equal(fast, ref)
 
 
-def test_autoregressive_fast_loop():
+def test_autoregressive_fast_loop_and_routing():
     target = qwen35_target()
     ids = prompt(3, 21)
     ref = reference(target, ids, 12)
     for engine in ("eager", "static"):
         assert torch.equal(fold_hf.fast_generate(target, None, ids, max_new_tokens=12, engine=engine), ref)
+    # target.generate(..., fold_fast=True) takes the fast loop for Qwen3.5 (no "running transformers'" warning)
+    drafter = qwen35_drafter(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False, fold_fast=True)
+    assert torch.equal(out, ref)
 
 
 def test_moe_variant_on_the_transformers_paths(oracle):

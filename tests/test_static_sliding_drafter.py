@@ -52,6 +52,7 @@ def test_static_sliding_drafter_matches_the_foundation_loop(mode, layers):
 def test_static_sliding_step_equals_eager_drafts():
     """Draft by draft: the static step's tokens equal the eager drafter's greedy tokens at several context lengths."""
     from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
+    from fold_hf.kernels import default_layer_ops
     from fold_hf.generation.taps import HiddenTaps
 
     target, drafter = sliding_pair()
@@ -65,12 +66,12 @@ def test_static_sliding_step_equals_eager_drafts():
             eager_cache = drafter.new_cache(request_length=128)
             want = drafter.draft_logits(ids[0, length:length + 1], features[:, :length], eager_cache,
                                         block_start=length)[0].argmax(-1)
-            cache = preallocated_cache(drafter, 128, "cpu", 128)
-            static = StaticDrafter(drafter, cache)
-            static.start_request(128)
-            commit_context(drafter, cache, features[:, : length - 4])
-            state = torch.tensor([0, length - 4, 4, int(ids[0, length]), 0, 0, 0, 0])
-            new = torch.zeros(1, 4, features.shape[-1], dtype=features.dtype)
-            new[:, :4] = features[:, length - 4 : length]
-            got = static.draft(new, state, static.needs_far(length))
-            assert torch.equal(got, want), (mode, length)
+            for ops in (None, default_layer_ops("cpu")):  # the drafter's modules, then the fused ops' twins
+                cache = preallocated_cache(drafter, 128, "cpu", 128)
+                static = StaticDrafter(drafter, cache, layer_ops=ops)
+                static.start_request(128)
+                commit_context(drafter, cache, features[:, : length - 4])
+                state = torch.tensor([0, length - 4, 4, int(ids[0, length]), 0, 0, 0, 0])
+                new = features[:, length - 4 : length].clone()
+                got = static.draft(new, state, static.needs_far(length))
+                assert torch.equal(got, want), (mode, length, ops)
