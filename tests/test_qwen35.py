@@ -94,10 +94,11 @@ def oracle(monkeypatch):
         monkeypatch.setattr(drafter, "draft_logits", draft_logits)
         draft = static_drafter_module.StaticDrafter.draft
 
-        def static_draft(self, taps, state, with_far):
-            drafts = draft(self, taps, state, with_far)
+        def static_draft(self, taps, state, with_far, pick=None):
+            drafts = draft(self, taps, state, with_far)  # greedy [B - 1]
             position = int(state[0])  # the fast loop's state[_T_LEN]: position of the last committed token
-            return torch.tensor(_oracle_tokens(ref, position, drafts.shape[0]), device=drafts.device)
+            forced = torch.tensor(_oracle_tokens(ref, position, drafts.shape[0]), device=drafts.device)
+            return forced if pick is None else (forced, None)
 
         monkeypatch.setattr(static_drafter_module.StaticDrafter, "draft", static_draft)
 
@@ -115,7 +116,8 @@ def _run(path: str, target, drafter, ids, new):
         res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=new, return_stats=True)
         return res.sequences, res.acceptance_lengths
     if path == "assisted":
-        out = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False)
+        # fold_fast=False: transformers' assisted loop (a FoldDrafter assistant is routed to the fast loop otherwise)
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False, fold_fast=False)
         return out, list(drafter.last_acceptance_lengths)
     engine = path.split("-")[1]
     res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine=engine, return_stats=True)
