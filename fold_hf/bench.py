@@ -429,7 +429,8 @@ def _plot(table: list[dict], out: Path, title: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:  # plots are optional: the table is written regardless
+    except ImportError:  # plots are optional: the table is written regardless, and the user is told
+        print('matplotlib is not installed: no plots written (pip install "fold-hf[demo]")')
         return
     for metric, _ in PLOT_METRICS:
         fig = plot_figure(table, metric, title)

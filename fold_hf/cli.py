@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import __version__
 from .embedded import DEFAULT_DRAFTER, DEMO_TRAIN_LENGTH, DEMO_WINDOW, DTYPE_NAMES, load_embedded_pair
 
 DTYPES = {"auto": None, **{name: name for name in DTYPE_NAMES}}  # --dtype choices; load_embedded_pair resolves them
@@ -378,7 +379,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fold-hf", description=__doc__)
-    parser.add_argument("--version", action="version", version="%(prog)s 0.1.0")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     demo = sub.add_parser("demo", help="AR vs the original drafter vs FOLD on one long real input (embedded pair)",
