@@ -47,7 +47,9 @@ def all_paths(target, drafter, ids, mode):
                            fold_config=cfg)
     drafter.set_fold_config(cfg)
     outs = {"fold_hf.generate": res.sequences,
-            "assisted": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)}
+            "assisted": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                        fold_fast=False),  # transformers' assisted loop, our candidate generator
+            "routed": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)}
     for engine in ("eager", "static"):
         fast = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine=engine, fold_config=cfg,
                              target_attention="bucket", return_stats=True)
@@ -155,7 +157,7 @@ def test_what_the_fast_path_refuses_or_warns():
     assert "fused" in runner.fused_unsupported()
     runner.device = torch.device("cuda")  # only the device type is read: the GPU default warns once with the reason
     fast_module._WARNED.clear()
-    with pytest.warns(UserWarning, match="fused layer kernels do not run this target"):
+    with pytest.warns(UserWarning, match="fused target layers are off: Gemma layers"):
         assert fast_module.resolve_fused_layers(None, "triton", runner, "static") is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -191,7 +193,8 @@ def test_graphs_engine_on_gpu(arch):
 
 
 def test_fold_fast_routes_gemma_to_the_fast_loop():
-    """``target.generate(..., fold_fast=True)`` takes a Gemma target on the fast loop (no fallback warning)."""
+    """``target.generate(assistant_model=..., fold_fast=True)`` (and the default) takes a Gemma target on the fast
+    loop, with no fallback warning."""
     target = tiny_target("gemma4", seed=4)
     drafter = tiny_drafter(target, taps=(1, 5), seed=2)
     ids = prompt(6, LONG)

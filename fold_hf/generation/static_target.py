@@ -60,39 +60,44 @@ def _sliding_window_of(model, layer) -> int | None:
     return window
 
 
-_FAMILIES: dict[str, type] = {}  # architecture (class name) -> StaticTarget subclass of a registered family
+# Target families with their own module (config fields, layers, fast-path step): architecture name -> module path;
+# the module's ``register()`` returns {architecture: (check(model, capacity), runner class)}.
+TARGET_FAMILIES = {
+    "Qwen3_5ForCausalLM": "fold_hf.generation.targets.qwen35",
+    "Gemma3ForCausalLM": "fold_hf.generation.targets.gemma",
+    "Gemma4ForCausalLM": "fold_hf.generation.targets.gemma",
+}
 
 
-def register_target_family(architectures, runner: type) -> None:
-    """Let the fast loop run ``architectures`` (model class names) with ``runner``, a :class:`StaticTarget`
-    subclass with a classmethod ``check(model, capacity)`` raising :class:`UnsupportedTarget` (one module per
-    family, :mod:`fold_hf.generation.targets`). Unregistered architectures use :class:`StaticTarget`."""
-    for name in architectures:
-        _FAMILIES[name] = runner
+def _family(name: str):
+    """(check, runner class) of a registered family for architecture ``name``, or None."""
+    path = TARGET_FAMILIES.get(name)
+    if path is None:
+        return None
+    import importlib
 
-
-def supported_architectures() -> tuple[str, ...]:
-    """Every architecture the fast loop runs: the default family's and the registered families'."""
-    return SUPPORTED_ARCHITECTURES + tuple(_FAMILIES)
+    return importlib.import_module(path).register()[name]
 
 
 def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=()) -> "StaticTarget":
-    """The :class:`StaticTarget` (or registered family subclass) for ``target``."""
-    runner = _FAMILIES.get(type(_unwrap(target)).__name__, StaticTarget)
+    """The static runner of ``target``'s family (:class:`StaticTarget` for the Llama family)."""
+    family = _family(type(_unwrap(target)).__name__)
+    runner = family[1] if family is not None else StaticTarget
     return runner(target, capacity, tap_layer_ids)
 
 
 def check_target(target: nn.Module, capacity: int | None = None) -> None:
-    """Raise :class:`UnsupportedTarget` when the fast loop cannot run ``target``."""
+    """Raise :class:`UnsupportedTarget` when :class:`StaticTarget` cannot run ``target``."""
     model = _unwrap(target)
     name = type(model).__name__
-    if name in _FAMILIES:
-        _FAMILIES[name].check(model, capacity)
+    family = _family(name)
+    if family is not None:
+        family[0](model, capacity)
         return
     if name not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedTarget(
-            f"the fast loop runs {', '.join(supported_architectures())}; {name} is not one of them "
-            "(use fold_hf.generate, which runs any causal LM)")
+            f"the fast loop runs {', '.join(SUPPORTED_ARCHITECTURES + tuple(TARGET_FAMILIES))}; {name} is not one "
+            "of them (use fold_hf.generate, which runs any causal LM)")
     decoder = getattr(model, "model", None)
     if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
         raise UnsupportedTarget(f"{name} has no .model.layers / .model.rotary_emb (unexpected transformers layout)")
@@ -129,11 +134,6 @@ class StaticTarget:
         tap_layer_ids: the drafter's tapped layers (``hidden_states[l + 1]`` of each), or ``()``.
     """
 
-    @classmethod
-    def check(cls, model: nn.Module, capacity: int | None = None) -> None:
-        """Raise :class:`UnsupportedTarget` when this family cannot run ``model`` (registered families override)."""
-        check_target(model, capacity)
-
     def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:
         check_target(target, capacity)
         model = _unwrap(target)
@@ -165,6 +165,10 @@ class StaticTarget:
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
         self._layer_ops = None  # resolved on first use of fused=True
+
+    def accept(self, n) -> None:
+        """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
+        rolls back by its length; families with recurrent state select the accepted position's state."""
 
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""
@@ -426,6 +430,3 @@ class StaticTarget:
             return out.transpose(1, 2)
 
         return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
-
-
-from . import targets  # noqa: E402,F401  (registers the other target families)

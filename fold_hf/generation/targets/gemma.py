@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..static_target import StaticTarget, UnsupportedTarget, register_target_family
+from ..static_target import StaticTarget, UnsupportedTarget
 
 GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM")
 RING_SLACK = 64  # ring entries beyond the window: the most rows one verify may write and then roll back, minus one
@@ -401,4 +401,7 @@ class GemmaStaticTarget(StaticTarget):
         return self._run_layers(input_ids, positions, write_kv, attend, taps_out, last_only=False)
 
 
-register_target_family(GEMMA_ARCHITECTURES, GemmaStaticTarget)
+def register() -> dict:
+    """{architecture: (check(model, capacity), runner class)} for :data:`~fold_hf.generation.static_target.
+    TARGET_FAMILIES`."""
+    return {name: (GemmaStaticTarget.check, GemmaStaticTarget) for name in GEMMA_ARCHITECTURES}
