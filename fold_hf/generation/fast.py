@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -58,6 +59,7 @@ from ..kernels.reference import fold_read_geometry_reference
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
+from ..modeling.retrieval import TargetAttentionProbe, retrieval_state
 from ..modeling.validation import validate_batch
 from .graphs import CapturedStep, EagerStep
 from .loop import _clock, _eos_ids, _StopStrings
@@ -215,6 +217,8 @@ class _Session:
                     static = StaticDrafter(drafter, self.drafter_cache, read,
                                            tables=(shared.cos, shared.sin) if shared is not None else None,
                                            layer_ops=default_layer_ops(self.device) if fused else None)
+            if static is None and self.engine != "eager" and static_drafter_unsupported(drafter) is not None:
+                _warn_once("draft:" + cfg.mode, f"fast loop: the drafter step is not captured for {static_drafter_unsupported(drafter)}")
             self.static_drafters[tag] = static
             while len(self.static_drafters) > KEPT_DRAFT_MODES:
                 oldest = next(iter(self.static_drafters))
@@ -230,6 +234,16 @@ class _Session:
         if self.static_drafter is not None:
             self.static_drafter.start_request(request_length)
         return self.drafter_cache, self.static_drafter
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """A UserWarning the first time ``key`` comes up in this process."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _session(target, capacity: int, tap_layer_ids: tuple, engine: str) -> _Session:
@@ -410,11 +424,7 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
     first_token_at = _clock(device)
     out.first(int(last))
 
-    if session.engine == "eager":
-        _eager_rounds(session, drafter, dcache, last, prompt_len, budget, out)
-    else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out, target_attention,
-                       fused)
+    _decode_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out, target_attention, fused)
     end = _clock(device)
     if out.streamer is not None:
         out.streamer.end()
@@ -431,6 +441,28 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
         mode=drafter.fold_config.mode if drafter is not None else "ar",
         finish_reason=out.finish,
     )
+
+
+def _decode_rounds(session: _Session, drafter, dcache, static_drafter, last, position: int, budget: int,
+                   out: _Output, target_attention: str, fused: bool) -> None:
+    """The session's rounds: host-length (``eager`` engine) or device-length; ``cmr`` always host-length, with the
+    target attention probe on the static target's verify (its refreshes read those weights)."""
+    probe = None
+    if drafter is not None and drafter.fold_config.mode == "cmr":
+        if session.engine != "eager":
+            _warn_once("verify:cmr", "fast loop: mode 'cmr' runs host-length (eager) rounds: its refreshes read the "
+                              "target's attention weights, which the captured verify step does not expose")
+        probe = TargetAttentionProbe(session.runner.model, runner=session.runner).__enter__()
+        retrieval_state(dcache).probe = probe
+    try:
+        if session.engine == "eager" or probe is not None:
+            _eager_rounds(session, drafter, dcache, last, position, budget, out)
+        else:
+            _static_rounds(session, drafter, dcache, static_drafter, last, position, budget, out, target_attention,
+                           fused)
+    finally:
+        if probe is not None:
+            probe.__exit__(None, None, None)
 
 
 def _eager_rounds(session: _Session, drafter, dcache, last, position: int, budget: int, out: _Output) -> None:
@@ -564,11 +596,8 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
             layer.length = context_length
     last = torch.tensor([first_token], device=session.device)
     start = _clock(session.device)
-    if engine == "eager":
-        _eager_rounds(session, drafter, dcache, last, context_length, budget, out)
-    else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out,
-                       target_attention, fused)
+    _decode_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out, target_attention,
+                   fused)
     end = _clock(session.device)
     sequences = torch.tensor([out.tokens], device=session.device)
     result = GenerationResult(sequences=sequences, acceptance_lengths=out.acceptance, decode_s=end - start,

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
+from ..modeling.retrieval import target_attention_probe
 from ..modeling.validation import validate_batch
 from .stats import GenerationResult
 from .taps import HiddenTaps, _unwrap
@@ -132,9 +133,10 @@ def generate(
         previous_config = drafter.fold_config
         drafter.set_fold_config(fold_config)
     try:
-        return _generate(target, drafter, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
-                         _eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer,
-                         generator, return_stats)
+        with target_attention_probe(target, drafter):  # cmr only: the target's attention for its refreshes
+            return _generate(target, drafter, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
+                             _eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer,
+                             generator, return_stats)
     finally:
         if previous_config is not None:
             drafter.set_fold_config(previous_config)

@@ -13,8 +13,9 @@ in a device tensor, so a round can be captured once and replayed:
   ``static`` engine's uncaptured path);
 * every reading mode, each as a case of that one geometry, so the baselines run as fast as FOLD and a
   comparison of modes compares reading, not engines: ``fold`` (window + far memory), ``window`` (no far
-  memory), ``dflash`` (every entry near), ``rerope`` (``fold`` at α = 1 with each row's queries scaled by
-  max(1, log(p + 1) / log R)), ``yarn`` (``dflash`` with the request's rescaled rope tables, refilled in place
+  memory), ``dflash`` (every entry near), ``rerope`` (``fold`` at α = 1, every far entry at distance D from
+  every row, each row's queries scaled by max(1, log(p + 1) / log 4096)), ``yarn`` (``dflash`` with the request's
+  rescaled rope tables, refilled in place
   by :meth:`StaticDrafter.start_request`, so captured graphs stay valid) and ``streaming`` (the sinks and the
   most recent entries gathered into a ``[1, Hkv, budget, Dh]`` buffer by device-side indices, then read as
   ``dflash`` at their renumbered positions 0 .. kept-1, the block right after them). Before the context
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from ..kernels.reference import fold_read_geometry_reference, rotate_by_tables
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
+from ..modeling.read_plan import RERoPE_LOG_BASE
 from ..modeling.rope import compute_dtype
 
 STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming")
@@ -45,6 +47,10 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     """Why :class:`StaticDrafter` cannot run ``drafter`` as configured, or None when it can."""
     mode = drafter.fold_config.mode
     if mode not in STATIC_MODES:
+        if mode in ("infllm", "cmr"):
+            return (f"mode {mode!r}: its selection keeps per-request host state (InfLLM: per-layer block "
+                    "representatives from window attention; CMR: a refresh every 8 rounds from the target's attention), "
+                    "so its rounds draft on the host, uncaptured")
         return f"mode {mode!r} (static drafting covers {', '.join(STATIC_MODES)})"
     if any(layer.self_attn.sliding_window is not None for layer in drafter.layers):
         return "sliding-window drafter layers"
@@ -135,9 +141,11 @@ class StaticDrafter:
         self.has_far_mode = cfg.mode in ("fold", "rerope")
         self.far_threshold = cfg.window  # the far memory is non-empty once the context exceeds W
         if self.window is not None:
-            far_pos = self.window + torch.arange(self.block, device=self.device)
-            self.cos_far, self.sin_far = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
-        self.log_train_length = math.log(cfg.train_length) if cfg.mode == "rerope" else None
+            # fold reads its far memory from row r at distance D + r, rerope at D from every row (B.3)
+            rows = torch.arange(self.block, device=self.device) if cfg.mode == "fold" else torch.zeros(
+                self.block, dtype=torch.long, device=self.device)
+            self.cos_far, self.sin_far = rope.cos_sin(self.window + rows, scale=rope.attention_scaling**2, dtype=acc)
+        self.log_rerope_base = math.log(RERoPE_LOG_BASE) if cfg.mode == "rerope" else None
         if cfg.mode == "streaming":
             self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
             self.budget_slots = torch.arange(self.budget, device=self.device)
@@ -204,8 +212,8 @@ class StaticDrafter:
             kept_index = torch.where(self.budget_slots < self.sinks, self.budget_slots, self.budget_slots + shift)
             kept_index = kept_index.clamp_max(self.capacity - 1)
         query_positions = read_length + self.block_offsets  # block_start = end of the (kept) context
-        if self.log_train_length is not None:
-            row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_train_length).clamp_min(1.0)
+        if self.log_rerope_base is not None:
+            row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_rerope_base).clamp_min(1.0)
         context = drafter.context_features(new_features)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
         embed = drafter.target_embedding

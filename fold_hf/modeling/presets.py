@@ -1,8 +1,9 @@
 """Ready FOLD settings for the paper's target–drafter pairs (paper Table 6, Table 1 and Appendix B.1/B.3).
 
 ``FoldConfig.from_pretrained("llama3.1-8b-dflash")`` returns one of these; each names the target and the
-drafter repo ids. ``train_length`` is the drafter's training length R (YaRN reference, ReRoPE log base),
-``budget`` the StreamingLLM budget (2,048 for every model in the paper).
+drafter repo ids. ``train_length`` is the drafter's training length R (YaRN's reference; ReRoPE's log base is 4096
+for every model), ``budget`` the StreamingLLM and CMR budget (2,048 entries for every model in the paper), while
+FOLD, ReRoPE and InfLLM read the pair's ``window`` W (Appendix B.3).
 """
 
 from __future__ import annotations
