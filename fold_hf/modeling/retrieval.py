@@ -346,7 +346,7 @@ class TargetAttentionProbe:
     Only that layer's attention module is touched: it gets its own copy of the config whose attention
     implementation is a wrapper around the original one. While ``armed`` is False (every round but those before a
     CMR refresh) the wrapper only forwards the call; when armed it also computes ``softmax(q k^T * scaling)`` of
-    the forward's query rows (causal, heads averaged, fp32) and keeps it by query position. Other modes never
+    the forward's query rows (causal, heads averaged, fp32; fp64 for fp64 models) and keeps it by query position. Other modes never
     install the probe, so their verification is unchanged.
     """
 
@@ -394,8 +394,9 @@ class TargetAttentionProbe:
         """query ``[1, Hq, Lq, Dh]`` (rows at positions ``Tk - Lq .. Tk - 1``), key ``[1, Hkv, Tk, Dh]``."""
         _, Hq, Lq, _ = query.shape
         Hkv, Tk = key.shape[1], key.shape[2]
-        k = key[0].float().repeat_interleave(Hq // Hkv, dim=0)
-        logits = query[0].float() @ k.transpose(-1, -2) * scaling  # [Hq, Lq, Tk]
+        acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+        k = key[0].to(acc).repeat_interleave(Hq // Hkv, dim=0)
+        logits = query[0].to(acc) @ k.transpose(-1, -2) * scaling  # [Hq, Lq, Tk]
         first = Tk - Lq
         causal = torch.arange(Tk, device=key.device)[None, :] <= (first + torch.arange(Lq, device=key.device))[:, None]
         weights = torch.softmax(logits.masked_fill(~causal, -math.inf), -1).mean(0)  # [Lq, Tk]
