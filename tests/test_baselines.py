@@ -171,7 +171,9 @@ def test_infllm_read_matches_its_rule(seed):
     chosen, old = infllm_rule(q[0], kc[0], received, seen, t=T, D=D, P=P)
     assert len(chosen) == P.infllm_topk and state.last_selection[0].tolist() == chosen
     assert read.far_distance.tolist() == [D - 1] * B
-    out = fold_attention_reference(q, kc, vc, kb, vb, read, SCALING)
+    kg, vg = kc[:, :, read.gather], vc[:, :, read.gather]  # the read's compact context
+    assert read.gather.numel() < T  # only what it reads
+    out = fold_attention_reference(q, kg, vg, kb, vb, read, SCALING)
     ref = one_softmax_naive(q[0], kc[0], vc[0], kb[0], vb[0], t=T, D=D, old_distance=lambda r: D - 1, old=old)
     assert rel_err(out[0], ref) < 1e-12
 
@@ -179,7 +181,7 @@ def test_infllm_read_matches_its_rule(seed):
     class Attn:
         scaling = SCALING
 
-    read.on_read(Attn(), q, kc, kb)
+    read.on_read(Attn(), q, kg, kb)
     added = layer.received[:, :T] - received[:, :T]
     expected = torch.zeros(4, T, dtype=torch.float64)
     for h in range(4):

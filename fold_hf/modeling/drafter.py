@@ -117,6 +117,9 @@ class DrafterAttention(nn.Module):
             k_new = v_new = None
         k_ctx, v_ctx, k_ctx_rotated = cache_layer(k_new, v_new, k_blk, v_blk)
         read: LayerRead = read_for_layer(self, k_ctx.shape[2], query=q, context_keys=k_ctx)
+        if read.gather is not None:  # a compact context (InfLLM): the read's indices refer to it
+            k_ctx, v_ctx = k_ctx.index_select(2, read.gather), v_ctx.index_select(2, read.gather)
+            k_ctx_rotated = None if k_ctx_rotated is None else k_ctx_rotated.index_select(2, read.gather)
         if k_ctx_rotated is not None and not (read.true_positions and read.rope is self.rope):
             k_ctx_rotated = None  # the rotated copy holds true positions under the base rope only
         out = drafter_read(self, q, k_ctx, v_ctx, k_blk, v_blk, read, self.scaling, k_ctx_rotated)

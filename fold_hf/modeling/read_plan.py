@@ -54,6 +54,9 @@ class LayerRead:
             reference.
         on_read: None, or ``fn(attention_module, query, context_keys, block_keys)`` the layer calls after its read
             (InfLLM records the attention its window entries received). Not an init field.
+        gather: None, or ``[T']`` long cache entries the layer gathers as its context before reading (the read's
+            indices then refer to that compact context: InfLLM reads its selection, not the whole cache). Not an
+            init field.
     """
 
     num_context: int
@@ -73,6 +76,7 @@ class LayerRead:
     window_distance: int | None = None
     geometry_from_plan: bool = field(default=False, init=False)
     on_read: "Callable | None" = field(default=None, init=False, repr=False, compare=False)
+    gather: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def near_is_suffix(self) -> bool:

@@ -117,13 +117,15 @@ def infllm_block_representatives(keys: torch.Tensor, received: torch.Tensor, see
     stop = P.infllm_init + blocks.stop * size
     nb = len(blocks)
     block_keys = keys[:, first:stop].to(received.dtype).reshape(Hkv, nb, size, Dh)
-    block_keys = block_keys.repeat_interleave(group, dim=0)  # [Hq, nb, 128, Dh]
-    score = received[:, first:stop].reshape(heads, nb, size)
-    # the 4 most attended entries per head (ties: the earlier entry)
+    score = received[:, first:stop].reshape(Hkv, group, nb, size)
+    # the 4 most attended entries per query head (ties: the earlier entry), gathered from its KV head's keys (an
+    # expanded view: the keys are not copied per query head)
     order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :P.infllm_repr]
-    top = block_keys.gather(2, order[..., None].expand(-1, -1, -1, Dh)).mean(2)
+    per_head = block_keys[:, None].expand(Hkv, group, nb, size, Dh)
+    top = per_head.gather(3, order[..., None].expand(-1, -1, -1, -1, Dh)).mean(3).reshape(heads, nb, Dh)
+    mean = block_keys.mean(2).repeat_interleave(group, dim=0)  # [Hq, nb, Dh]
     was_seen = seen[first:stop].reshape(nb, size).any(-1)  # [nb]
-    return torch.where(was_seen[None, :, None], top, block_keys.mean(2))
+    return torch.where(was_seen[None, :, None], top, mean)
 
 
 def infllm_select_blocks(block_query: torch.Tensor, reprs: torch.Tensor, topk: int = INFLLM_TOPK) -> torch.Tensor:
@@ -171,15 +173,20 @@ def plan_infllm_read(state: "RetrievalState", layer_idx: int, *, query: torch.Te
     if chosen.numel():
         starts = P.infllm_init + chosen.to(device) * P.infllm_block
         eligible[(starts[:, None] + torch.arange(P.infllm_block, **long)).reshape(-1)] = True
-    dist, _ = _row_distances(T, t, Lq, device)
-    near_start = max(0, t - D + 1)
-    near_index = torch.arange(near_start, T, **long)
-    near_mask = dist[:, near_start:] < D
+    # the read runs over a compact context: the old candidates (outside the last row's window) then the window
+    # entries, gathered from the cache (``read.gather``), so its cost follows what it reads, not T
     far_stop = max(0, min(T, t + Lq - D))
-    far_mask = (dist[:, :far_stop] >= D) & eligible[None, :far_stop]
-    read = LayerRead(T, Lq, near_index, near_index.clone(), torch.arange(t, t + Lq, **long), far_stop,
-                     torch.full((Lq,), D - 1, **long), near_mask, far_mask, 1.0, None, rope,
+    old = torch.nonzero(eligible[:far_stop]).reshape(-1)
+    near_start = max(0, t - D + 1)
+    near = torch.arange(near_start, T, **long)
+    n_old = old.numel()
+    positions = torch.arange(t, t + Lq, **long)
+    near_mask = (positions[:, None] - near[None, :]) < D
+    far_mask = (positions[:, None] - old[None, :]) >= D
+    read = LayerRead(n_old + near.numel(), Lq, torch.arange(n_old, n_old + near.numel(), **long), near, positions,
+                     n_old, torch.full((Lq,), D - 1, **long), near_mask, far_mask, 1.0, None, rope,
                      block_start=t, window_distance=D)
+    read.gather = torch.cat((old, near))
     read.on_read = lambda attn, q, k_ctx, k_blk: record_window_attention(layer, q, k_ctx, k_blk, read, attn.scaling)
     state.last_selection[layer_idx] = chosen
     return read
@@ -189,7 +196,9 @@ def plan_infllm_read(state: "RetrievalState", layer_idx: int, *, query: torch.Te
 def record_window_attention(layer: _InfLLMLayer, query: torch.Tensor, context_keys: torch.Tensor,
                             block_keys: torch.Tensor, read: LayerRead, scaling: float) -> None:
     """Add the attention each window entry received in this read (one softmax over window, block and the far
-    entries, as read) to ``layer.received`` and mark the entries read in a window as seen."""
+    entries, as read) to ``layer.received`` and mark the entries read in a window as seen.
+
+    ``context_keys`` is the read's context: the cache entries ``read.gather`` when the read gathers them."""
     b, Hq, Lq, Dh = query.shape
     Hkv = context_keys.shape[1]
     acc = layer.received.dtype
@@ -207,8 +216,9 @@ def record_window_attention(layer: _InfLLMLayer, query: torch.Tensor, context_ke
         parts.append((q_far @ far_k.transpose(-1, -2) * scaling).masked_fill(~read.far_mask, -math.inf))
     lse = torch.logsumexp(torch.cat(parts, -1), -1, keepdim=True)  # [Hq, Lq, 1]
     weights = torch.exp(s_ctx - lse).sum(1)  # [Hq, Nn]
-    layer.received[:, read.near_index] += weights
-    layer.seen[read.near_index] |= read.near_mask.any(0)
+    entries = read.near_index if read.gather is None else read.gather[read.near_index]
+    layer.received[:, entries] += weights
+    layer.seen[entries] |= read.near_mask.any(0)
 
 
 # ---------------------------------------------------------------------------------------------- CMR
