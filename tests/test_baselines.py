@@ -345,3 +345,20 @@ def test_fast_path_warns_why_a_retrieval_step_is_not_captured():
     fast._WARNED.discard("draft:infllm")
     with pytest.warns(UserWarning, match="not captured for mode 'infllm'"):
         fast_generate(target, drafter, ids, max_new_tokens=8, fold_config=mode_config("infllm"), engine="static")
+
+
+def test_round_benchmark_dry_runs_on_the_cpu(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import baseline_rounds_bench
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert baseline_rounds_bench.main(["--tiny", "--out", str(tmp_path), "--contexts", "300", "--rounds", "10",
+                                           "--repeats", "1", "--methods", "dflash,infllm,cmr"]) == 0
+    rows = json.loads((tmp_path / "baseline_rounds.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["dflash", "infllm", "cmr"] and all(r["n"] == 9 for r in rows)
+    assert (tmp_path / "baseline_rounds.md").read_text().count("|") > 8
