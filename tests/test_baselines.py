@@ -362,3 +362,17 @@ def test_round_benchmark_dry_runs_on_the_cpu(tmp_path):
     rows = json.loads((tmp_path / "baseline_rounds.json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["dflash", "infllm", "cmr"] and all(r["n"] == 9 for r in rows)
     assert (tmp_path / "baseline_rounds.md").read_text().count("|") > 8
+
+
+@pytest.mark.parametrize("mode", ["infllm", "cmr"])
+def test_retrieval_modes_on_a_sliding_drafter_are_lossless(mode):
+    """A Qwen3.5-style drafter (sliding + full layers): InfLLM retrieves in the full layer only, CMR's selection is
+    read by both."""
+    from tiny import tiny_drafter, tiny_target
+
+    target = tiny_target("qwen3", seed=11)
+    drafter = tiny_drafter(target, fold_config=mode_config(mode), layer_types=["sliding_attention", "full_attention"],
+                           sliding_window=12)
+    ids = torch.randint(0, MASK_ID, (1, 150), generator=torch.Generator().manual_seed(5))
+    res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24)
+    assert torch.equal(res, greedy_reference(target, ids, 24))
