@@ -217,8 +217,9 @@ class _Session:
                     static = StaticDrafter(drafter, self.drafter_cache, read,
                                            tables=(shared.cos, shared.sin) if shared is not None else None,
                                            layer_ops=default_layer_ops(self.device) if fused else None)
-            if static is None and self.engine != "eager" and static_drafter_unsupported(drafter) is not None:
-                _warn_once("draft:" + cfg.mode, f"fast loop: the drafter step is not captured for {static_drafter_unsupported(drafter)}")
+            why = static_drafter_unsupported(drafter)
+            if static is None and self.engine != "eager" and why is not None:
+                _warn_once("draft:" + cfg.mode, f"fast loop: the drafter step is not captured for {why}")
             self.static_drafters[tag] = static
             while len(self.static_drafters) > KEPT_DRAFT_MODES:
                 oldest = next(iter(self.static_drafters))

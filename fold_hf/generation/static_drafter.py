@@ -49,8 +49,8 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     if mode not in STATIC_MODES:
         if mode in ("infllm", "cmr"):
             return (f"mode {mode!r}: its selection keeps per-request host state (InfLLM: per-layer block "
-                    "representatives from window attention; CMR: a refresh every 8 rounds from the target's attention), "
-                    "so its rounds draft on the host, uncaptured")
+                    "representatives from window attention; CMR: a refresh every 8 rounds from the target's "
+                    "attention), so its rounds draft on the host, uncaptured")
         return f"mode {mode!r} (static drafting covers {', '.join(STATIC_MODES)})"
     if any(layer.self_attn.sliding_window is not None for layer in drafter.layers):
         return "sliding-window drafter layers"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .read_plan import LayerRead, _planned, _row_distances
+from .read_plan import LayerRead
 
 INFLLM_BLOCK = 128
 INFLLM_INIT = 128
@@ -356,8 +356,8 @@ class TargetAttentionProbe:
     Only that layer's attention module is touched: it gets its own copy of the config whose attention
     implementation is a wrapper around the original one. While ``armed`` is False (every round but those before a
     CMR refresh) the wrapper only forwards the call; when armed it also computes ``softmax(q k^T * scaling)`` of
-    the forward's query rows (causal, heads averaged, fp32; fp64 for fp64 models) and keeps it by query position. Other modes never
-    install the probe, so their verification is unchanged.
+    the forward's query rows (causal, heads averaged, fp32; fp64 for fp64 models) and keeps it by query position.
+    Other modes never install the probe, so their verification is unchanged.
     """
 
     def __init__(self, target: nn.Module, runner=None) -> None:
