@@ -376,3 +376,25 @@ def test_retrieval_modes_on_a_sliding_drafter_are_lossless(mode):
     ids = torch.randint(0, MASK_ID, (1, 150), generator=torch.Generator().manual_seed(5))
     res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24)
     assert torch.equal(res, greedy_reference(target, ids, 24))
+
+
+def test_retrieval_settings_are_checked_and_budgets_default_to_the_papers():
+    assert FoldConfig(mode="cmr").retrieval_budget == 2048 and FoldConfig(mode="streaming").streaming_budget == 2048
+    with pytest.raises(ValueError, match="multiple of its 32-entry chunk"):
+        FoldConfig(mode="cmr", budget=100)
+    with pytest.raises(ValueError, match="infllm_topk"):
+        FoldConfig(mode="infllm", extra={"infllm_topk": 0})
+    preset = FoldConfig.from_pretrained("llama3.1-8b-dflash", mode="cmr")
+    assert preset.retrieval_budget == 2048 and preset.window == 2048
+    assert RetrievalParams.of(preset) == RetrievalParams()  # the paper's settings
+    assert RetrievalParams.of(FoldConfig.from_dict(mode_config("infllm").to_dict())).infllm_topk == 2  # round trip
+
+
+def test_native_dflash_cache_refuses_the_retrieval_modes():
+    from transformers import DynamicCache
+
+    target, drafter = trained_pair("llama")
+    drafter.set_fold_config(mode_config("cmr"))
+    noise = torch.zeros(1, 4, target.config.hidden_size, dtype=torch.float64)
+    with pytest.raises(ValueError, match="per-request state in a FoldCache"):
+        drafter(noise, None, position_ids=torch.arange(4)[None], cache=DynamicCache())

@@ -63,6 +63,8 @@ class FoldConfig:
             ``full`` leaves sliding-window layers exactly as released (no far memory, no query scaling).
             ``dflash``, ``window``, ``streaming``, ``yarn`` and ``infllm`` never change a sliding layer; ``cmr``
             changes every layer (all read the selection).
+        extra: free-form settings; ``infllm_block``, ``infllm_init``, ``infllm_topk``, ``infllm_repr``, ``cmr_chunk``,
+            ``cmr_refresh`` override the paper's InfLLM (128, 128, 16, 4) and CMR (32, 8) settings.
         target_model: optional id of the target this setting was tuned for (informational).
         drafter_model: optional id of the drafter this setting was tuned for (informational).
     """
@@ -97,6 +99,10 @@ class FoldConfig:
             raise ValueError(f"FoldConfig.sinks must be an integer >= 0, got {self.sinks!r}")
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= self.sinks):
             raise ValueError(f"FoldConfig.budget must be an integer > sinks ({self.sinks}), got {self.budget!r}")
+        for key in ("infllm_block", "infllm_init", "infllm_topk", "infllm_repr", "cmr_chunk", "cmr_refresh"):
+            value = (self.extra or {}).get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"FoldConfig.extra[{key!r}] must be an integer >= 1, got {value!r}")
         if self.mode == "cmr":
             chunk = int((self.extra or {}).get("cmr_chunk", 32))
             if self.retrieval_budget % chunk:
