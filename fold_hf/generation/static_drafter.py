@@ -177,7 +177,7 @@ class StaticDrafter:
         return self.has_far_mode and context_length > self.far_threshold
 
     @torch.no_grad()
-    def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool) -> torch.Tensor:
+    def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool, pick=None):
         """Commit the accepted context rows and draft one block; graph-capturable.
 
         Args:
@@ -185,14 +185,17 @@ class StaticDrafter:
             state: long device tensor; ``state[1]`` = d_len (entries committed before this round), ``state[2]``
                 = d_new (rows of ``new_features`` to commit), ``state[3]`` = the last committed token.
             with_far: run the far branch (use :meth:`needs_far` on the host-known length).
+            pick: the loop's picker (:meth:`fold_hf.generation.sampling.TokenChoice.picker`), called once on the
+                slots' logits ``[B - 1, V]``; None takes the argmax.
 
         Returns:
-            ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long).
+            ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long); with ``pick``, what it returns (proposals
+            and their distributions ``q`` or None).
         """
         if self.owns_tables and self.yarn_rope is None:
             raise RuntimeError("yarn reads the request's rope tables: call start_request(request_length) first")
         layers = self._layers if self.ops is None else self._layers_fused
-        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far))
+        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far), pick)
 
     def _block_inputs(self, new_features: torch.Tensor, state: torch.Tensor):
         """What every layer of a round needs (device tensors): entry positions of the new context rows, the new
@@ -229,11 +232,11 @@ class StaticDrafter:
         return self.read(query_near, query_far, keys, values, block_keys, block_values, self.cos, self.sin,
                          read_length, read_length, self.window, self.alpha)
 
-    def _draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Greedy drafts ``[B - 1]`` from the final-normed block ``[1, B, H]``."""
+    def _draft_tokens(self, hidden: torch.Tensor, pick=None):
+        """Drafts ``[B - 1]`` from the final-normed block ``[1, B, H]`` (greedy, or ``pick``'s choice)."""
         head = self.drafter.target_lm_head
         logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
-        return logits[0].argmax(-1)
+        return logits[0].argmax(-1) if pick is None else pick(logits[0])
 
     def _layers(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
                 with_far: bool) -> torch.Tensor:
