@@ -324,6 +324,10 @@ def test_retrieval_modes_are_lossless_on_every_path(mode, monkeypatch):
         drafter.set_fold_config(mode_config(mode))
         assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False), ref)
         assert drafter.last_acceptance_lengths == res.acceptance_lengths  # same drafts on both paths
+        # transformers' own assisted loop with our candidate generator (the front door's fallback)
+        assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False,
+                                           fold_fast=False), ref)
+        assert drafter.last_acceptance_lengths == res.acceptance_lengths
         for engine in ("eager", "static"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # the one-time "not captured" warning
