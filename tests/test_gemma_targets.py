@@ -88,7 +88,7 @@ def test_forced_rejections_roll_back(arch):
     assert acceptance.count(1) >= len(acceptance) // 2, acceptance
 
 
-@pytest.mark.parametrize("mode", ["window", "streaming", "rerope", "yarn"])
+@pytest.mark.parametrize("mode", ["window", "streaming", "rerope", "yarn", "infllm", "cmr"])
 def test_other_modes_lossless(mode):
     target, drafter = gemma_pair("gemma4")
     ids = prompt(3, LONG)

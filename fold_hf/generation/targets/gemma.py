@@ -300,6 +300,9 @@ class GemmaStaticTarget(StaticTarget):
             if window is None:
                 keys = self.keys[src][:, :, : start + L]
                 values = self.values[src][:, :, : start + L]
+                probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval)
+                if probe is not None and probe.armed and i == probe.layer_idx:
+                    probe.capture(q, keys, self.scalings[i])
                 return self._attend_prefix_sdpa(q, keys, values, start, self.scalings[i])
             keys, values, key_pos = pending[src]
             visible = (key_pos[None, :] <= positions[:, None]) & (positions[:, None] - key_pos[None, :] < window)
