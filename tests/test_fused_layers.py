@@ -253,7 +253,8 @@ def test_kernels_in_interpreter_match_twins(interpreter, dtype):
                   exact_rope=dtype != torch.float16)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="bf16 and 8B shapes: the interpreter has no bf16 dot and is too slow at 4096-wide rows (it "
+                        "checks odd shapes in fp32/fp16)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_kernels_match_twins_on_gpu(dtype):
     norms = [(1, 4096), (10, 4096), (16, 8192), (3, 576), (7, 2880), (1, 63)]
@@ -263,7 +264,7 @@ def test_kernels_match_twins_on_gpu(dtype):
     check_kernels("cuda", dtype, norms, ropes, silu, exact_rope=True)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the graphs engine with the fused layers captures on a CUDA device")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch, monkeypatch):
     with pair_on_gpu(arch) as (target, drafter):

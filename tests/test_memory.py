@@ -137,7 +137,7 @@ def test_cache_reports_the_bytes_of_the_tensors_it_holds(keep_rotated_copy, dtyp
             assert cache.bytes_used() == per_entry * length * len(drafter.layers)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="GPU memory: torch.cuda.memory_allocated across calls")
 def test_repeated_generate_calls_do_not_grow_gpu_memory():
     device = torch.device("cuda")
     target = tiny_target("llama", dtype=torch.float32).to(device)
