@@ -27,7 +27,8 @@ from fold_hf.kernels.layer_reference import (
     silu_mul_reference,
 )
 from fold_hf.kernels.reference import rotate_by_tables
-from tiny import MASK_ID, greedy_reference, mode_config, pair_on_gpu, tiny_target, trained_pair
+from tiny import greedy_reference, mode_config, pair_on_gpu, tiny_target, trained_pair
+from tiny import prompt as tiny_prompt
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,7 +87,7 @@ def test_twins_compute_what_the_modules_compute(dtype):
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(4000 + seed))
+    return tiny_prompt(seed, length, offset=4000)
 
 
 FUSED_STATIC = dict(engine="static", target_attention="triton", fused_layers=True)

@@ -21,6 +21,7 @@ from fold_hf.modeling.fold_read import fold_attention_reference
 from fold_hf.modeling import RotaryTables, plan_layer_read
 from naive import fold_naive
 from tiny import MASK_ID, greedy_reference, tiny_drafter, tiny_target
+from tiny import prompt as tiny_prompt
 
 THETA = 10000.0
 
@@ -203,7 +204,7 @@ def test_drafter_forward_with_fold_cache_matches_naive_restatement(boundary_pair
 
 
 def prompt(seed, length):
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(5000 + seed))
+    return tiny_prompt(seed, length, offset=5000)
 
 
 def both_paths(target, drafter, ids, **kw):

@@ -229,10 +229,15 @@ def test_nested_suite_continues_one_text_at_every_length(tmp_path, real_pair):
         assert len(short["input_ids"]) == 96 and short["input_ids"] == long["input_ids"][-96:]
         assert short["family"] == long["family"]
     assert by_id["books-192-0"]["input_ids"] != by_id["books-192-1"]["input_ids"]
+    # the runs on the loaded pair (the CLI's `bench --nested` passes nested=True to build_suite, checked above, and
+    # runs what test_bench_runs_end_to_end_on_a_tiny_suite runs through the CLI: loading the pair again is minutes)
+    from fold_hf.bench import default_methods, run_bench, summarize
+
+    target, _, drafter = real_pair
     out = tmp_path / "nested"
-    assert main(["bench", "--out", str(out), "--device", "cpu", "--suites", "books", "--tiers", "96", "192",
-                 "--per-tier", "2", "--new-tokens", "8", "--window", "32", "--train-length", "64", "--nested",
-                 "--methods", "fold-a2", "dflash"]) == 0
+    methods = [m for m in default_methods(window=32, train_length=64) if m.name in ("ar", "fold-a2", "dflash")]
+    run_bench(target, drafter, requests, methods, out / "run", log=lambda *a: None)
+    summarize([out / "run" / "runs.jsonl"], out)
     summary = json.loads((out / "summary.json").read_text())
     retention = {r["method"]: r for r in summary["length_retention"]}
     assert set(retention) == {"fold-a2", "dflash"}

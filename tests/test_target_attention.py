@@ -19,7 +19,8 @@ import torch.nn.functional as F
 import fold_hf
 from fold_hf.generation import fast_generate
 from fold_hf.kernels import decode_attention_reference
-from tiny import MASK_ID, greedy_reference, mode_config, pair_on_gpu, trained_pair
+from tiny import greedy_reference, mode_config, pair_on_gpu, trained_pair
+from tiny import prompt as tiny_prompt
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
@@ -76,7 +77,7 @@ def test_twin_ignores_cache_entries_past_the_length():
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(3000 + seed))
+    return tiny_prompt(seed, length, offset=3000)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
