@@ -42,6 +42,17 @@ class Method:
     config: FoldConfig | None  # None: autoregressive
 
 
+def window_sweep_methods(windows, train_length: int, alpha: float = 2.0) -> list[Method]:
+    """AR, then FOLD (α = ``alpha``) and the window-only ablation at each window W, named ``fold-a2-w{W}`` and
+    ``window-w{W}``: how much of FOLD's gain over the window comes from the far memory as W changes."""
+    methods = [Method("ar", None)]
+    for w in windows:
+        methods.append(Method(f"fold-a{alpha:g}-w{w}", FoldConfig(mode="fold", alpha=alpha, window=w,
+                                                                 train_length=train_length)))
+        methods.append(Method(f"window-w{w}", FoldConfig(mode="window", window=w, train_length=train_length)))
+    return methods
+
+
 def default_methods(window: int, train_length: int, budget: int | None = None) -> list[Method]:
     """AR, FOLD at α ∈ {1, 2, 4} and every baseline, all at the same window."""
     base = dict(window=window, train_length=train_length)
@@ -64,14 +75,20 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def build_suite(tokenizer, suite: str, tiers, per_tier: int, new_tokens: int, seed: int = 0,
-                package: str = "transformers", nested: bool = False) -> list[dict]:
+                package: str = "transformers", nested: bool = False, bos_token_id: int | None = None) -> list[dict]:
     """Requests ``{"id", "suite", "tier", "input_ids", "new_tokens"}`` of exactly ``tier`` prompt tokens.
 
     ``nested``: request ``k`` of every tier is the last ``tier`` tokens of one input built at the longest tier, so
     every tier continues the same text at the same point and differences between tiers come from the input's
     length alone (by default each tier draws its own texts). Requests then also carry ``"family"``, the id of
     that longest input. In the retrieval suite a short suffix may no longer hold the distant content the
-    continuation copies: there the shorter tiers are a different task, not only a shorter input."""
+    continuation copies: there the shorter tiers are a different task, not only a shorter input.
+
+    ``bos_token_id``: every request starts with this token followed by the last ``tier - 1`` tokens of its text
+    (for targets trained with BOS first, e.g. Gemma); nested tiers then share their text's suffixes after it."""
+    if bos_token_id is not None:
+        plain = build_suite(tokenizer, suite, tiers, per_tier, new_tokens, seed, package, nested)
+        return [{**req, "input_ids": [bos_token_id] + req["input_ids"][1:]} for req in plain]
     if nested:
         longest = build_suite(tokenizer, suite, [max(tiers)], per_tier, new_tokens, seed, package)
         return [{**req, "id": f"{suite}-{tier}-{k}", "tier": tier, "input_ids": req["input_ids"][-tier:],
@@ -402,38 +419,73 @@ def _averages(table: list[dict]) -> dict:
     return out
 
 
+PLOT_METRICS = (("tau", "acceptance length τ (tokens per target forward)"), ("speedup", "speedup vs AR (TPOT ratio)"))
+
+
 def _plot(table: list[dict], out: Path, title: str) -> None:
+    """``tau_by_length.png`` and ``speedup_by_length.png`` (:func:`plot_figure`); nothing without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:  # plots are optional: the table is written regardless
+    except ImportError:  # plots are optional: the table is written regardless, and the user is told
+        print('matplotlib is not installed: no plots written (pip install "fold-hf[demo]")')
         return
+    for metric, _ in PLOT_METRICS:
+        fig = plot_figure(table, metric, title)
+        if fig is None:
+            return
+        fig.savefig(out / f"{metric}_by_length.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
+
+def plot_figure(table: list[dict], metric: str, title: str = ""):
+    """One panel per suite of ``metric`` (``tau`` or ``speedup``) by input length, every method with its 95% CI.
+
+    Honest axes: the y axis starts at 0 and always shows 1.0, where a dashed AR line sits (AR's τ is 1 and its
+    speedup 1×), so a small gap is not zoomed into a large one; each length's tick says how many requests its points
+    average (n); the legend sits outside the panels."""
+    import matplotlib.pyplot as plt
+
     suites = sorted({r["suite"] for r in table})
     if not suites:
-        return
-    for metric, label in (("tau", "acceptance length τ"), ("speedup", "speedup vs AR (TPOT)")):
-        fig, axes = plt.subplots(1, len(suites), figsize=(5 * len(suites), 4), squeeze=False)
-        for ax, suite in zip(axes[0], suites):
-            for method in sorted({r["method"] for r in table}, key=lambda m: (not m.startswith("fold"), m)):
-                sel = sorted((r for r in table if r["suite"] == suite and r["method"] == method), key=lambda r: r["tier"])
-                if not sel:
-                    continue
-                x = [r["tier"] for r in sel]
-                y = [r[metric] for r in sel]
-                err = [[r[metric] - r[f"{metric}_ci_low"] for r in sel], [r[f"{metric}_ci_high"] - r[metric] for r in sel]]
-                style = "-o" if method.startswith("fold") else "--."
-                ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=method, linewidth=2 if method == "fold-a2" else 1)
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted({r["tier"] for r in table}))
-            ax.set_xticklabels([f"{t // 1024}K" for t in sorted({r["tier"] for r in table})])
-            ax.set_title(suite)
-            ax.set_xlabel("input length (tokens)")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-        axes[0][-1].legend(fontsize=8, loc="best")
-        fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(out / f"{metric}_by_length.png", dpi=110)
-        plt.close(fig)
+        return None
+    label = dict(PLOT_METRICS)[metric]
+    methods = sorted({r["method"] for r in table}, key=lambda m: (not m.startswith("fold"), m))
+    top = max([1.0] + [r[f"{metric}_ci_high"] for r in table if r[f"{metric}_ci_high"] == r[f"{metric}_ci_high"]])
+    fig, axes = plt.subplots(1, len(suites), figsize=(4.5 * len(suites), 4), squeeze=False, sharey=True)
+    for ax, suite in zip(axes[0], suites):
+        rows = [r for r in table if r["suite"] == suite]
+        for method in methods:
+            sel = sorted((r for r in rows if r["method"] == method), key=lambda r: r["tier"])
+            if not sel:
+                continue
+            x = [r["tier"] for r in sel]
+            y = [r[metric] for r in sel]
+            err = [[r[metric] - r[f"{metric}_ci_low"] for r in sel], [r[f"{metric}_ci_high"] - r[metric] for r in sel]]
+            style = "-o" if method.startswith("fold") else "--."
+            ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=method, linewidth=2 if method == "fold-a2" else 1)
+        ax.axhline(1.0, color="black", linestyle=":", linewidth=1.2, label="AR")
+        tiers = sorted({r["tier"] for r in rows})
+        counts = {t: sorted({r["requests"] for r in rows if r["tier"] == t}) for t in tiers}
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(tiers)
+        ax.set_xticklabels([(f"{t // 1024}K" if t % 1024 == 0 else str(t)) + "\nn=" +
+                            "-".join(str(c) for c in (counts[t][0], counts[t][-1])[: 1 if len(counts[t]) == 1 else 2])
+                            for t in tiers])
+        ax.minorticks_off()
+        ax.set_ylim(0.0, top * 1.08)
+        ax.set_title(suite)
+        ax.set_xlabel("input length (tokens); n = requests per point")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(label)
+    legend = {}  # every method once, whichever panel drew it
+    for ax in axes[0]:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(name, handle)
+    handles, labels = list(legend.values()), list(legend)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(title + (" (mean and 95% CI)" if title else "mean and 95% CI"))
+    fig.tight_layout()
+    return fig

