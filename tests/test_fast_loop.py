@@ -8,8 +8,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import fold_hf
 from fold_hf.generation import fast_generate
 from fold_hf.generation.static_drafter import static_drafter_unsupported
-from tiny import (GRID_NEW_TOKENS, GRID_PROMPT_LENGTHS, VOCAB, greedy_reference, grid_greedy, grid_loop, grid_prompt, mode_config,
-                  pair_on_gpu, trained_pair)
+from tiny import (GRID_NEW_TOKENS, GRID_PROMPT_LENGTHS, VOCAB, greedy_reference, grid_greedy, grid_loop, grid_prompt,
+                  mode_config, pair_on_gpu, trained_pair)
 from tiny import prompt as tiny_prompt
 
 PROMPT_LENGTHS = [10, 90, 300]  # the window is 16: the longer prompts read a far memory
