@@ -323,9 +323,9 @@ def headline(rows: list[dict], cache_bytes: dict, tau: float, attentions=("defau
 # ---------------------------------------------------------------------------------------------- SmolLM2 pair
 def run_smollm2(args) -> None:
     from fold_hf.bench import build_suite
-    from fold_hf.cli import load_default_pair
+    from fold_hf import load_embedded_pair
 
-    target, tokenizer, drafter = load_default_pair(torch.device("cuda"))
+    target, tokenizer, drafter = load_embedded_pair(torch.device("cuda"))
     own = drafter.fold_config
     log(f"SmolLM2 pair loaded; drafter reads with {own}")
     tiers = [int(t) for t in args.smollm2_tiers.split(",")]
