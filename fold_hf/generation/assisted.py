@@ -1,6 +1,6 @@
 """FOLD inside ``target.generate(..., assistant_model=<FoldDrafter>)``.
 
-transformers hard-codes its candidate generators (DESIGN §5); after ``import fold_hf``,
+transformers hard-codes its candidate generators (docs/design.md §5); after ``import fold_hf``,
 ``GenerationMixin._get_candidate_generator`` returns :class:`FoldCandidateGenerator` whenever the
 assistant is a :class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks for transformers' own
 DFlash generator, which our drafter also serves). ``_assisted_decoding`` is wrapped only to remove the

@@ -1,6 +1,6 @@
 """`FoldDrafter`: a DFlash block-parallel drafter whose context read is set by a `FoldConfig`.
 
-Forward semantics of z-lab DFlash (DESIGN §4):
+Forward semantics of z-lab DFlash (docs/design.md §4):
 
 * context feature ``c_j = hidden_norm(fc(concat_l h_l[j]))``, ``h_l`` = output of target layer ``l``;
 * every layer derives context keys/values ``k_norm(k_proj(c))``, ``v_proj(c)`` (no input layernorm on
