@@ -263,14 +263,19 @@ def _session(target, capacity: int, tap_layer_ids: tuple, engine: str) -> _Sessi
     return session
 
 
-def fast_unsupported(target, drafter=None, *, batch_size: int = 1) -> str | None:
-    """Why :func:`fast_generate` cannot run this request, or None when it can (used by the routing)."""
+def fast_unsupported(target, drafter=None, *, batch_size: int = 1, capacity: int | None = None) -> str | None:
+    """Why :func:`fast_generate` cannot run this request (``capacity``: its prompt + new tokens, when known), or
+    None when it can (used by the routing)."""
     if batch_size != 1:
         return f"batch size {batch_size}: the fast loop runs batch 1"
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         return f"assistant {type(drafter).__name__} is not a FoldDrafter"
+    placed = {str(d) for d in (getattr(target, "hf_device_map", None) or {}).values()}
+    if len(placed) > 1:
+        return (f"a target dispatched over {', '.join(sorted(placed))} (device_map): the fast loop keeps the whole "
+                "target on one device")
     try:
-        check_target(target)
+        check_target(target, capacity)
     except UnsupportedTarget as err:
         return str(err)
     return None
