@@ -15,6 +15,7 @@ the target's.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -195,7 +196,20 @@ class FoldDrafter(PreTrainedModel):
 
         validate_pair(self, target)
         self._target_parts = (target.get_input_embeddings(), target.get_output_embeddings(), id(target))
+        self._warn_on_dtype_mismatch(target)
         return self
+
+    def _warn_on_dtype_mismatch(self, target: nn.Module) -> None:
+        """Warn once per drafter when its weights and the target's embedding differ in dtype (a bf16 checkpoint
+        loaded beside an fp32 target drafts in bf16: legal, but rarely what was meant)."""
+        embedding = target.get_input_embeddings()
+        mine, theirs = self.fc.weight.dtype, getattr(getattr(embedding, "weight", None), "dtype", None)
+        if theirs is None or mine == theirs or getattr(self, "_dtype_warned", False):
+            return
+        self._dtype_warned = True
+        warnings.warn(f"the drafter is {mine} and the target {theirs}: the drafter computes in {mine}. For matched "
+                      f"dtypes load it with FoldDrafter.from_pretrained(..., dtype={theirs}) (or use "
+                      f"fold_hf.load_embedded_pair for the demo pair)", stacklevel=3)
 
     @property
     def target_embedding(self) -> nn.Module:
