@@ -6,8 +6,9 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   model's own modules with a preallocated KV cache; rollback rewinds a length;
 * the drafter's :class:`~fold_hf.modeling.cache.FoldCache` is preallocated for the whole request (nothing
   reallocates) and the prompt's context is committed chunk by chunk during the prefill;
-* verification is greedy on device (argmax, cumulative-product match count); each round reads one small
-  tensor back (the accepted count with the round's tokens) and nothing else;
+* token choice is on the device (:mod:`~fold_hf.generation.sampling`: greedy match count or speculative sampling
+  with temperature, top-k, top-p, min-p, the repetition penalty and ``min_new_tokens``); each round reads one
+  small tensor back (the accepted count with the round's tokens) and nothing else;
 * engines:
 
   ``eager``   host-side lengths, exact-length attention (flash decoding for one query), the drafter through
@@ -37,9 +38,10 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
 
-Greedy only, batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`); anything else raises a
-ValueError saying why (use :func:`fold_hf.generate` for those). EOS, stop strings, streamers and the returned
-:class:`GenerationResult` behave as in the foundation loop; tokens and acceptance lengths are the same.
+Batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`); anything else raises a ValueError saying why
+(use :func:`fold_hf.generate` for those). The round loop of the eager engine is
+:func:`fold_hf.generation.rounds.eager_rounds`, the one :func:`fold_hf.generate` runs; EOS, stop strings, streamers
+and the returned :class:`GenerationResult` come from :class:`~fold_hf.generation.tracker.Tracker`.
 
 Sessions: the KV cache, drafter cache and captured graphs are kept on the target between calls (capture costs
 once) and rebuilt when a request needs more room; :func:`release_fast_state` frees them.
