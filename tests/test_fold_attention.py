@@ -146,8 +146,9 @@ def test_sliding_layer_keeps_native_window_and_reads_far_memory_only_when_asked(
     full_only, *_ = run(FoldConfig(window=16, layers="full"), T, B=B, sliding=S)
     assert torch.equal(full_only, native)
     every, _, read = run(FoldConfig(window=16, layers="all", alpha=2.0), T, B=B, sliding=S)
+    # the sliding layer keeps its window S; its far memory sits at the pair's shared position t - (W + B)
     ref = fold_naive(q[0], kc[0], vc[0], kb[0], vb[0], t=T, W=None, B=B, alpha=2.0, theta=THETA, rotary_dim=8,
-                     scaling=8**-0.5, D=S)
+                     scaling=8**-0.5, D=S, far_D=16 + B)
     assert rel_err(every[0], ref) < 1e-12
 
 
@@ -159,17 +160,7 @@ def test_window_mode_drops_far_entries():
     assert rel_err(out[0], ref) < 1e-12
 
 
-def test_rerope_is_one_softmax_with_scaled_queries():
-    W, B, T, L = 8, 4, 30, 16
-    cfg = FoldConfig(mode="rerope", window=W, train_length=L)
-    out, (q, kc, vc, kb, vb), read = run(cfg, T, B=B)
-    scale = torch.clamp(torch.log(torch.arange(T, T + 4, dtype=torch.float64) + 1) / math.log(L), min=1.0)
-    outs = []
-    for r in range(4):
-        ref = fold_naive(q[0] * scale[r], kc[0], vc[0], kb[0], vb[0], t=T, W=W, B=B, alpha=1.0, theta=THETA,
-                         rotary_dim=8, scaling=8**-0.5, single_softmax=True)
-        outs.append(ref[r])
-    assert rel_err(out[0], torch.stack(outs)) < 1e-6
+# ReRoPE (distance D at every row, log 4096 scaling, scopes): tests/test_baselines.py
 
 
 def test_streaming_keeps_sinks_and_recent_renumbered():

@@ -159,6 +159,20 @@ def test_every_mode_lossless_random_drafter(mode):
     assert torch.equal(fast, ref)
 
 
+def test_seeded_sampling_equal_on_every_path():
+    """Speculative sampling over a hybrid target: the same seed gives the same tokens through the rollback of
+    fold_hf.generate and the per-position states of both fast engines (a random drafter: rejections most rounds)."""
+    target = qwen35_target()
+    drafter = qwen35_drafter(target)
+    ids = prompt(13, 20)
+    outs = [fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=15, do_sample=True,
+                             generator=torch.Generator().manual_seed(0))]
+    for engine in ("eager", "static"):
+        outs.append(fold_hf.fast_generate(target, drafter, ids, max_new_tokens=15, do_sample=True, engine=engine,
+                                          generator=torch.Generator().manual_seed(0)))
+    assert all(torch.equal(o, outs[0]) for o in outs[1:]), [o[0, 20:].tolist() for o in outs]
+
+
 def test_autoregressive_fast_loop_and_routing():
     target = qwen35_target()
     ids = prompt(3, 21)

@@ -57,7 +57,8 @@ def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, pair):
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     methods = {r["method"] for r in summary["rows"]}
-    assert methods == {"fold-a1", "fold-a2", "fold-a4", "dflash", "window", "streaming", "rerope", "yarn"}
+    assert methods == {"fold-a1", "fold-a2", "fold-a4", "dflash", "window", "streaming", "rerope", "yarn", "infllm",
+                       "cmr"}
     assert {r["suite"] for r in summary["rows"]} == {"books", "retrieval"}
     assert all(r["requests"] == 1 and r["tau"] >= 1 for r in summary["rows"])
     assert (out / "summary.csv").is_file() and (out / "tau_by_length.png").is_file()

@@ -57,10 +57,18 @@ def tiny_drafter(target, fold_config: FoldConfig | None = None, seed: int = 1, *
     return drafter.to(next(target.parameters()).dtype).eval()
 
 
+# the retrieval baselines at the tests' scale: InfLLM blocks of 8 (8 initial entries, 2 retrieved, 2 representatives),
+# CMR 4 chunks of 8 refreshed every 3 rounds, so that selection and refreshes happen within short prompts
+SMALL_RETRIEVAL = dict(infllm_block=8, infllm_init=8, infllm_topk=2, infllm_repr=2, cmr_chunk=8, cmr_refresh=3)
+TEST_BUDGETS = {"streaming": 24, "cmr": 32}
+
+
 def mode_config(mode: str, **kw) -> FoldConfig:
-    """The tests' reading config: W = 16, α = 2, a 24-entry budget for ``streaming``, training length 64."""
-    return FoldConfig(mode=mode, window=16, alpha=2.0, budget=24 if mode == "streaming" else None,
-                      train_length=64, **kw)
+    """The tests' reading config: W = 16, α = 2, a 24-entry budget for ``streaming``, training length 64; ``infllm``
+    and ``cmr`` at :data:`SMALL_RETRIEVAL` (CMR: 32 entries)."""
+    if mode in ("infllm", "cmr"):
+        kw.setdefault("extra", dict(SMALL_RETRIEVAL))
+    return FoldConfig(mode=mode, window=16, alpha=2.0, budget=TEST_BUDGETS.get(mode), train_length=64, **kw)
 
 
 def greedy_reference(target, input_ids, max_new_tokens):

@@ -252,6 +252,9 @@ class StaticTarget:
             from torch.nn.attention.bias import causal_lower_right
 
             mask, causal = causal_lower_right(L, start + L), False
+        probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval), else None
+        if probe is not None and probe.armed and i == probe.layer_idx:
+            probe.capture(q, keys, self.scaling)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                               scale=self.scaling, enable_gqa=True)
 

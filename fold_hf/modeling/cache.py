@@ -140,6 +140,7 @@ class FoldCache(Cache):
         super().__init__(layers=[FoldCacheLayer(copy_rope) for _ in range(num_layers)])
         self.keep_rotated_copy = keep_rotated_copy
         self.request_length = request_length
+        self.retrieval = None  # per-request state of the infllm / cmr modes (fold_hf.modeling.retrieval)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].get_seq_length() if self.layers else 0
@@ -152,6 +153,7 @@ class FoldCache(Cache):
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
+        self.retrieval = None
 
     def bytes_held(self) -> int:
         """Bytes of every buffer this cache holds (allocated capacity, all copies)."""
