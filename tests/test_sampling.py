@@ -136,7 +136,7 @@ def test_fast_loop_samples_the_target_distribution(pair, engine):
     from fold_hf.generation import fast_generate
 
     target, drafter = pair
-    n = 4_000
+    n = 3_000
     gen = torch.Generator().manual_seed(4321)
     counts: dict = {}
     accepted = 0

@@ -6,8 +6,9 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   model's own modules with a preallocated KV cache; rollback rewinds a length;
 * the drafter's :class:`~fold_hf.modeling.cache.FoldCache` is preallocated for the whole request (nothing
   reallocates) and the prompt's context is committed chunk by chunk during the prefill;
-* verification is greedy on device (argmax, cumulative-product match count); each round reads one small
-  tensor back (the accepted count with the round's tokens) and nothing else;
+* token choice is on the device (:mod:`~fold_hf.generation.sampling`: greedy match count or speculative sampling
+  with temperature, top-k, top-p, min-p, the repetition penalty and ``min_new_tokens``); each round reads one
+  small tensor back (the accepted count with the round's tokens) and nothing else;
 * engines:
 
   ``eager``   host-side lengths, exact-length attention (flash decoding for one query), the drafter through
@@ -42,9 +43,10 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 Targets: the Llama family (see :data:`SUPPORTED_ARCHITECTURES`) and the families registered in
 :data:`~fold_hf.generation.static_target.TARGET_FAMILIES` (Qwen3.5: :mod:`fold_hf.generation.targets.qwen35`, whose
 verify keeps the linear-attention state of every block position and ``accept(n)`` selects the accepted one on the
-device, inside the captured verify); batch 1; anything else raises a
-ValueError saying why (use :func:`fold_hf.generate` for those). EOS, stop strings, streamers and the returned
-:class:`GenerationResult` behave as in the foundation loop; tokens and acceptance lengths are the same.
+device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
+:func:`fold_hf.generate` for those). The round loop of the eager engine is
+:func:`fold_hf.generation.rounds.eager_rounds`, the one :func:`fold_hf.generate` runs; EOS, stop strings, streamers
+and the returned :class:`GenerationResult` come from :class:`~fold_hf.generation.tracker.Tracker`.
 
 Sessions: the KV cache, drafter cache and captured graphs are kept on the target between calls (capture costs
 once) and rebuilt when a request needs more room; :func:`release_fast_state` frees them.
@@ -292,14 +294,19 @@ def _session(target, capacity: int, tap_layer_ids: tuple, engine: str) -> _Sessi
     return session
 
 
-def fast_unsupported(target, drafter=None, *, batch_size: int = 1) -> str | None:
-    """Why :func:`fast_generate` cannot run this request, or None when it can (used by the routing)."""
+def fast_unsupported(target, drafter=None, *, batch_size: int = 1, capacity: int | None = None) -> str | None:
+    """Why :func:`fast_generate` cannot run this request (``capacity``: its prompt + new tokens, when known), or
+    None when it can (used by the routing)."""
     if batch_size != 1:
         return f"batch size {batch_size}: the fast loop runs batch 1"
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         return f"assistant {type(drafter).__name__} is not a FoldDrafter"
+    placed = {str(d) for d in (getattr(target, "hf_device_map", None) or {}).values()}
+    if len(placed) > 1:
+        return (f"a target dispatched over {', '.join(sorted(placed))} (device_map): the fast loop keeps the whole "
+                "target on one device")
     try:
-        check_target(target)
+        check_target(target, capacity)
     except UnsupportedTarget as err:
         return str(err)
     return None
