@@ -171,7 +171,7 @@ class StaticTarget:
     def step_state(self) -> list[torch.Tensor]:
         """Buffers a verify both reads and overwrites (:meth:`accept` commits a recurrent family's state into the
         buffer the next verify starts from), so that a captured step's warm-up runs can restore them
-        (:class:`fold_hf.generation.graphs.CapturedStep`). None for a KV cache: its writes are idempotent."""
+        (:class:`fold_hf.generation.graphs.CapturedStep`). Empty for a KV cache: its writes are idempotent."""
         return []
 
     def fused_unsupported(self) -> str | None:
