@@ -199,7 +199,7 @@ def mode_configs(window: int, train_length: int, modes=MODES) -> dict:
 
 def load_pair(device: torch.device, dtype: torch.dtype):
     from fold_hf import FoldDrafter
-    from fold_hf.cli import DEFAULT_DRAFTER
+    from fold_hf.embedded import DEFAULT_DRAFTER
     from fold_hf.modeling.gguf_target import load_smollm2
 
     target, tokenizer = load_smollm2(device, dtype=dtype)

@@ -54,7 +54,8 @@ def window_sweep_methods(windows, train_length: int, alpha: float = 2.0) -> list
 
 
 def default_methods(window: int, train_length: int, budget: int | None = None) -> list[Method]:
-    """AR, FOLD at α ∈ {1, 2, 4} and every baseline, all at the same window."""
+    """AR, FOLD at α ∈ {1, 2, 4} and every baseline of the paper's Appendix B.3: ``fold``, ``rerope``, ``infllm``
+    (and ``window``) read the window W; ``streaming`` and ``cmr`` read ``budget`` entries (2,048 when None)."""
     base = dict(window=window, train_length=train_length)
     return [
         Method("ar", None),
@@ -63,9 +64,11 @@ def default_methods(window: int, train_length: int, budget: int | None = None) -
         Method("fold-a4", FoldConfig(mode="fold", alpha=4.0, **base)),
         Method("dflash", FoldConfig(mode="dflash", **base)),
         Method("window", FoldConfig(mode="window", **base)),
-        Method("streaming", FoldConfig(mode="streaming", budget=budget or window, **base)),
+        Method("streaming", FoldConfig(mode="streaming", budget=budget, **base)),
         Method("rerope", FoldConfig(mode="rerope", **base)),
         Method("yarn", FoldConfig(mode="yarn", **base)),
+        Method("infllm", FoldConfig(mode="infllm", **base)),
+        Method("cmr", FoldConfig(mode="cmr", budget=budget, **base)),
     ]
 
 

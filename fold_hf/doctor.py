@@ -27,7 +27,8 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
                                       f"{rope.rotary_dim}/{rope.head_dim} rotary dims"))
     sliding = [i for i in range(len(drafter.layers)) if drafter.layers[i].self_attn.sliding_window is not None]
     if sliding:
-        applies = "window + far memory" if cfg.layers == "all" and cfg.mode in ("fold", "rerope") else "as released"
+        applies = ("window + far memory" if cfg.layers == "all" and cfg.mode in ("fold", "rerope")
+                   else "the CMR selection" if cfg.mode == "cmr" else "as released")
         checks.append(Check("sliding layers", "ok", f"layers {sliding} (window {dcfg.sliding_window}) read {applies}"))
 
     B = dcfg.block_size
@@ -45,21 +46,30 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
                         f"W + B = {D} <= training length {length} ({source}): the window stays inside trained "
                         f"distances" if inside else f"W + B = {D} exceeds the training length {length} ({source}): "
                         f"window entries are read at distances the drafter never saw; lower window"))
-    if cfg.mode in ("yarn", "rerope"):
+    if cfg.mode == "yarn":  # ReRoPE's log base is 4096 for every model (B.3), not train_length
         checks.append(Check("train_length", "ok", f"{cfg.mode} uses train_length={cfg.train_length} as R"))
 
     T = context_length if context_length is not None else 4 * D
+    if cfg.mode in ("infllm", "cmr"):  # per-request selections: no read to plan without a request
+        what = (f"window {cfg.window} + retrieved blocks at distance {D - 1}" if cfg.mode == "infllm"
+                else f"{cfg.retrieval_budget} entries chosen from the target's attention, renumbered")
+        checks.append(Check("plan", "ok", f"mode {cfg.mode}, block {B}: reads {what} (docs/baselines.md)"))
+        return checks + [_cache_check(drafter, dcfg)]
     read = drafter.plan_read(len(drafter.layers) - 1, T, T, B, device="cpu", fold_config=cfg)
     far = int(read.far_mask.any(-1).sum()) if read.far_stop else 0
     checks.append(Check("plan", "ok", f"mode {cfg.mode}, block {B}; at {T} context entries the last layer reads "
                                       f"{read.near_index.numel()} window entries"
                                       + (f" and a far memory of up to {read.far_stop} entries ({far}/{B} rows, "
                                          f"alpha {cfg.alpha})" if read.far_stop else "")))
+    checks.append(_cache_check(drafter, dcfg))
+    return checks
+
+
+def _cache_check(drafter, dcfg) -> Check:
     per_entry = 2 * dcfg.num_key_value_heads * (dcfg.head_dim or dcfg.hidden_size // dcfg.num_attention_heads)
     per_entry *= len(drafter.layers) * torch.finfo(drafter.fc.weight.dtype).bits // 8
-    checks.append(Check("cache", "ok", f"{per_entry * 1024 / 2**20:.2f} MiB per 1K context entries "
-                                       f"(one unrotated K/V copy, {drafter.fc.weight.dtype})"))
-    return checks
+    return Check("cache", "ok", f"{per_entry * 1024 / 2**20:.2f} MiB per 1K context entries "
+                                f"(one unrotated K/V copy, {drafter.fc.weight.dtype})")
 
 
 def format_checks(checks: list[Check]) -> str:

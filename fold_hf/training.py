@@ -1,6 +1,6 @@
 """DFlash training objective, many anchors of one sequence in one drafter forward.
 
-Recipe (DESIGN §7): pick random anchors a; the block is ``[x_a, mask, ..., mask]`` at positions
+Recipe (docs/design.md §7): pick random anchors a; the block is ``[x_a, mask, ..., mask]`` at positions
 ``a .. a+B-1``; slot k predicts ``x_{a+k}``; the block reads the context strictly before the anchor
 (features of positions ``0 .. a-1``) at true positions, and itself bidirectionally; slot k's loss
 weight is ``exp(-(k-1)/gamma)``. All anchors of a sequence share one forward: queries of every block

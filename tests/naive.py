@@ -23,12 +23,16 @@ def rope_complex(x: torch.Tensor, pos: float, theta: float, rotary_dim: int) -> 
 
 def fold_naive(q, k_ctx, v_ctx, k_blk, v_blk, *, t: int, W: int, B: int, alpha: float, theta: float,
                rotary_dim: int, scaling: float, far: bool = True, single_softmax: bool = False,
-               D: int | None = None):
-    """Full-attention FOLD layer. q ``[Hq, Lq, d]``, k/v ``[Hkv, T|Lq, d]``; returns ``[Lq, Hq, d]``."""
+               D: int | None = None, far_D: int | None = None):
+    """Full-attention FOLD layer. q ``[Hq, Lq, d]``, k/v ``[Hkv, T|Lq, d]``; returns ``[Lq, Hq, d]``.
+
+    ``D`` bounds the window (``p - j < D``); far entries sit at the virtual position ``t - far_D`` (default ``D``;
+    a sliding layer's window is its own, its far memory at the pair's shared ``W + B``)."""
     Hq, Lq, _ = q.shape
     Hkv, T, _ = k_ctx.shape
     G = Hq // Hkv
     D = W + B if D is None else D
+    far_D = D if far_D is None else far_D
     out = torch.zeros(Lq, Hq, v_ctx.shape[-1], dtype=torch.float64)
     for h in range(Hq):
         kv = h // G
@@ -41,7 +45,7 @@ def fold_naive(q, k_ctx, v_ctx, k_blk, v_blk, *, t: int, W: int, B: int, alpha: 
                     near_s.append(scaling * qp.dot(rope_complex(k_ctx[kv, j], j, theta, rotary_dim)))
                     near_v.append(v_ctx[kv, j].double())
                 elif far:
-                    far_s.append(scaling * qp.dot(rope_complex(k_ctx[kv, j], t - D, theta, rotary_dim)))
+                    far_s.append(scaling * qp.dot(rope_complex(k_ctx[kv, j], t - far_D, theta, rotary_dim)))
                     far_v.append(v_ctx[kv, j].double())
             for rr in range(Lq):
                 near_s.append(scaling * qp.dot(rope_complex(k_blk[kv, rr], t + rr, theta, rotary_dim)))

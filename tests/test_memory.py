@@ -11,14 +11,15 @@ import fold_hf
 from fold_hf import FoldConfig
 from fold_hf.generation import fast
 from fold_hf.modeling import RotaryTables
-from tiny import MASK_ID, tiny_drafter, tiny_target, trained_pair
+from tiny import tiny_drafter, tiny_target, trained_pair
+from tiny import prompt as tiny_prompt
 
 MODES = [FoldConfig(window=16, alpha=2.0), FoldConfig(mode="dflash", window=16),
          FoldConfig(mode="streaming", window=16, budget=24), FoldConfig(mode="yarn", window=16, train_length=64)]
 
 
 def prompt(seed, length):
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(seed))
+    return tiny_prompt(seed, length)
 
 
 def live_tensors() -> tuple[int, int]:
@@ -178,7 +179,7 @@ def test_cache_reports_the_bytes_of_the_tensors_it_holds(keep_rotated_copy, dtyp
             assert cache.bytes_used() == per_entry * length * len(drafter.layers)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="GPU memory: torch.cuda.memory_allocated across calls")
 def test_repeated_generate_calls_do_not_grow_gpu_memory():
     device = torch.device("cuda")
     target = tiny_target("llama", dtype=torch.float32).to(device)

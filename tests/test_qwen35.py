@@ -390,7 +390,7 @@ def test_gated_delta_triton_in_interpreter(interpreter, shape):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="the 9B shape: too slow in the interpreter (it checks small shapes)")
 def test_gated_delta_triton_on_gpu_at_the_9b_shape():
     from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
 
@@ -401,7 +401,7 @@ def test_gated_delta_triton_on_gpu_at_the_9b_shape():
     torch.testing.assert_close(states, ref_states, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the graphs engine captures on a CUDA device")
 @pytest.mark.parametrize("mode", MODES)
 def test_graph_engine_matches_the_foundation_loop_on_gpu(mode):
     """fp32 on CUDA: the captured verify (Triton gated delta rule, per-position states selected on device) and the

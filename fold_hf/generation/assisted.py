@@ -1,6 +1,6 @@
 """FOLD inside ``target.generate(..., assistant_model=<FoldDrafter>)``.
 
-transformers hard-codes its candidate generators (DESIGN §5); after ``import fold_hf``,
+transformers hard-codes its candidate generators (docs/design.md §5); after ``import fold_hf``,
 ``GenerationMixin._get_candidate_generator`` returns :class:`FoldCandidateGenerator` whenever the
 assistant is a :class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks for transformers' own
 DFlash generator, which our drafter also serves). ``_assisted_decoding`` is wrapped only to remove the
@@ -36,6 +36,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
 
 from ..modeling.drafter import FoldDrafter
+from ..modeling.retrieval import TargetAttentionProbe, retrieval_state
 from ..modeling.validation import validate_pair
 from .rollback import make_rollback_cache, target_has_linear_state
 from .taps import HiddenTaps, _unwrap
@@ -59,6 +60,10 @@ class FoldCandidateGenerator(CandidateGenerator):
         self.logits_processor = logits_processor
         self.cache = drafter.new_cache(request_length=generation_config.max_length)
         self.taps = HiddenTaps(target, drafter.config.target_layer_ids, device=drafter.device).__enter__()
+        self.probe = None
+        if drafter.fold_config.mode == "cmr":  # its refreshes read the target's attention of the verifications
+            self.probe = TargetAttentionProbe(target).__enter__()
+            retrieval_state(self.cache).probe = self.probe
         self.acceptance_lengths: list[int] = []
         eos = generation_config.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else list(eos or []))
@@ -82,6 +87,8 @@ class FoldCandidateGenerator(CandidateGenerator):
 
     def close(self) -> None:
         self.taps.__exit__(None, None, None)
+        if self.probe is not None:
+            self.probe.__exit__(None, None, None)
 
     def get_candidates(self, input_ids: torch.LongTensor, model_kwargs=None, model_outputs=None,
                        is_first_iteration: bool = False, n_last_matches: int = 0, **kwargs):

@@ -52,9 +52,10 @@ once) and rebuilt when a request needs more room; :func:`release_fast_state` fre
 
 from __future__ import annotations
 
+import contextlib
 import os
-import warnings
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -64,6 +65,7 @@ from ..kernels.reference import fold_read_geometry_reference
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
+from ..modeling.retrieval import TargetAttentionProbe, retrieval_state
 from ..modeling.rope import compute_dtype
 from ..modeling.validation import validate_batch
 from .graphs import CapturedStep, EagerStep
@@ -426,6 +428,21 @@ class _StaticRunner:
         return self.runner.forward(ids, position, taps_out=taps), taps
 
 
+@contextlib.contextmanager
+def _cmr_probe(session: _Session, drafter, dcache):
+    """``cmr`` only: the target attention probe on the static target's host-length verify (its refreshes read those
+    weights), yielded while the rounds run; None for every other mode. ``cmr`` then runs host-length rounds."""
+    if drafter is None or drafter.fold_config.mode != "cmr":
+        yield None
+        return
+    if session.engine != "eager":
+        warn_once("fast loop: mode 'cmr' runs host-length (eager) rounds: its refreshes read the target's "
+                  "attention weights, which the captured verify step does not expose")
+    with TargetAttentionProbe(session.runner.model, runner=session.runner) as probe:
+        retrieval_state(dcache).probe = probe
+        yield probe
+
+
 def _decode(session: _Session, drafter, input_ids, budget: int, out: Tracker, sampling: Sampling, generator,
             prefill_chunk: int, target_attention: str = "bucket", fused: bool = False) -> GenerationResult:
     prompt_len = input_ids.shape[1]
@@ -447,11 +464,12 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: Tracker, sa
                            buffers=session.choice_buffers(slots))
 
     def rounds(last, position, pending, choice):
-        if session.engine == "eager":
-            eager_rounds(runner, drafter, dcache, budget, out, last, position, pending, choice)
-        else:
-            _static_rounds(session, drafter, dcache, static_drafter, last, position, budget, out, choice,
-                           target_attention, fused)
+        with _cmr_probe(session, drafter, dcache) as probe:
+            if session.engine == "eager" or probe is not None:
+                eager_rounds(runner, drafter, dcache, budget, out, last, position, pending, choice)
+            else:
+                _static_rounds(session, drafter, dcache, static_drafter, last, position, budget, out, choice,
+                               target_attention, fused)
 
     return decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk, on_taps, session.device)
 
@@ -586,13 +604,14 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     choice = TokenChoice(sampling, generator, session.runner.lm_head.weight.shape[0], session.device, last, set(),
                          slots, buffers=session.choice_buffers(slots))
     start = clock(session.device)
-    if engine == "eager":
-        taps = session.buffers(rows)[1] if drafter is not None else None
-        eager_rounds(_StaticRunner(session.runner, taps), drafter, dcache, budget, out, last, context_length, None,
-                     choice)
-    else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out, choice,
-                       target_attention, fused)
+    with _cmr_probe(session, drafter, dcache) as probe:
+        if engine == "eager" or probe is not None:
+            taps = session.buffers(rows)[1] if drafter is not None else None
+            eager_rounds(_StaticRunner(session.runner, taps), drafter, dcache, budget, out, last, context_length,
+                         None, choice)
+        else:
+            _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out, choice,
+                           target_attention, fused)
     end = clock(session.device)
     sequences = torch.tensor([out.tokens], device=session.device)
     result = GenerationResult(sequences=sequences, acceptance_lengths=out.acceptance, decode_s=end - start,

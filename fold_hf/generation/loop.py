@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
+from ..modeling.retrieval import target_attention_probe
 from ..modeling.validation import validate_batch
 from .rollback import LinearStateRollback, crop_attention_layers, has_linear_state
 from .rounds import decode, eager_rounds, num_proposals
@@ -162,14 +163,15 @@ def generate(
         out = Tracker(eos_ids(target, eos_token_id), StopStrings(stop_strings, tokenizer), streamer)
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         runner = ForwardRunner(target, taps, taps_device=drafter.device if drafter is not None else None)
-        cache = drafter.new_cache(request_length=prompt_len + max_new_tokens) if drafter is not None else None
+        with target_attention_probe(target, drafter):  # cmr only: the target's attention for its refreshes
+            cache = drafter.new_cache(request_length=prompt_len + max_new_tokens) if drafter is not None else None
 
-        def make_choice(logits: torch.Tensor) -> TokenChoice:
-            return TokenChoice(sampling, generator, logits.shape[-1], logits.device, input_ids, out.eos,
-                               num_proposals(drafter))
+            def make_choice(logits: torch.Tensor) -> TokenChoice:
+                return TokenChoice(sampling, generator, logits.shape[-1], logits.device, input_ids, out.eos,
+                                   num_proposals(drafter))
 
-        rounds = functools.partial(eager_rounds, runner, drafter, cache, max_new_tokens, out)
-        result = decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk=None)
+            rounds = functools.partial(eager_rounds, runner, drafter, cache, max_new_tokens, out)
+            result = decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk=None)
         return result if return_stats else result.sequences
     finally:
         if previous_config is not None:

@@ -13,8 +13,9 @@ in a device tensor, so a round can be captured once and replayed:
   ``static`` engine's uncaptured path);
 * every reading mode, each as a case of that one geometry, so the baselines run as fast as FOLD and a
   comparison of modes compares reading, not engines: ``fold`` (window + far memory), ``window`` (no far
-  memory), ``dflash`` (every entry near), ``rerope`` (``fold`` at α = 1 with each row's queries scaled by
-  max(1, log(p + 1) / log R)), ``yarn`` (``dflash`` with the request's rescaled rope tables, refilled in place
+  memory), ``dflash`` (every entry near), ``rerope`` (``fold`` at α = 1, every far entry at distance D from
+  every row, each row's queries scaled by max(1, log(p + 1) / log 4096)), ``yarn`` (``dflash`` with the request's
+  rescaled rope tables, refilled in place
   by :meth:`StaticDrafter.start_request`, so captured graphs stay valid) and ``streaming`` (the sinks and the
   most recent entries gathered into a ``[1, Hkv, budget, Dh]`` buffer by device-side indices, then read as
   ``dflash`` at their renumbered positions 0 .. kept-1, the block right after them). Before the context
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from ..kernels.reference import fold_read_geometry_reference, rotate_by_tables
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
+from ..modeling.read_plan import RERoPE_LOG_BASE
 from ..modeling.rope import compute_dtype
 
 STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming")
@@ -45,6 +47,10 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     """Why :class:`StaticDrafter` cannot run ``drafter`` as configured, or None when it can."""
     mode = drafter.fold_config.mode
     if mode not in STATIC_MODES:
+        if mode in ("infllm", "cmr"):
+            return (f"mode {mode!r}: its selection keeps per-request host state (InfLLM: per-layer block "
+                    "representatives from window attention; CMR: a refresh every 8 rounds from the target's "
+                    "attention), so its rounds draft on the host, uncaptured")
         return f"mode {mode!r} (static drafting covers {', '.join(STATIC_MODES)})"
     return None
 
@@ -132,28 +138,30 @@ class StaticDrafter:
         self.alpha = float(cfg.alpha) if cfg.mode == "fold" else 1.0
         self.has_far_mode = cfg.mode in ("fold", "rerope")
         if self.window is not None:
-            far_pos = self.window + torch.arange(self.block, device=self.device)
-            self.cos_far, self.sin_far = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
+            # fold reads its far memory from row r at distance D + r, rerope at D from every row (B.3)
+            rows = torch.arange(self.block, device=self.device) if cfg.mode == "fold" else torch.zeros(
+                self.block, dtype=torch.long, device=self.device)
+            self.cos_far, self.sin_far = rope.cos_sin(self.window + rows, scale=rope.attention_scaling**2, dtype=acc)
         # per layer: (D, far rope tables or None, reads the renumbered streaming selection). A sliding-window layer
-        # keeps its native window D = sliding_window at true positions in every mode, and reads the far memory at
-        # distance D + r in fold / rerope with FoldConfig.layers == "all" (read_plan.plan_layer_read's rules)
+        # keeps its native window D = sliding_window at true positions in every mode, and with FoldConfig.layers ==
+        # "all" reads the far memory of fold / rerope at the pair's shared distance (W + B, + r for fold), as
+        # read_plan.plan_layer_read does; ``layer_scaled``: rerope scales the layer's queries (layers in scope only)
         self.layer_geometry = []
+        self.layer_scaled = []
         thresholds = []
-        sliding_tables = {}
         for layer in drafter.layers:
             sw = layer.self_attn.sliding_window
             if sw is None:
                 far = self.has_far_mode
                 self.layer_geometry.append((self.window, (self.cos_far, self.sin_far) if far else None,
                                             cfg.mode == "streaming"))
+                self.layer_scaled.append(cfg.mode == "rerope")
                 if far:
                     thresholds.append(cfg.window)
                 continue
             far = self.has_far_mode and cfg.layers == "all"
-            if far and sw not in sliding_tables:
-                far_pos = sw + torch.arange(self.block, device=self.device)
-                sliding_tables[sw] = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
-            self.layer_geometry.append((int(sw), sliding_tables[sw] if far else None, False))
+            self.layer_geometry.append((int(sw), (self.cos_far, self.sin_far) if far else None, False))
+            self.layer_scaled.append(cfg.mode == "rerope" and far)
             if far:
                 thresholds.append(int(sw) - self.block)
         self.has_sliding = any(layer.self_attn.sliding_window is not None for layer in drafter.layers)
@@ -163,7 +171,7 @@ class StaticDrafter:
             self.plain_tables = rope.cos_sin(torch.arange(self.capacity + self.block, device=self.device), dtype=acc)
         # the far memory of some layer is non-empty once the context exceeds this (W for full-attention layers)
         self.far_threshold = min(thresholds) if thresholds else None
-        self.log_train_length = math.log(cfg.train_length) if cfg.mode == "rerope" else None
+        self.log_rerope_base = math.log(RERoPE_LOG_BASE) if cfg.mode == "rerope" else None
         if cfg.mode == "streaming":
             self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
             self.budget_slots = torch.arange(self.budget, device=self.device)
@@ -233,8 +241,8 @@ class StaticDrafter:
             kept_index = torch.where(self.budget_slots < self.sinks, self.budget_slots, self.budget_slots + shift)
             kept_index = kept_index.clamp_max(self.capacity - 1)
         query_positions = read_length + self.block_offsets  # block_start = end of the (kept) context
-        if self.log_train_length is not None:
-            row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_train_length).clamp_min(1.0)
+        if self.log_rerope_base is not None:
+            row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_rerope_base).clamp_min(1.0)
         context = drafter.context_features(new_features)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
         embed = drafter.target_embedding
@@ -289,7 +297,8 @@ class StaticDrafter:
             q = attn._heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
             k_blk = attn._heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
             v_blk = attn._heads(normed, attn.v_proj, attn.num_kv_heads, None)
-            scale = attn.scaling if row_scale is None else attn.scaling * row_scale[:, None]  # [B, 1]: rows
+            scaled = row_scale is not None and self.layer_scaled[i]
+            scale = attn.scaling * row_scale[:, None] if scaled else attn.scaling  # [B, 1]: rows
             query_near = (rotate_by_tables(q, cos_q, sin_q) * scale).to(self.dtype)
             query_far = None
             if with_far and far_tables is not None:
@@ -326,7 +335,7 @@ class StaticDrafter:
             cache_layer.keys.index_copy_(2, entry_positions, keys[:, :B].transpose(1, 2))
             cache_layer.values.index_copy_(2, entry_positions, values[:, :, :B])
             k_blk, v_blk = keys[:, B:], values[:, :, B:]
-            if row_scale is not None:  # rerope: scaling a row's query scales its logits, the rotation is linear
+            if row_scale is not None and self.layer_scaled[i]:  # rerope: a row's query scale scales its logits
                 q = q * row_scale.to(q.dtype)[None, :, None, None]
             query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
             query_far = (ops.rotate_heads(q, *far_tables, attn.scaling, self.dtype)

@@ -1,6 +1,6 @@
 """`StaticTarget`: our own forward of a Llama-family target over its own weights, with a preallocated KV cache.
 
-transformers' ``forward`` costs tens of milliseconds of Python per step at 8B scale (DESIGN §6) and its
+transformers' ``forward`` costs tens of milliseconds of Python per step at 8B scale (docs/design.md §6) and its
 ``DynamicCache`` reallocates; neither can be captured in a CUDA graph. This runner calls the model's own
 submodules (embedding, RMSNorms, q/k/v/o projections, q/k norms where the model has them, MLP, final norm,
 lm_head) so every weight is the model's own (no copies, PEFT wrappers included) and the numerics follow the
@@ -258,6 +258,9 @@ class StaticTarget:
             from torch.nn.attention.bias import causal_lower_right
 
             mask, causal = causal_lower_right(L, start + L), False
+        probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval), else None
+        if probe is not None and probe.armed and i == probe.layer_idx:
+            probe.capture(q, keys, self.scaling)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                               scale=self.scaling, enable_gqa=True)
 

@@ -3,9 +3,10 @@
 FOLD reads far entries at a virtual position, so a rotated key would have to be un-rotated and
 re-rotated every round. Storing keys unrotated serves every reading mode from one copy: the window
 branch rotates its ``W + B`` keys on the fly (cheap), the far branch rotates the query instead of the
-keys. The paper's vLLM implementation keeps the rotated cache *and* an unrotated side copy (up to
-6 GiB); ``keep_rotated_copy=True`` reproduces that layout so its cost can be measured
-(:meth:`FoldCache.bytes_held`), but the default holds one copy.
+keys. The paper's vLLM implementation keeps its rotated KV cache *and* an unrotated K and V side cache
+(2x our bytes per entry; up to 6 GiB); ``keep_rotated_copy=True`` adds rotated keys beside the unrotated K and V
+(1.5x ours) so a two-copy layout's cost can be measured (:meth:`FoldCache.bytes_held`), but the default holds one
+copy (docs/design.md §2).
 
 Buffers are preallocated and grow by doubling; rollback rewinds a length (no copy).
 """
@@ -140,6 +141,7 @@ class FoldCache(Cache):
         super().__init__(layers=[FoldCacheLayer(copy_rope) for _ in range(num_layers)])
         self.keep_rotated_copy = keep_rotated_copy
         self.request_length = request_length
+        self.retrieval = None  # per-request state of the infllm / cmr modes (fold_hf.modeling.retrieval)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].get_seq_length() if self.layers else 0
@@ -152,6 +154,7 @@ class FoldCache(Cache):
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
+        self.retrieval = None
 
     def bytes_held(self) -> int:
         """Bytes of every buffer this cache holds (allocated capacity, all copies)."""

@@ -1,6 +1,6 @@
 """`FoldDrafter`: a DFlash block-parallel drafter whose context read is set by a `FoldConfig`.
 
-Forward semantics of z-lab DFlash (DESIGN §4):
+Forward semantics of z-lab DFlash (docs/design.md §4):
 
 * context feature ``c_j = hidden_norm(fc(concat_l h_l[j]))``, ``h_l`` = output of target layer ``l``;
 * every layer derives context keys/values ``k_norm(k_proj(c))``, ``v_proj(c)`` (no input layernorm on
@@ -28,6 +28,8 @@ from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
 from .fold_config import FoldConfig
 from .read_plan import LayerRead, plan_layer_read
+from .retrieval import (RETRIEVAL_MODES, RetrievalParams, cmr_select_entries, plan_cmr_read, plan_infllm_read,
+                        retrieval_state)
 from .rope import RotaryTables, yarn_factor, yarn_rope_parameters
 
 
@@ -115,10 +117,15 @@ class DrafterAttention(nn.Module):
         else:
             k_new = v_new = None
         k_ctx, v_ctx, k_ctx_rotated = cache_layer(k_new, v_new, k_blk, v_blk)
-        read: LayerRead = read_for_layer(self, k_ctx.shape[2])
+        read: LayerRead = read_for_layer(self, k_ctx.shape[2], query=q, context_keys=k_ctx)
+        if read.gather is not None:  # a compact context (InfLLM): the read's indices refer to it
+            k_ctx, v_ctx = k_ctx.index_select(2, read.gather), v_ctx.index_select(2, read.gather)
+            k_ctx_rotated = None if k_ctx_rotated is None else k_ctx_rotated.index_select(2, read.gather)
         if k_ctx_rotated is not None and not (read.true_positions and read.rope is self.rope):
             k_ctx_rotated = None  # the rotated copy holds true positions under the base rope only
         out = drafter_read(self, q, k_ctx, v_ctx, k_blk, v_blk, read, self.scaling, k_ctx_rotated)
+        if read.on_read is not None:
+            read.on_read(self, q, k_ctx, k_blk)
         return self.o_proj(out.reshape(*out.shape[:2], -1))
 
 
@@ -225,8 +232,12 @@ class FoldDrafter(PreTrainedModel):
 
     def new_cache(self, request_length: int | None = None, keep_rotated_copy: bool = False) -> FoldCache:
         """An empty context cache for one request (``request_length`` = P + G, used by ``yarn``)."""
-        return FoldCache(len(self.layers), keep_rotated_copy=keep_rotated_copy, rope=self.rope,
-                         request_length=request_length)
+        cache = FoldCache(len(self.layers), keep_rotated_copy=keep_rotated_copy, rope=self.rope,
+                          request_length=request_length)
+        probe = self.__dict__.get("_target_probe")  # cmr: the target attention probe of the running generate
+        if probe is not None:
+            retrieval_state(cache).probe = probe
+        return cache
 
     # ------------------------------------------------------------------ reading geometry
     def _rope_for(self, sliding: bool, block_start: int, query_length: int, cache,
@@ -245,12 +256,25 @@ class FoldDrafter(PreTrainedModel):
         return tables
 
     def plan_read(self, layer_idx: int, num_context: int, block_start: int, query_length: int,
-                  device: torch.device | str = "cpu", cache=None, fold_config: FoldConfig | None = None) -> LayerRead:
-        """The geometry layer ``layer_idx`` reads with under ``fold_config`` (default: the drafter's own)."""
+                  device: torch.device | str = "cpu", cache=None, fold_config: FoldConfig | None = None,
+                  selection: torch.Tensor | None = None) -> LayerRead:
+        """The geometry layer ``layer_idx`` reads with under ``fold_config`` (default: the drafter's own).
+
+        ``cmr`` needs ``selection``, this round's entries (:func:`fold_hf.modeling.retrieval.cmr_select_entries`);
+        ``infllm``'s full-attention layers are planned inside the forward (their selection needs the layer's
+        queries and keys), its sliding layers here (as released)."""
         cfg = fold_config or self.fold_config
         attn = self.layers[layer_idx].self_attn
         sliding = attn.sliding_window is not None
         rope = self._rope_for(sliding, block_start, query_length, cache, cfg)
+        if cfg.mode == "cmr":
+            if selection is None:
+                raise ValueError("mode 'cmr' reads a selection: pass selection= (cmr_select_entries)")
+            return plan_cmr_read(selection, num_context=num_context, block_start=block_start,
+                                 query_length=query_length, rope=rope, sliding_window=attn.sliding_window,
+                                 device=device)
+        if cfg.mode == "infllm" and sliding:
+            cfg = cfg.replace(mode="dflash")  # InfLLM reads the full-attention layer alone (B.3)
         return plan_layer_read(
             cfg,
             num_context=num_context,
@@ -344,12 +368,27 @@ class FoldDrafter(PreTrainedModel):
             return run
 
         plans: dict[tuple, LayerRead] = {}
+        mode = self.fold_config.mode
+        if mode in RETRIEVAL_MODES and native:
+            raise ValueError(f"mode {mode!r} keeps per-request state in a FoldCache; transformers' native DFlash "
+                             "cache cannot hold it (use fold_hf.generate or target.generate without "
+                             "speculation_type='dflash')")
+        cmr_entries = None
+        if mode == "cmr":  # one selection per round, read by every layer
+            cmr_entries = cmr_select_entries(retrieval_state(cache), num_context, block_start,
+                                             RetrievalParams.of(self.fold_config))
 
-        def read_for(attn: DrafterAttention, T: int) -> LayerRead:
-            # layers differ in their read only through their sliding window: plan once per kind of layer
+        def read_for(attn: DrafterAttention, T: int, query=None, context_keys=None) -> LayerRead:
+            if mode == "infllm" and attn.sliding_window is None:  # per layer: its own keys and queries select
+                return plan_infllm_read(retrieval_state(cache), attn.layer_idx, query=query, context_keys=context_keys,
+                                        block_start=block_start, window=self.fold_config.window,
+                                        block_size=self.config.block_size, rope=self.rope,
+                                        params=RetrievalParams.of(self.fold_config))
+            # other layers differ in their read only through their sliding window: plan once per kind of layer
             key = (attn.sliding_window, T)
             if key not in plans:
-                plans[key] = self.plan_read(attn.layer_idx, T, block_start, Lq, device=hidden.device, cache=cache)
+                plans[key] = self.plan_read(attn.layer_idx, T, block_start, Lq, device=hidden.device, cache=cache,
+                                            selection=cmr_entries)
             return plans[key]
 
         for idx, layer in enumerate(self.layers):

@@ -1,7 +1,7 @@
 """`FoldConfig`: how a block-parallel drafter reads its context.
 
 Every reading mode is a setting of the same attention code path, so baselines and FOLD are compared
-on equal footing (DESIGN §3):
+on equal footing (docs/design.md §3):
 
 ==========  ===========================================================================================
 mode        what the drafter reads
@@ -11,12 +11,21 @@ fold        exact positions inside the window, every older entry as a position-f
             l_alpha mass; the two branches merged by mass
 dflash      the drafter as released: every context entry at its true distance
 window      FOLD's window only, older entries dropped
-streaming   ``sinks`` first entries + the most recent ``budget - sinks``; kept entries renumbered
-rerope      FOLD's window at true distances, older entries at distance D, queries scaled by
-            max(1, log(p + 1) / log(train_length)); one softmax over both
+streaming   ``sinks`` first entries + the most recent ``budget - sinks`` (2,048 in all by default); kept
+            entries renumbered
+rerope      FOLD's window at true distances, every older entry at distance D from every block row, queries
+            scaled by max(1, log(p + 1) / log 4096); one softmax over both
 yarn        every entry at its true distance, rope scaled by
             max(1, ceil((P + G + Q) / 256) * 256 / train_length)
+infllm      FOLD's window at true distances plus 128 initial entries, the 16 blocks of 128 (out of the older
+            entries) whose representative keys best match the block queries, and the not yet grouped entries,
+            all at distance D - 1; one softmax (full-attention layers only)
+cmr         SpecExtend's cross-model retrieval: ``budget`` / 32 chunks of 32 entries chosen from the target's
+            attention every 8 rounds (first round: the most recent ones), renumbered; every layer
 ==========  ===========================================================================================
+
+Budgets as the paper's Appendix B.3: ``streaming`` and ``cmr`` read ``budget`` entries (2,048 when not set);
+``fold``, ``rerope`` and ``infllm`` read the window W. Details of the baselines: ``docs/baselines.md``.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODES = ("fold", "dflash", "window", "streaming", "rerope", "yarn")
+MODES = ("fold", "dflash", "window", "streaming", "rerope", "yarn", "infllm", "cmr")
+DEFAULT_BUDGET = 2048  # StreamingLLM's and CMR's budget for every model in the paper (B.3)
 LAYER_SCOPES = ("all", "full")
 FOLD_CONFIG_NAME = "fold_config.json"
 
@@ -41,16 +51,22 @@ class FoldConfig:
     """Reading mode of a FOLD drafter.
 
     Args:
-        mode: one of ``fold``, ``dflash``, ``window``, ``streaming``, ``rerope``, ``yarn``.
+        mode: one of ``fold``, ``dflash``, ``window``, ``streaming``, ``rerope``, ``yarn``, ``infllm``, ``cmr``.
         window: W, the number of most recent context entries every block row reads at exact positions.
         alpha: concentration factor of the far memory (``fold`` only), ``alpha >= 1``; ``math.inf``
             gives a hard top-1 read.
         sinks: attention-sink entries kept by ``streaming``.
-        budget: total entries kept by ``streaming`` (sinks included); ``None`` means ``window``.
-        train_length: the drafter's training length R (``yarn`` reference length, ``rerope`` log base).
+        budget: total entries kept by ``streaming`` (sinks included) and ``cmr`` (a multiple of its 32-entry
+            chunk); ``None`` means 2,048, the paper's budget for both.
+        train_length: the drafter's training length R (``yarn``'s reference length; ReRoPE's log base is 4096
+            for every model, as in the paper).
         layers: ``all`` applies ``fold``/``rerope`` to every layer, a sliding-window layer keeping its native
-            window as the local branch and also reading the far memory; ``full`` leaves sliding-window
-            layers as released. ``dflash``, ``window``, ``streaming`` and ``yarn`` never change a sliding layer.
+            window as the local branch and also reading the older entries at the shared distant position;
+            ``full`` leaves sliding-window layers exactly as released (no far memory, no query scaling).
+            ``dflash``, ``window``, ``streaming``, ``yarn`` and ``infllm`` never change a sliding layer; ``cmr``
+            changes every layer (all read the selection).
+        extra: free-form settings; ``infllm_block``, ``infllm_init``, ``infllm_topk``, ``infllm_repr``, ``cmr_chunk``,
+            ``cmr_refresh`` override the paper's InfLLM (128, 128, 16, 4) and CMR (32, 8) settings.
         target_model: optional id of the target this setting was tuned for (informational).
         drafter_model: optional id of the drafter this setting was tuned for (informational).
     """
@@ -85,8 +101,15 @@ class FoldConfig:
             raise ValueError(f"FoldConfig.sinks must be an integer >= 0, got {self.sinks!r}")
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget <= self.sinks):
             raise ValueError(f"FoldConfig.budget must be an integer > sinks ({self.sinks}), got {self.budget!r}")
-        if self.budget is None and self.mode == "streaming" and self.window <= self.sinks:
-            raise ValueError(f"streaming needs window ({self.window}) > sinks ({self.sinks}) when budget is not set")
+        for key in ("infllm_block", "infllm_init", "infllm_topk", "infllm_repr", "cmr_chunk", "cmr_refresh"):
+            value = (self.extra or {}).get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"FoldConfig.extra[{key!r}] must be an integer >= 1, got {value!r}")
+        if self.mode == "cmr":
+            chunk = int((self.extra or {}).get("cmr_chunk", 32))
+            if self.retrieval_budget % chunk:
+                raise ValueError(f"FoldConfig.budget for cmr must be a multiple of its {chunk}-entry chunk, "
+                                 f"got {self.retrieval_budget}")
         if not isinstance(self.train_length, int) or self.train_length < 2:
             raise ValueError(f"FoldConfig.train_length must be an integer >= 2, got {self.train_length!r}")
         if self.layers not in LAYER_SCOPES:
@@ -94,7 +117,12 @@ class FoldConfig:
 
     @property
     def streaming_budget(self) -> int:
-        return self.budget if self.budget is not None else self.window
+        return self.budget if self.budget is not None else DEFAULT_BUDGET
+
+    @property
+    def retrieval_budget(self) -> int:
+        """Entries CMR selects (``budget``, 2,048 by default)."""
+        return self.budget if self.budget is not None else DEFAULT_BUDGET
 
     def replace(self, **changes: Any) -> "FoldConfig":
         """A copy with some fields changed (validated)."""

