@@ -222,7 +222,11 @@ class _Session:
     def step(self, key: tuple, fn):
         step = self.steps.get(key)
         if step is None:
-            step = CapturedStep(fn, pool=self.pool) if self.engine == "graphs" else EagerStep(fn)
+            # a recurrent target's verify commits the accepted state into the buffer it reads: its warm-up runs
+            # must leave that state as the loop left it
+            preserve = self.runner.step_state()
+            step = (CapturedStep(fn, pool=self.pool, preserve=preserve) if self.engine == "graphs"
+                    else EagerStep(fn, preserve=preserve))
             self.steps[key] = step
         return step
 

@@ -168,6 +168,12 @@ class StaticTarget:
         """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
         rolls back by its length; families with recurrent state select the accepted position's state."""
 
+    def step_state(self) -> list[torch.Tensor]:
+        """Buffers a verify both reads and overwrites (:meth:`accept` commits a recurrent family's state into the
+        buffer the next verify starts from), so that a captured step's warm-up runs can restore them
+        (:class:`fold_hf.generation.graphs.CapturedStep`). Empty for a KV cache: its writes are idempotent."""
+        return []
+
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""
         from ..kernels.layer_reference import is_silu
