@@ -86,8 +86,14 @@ _SESSION_ATTR = "_fold_fast_session"
 CAPACITY_ROUNDING = 256
 KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured (a benchmark sweep has 8)
 
-# state vector slots (long, on device)
-_T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT = range(5)
+# state vector slots (long, on device); _CUT: proposals the drafter keeps this round (a confidence threshold)
+_T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT, _CUT = range(6)
+
+
+def _verify_rows(drafter) -> int:
+    """Tokens one verify step feeds the target: the last committed token plus the drafter's proposals (z-lab B,
+    DeepSpec B + 1; 1 for AR)."""
+    return drafter.proposals_per_round + 1 if drafter is not None else 1
 
 
 def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu") -> str:
@@ -257,6 +263,7 @@ class _Output:
         self.acceptance: list[int] = []
         self.finish = "length"
         self.commit_times: list[float] | None = None  # perf_counter() after each round, when a benchmark asks
+        self.proposals: list[list[int]] = []
 
     def first(self, token: int) -> None:
         self.tokens.append(token)
@@ -376,7 +383,7 @@ def fast_generate(
         previous_config = drafter.fold_config
         drafter.set_fold_config(fold_config)
     try:
-        block = drafter.block_size if drafter is not None else 1
+        block = _verify_rows(drafter)
         capacity = prompt_len + max_new_tokens + block
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         session = _session(target, capacity, taps, engine)
@@ -430,23 +437,25 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
         num_prompt_tokens=prompt_len,
         mode=drafter.fold_config.mode if drafter is not None else "ar",
         finish_reason=out.finish,
+        proposals=out.proposals,
     )
 
 
 def _eager_rounds(session: _Session, drafter, dcache, last, position: int, budget: int, out: _Output) -> None:
     """Host-length rounds: the foundation loop's control flow over the static target."""
     runner = session.runner
-    block = drafter.block_size if drafter is not None else 1
+    block = _verify_rows(drafter)
     taps_buffer = session.buffers(block)[1] if drafter is not None else None
     pending = None  # context rows accepted since the drafter last ran
     while out.finish == "length" and len(out.tokens) < budget:
         k = min(block - 1, budget - len(out.tokens) - 1)
         if k > 0:
-            logits = drafter.draft_logits(last, pending, dcache, block_start=position)
-            drafts = logits[0, :k].argmax(-1).to(last.device)
+            drafts = drafter.propose(last, pending, dcache, block_start=position, limit=k)[0].to(last.device)
+            k = drafts.shape[0]  # a confidence threshold may propose fewer
             pending = None
         else:
             drafts = last.new_empty(0)
+        out.proposals.append(drafts.tolist())
         taps = taps_buffer[:, : k + 1] if taps_buffer is not None else None
         logits = runner.forward(torch.cat((last, drafts))[None], position, taps_out=taps)
         n, commit = greedy_accept(drafts, logits)
@@ -462,7 +471,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
                    out: _Output, target_attention: str = "bucket", fused: bool = False) -> None:
     """Device-length rounds (engines ``static`` and ``graphs``); one host read per round."""
     runner = session.runner
-    block = drafter.block_size if drafter is not None else 1
+    block = _verify_rows(drafter)
     ids, taps, offsets = session.buffers(block)
     with_taps = drafter is not None
     state = session.state
@@ -472,6 +481,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
     state[_D_LEN] = drafter_length
     state[_LAST : _LAST + 1] = last
     state[_LIMIT] = block - 1
+    state[_CUT] = block - 1
     limit = block - 1
     new_rows = 0  # host copy of state[_D_NEW]
     pending = None
@@ -485,11 +495,12 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             posterior = logits.argmax(-1)  # [B]
             drafts = ids[0, 1:]
             matched = (drafts == posterior[:-1]).long().cumprod(0).sum()
-            n = torch.minimum(matched, state[_LIMIT]).view(1)
+            # the drafter may have cut its proposal (state[_CUT], a confidence threshold): accept no further
+            n = torch.minimum(torch.minimum(matched, state[_LIMIT]), state[_CUT]).view(1)
             next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
                                     state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
                                     n + 1, posterior.gather(0, n), state[_LIMIT:]))
-            return next_state, torch.cat((n, posterior, drafts))
+            return next_state, torch.cat((n, state[_CUT : _CUT + 1], posterior, drafts))
 
         return run
 
@@ -511,16 +522,18 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
                 with_far = static_drafter.needs_far(drafter_length + new_rows)
                 session.step(("draft", session.draft_tag, with_far), draft(with_far)).replay()
             else:
-                logits = drafter.draft_logits(state[_LAST : _LAST + 1], pending, dcache, block_start=position)
-                ids[0, 1:] = logits[0].argmax(-1)
+                proposed = drafter.propose(state[_LAST : _LAST + 1], pending, dcache, block_start=position)[0]
+                ids[0, 1 : 1 + proposed.shape[0]] = proposed
+                state[_CUT] = proposed.shape[0]
                 pending = None
         bucket = bucket_length(position + block, runner.capacity)
         key = ("verify", block, bucket, with_taps, target_attention, fused)
         next_state, result = session.step(key, verify(bucket)).replay()
         state.copy_(next_state)
         values = result.tolist()  # the round's one device-to-host read
-        n = values[0]
-        posterior, drafts = values[1 : 1 + block], values[1 + block :]
+        n, cut = values[0], values[1]
+        posterior, drafts = values[2 : 2 + block], values[2 + block :]
+        out.proposals.append(drafts[: min(k, cut)] if drafter is not None else [])
         if drafter is not None and static_drafter is None:
             accepted = taps[:, : n + 1].clone()
             pending = accepted if pending is None else torch.cat((pending, accepted), 1)
@@ -546,7 +559,7 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
     ``fused_layers`` as in :func:`fast_generate`.
     """
-    block = drafter.block_size if drafter is not None else 1
+    block = _verify_rows(drafter)
     budget = rounds + 1
     taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
     session = _session(target, context_length + budget + block, taps, engine)

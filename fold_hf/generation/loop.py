@@ -183,21 +183,27 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
 
     drafter_cache = drafter.new_cache(request_length=prompt_len + budget) if drafter is not None else None
     position = prompt_len  # position of `last`, the newest token, not yet seen by the target
-    block = drafter.block_size if drafter is not None else 1
+    per_round = drafter.proposals_per_round if drafter is not None else 0
+
+    def sample_pick(logits: torch.Tensor):
+        """Draft tokens ``[m]`` drawn from ``logits [m, V]`` and the distribution q ``[m, V]`` they were drawn from."""
+        probs = process_logits(logits, **sample_kw)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
+
+    proposals: list[list[int]] = []
     while finish == "length" and len(new_tokens) < budget:
-        k = min(block - 1, budget - len(new_tokens) - 1)
+        k = min(per_round, budget - len(new_tokens) - 1)
         draft_probs = None
         if k > 0:
-            draft_logits = drafter.draft_logits(last, pending_context, drafter_cache, block_start=position)[0, :k]
+            # the drafter's family decides which slots predict and how (Markov head: slot by slot)
+            drafts, draft_probs = drafter.propose(last, pending_context, drafter_cache, block_start=position,
+                                                  limit=k, pick=sample_pick if do_sample else None)
             pending_context = None  # committed to the drafter cache by the draft
-            if do_sample:
-                draft_probs = process_logits(draft_logits, **sample_kw)
-                drafts = torch.multinomial(draft_probs, 1, generator=generator).squeeze(-1)
-            else:
-                drafts = draft_logits.argmax(-1)
             drafts = drafts.to(device)
+            k = drafts.shape[0]  # a confidence threshold may propose fewer
         else:
             drafts = last.new_empty(0)
+        proposals.append(drafts.tolist())
         verify_ids = torch.cat((last, drafts))[None]
         if taps is not None:
             with taps:
@@ -255,4 +261,5 @@ def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k,
         num_prompt_tokens=prompt_len,
         mode=drafter.fold_config.mode if drafter is not None else "ar",
         finish_reason=finish,
+        proposals=proposals,
     )

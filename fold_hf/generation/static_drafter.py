@@ -83,10 +83,7 @@ def commit_context(drafter: FoldDrafter, cache: FoldCache, target_hidden: torch.
     as the drafter's forward commits new context."""
     context = drafter.context_features(target_hidden)
     for layer, cache_layer in zip(drafter.layers, cache.layers):
-        attn = layer.self_attn
-        keys = attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm)
-        values = attn._heads(context, attn.v_proj, attn.num_kv_heads, None)
-        cache_layer.update(keys, values)
+        cache_layer.update(*layer.self_attn.project_keys_values(context))
 
 
 class StaticDrafter:
@@ -142,6 +139,10 @@ class StaticDrafter:
             self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
             self.budget_slots = torch.arange(self.budget, device=self.device)
         self.block_offsets = torch.arange(self.block, device=self.device)
+        # context rows a round commits = rows of the last verify (last token + proposals: B for z-lab, B + 1 for
+        # DeepSpec, whose anchor slot predicts too)
+        self.verify_rows = drafter.proposals_per_round + 1
+        self.row_offsets = torch.arange(self.verify_rows, device=self.device)
         self.mask_id = drafter.config.mask_token_id
         if layer_ops is not None:
             reason = fused_drafter_unsupported(drafter)
@@ -173,18 +174,21 @@ class StaticDrafter:
         """Commit the accepted context rows and draft one block; graph-capturable.
 
         Args:
-            new_features: ``[1, B, n_taps * H]`` tapped features of the last verify (first ``d_new`` rows count).
+            new_features: ``[1, R, n_taps * H]`` tapped features of the last verify (R = proposals + 1 rows; the
+                first ``d_new`` count).
             state: long device tensor; ``state[1]`` = d_len (entries committed before this round), ``state[2]``
-                = d_new (rows of ``new_features`` to commit), ``state[3]`` = the last committed token.
+                = d_new (rows of ``new_features`` to commit), ``state[3]`` = the last committed token; when the
+                drafter has a confidence threshold, ``state[5]`` receives the number of proposals it keeps.
             with_far: run the far branch (use :meth:`needs_far` on the host-known length).
 
         Returns:
-            ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long).
+            ``[R - 1]`` greedy proposals (long): slots 1 .. B-1 (z-lab) or 0 .. B-1 (DeepSpec, the Markov head's
+            argmax taken slot by slot on the device).
         """
         if self.owns_tables and self.yarn_rope is None:
             raise RuntimeError("yarn reads the request's rope tables: call start_request(request_length) first")
         layers = self._layers if self.ops is None else self._layers_fused
-        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far))
+        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far), state)
 
     def _block_inputs(self, new_features: torch.Tensor, state: torch.Tensor):
         """What every layer of a round needs (device tensors): entry positions of the new context rows, the new
@@ -193,7 +197,7 @@ class StaticDrafter:
         is) and each row's logit scale (``rerope``; else None)."""
         drafter, B = self.drafter, self.block
         d_len, d_new, last = state[1:2], state[2:3], state[3:4]
-        entry_positions = d_len + self.block_offsets
+        entry_positions = d_len + self.row_offsets
         context_length = d_len + d_new
         read_length, kept_index, row_scale = context_length, None, None
         if self.mode == "streaming":
@@ -208,8 +212,7 @@ class StaticDrafter:
             row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_train_length).clamp_min(1.0)
         context = drafter.context_features(new_features)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
-        embed = drafter.target_embedding
-        hidden = embed(ids[None].to(embed.weight.device)).to(self.dtype)
+        hidden = drafter.embed_block(ids[None]).to(self.dtype)
         return (entry_positions, context, hidden, self.cos[query_positions], self.sin[query_positions],
                 read_length, kept_index, row_scale)
 
@@ -221,11 +224,17 @@ class StaticDrafter:
         return self.read(query_near, query_far, keys, values, block_keys, block_values, self.cos, self.sin,
                          read_length, read_length, self.window, self.alpha)
 
-    def _draft_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Greedy drafts ``[B - 1]`` from the final-normed block ``[1, B, H]``."""
-        head = self.drafter.target_lm_head
-        logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
-        return logits[0].argmax(-1)
+    def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Greedy proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` (device ops only)."""
+        drafter = self.drafter
+        slots = hidden[0, drafter.first_proposal_slot :]
+        last = state[3:4]
+        tokens = drafter.pick_proposals(drafter.proposal_logits(slots), last)[0]
+        if drafter.is_deepspec and drafter.confidence_threshold > 0:
+            from ..modeling.families.deepspec import confident_length
+
+            state[5:6].copy_(confident_length(drafter, slots, tokens, last, drafter.confidence_threshold))
+        return tokens
 
     def _layers(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
                 with_far: bool) -> torch.Tensor:
@@ -233,14 +242,12 @@ class StaticDrafter:
         drafter, B = self.drafter, self.block
         for layer, cache_layer in zip(drafter.layers, self.cache.layers):
             attn = layer.self_attn
-            cache_layer.keys.index_copy_(2, entry_positions,
-                                         attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm))
-            cache_layer.values.index_copy_(2, entry_positions,
-                                           attn._heads(context, attn.v_proj, attn.num_kv_heads, None))
+            k_new, v_new = attn.project_keys_values(context)
+            cache_layer.keys.index_copy_(2, entry_positions, k_new)
+            cache_layer.values.index_copy_(2, entry_positions, v_new)
             normed = layer.input_layernorm(hidden)
-            q = attn._heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
-            k_blk = attn._heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
-            v_blk = attn._heads(normed, attn.v_proj, attn.num_kv_heads, None)
+            q = attn.project_queries(normed)
+            k_blk, v_blk = attn.project_keys_values(normed)
             scale = attn.scaling if row_scale is None else attn.scaling * row_scale[:, None]  # [B, 1]: rows
             query_near = (rotate_by_tables(q, cos_q, sin_q) * scale).to(self.dtype)
             query_far = None
@@ -248,8 +255,8 @@ class StaticDrafter:
                 query_far = (rotate_by_tables(q, self.cos_far, self.sin_far) * scale).to(self.dtype)
             block_keys = rotate_by_tables(k_blk, cos_q, sin_q).to(self.dtype)
             out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index)
-            hidden = hidden + attn.o_proj(out.reshape(1, B, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = layer.attention_residual(hidden, attn.o_proj(out.reshape(1, B, -1)))
+            hidden = layer.mlp_residual(hidden)
         return drafter.norm(hidden)
 
     def _layers_fused(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
@@ -265,16 +272,17 @@ class StaticDrafter:
             # (7 -> 4 GEMMs a layer with gate|up below; on the H200 a GEMM costs the same at any row count up to
             # 16, so the queries of the context rows, which nothing reads, cost nothing)
             rows = torch.cat((context, normed), 1)
-            qkv = F.linear(rows, qkv_weight, qkv_bias)  # [1, 2B, (Hq + 2 Hkv) D]
+            nc = context.shape[1]  # context rows: the last verify's (B, or B + 1 for DeepSpec)
+            qkv = F.linear(rows, qkv_weight, qkv_bias)  # [1, nc + B, (Hq + 2 Hkv) D]
             n_q, n_kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-            q = ops.add_rms_norm(qkv[:, B:, :n_q].view(1, B, attn.num_heads, attn.head_dim), None,
+            q = ops.add_rms_norm(qkv[:, nc:, :n_q].view(1, B, attn.num_heads, attn.head_dim), None,
                                  attn.q_norm.weight, attn.q_norm.eps)[1]
-            keys = ops.add_rms_norm(qkv[..., n_q:n_q + n_kv].view(1, 2 * B, attn.num_kv_heads, attn.head_dim), None,
+            keys = ops.add_rms_norm(qkv[..., n_q:n_q + n_kv].view(1, nc + B, attn.num_kv_heads, attn.head_dim), None,
                                     attn.k_norm.weight, attn.k_norm.eps)[1]
-            values = qkv[..., n_q + n_kv:].view(1, 2 * B, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-            cache_layer.keys.index_copy_(2, entry_positions, keys[:, :B].transpose(1, 2))
-            cache_layer.values.index_copy_(2, entry_positions, values[:, :, :B])
-            k_blk, v_blk = keys[:, B:], values[:, :, B:]
+            values = qkv[..., n_q + n_kv:].view(1, nc + B, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+            cache_layer.keys.index_copy_(2, entry_positions, keys[:, :nc].transpose(1, 2))
+            cache_layer.values.index_copy_(2, entry_positions, values[:, :, :nc])
+            k_blk, v_blk = keys[:, nc:], values[:, :, nc:]
             if row_scale is not None:  # rerope: scaling a row's query scales its logits, the rotation is linear
                 q = q * row_scale.to(q.dtype)[None, :, None, None]
             query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
@@ -344,6 +352,8 @@ def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     from ..kernels.layer_reference import is_silu
 
     dtype = drafter.fc.weight.dtype
+    if any(layer.self_attn.k_eq_v or layer.sandwich_norms for layer in drafter.layers):
+        return "Gemma-4-style layers (k_eq_v attention, sandwich norms): the fused step covers pre-norm layers only"
     norms = [drafter.norm] + [n for layer in drafter.layers for n in (layer.input_layernorm,
                                                                        layer.post_attention_layernorm,
                                                                        layer.self_attn.q_norm, layer.self_attn.k_norm)]
