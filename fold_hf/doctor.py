@@ -19,6 +19,7 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
     cfg = fold_config or drafter.fold_config
     dcfg = drafter.config
     checks = pair_checks(drafter, target)
+    checks.append(family_check(drafter))
 
     rope = drafter.rope
     params = dict(getattr(dcfg, "rope_parameters", None) or {})
@@ -51,6 +52,26 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
     checks.append(Check("cache", "ok", f"{per_entry * 1024 / 2**20:.2f} MiB per 1K context entries "
                                        f"(one unrotated K/V copy, {drafter.fc.weight.dtype})"))
     return checks
+
+
+def family_check(drafter: FoldDrafter) -> Check:
+    """What the drafter's checkpoint family proposes per round (DeepSpec: kind, Markov head, confidence head)."""
+    per_round = drafter.proposals_per_round
+    if not drafter.is_deepspec:
+        return Check("drafter family", "ok", f"z-lab DFlash: {per_round} drafted tokens per round "
+                                             f"({per_round + 1} verified)")
+    from .modeling.families.deepspec import describe
+
+    d = describe(drafter.config)
+    head = f"Markov rank {d['markov_rank']}" + (f" ({d['markov_head_type']})" if d["markov_rank"] else "")
+    if d["confidence_head"]:
+        conf = "confidence head" + (" with Markov features" if d["confidence_head_with_markov"] else "")
+        conf += f", threshold {drafter.confidence_threshold:g}" + (" (whole blocks)" if not
+                                                                    drafter.confidence_threshold else "")
+    else:
+        conf = "no confidence head"
+    return Check("drafter family", "ok", f"DeepSpec {d['kind']} ({d['variant']}): {per_round} drafted tokens per "
+                                         f"round ({per_round + 1} verified), {head}, {conf}")
 
 
 def format_checks(checks: list[Check]) -> str:

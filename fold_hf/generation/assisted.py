@@ -76,6 +76,7 @@ class FoldCandidateGenerator(CandidateGenerator):
         self._prefill = False
         k = min(self.drafter.proposals_per_round, self.max_length - input_ids.shape[1] - 1)
         if k <= 0:
+            self.proposals.append([])  # the round still verifies: the target's own token
             return input_ids, None
         processors = self.logits_processor if self.logits_processor is not None and len(self.logits_processor) else None
         chosen = [input_ids]
