@@ -209,6 +209,8 @@ class _Session:
             self.static_drafters = {}
             self.drafter_key = key
         tag = repr(cfg) + (" fused" if fused else "")
+        if drafter.confidence_threshold > 0:  # baked into the captured step (a DeepSpec confidence cut)
+            tag += f" confidence<{drafter.confidence_threshold!r}"
         if tag not in self.static_drafters:
             static = None
             if self.engine != "eager" and static_drafter_unsupported(drafter) is None:

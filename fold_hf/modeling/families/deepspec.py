@@ -283,7 +283,9 @@ def embed(drafter, ids: torch.Tensor) -> torch.Tensor:
     out = drafter.embed_tokens(ids.to(weight.device))
     scale = getattr(drafter.config, "embed_scale", None)
     if scale is not None:
-        out = out * torch.tensor(scale, dtype=weight.dtype, device=weight.device)
+        # sqrt(hidden) rounded to the weight dtype, as DeepSpec multiplies; a Python float (no host-to-device copy
+        # inside a captured step)
+        out = out * float(torch.tensor(scale, dtype=weight.dtype))
     return out
 
 
