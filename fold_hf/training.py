@@ -97,6 +97,9 @@ def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tens
         sequences (so a batch equals the mean of its sequences' losses); ``info["accuracy"]`` is the per-slot
         top-1 accuracy over all blocks, a ``[B - 1]`` tensor left on the device (no host sync per step).
     """
+    if getattr(drafter, "is_deepspec", False):
+        raise ValueError("dflash_loss trains the z-lab DFlash layout (slot 0 carries the anchor, the target's "
+                         "lm_head); a DeepSpec drafter's anchor slot predicts and it has its own heads")
     B = drafter.block_size
     b, L = labels.shape
     anchors = anchors.reshape(b, -1)

@@ -277,7 +277,7 @@ def test_speculative_sampling_with_the_markov_head_keeps_the_target_distribution
         drafter = FoldDrafter.from_pretrained(write_checkpoint(tmp_path, cfg, weights, dtype=torch.float64),
                                               fold_config=FoldConfig(window=4))
         warp = dict(temperature=0.8, top_k=3, top_p=0.95)
-        n = 6000
+        n = 3000
         gen = torch.Generator().manual_seed(4321)
         counts: dict = {}
         accepted = 0

@@ -9,8 +9,10 @@ Forward semantics of z-lab DFlash (DESIGN §4):
   itself bidirectionally and to the context;
 * output: final norm, then the target's ``lm_head`` on slots ``1 .. B-1``.
 
-The drafter holds no embedding or ``lm_head`` of its own: :meth:`FoldDrafter.bind_target` borrows
-the target's.
+A z-lab drafter holds no embedding or ``lm_head`` of its own: :meth:`FoldDrafter.bind_target` borrows
+the target's. DeepSpec drafters (DFlash / DSpark, :mod:`fold_hf.modeling.families.deepspec`) bring their own,
+predict at every slot ``0 .. B-1`` and may carry a Markov head; the loops ask any drafter for its proposals through
+:meth:`FoldDrafter.propose`, so verification and rollback do not depend on the family.
 """
 
 from __future__ import annotations
@@ -514,7 +516,8 @@ class FoldDrafter(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, fold_config: FoldConfig | None = None,
                         dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                         **kwargs) -> "FoldDrafter":
-        """Load a z-lab DFlash checkpoint (local dir or hub id). No code from the checkpoint runs.
+        """Load a z-lab DFlash or a DeepSpec DFlash/DSpark checkpoint (local dir or hub id), recognised by its
+        ``config.json``. No code from the checkpoint runs.
 
         A ``fold_config.json`` beside the weights is used when ``fold_config`` is not given.
         """
@@ -528,7 +531,8 @@ class FoldDrafter(PreTrainedModel):
         return load_drafter(cls, pretrained_model_name_or_path, fold_config=fold_config, dtype=dtype, device=device)
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
-        """Write the z-lab layout: ``config.json``, ``model.safetensors`` and ``fold_config.json``."""
+        """Write the layout the drafter was read in (z-lab or DeepSpec): ``config.json``, ``model.safetensors`` and
+        ``fold_config.json``."""
         from .loading import save_drafter
 
         save_drafter(self, save_directory)
