@@ -21,6 +21,7 @@ from fold_hf import FoldConfig, FoldDrafter
 from fold_hf.generation import fast_generate
 from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
 from fold_hf.generation.taps import HiddenTaps
+from fold_hf.kernels import default_layer_ops
 from deepspec_tiny import (MASK_ID, deepspec_config, deepspec_weights, markov_step_distributions, reference_block,
                            target_bigram, tiny_gemma4_target, write_checkpoint)
 from tiny import greedy_reference, mode_config, tiny_target
@@ -219,12 +220,14 @@ def test_static_step_matches_propose_round_by_round(drafters, variant, mode):
     feats = taps_of(target, drafter, ids)
     rows = drafter.proposals_per_round + 1
     prompt_len, total = 20, 140
-    static_cache = preallocated_cache(drafter, 256, "cpu", request_length=total)
-    static = StaticDrafter(drafter, static_cache)
-    static.start_request(total)
-    commit_context(drafter, static_cache, feats[:, :prompt_len])
-    for layer in static_cache.layers:
-        assert layer.length == prompt_len
+    steps = []
+    # the module step, and for pre-norm (Qwen3-like) layers the fused step (torch twins of its kernels on the CPU)
+    for ops in [None] + ([default_layer_ops(torch.device("cpu"))] if variant == "qwen3" else []):
+        static_cache = preallocated_cache(drafter, 256, "cpu", request_length=total)
+        static = StaticDrafter(drafter, static_cache, layer_ops=ops)
+        static.start_request(total)
+        commit_context(drafter, static_cache, feats[:, :prompt_len])
+        steps.append(static)
     cache = drafter.new_cache(request_length=total)
     pending = feats[:, :prompt_len]
     g = torch.Generator().manual_seed(0)
@@ -234,8 +237,9 @@ def test_static_step_matches_propose_round_by_round(drafters, variant, mode):
         last = ids[0, position : position + 1]
         want, _ = drafter.propose(last, pending, cache, block_start=position)
         state = torch.tensor([0, d_len, d_new, int(last), rows - 1, rows - 1, 0, 0])
-        got = static.draft(verify_rows, state, static.needs_far(d_len + d_new))
-        assert got.tolist() == want.tolist(), (variant, mode, position)
+        for static in steps:
+            got = static.draft(verify_rows, state.clone(), static.needs_far(d_len + d_new))
+            assert got.tolist() == want.tolist(), (variant, mode, position, static.ops)
         accepted = int(torch.randint(0, rows, (1,), generator=g)) + 1  # rows the verify commits
         verify_rows = torch.zeros_like(verify_rows)
         verify_rows[:, :accepted] = feats[:, position : position + accepted]
