@@ -1,5 +1,7 @@
-"""`fold-hf`: demo, bench, train-drafter and doctor, on the embedded pair (SmolLM2-135M-Instruct + its DFlash
-drafter) unless told otherwise."""
+"""`fold-hf`: demo, bench, summarize, doctor and train-drafter, on the embedded pair (SmolLM2-135M-Instruct + its
+DFlash drafter) unless told otherwise.
+
+torch and transformers are imported inside the commands, so ``fold-hf --help`` answers at once."""
 
 from __future__ import annotations
 
@@ -11,75 +13,101 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from .embedded import DEFAULT_DRAFTER, DEMO_TRAIN_LENGTH, DEMO_WINDOW, DTYPE_NAMES, load_embedded_pair
 
-DEFAULT_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dflash"
-DEMO_WINDOW = 512
-DEMO_TRAIN_LENGTH = 768
+DTYPES = {"auto": None, **{name: name for name in DTYPE_NAMES}}  # --dtype choices; load_embedded_pair resolves them
 
 
-def _device(name: str | None) -> torch.device:
+class CliError(Exception):
+    """A user-facing problem: printed as one ``fold-hf <command>: error: ...`` line, exit status 2."""
+
+
+def _device(name: str | None):
+    import torch
+
     if name:
         return torch.device(name)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
+def load_default_pair(device, drafter_dir: str | Path | None = None, dtype=None):
+    """(target, tokenizer, drafter) of the embedded pair (:func:`fold_hf.load_embedded_pair`)."""
+    return load_embedded_pair(device=device, dtype=dtype, drafter_dir=drafter_dir)
 
 
-def load_default_pair(device: torch.device, drafter_dir: str | Path | None = None, dtype: torch.dtype | None = None):
-    """(target, tokenizer, drafter) of the embedded pair; ``dtype`` None: fp32 on CPU, bf16 on GPU."""
-    from .modeling import FoldDrafter
-    from .modeling.gguf_target import load_smollm2
-
-    target, tokenizer = load_smollm2(device, dtype)
-    path = Path(drafter_dir) if drafter_dir else DEFAULT_DRAFTER
-    if not (path / "config.json").is_file():
-        raise SystemExit(f"no drafter at {path}: train one with `fold-hf train-drafter` or pass --drafter DIR")
-    drafter = FoldDrafter.from_pretrained(path, dtype=target.dtype, device=device)
-    drafter.bind_target(target)
-    return target, tokenizer, drafter
-
-
-def demo_prompt(tokenizer, tokens: int) -> torch.Tensor:
+def demo_prompt(tokenizer, tokens: int):
     """A long real input whose continuation repeats content from far back (a retrieval-heavy request)."""
+    import torch
+
     from .bench import build_suite
 
     req = build_suite(tokenizer, "retrieval", [tokens], per_tier=1, new_tokens=64, seed=2)[0]
     return torch.tensor([req["input_ids"]])
 
 
+class _TokenProgress:
+    """A streamer for :func:`fold_hf.generate` that shows ``name: n/total tokens`` on a terminal (stderr)."""
+
+    def __init__(self, label: str, total: int, stream=None):
+        self.label, self.total, self.stream = label, total, stream or sys.stderr
+        self.count, self._prompt_seen = 0, False
+        self.live = getattr(self.stream, "isatty", lambda: False)()
+
+    def put(self, tokens) -> None:
+        if not self._prompt_seen:  # the first call carries the prompt
+            self._prompt_seen = True
+            return
+        self.count += int(tokens.numel())
+        if self.live:
+            print(f"\r  {self.label}: {self.count}/{self.total} tokens", end="", file=self.stream, flush=True)
+
+    def end(self) -> None:
+        if self.live:
+            print("\r" + " " * (len(self.label) + 30) + "\r", end="", file=self.stream, flush=True)
+
+
 def cmd_demo(args) -> int:
+    import torch
+
     from . import FoldConfig, generate
 
     device = _device(args.device)
     torch.manual_seed(0)
     t0 = time.time()
     target, tokenizer, drafter = load_default_pair(device, args.drafter)
-    print(f"loaded SmolLM2-135M-Instruct + DFlash drafter on {device} in {time.time() - t0:.0f}s")
+    print(f"loaded SmolLM2-135M-Instruct + DFlash drafter on {device} in {time.time() - t0:.0f}s", flush=True)
     ids = demo_prompt(tokenizer, args.tokens).to(device)
     print(f"input: {ids.shape[1]} tokens of real code whose end restarts a function from far above; "
-          f"{args.new_tokens} new tokens, greedy")
+          f"{args.new_tokens} new tokens, greedy", flush=True)
     runs = {
         "AR (target alone)": None,
         "original drafter (dflash)": FoldConfig(mode="dflash", window=args.window),
         f"FOLD (W={args.window}, alpha=2)": FoldConfig(mode="fold", window=args.window, alpha=2.0),
     }
     results = {}
-    for name, cfg in runs.items():
+    for k, (name, cfg) in enumerate(runs.items(), 1):
+        print(f"[{k}/{len(runs)}] {name} ...", end="", flush=True)
+        start = time.time()
         res = generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
-                       fold_config=cfg, return_stats=True, eos_token_id=[])
+                       fold_config=cfg, return_stats=True, eos_token_id=[],
+                       streamer=_TokenProgress(name, args.new_tokens))
         results[name] = res
-    reference = results["AR (target alone)"].sequences
-    print(f"\n{'method':34s} {'tau':>6s} {'tok/s':>8s} {'same as AR':>11s}")
+        print(f" {time.time() - start:.0f}s" + (f", tau {res.tau:.2f}" if cfg else ""), flush=True)
+    ar = results["AR (target alone)"]
+    reference = ar.sequences
+    print("\ntau = tokens committed per target forward (verification round); AR commits 1 per forward")
+    print("speedup = AR time per token / the method's time per token, on this machine\n")
+    print(f"{'method':34s} {'tau':>6s} {'tok/s':>8s} {'speedup':>8s} {'same as AR':>11s}")
     for name, res in results.items():
-        tps = (res.num_new_tokens - 1) / res.decode_s if res.decode_s > 0 else float("nan")
+        tps = 1.0 / res.tpot_s if res.tpot_s > 0 else float("nan")
+        speedup = ar.tpot_s / res.tpot_s if res.tpot_s > 0 else float("nan")
         same = torch.equal(res.sequences, reference)
-        print(f"{name:34s} {res.tau:6.2f} {tps:8.1f} {str(same):>11s}")
+        tau = res.tau if res.acceptance_lengths else 1.0
+        print(f"{name:34s} {tau:6.2f} {tps:8.1f} {speedup:7.2f}x {str(same):>11s}")
     if device.type == "cpu":
         print("\nnote: on a CPU the target verifies a block of B tokens at about B times the cost of one AR step\n"
-              "(compute-bound), so tokens/s favour AR here; τ is the device-independent measure. On a GPU a\n"
-              "verification costs about one AR step: see benchmarks/results/ for GPU speedups.")
+              "(compute-bound), so the speedup column can fall below 1 here; tau is the device-independent measure.\n"
+              "On a GPU a verification costs about one AR step: see benchmarks/results/ for GPU speedups.")
     text = tokenizer.decode(reference[0, ids.shape[1]:])
     print("\ncontinuation (AR):\n" + text)
     if not all(torch.equal(r.sequences, reference) for r in results.values()):
@@ -88,10 +116,12 @@ def cmd_demo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .data import book_split, shakespeare_texts, stdlib_sources
+    from .data import book_split, package_sources, shakespeare_texts, stdlib_sources
+    from .embedded import require_demo_extra
     from .modeling.gguf_target import load_smollm2
     from .train_drafter import TrainSettings, train_drafter
 
+    require_demo_extra()
     device = _device(args.device)
     target, tokenizer = load_smollm2(device)
     books_train, books_held = book_split(shakespeare_texts())
@@ -102,8 +132,6 @@ def cmd_train(args) -> int:
                              new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
                              steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed,
                              warmup=args.warmup, init_from=args.init_from)
-    from .data import package_sources
-
     held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
     report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
                            max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only)
@@ -111,25 +139,43 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _bench_engine(engine: str, device: torch.device) -> str:
+def _bench_engine(engine: str, device) -> str:
     """``auto``: the fast path on CUDA (what a GPU user runs), the foundation loop elsewhere."""
     if engine == "auto":
         return "fast" if device.type == "cuda" else "loop"
     return engine
 
 
+def default_bench_out(device) -> Path:
+    """Where ``fold-hf bench`` writes without ``--out``: ``./fold-hf-bench/<date>-<machine>``."""
+    return Path("fold-hf-bench") / f"{_dt.date.today().isoformat()}-{_machine_tag(device)}"
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard must be i/n (e.g. 0/2), got {text!r}") from None
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"--shard i/n needs 0 <= i < n, got {text!r}")
+    return index, count
+
+
 def cmd_bench(args) -> int:
     from .bench import build_suite, default_methods, load_requests, run_bench, save_requests, summarize
 
     device = _device(args.device)
-    out = Path(args.out or f"benchmarks/results/{_dt.date.today().isoformat()}-{_machine_tag(device)}")
+    out = Path(args.out) if args.out else default_bench_out(device)
+    print(f"results go to {out.resolve()}" + ("" if args.out else " (choose with --out DIR)"), flush=True)
     requests_file = Path(args.requests) if args.requests else out / "requests.jsonl"
     if requests_file.is_file() and args.build_only:
         print(f"{requests_file} exists")
         return 0
     if not requests_file.is_file():
+        from .embedded import require_demo_extra
         from .modeling.gguf_target import load_smollm2_tokenizer
 
+        require_demo_extra()
         tokenizer = load_smollm2_tokenizer()
         requests = []
         for suite in args.suites:
@@ -145,50 +191,75 @@ def cmd_bench(args) -> int:
     if args.methods:
         methods = [m for m in methods if m.name in set(args.methods) | {"ar"}]
     if args.shard:
-        index, count = (int(x) for x in args.shard.split("/"))
+        index, count = args.shard
         requests = requests[index::count]
-    runs = run_bench(target, drafter, requests, methods, out / (f"shard{args.shard.replace('/', 'of')}"
-                                                                if args.shard else "run"),
+    runs = run_bench(target, drafter, requests, methods, out / (f"shard{index}of{count}" if args.shard else "run"),
                      max_minutes=args.max_minutes, engine=_bench_engine(args.engine, device))
     files = sorted(out.glob("*/runs.jsonl")) or [runs]
     summary = summarize(files, out, title=f"SmolLM2-135M + DFlash drafter, W={args.window}")
     _print_table(summary)
+    print(f"\nwrote runs, summary.json, summary.csv and plots under {out.resolve()}")
     return 0
+
+
+def run_files_under(folder: Path) -> list[Path]:
+    """``folder/runs.jsonl`` (one run) and ``folder/*/runs.jsonl`` (shards, repeats)."""
+    return sorted({*folder.glob("runs.jsonl"), *folder.glob("*/runs.jsonl")})
 
 
 def cmd_summarize(args) -> int:
     from .bench import summarize
 
     out = Path(args.out)
-    files = sorted(out.glob("*/runs.jsonl"))
+    if not out.is_dir():
+        raise CliError(f"{out} is not a directory: pass a results folder holding runs.jsonl or */runs.jsonl")
+    files = run_files_under(out)
     if not files:
-        raise SystemExit(f"no */runs.jsonl under {out}")
+        raise CliError(f"no runs.jsonl in {out} or its subfolders: run `fold-hf bench --out {out}` first")
     _print_table(summarize(files, out, title=args.title, focus=args.focus))
     return 0
+
+
+def _existing_dir(kind: str, value: str) -> Path:
+    """A local path given on the command line that must exist (a Hub repo id is not accepted here)."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise CliError(f"{kind} {value}: no such directory")
+    return path
 
 
 def cmd_doctor(args) -> int:
     from .doctor import diagnose, format_checks
     from .modeling import FoldConfig, FoldDrafter
 
-    drafter_dir = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER
+    drafter_dir = _existing_dir("--drafter", args.drafter) if args.drafter else DEFAULT_DRAFTER
+    target_dir = _existing_dir("--target-config", args.target_config) if args.target_config else None
+    try:
+        cfg = FoldConfig.from_pretrained(args.config) if args.config else None
+    except (FileNotFoundError, ValueError) as err:
+        raise CliError(f"--config: {err}") from None
     try:
         drafter = FoldDrafter.from_pretrained(drafter_dir)
     except (ValueError, OSError, TypeError) as err:  # a broken checkpoint is a finding, not a crash
         print(f"ERROR  checkpoint  {drafter_dir}: {err}")
         return 1
-    if args.target_config:
+    if target_dir is not None:
+        import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        if not (target_dir / "config.json").is_file():
+            raise CliError(f"--target-config {target_dir}: no config.json there")
         with torch.device("meta"):  # shapes only: no weights are read or allocated
-            target = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.target_config))
-        target_name = args.target_config
+            target = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(target_dir))
+        target_name = str(target_dir)
     else:
+        from .embedded import require_demo_extra
         from .modeling.gguf_target import load_smollm2
 
+        require_demo_extra()
         target, _ = load_smollm2("cpu")
         target_name = "SmolLM2-135M-Instruct (embedded)"
-    cfg = FoldConfig.from_pretrained(args.config) if args.config else drafter.fold_config
+    cfg = cfg or drafter.fold_config
     print(f"target: {target_name}\ndrafter: {drafter_dir}\nconfig: {cfg.to_dict()}\n")
     checks = diagnose(target, drafter, cfg, context_length=args.context)
     print(format_checks(checks))
@@ -219,96 +290,183 @@ def _print_table(summary: dict) -> None:
                   f"{r['tau_wins']:>5d}/{r['tau_ties']}/{r['tau_losses']}")
 
 
-def _machine_tag(device: torch.device) -> str:
+def _machine_tag(device) -> str:
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(device).replace(" ", "-").lower()
     return f"cpu-{platform.machine()}"
 
 
-def main(argv: list[str] | None = None) -> int:
+# ---------------------------------------------------------------------------------------------- argument parser
+class _LazyChoices:
+    """argparse ``choices`` computed on first use, so building the parser (and ``fold-hf --help``) imports nothing
+    heavy; ``fold-hf bench --help`` and a rejected value import the module that knows the names."""
+
+    def __init__(self, compute):
+        self._compute, self._names = compute, None
+
+    def _get(self) -> tuple[str, ...]:
+        if self._names is None:
+            self._names = tuple(self._compute())
+        return self._names
+
+    def __contains__(self, value) -> bool:
+        return value in self._get()
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+def bench_method_names() -> tuple[str, ...]:
+    """Every method ``fold-hf bench`` runs, from :func:`fold_hf.bench.default_methods` (new modes appear here)."""
+    from .bench import default_methods
+
+    return tuple(m.name for m in default_methods(DEMO_WINDOW, DEMO_TRAIN_LENGTH))
+
+
+def _bench_suites() -> tuple[str, ...]:
+    from .bench import SUITES
+
+    return tuple(SUITES)
+
+
+def _bench_engines() -> tuple[str, ...]:
     from .bench import BENCH_ENGINES
 
-    parser = argparse.ArgumentParser(prog="fold-hf", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    return ("auto", *BENCH_ENGINES)
 
-    demo = sub.add_parser("demo", help="AR vs original drafter vs FOLD on a long real input")
-    demo.add_argument("--device")
-    demo.add_argument("--drafter", help="drafter directory (default: the embedded one)")
-    demo.add_argument("--tokens", type=int, default=2048, help="input length")
-    demo.add_argument("--new-tokens", type=int, default=64)
-    demo.add_argument("--window", type=int, default=DEMO_WINDOW)
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends ``(default: X)`` to an option's help when it has a default worth showing."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        default = " ".join(map(str, action.default)) if isinstance(action.default, (list, tuple)) else action.default
+        return f"{text} (default: {default})".lstrip()
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fold-hf", description=__doc__)
+    parser.add_argument("--version", action="version", version="%(prog)s 0.1.0")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    demo = sub.add_parser("demo", help="AR vs the original drafter vs FOLD on one long real input (embedded pair)",
+                          description="Decode one long real input three ways on the embedded pair and print tau, "
+                                      "tokens/s, speedup and whether each output equals AR.")
+    demo.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when present, else cpu)")
+    demo.add_argument("--drafter", metavar="DIR", help="drafter directory (default: the embedded one)")
+    demo.add_argument("--tokens", type=int, default=2048, help="input length in tokens")
+    demo.add_argument("--new-tokens", type=int, default=64, help="tokens to generate")
+    demo.add_argument("--window", type=int, default=DEMO_WINDOW, help="FOLD window W")
     demo.set_defaults(func=cmd_demo)
 
-    train = sub.add_parser("train-drafter", help="train a DFlash drafter for SmolLM2-135M-Instruct")
-    train.add_argument("--out", required=True)
-    train.add_argument("--device")
-    train.add_argument("--layers", type=int, default=6)
-    train.add_argument("--block-size", type=int, default=8)
-    train.add_argument("--intermediate", type=int, default=448)
-    train.add_argument("--mask-token-id", type=int, default=16, help="SmolLM2's <empty_output>")
-    train.add_argument("--prompt-tokens", type=int, default=512)
-    train.add_argument("--new-tokens", type=int, default=256)
-    train.add_argument("--sequences", type=int, default=16384)
-    train.add_argument("--gen-batch", type=int, default=512)
-    train.add_argument("--steps", type=int, default=10000)
-    train.add_argument("--batch", type=int, default=32)
-    train.add_argument("--anchors", type=int, default=48)
-    train.add_argument("--lr", type=float, default=6e-4)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--warmup", type=int, default=300, help="linear warm-up steps before the cosine decay")
-    train.add_argument("--init-from", help="drafter directory to continue training from (new data, fresh optimizer)")
-    train.add_argument("--eval-package", default="transformers")
-    train.add_argument("--max-minutes", type=float, help="stop and save after this long (resume later)")
-    train.add_argument("--generate-only", action="store_true",
-                       help="generate OUT/data.pt (--sequences continuations, windows drawn with --seed) and stop")
-    train.add_argument("--data", nargs="+", metavar="DATA_PT",
-                       help="train on these data.pt files (one per GPU from --generate-only) instead of generating")
-    train.set_defaults(func=cmd_train)
-
-    bench = sub.add_parser("bench", help="τ and speedup of every mode vs AR by input length")
-    bench.add_argument("--out")
-    bench.add_argument("--device")
-    bench.add_argument("--drafter")
-    bench.add_argument("--requests", help="requests JSONL (built when missing)")
-    bench.add_argument("--build-only", action="store_true", help="only build the requests file")
-    bench.add_argument("--suites", nargs="+", default=["code", "books", "retrieval"])
-    bench.add_argument("--tiers", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    bench.add_argument("--per-tier", type=int, default=8)
+    bench = sub.add_parser("bench", help="τ and speedup of every reading mode vs AR by input length",
+                           description="AR and every reading mode on the same real requests (greedy, batch 1); "
+                                       "appends per request to OUT/run/runs.jsonl (resumable), writes summary.json, "
+                                       "summary.csv and plots.")
+    bench.add_argument("--out", metavar="DIR",
+                       help="results folder (default: ./fold-hf-bench/<date>-<machine>, printed at the start)")
+    bench.add_argument("--device", help="cpu, cuda, ... (default: cuda when present, else cpu)")
+    bench.add_argument("--drafter", metavar="DIR", help="drafter directory (default: the embedded one)")
+    bench.add_argument("--requests", metavar="FILE", help="requests JSONL (default: OUT/requests.jsonl, built when "
+                                                          "missing)")
+    bench.add_argument("--build-only", action="store_true", help="only build the requests file, then stop")
+    bench.add_argument("--suites", nargs="+", default=["code", "books", "retrieval"], metavar="SUITE",
+                       choices=_LazyChoices(_bench_suites), help="request suites, any of: %(choices)s")
+    bench.add_argument("--tiers", type=int, nargs="+", default=[1024, 2048, 4096, 8192], metavar="TOKENS",
+                       help="input lengths")
+    bench.add_argument("--per-tier", type=int, default=8, help="requests per suite and input length")
     bench.add_argument("--nested", action="store_true",
                        help="every tier's request k is a suffix of one input built at the longest tier (same text, "
                             "same continuation point), so tiers differ in length only")
-    bench.add_argument("--new-tokens", type=int, default=64)
-    bench.add_argument("--window", type=int, default=DEMO_WINDOW)
-    bench.add_argument("--train-length", type=int, default=DEMO_TRAIN_LENGTH)
-    bench.add_argument("--budget", type=int)
-    bench.add_argument("--methods", nargs="+")
-    bench.add_argument("--shard", help="i/n: run every n-th request starting at i")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--max-minutes", type=float)
-    bench.add_argument("--engine", choices=("auto", *BENCH_ENGINES), default="auto",
-                       help="decode with fold_hf.fast_generate (fast) or the foundation loop (loop); auto: fast on "
-                            "CUDA, loop elsewhere. Shards of one directory must use one engine")
+    bench.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
+    bench.add_argument("--window", type=int, default=DEMO_WINDOW, help="window W of every windowed mode")
+    bench.add_argument("--train-length", type=int, default=DEMO_TRAIN_LENGTH,
+                       help="the drafter's training length R (yarn, rerope)")
+    bench.add_argument("--budget", type=int, help="streaming budget (default: the window)")
+    bench.add_argument("--methods", nargs="+", metavar="METHOD", choices=_LazyChoices(bench_method_names),
+                       help="methods to run (AR always runs), any of: %(choices)s (default: all)")
+    bench.add_argument("--shard", type=_parse_shard, metavar="i/n", help="run every n-th request starting at i")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the request builder")
+    bench.add_argument("--max-minutes", type=float, help="stop after this long (run again to resume)")
+    bench.add_argument("--engine", choices=_LazyChoices(_bench_engines), default="auto", metavar="ENGINE",
+                       help="%(choices)s: decode with fold_hf.fast_generate (fast) or the foundation loop (loop); "
+                            "auto: fast on CUDA, loop elsewhere. Shards of one directory must use one engine")
     bench.add_argument("--dtype", choices=tuple(DTYPES), default="auto",
                        help="the pair's dtype; auto: fp32 on CPU, bf16 on GPU. In bf16 a speculative run can differ "
                             "from AR at a near-tie of two logits (the verify step rounds differently from one-token "
                             "decoding); fp32 shows losslessness. Shards of one directory must use one dtype")
     bench.set_defaults(func=cmd_bench)
 
-    doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run")
-    doctor.add_argument("--drafter", help="drafter directory (default: the embedded one)")
-    doctor.add_argument("--target-config", help="a target's config directory (checked on the meta device, no weights)")
-    doctor.add_argument("--config", help="FoldConfig: preset name, directory or file (default: the drafter's)")
-    doctor.add_argument("--context", type=int, help="context length to describe the plan at")
-    doctor.set_defaults(func=cmd_doctor)
-
-    summ = sub.add_parser("summarize", help="merge */runs.jsonl under a results folder into the table and plots")
-    summ.add_argument("out")
-    summ.add_argument("--title", default="")
-    summ.add_argument("--focus", help="method compared request by request with the others (default fold-a2)")
+    summ = sub.add_parser("summarize", help="merge the runs.jsonl of a results folder into the tables and plots")
+    summ.add_argument("out", metavar="DIR", help="results folder holding runs.jsonl or */runs.jsonl")
+    summ.add_argument("--title", default="", help="plot title")
+    summ.add_argument("--focus", metavar="METHOD",
+                      help="method compared request by request with the others (default: fold-a2)")
     summ.set_defaults(func=cmd_summarize)
 
+    doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run")
+    doctor.add_argument("--drafter", metavar="DIR", help="drafter directory (default: the embedded one)")
+    doctor.add_argument("--target-config", metavar="DIR",
+                        help="a target's config directory, checked on the meta device without weights "
+                             "(default: the embedded SmolLM2 target)")
+    doctor.add_argument("--config", metavar="NAME",
+                        help="FoldConfig: preset name, directory, file or Hub repo id (default: the drafter's)")
+    doctor.add_argument("--context", type=int, help="context length to describe the plan at (default: 4 (W + B))")
+    doctor.set_defaults(func=cmd_doctor)
+
+    train = sub.add_parser("train-drafter", help="train a DFlash drafter for SmolLM2-135M-Instruct",
+                           description="Defaults are the committed drafter's recipe.")
+    train.add_argument("--out", required=True, metavar="DIR", help="output folder (resumes what is there)")
+    train.add_argument("--device", help="cpu, cuda, ... (default: cuda when present, else cpu)")
+    train.add_argument("--layers", type=int, default=6, help="drafter layers")
+    train.add_argument("--block-size", type=int, default=8, help="block size B")
+    train.add_argument("--intermediate", type=int, default=448, help="MLP width")
+    train.add_argument("--mask-token-id", type=int, default=16, help="mask token (SmolLM2's <empty_output>)")
+    train.add_argument("--prompt-tokens", type=int, default=512, help="real tokens per training window")
+    train.add_argument("--new-tokens", type=int, default=256, help="target-generated tokens per window")
+    train.add_argument("--sequences", type=int, default=16384, help="training sequences to generate")
+    train.add_argument("--gen-batch", type=int, default=512, help="batch of the data generation")
+    train.add_argument("--steps", type=int, default=10000, help="optimizer steps")
+    train.add_argument("--batch", type=int, default=32, help="sequences per step")
+    train.add_argument("--anchors", type=int, default=48, help="anchors (blocks) per sequence")
+    train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
+    train.add_argument("--seed", type=int, default=0, help="seed")
+    train.add_argument("--warmup", type=int, default=300, help="linear warm-up steps before the cosine decay")
+    train.add_argument("--init-from", metavar="DIR",
+                       help="drafter directory to continue training from (new data, fresh optimizer)")
+    train.add_argument("--eval-package", default="transformers", help="installed package whose source is held out")
+    train.add_argument("--max-minutes", type=float, help="stop and save after this long (resume later)")
+    train.add_argument("--generate-only", action="store_true",
+                       help="generate OUT/data.pt (--sequences continuations, windows drawn with --seed) and stop")
+    train.add_argument("--data", nargs="+", metavar="DATA_PT",
+                       help="train on these data.pt files (one per GPU from --generate-only) instead of generating")
+    train.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (CliError, ImportError) as err:
+        if isinstance(err, ImportError) and "fold-hf[" not in str(err):
+            raise
+        print(f"fold-hf {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

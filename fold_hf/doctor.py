@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .embedded import recorded_training_length
 from .modeling.drafter import FoldDrafter
 from .modeling.fold_config import FoldConfig
 from .modeling.validation import Check, pair_checks
@@ -32,11 +33,19 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
 
     B = dcfg.block_size
     D = cfg.window + B
-    inside = D <= cfg.train_length
+    length, source = cfg.train_length, "the config's train_length"
+    recorded = recorded_training_length(drafter.name_or_path) if getattr(drafter, "name_or_path", None) else None
+    if recorded is not None and recorded[0] != cfg.train_length:
+        # the drafter's own record of what it saw beats a preset written for another drafter
+        length, source = recorded[0], f"{recorded[1]}; the config says {cfg.train_length}"
+        checks.append(Check("train_length", "warn", f"the drafter records a training length of {recorded[0]} "
+                                                    f"({recorded[1]}) but the config says {cfg.train_length}: "
+                                                    f"pass train_length={recorded[0]}"))
+    inside = D <= length
     checks.append(Check("window vs training length", "ok" if inside else "warn",
-                        f"W + B = {D} <= training length {cfg.train_length}: the window stays inside trained distances"
-                        if inside else f"W + B = {D} exceeds the training length {cfg.train_length}: window entries "
-                        f"are read at distances the drafter never saw; lower window"))
+                        f"W + B = {D} <= training length {length} ({source}): the window stays inside trained "
+                        f"distances" if inside else f"W + B = {D} exceeds the training length {length} ({source}): "
+                        f"window entries are read at distances the drafter never saw; lower window"))
     if cfg.mode in ("yarn", "rerope"):
         checks.append(Check("train_length", "ok", f"{cfg.mode} uses train_length={cfg.train_length} as R"))
 
@@ -56,7 +65,7 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
 
 def family_check(drafter: FoldDrafter) -> Check:
     """What the drafter's checkpoint family proposes per round (DeepSpec: kind, Markov head, confidence head)."""
-    per_round = drafter.proposals_per_round
+    per_round = drafter.num_proposals
     if not drafter.is_deepspec:
         return Check("drafter family", "ok", f"z-lab DFlash: {per_round} drafted tokens per round "
                                              f"({per_round + 1} verified)")

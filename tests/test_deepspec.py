@@ -83,7 +83,7 @@ def test_block_logits_and_greedy_proposals_match_the_float64_reference(drafters,
     drafter, cfg, weights, _ = drafters[variant, kind]
     target = qwen3_target() if variant == "qwen3" else gemma4_target()
     drafter.bind_target(target).set_fold_config(FoldConfig(mode="dflash"))
-    assert drafter.family == "deepspec" and drafter.proposals_per_round == cfg["block_size"]
+    assert drafter.family == "deepspec" and drafter.num_proposals == cfg["block_size"]
     assert (drafter.markov_head is not None) == (kind == "dspark")
     ids = prompt(0, 21)
     feats = taps_of(target, drafter, ids)
@@ -145,9 +145,12 @@ def test_greedy_lossless_qwen3_all_three_paths(drafters, kind, mode):
         for props, accepted in zip(res.proposals, res.acceptance_lengths):
             assert accepted - 1 <= len(props)
         drafter.set_fold_config(mode_config(mode))
-        hf = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False)
+        hf = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False, fold_fast=False)
         assert torch.equal(hf, ref), (kind, mode, seed)
         assert drafter.last_acceptance_lengths == res.acceptance_lengths
+        assert drafter.last_proposals == res.proposals
+        routed = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False)  # fast loop
+        assert torch.equal(routed, ref), (kind, mode, seed)
         assert drafter.last_proposals == res.proposals
         for engine in ("eager", "static"):
             fast = fast_generate(target, drafter, input_ids=ids, max_new_tokens=30, return_stats=True,
@@ -199,9 +202,10 @@ def test_greedy_lossless_gemma4_foundation_and_transformers_paths(drafters, kind
                                fold_config=mode_config(mode))
         assert torch.equal(res.sequences, ref), (kind, mode, seed)
         drafter.set_fold_config(mode_config(mode))
-        hf = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False)
+        hf = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False, fold_fast=False)
         assert torch.equal(hf, ref), (kind, mode, seed)
         assert drafter.last_acceptance_lengths == res.acceptance_lengths
+        assert drafter.last_proposals == res.proposals
         rounds += res.acceptance_lengths
     assert min(rounds) == 1, rounds
     if kind == "dspark":
@@ -218,7 +222,7 @@ def test_static_step_matches_propose_round_by_round(drafters, variant, mode):
     drafter.bind_target(target).set_fold_config(mode_config(mode))
     ids = prompt(30, 140)
     feats = taps_of(target, drafter, ids)
-    rows = drafter.proposals_per_round + 1
+    rows = drafter.num_proposals + 1
     prompt_len, total = 20, 140
     steps = []
     # the module step, and for pre-norm (Qwen3-like) layers the fused step (torch twins of its kernels on the CPU)
@@ -257,7 +261,7 @@ def test_markov_sampling_returns_the_biased_step_distributions(drafters):
     feats = taps_of(target, drafter, ids)
     g = torch.Generator().manual_seed(0)
 
-    def pick(logits):
+    def pick(logits, first_slot=0):
         probs = torch.softmax(logits.double(), -1)
         return torch.multinomial(probs, 1, generator=g).squeeze(-1), probs
 
@@ -327,7 +331,7 @@ def test_zlab_checkpoints_still_save_in_their_own_layout(tmp_path):
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["architectures"] == ["DFlashDraftModel"] and "dflash_config" in written
     again = FoldDrafter.from_pretrained(tmp_path)
-    assert again.family == "zlab" and again.proposals_per_round == zlab.block_size - 1
+    assert again.family == "zlab" and again.num_proposals == zlab.block_size - 1
 
 
 def _broken(tmp_path, edit_config=None, edit_weights=None, variant="qwen3", kind="dspark"):
@@ -363,7 +367,7 @@ def test_errors_name_the_file_and_field(tmp_path):
         fold_hf.generate(qwen3_target(), gemma_drafter, input_ids=prompt(0, 5), max_new_tokens=3)
     with pytest.raises(ValueError, match="speculation_type='dflash'"):
         gemma4_target().generate(prompt(0, 5), assistant_model=gemma_drafter, max_new_tokens=3,
-                                 speculation_type="dflash")
+                                 speculation_type="dflash", fold_fast=False)
 
 
 def test_doctor_reports_the_deepspec_fields(drafters):

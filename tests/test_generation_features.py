@@ -1,4 +1,9 @@
-"""generate() features on both paths: eos lists, stop strings, streamers, dict outputs, limits, repeated calls."""
+"""generate() features on every path: eos lists, stop strings, streamers, dict outputs, limits, repeated calls.
+
+The paths: fold_hf.generate (the loop over the model's forward), target.generate with the drafter (routed to the fast
+loop) and target.generate(..., fold_fast=False) (transformers' assisted loop with FOLD's candidate generator)."""
+
+import warnings
 
 import pytest
 import torch
@@ -45,10 +50,23 @@ class Collect:
         self.ended = True
 
 
-def both_paths(target, drafter, ids, **kw):
-    ours = fold_hf.generate(target, drafter, input_ids=ids, **{k: v for k, v in kw.items() if k != "return_dict_in_generate"})
-    hf = target.generate(ids, assistant_model=drafter, do_sample=False, **kw)
-    return ours, hf
+def routed(target):
+    """Whether the last target.generate call ran on the fast loop (it leaves its session on the target)."""
+    return target.__dict__.get("_fold_fast_session") is not None
+
+
+def all_paths(target, drafter, ids, **kw):
+    """(fold_hf.generate, target.generate routed to the fast loop, transformers' assisted loop)."""
+    ours = fold_hf.generate(target, drafter, input_ids=ids, **kw)
+    fold_hf.generation.release_fast_state(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a routed request gives no warning
+        fast = target.generate(ids, assistant_model=drafter, do_sample=False, **kw)
+    assert routed(target)
+    fold_hf.generation.release_fast_state(target)
+    hf = target.generate(ids, assistant_model=drafter, do_sample=False, fold_fast=False, **kw)
+    assert not routed(target)
+    return ours, fast, hf
 
 
 def test_eos_list_stops_exactly_where_the_target_stops(pair):
@@ -62,9 +80,9 @@ def test_eos_list_stops_exactly_where_the_target_stops(pair):
         if not eos:
             continue
         ref = target.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=eos)
-        ours, hf = both_paths(target, drafter, ids, max_new_tokens=40, eos_token_id=eos)
-        assert torch.equal(ours, ref) and torch.equal(hf, ref)
-        assert ours[0, -1].item() in eos
+        for out in all_paths(target, drafter, ids, max_new_tokens=40, eos_token_id=eos):
+            assert torch.equal(out, ref)
+        assert ref[0, -1].item() in eos
 
 
 def test_stop_strings_spanning_blocks(pair, tokenizer):
@@ -74,24 +92,22 @@ def test_stop_strings_spanning_blocks(pair, tokenizer):
         free = greedy_reference(target, ids, 40)[0, ids.shape[1] :].tolist()
         stop = "".join(chr(97 + t) for t in free[10:13])  # three tokens: usually crosses a block boundary
         ref = target.generate(ids, max_new_tokens=40, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
-        ours = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, stop_strings=[stop],
-                                tokenizer=tokenizer)
-        hf = target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False, stop_strings=[stop],
-                             tokenizer=tokenizer)
-        assert torch.equal(ours, ref), seed
-        assert torch.equal(hf, ref), seed
+        for path, out in enumerate(all_paths(target, drafter, ids, max_new_tokens=40, stop_strings=[stop],
+                                             tokenizer=tokenizer)):
+            assert torch.equal(out, ref), (seed, path)
         assert tokenizer.decode(ref[0, ids.shape[1] :]).endswith(stop)
 
 
 def test_streamer_receives_prompt_then_every_token(pair):
     target, drafter = pair
     ids = prompt(3)
-    for run in ("ours", "hf"):
+    for run in ("ours", "fast", "hf"):
         streamer = Collect()
         if run == "ours":
             out = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=30, streamer=streamer)
         else:
-            out = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False, streamer=streamer)
+            out = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False, streamer=streamer,
+                                  fold_fast=run == "fast")
         assert streamer.ended
         assert streamer.chunks[0] == ids[0].tolist()
         assert sum(streamer.chunks[1:], []) == out[0, ids.shape[1] :].tolist()
@@ -101,8 +117,16 @@ def test_return_dict_in_generate(pair):
     target, drafter = pair
     ids = prompt(4)
     ref = greedy_reference(target, ids, 25)
-    out = target.generate(ids, assistant_model=drafter, max_new_tokens=25, do_sample=False,
-                          return_dict_in_generate=True, output_scores=True)
+    stats = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=25, return_stats=True)
+    fast = target.generate(ids, assistant_model=drafter, max_new_tokens=25, return_dict_in_generate=True)
+    assert torch.equal(fast.sequences, ref) and fast["sequences"] is fast.sequences
+    assert fast.acceptance_lengths == stats.acceptance_lengths and fast.tau == pytest.approx(stats.tau)
+    assert fast.finish_reason == "length"
+    # scores are transformers' loop's: the request runs there, saying why
+    with pytest.warns(UserWarning, match="output_scores") as record:
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=25, do_sample=False,
+                              return_dict_in_generate=True, output_scores=True)
+    assert len([w for w in record if str(w.message).startswith("fold_hf")]) == 1
     assert torch.equal(out.sequences, ref)
     assert len(out.scores) == 25
 
@@ -112,13 +136,15 @@ def test_limits_smaller_than_a_block_and_one_token_prompt(pair, new_tokens):
     target, drafter = pair
     for ids in (prompt(5, 1), prompt(6, 16), prompt(7, 60)):  # 1 token, exactly W, beyond W
         ref = greedy_reference(target, ids, new_tokens)
-        ours, hf = both_paths(target, drafter, ids, max_new_tokens=new_tokens)
-        assert torch.equal(ours, ref) and torch.equal(hf, ref)
+        for out in all_paths(target, drafter, ids, max_new_tokens=new_tokens):
+            assert torch.equal(out, ref)
     ids = prompt(8, 20)
     ref = target.generate(ids, max_length=20 + new_tokens, do_sample=False)
     assert torch.equal(fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=None,
                                         max_length=20 + new_tokens), ref)
-    assert torch.equal(target.generate(ids, assistant_model=drafter, max_length=20 + new_tokens, do_sample=False), ref)
+    for fast in (True, False):
+        assert torch.equal(target.generate(ids, assistant_model=drafter, max_length=20 + new_tokens, do_sample=False,
+                                           fold_fast=fast), ref)
 
 
 def test_repeated_calls_share_no_state(pair):
@@ -127,6 +153,7 @@ def test_repeated_calls_share_no_state(pair):
     first = fold_hf.generate(target, drafter, input_ids=ids_a, max_new_tokens=30, return_stats=True)
     fold_hf.generate(target, drafter, input_ids=ids_b, max_new_tokens=30)
     target.generate(ids_b, assistant_model=drafter, max_new_tokens=30, do_sample=False)
+    target.generate(ids_b, assistant_model=drafter, max_new_tokens=30, do_sample=False, fold_fast=False)
     again = fold_hf.generate(target, drafter, input_ids=ids_a, max_new_tokens=30, return_stats=True)
     assert torch.equal(first.sequences, again.sequences)
     assert first.acceptance_lengths == again.acceptance_lengths

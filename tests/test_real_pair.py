@@ -71,6 +71,11 @@ def test_demo_runs(capsys):
     assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16", "--window", "128"]) == 0
     printed = capsys.readouterr().out
     assert "FOLD" in printed and "original drafter" in printed and "same as AR" in printed
+    # progress per method, τ defined in one line, a speedup column (AR is 1.00x by definition)
+    assert "[1/3] AR (target alone) ..." in printed and "[3/3] FOLD" in printed
+    assert "tau = tokens committed per target forward" in printed
+    ar_row = next(line for line in printed.splitlines() if line.startswith("AR (target alone)") and "x" in line)
+    assert " 1.00x " in ar_row and "speedup" in printed
 
 
 class _CharTokenizer:

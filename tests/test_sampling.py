@@ -100,3 +100,77 @@ def test_hf_path_sampling_runs_and_respects_limits(pair):
     out = target.generate(PROMPT, assistant_model=drafter, do_sample=True, max_new_tokens=12, temperature=0.8)
     assert out.shape == (1, PROMPT.shape[1] + 12)
     assert bool((out >= 0).all() and (out < VOCAB).all())
+
+
+FULL_WARP = dict(temperature=0.8, top_k=3, top_p=0.95, min_p=0.1, repetition_penalty=1.3)
+
+
+def transformers_distribution(target, settings: dict) -> dict:
+    """The exact distribution of the NEW tokens under transformers' own processors (the independent statement of the
+    rule: repetition penalty over prompt and generated tokens, then temperature, top-k, top-p, min-p), float64."""
+    from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                              TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(settings["repetition_penalty"]),
+                                      TemperatureLogitsWarper(settings["temperature"]),
+                                      TopKLogitsWarper(settings["top_k"]), TopPLogitsWarper(settings["top_p"]),
+                                      MinPLogitsWarper(settings["min_p"])])
+    seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW)))
+    ids = torch.cat((PROMPT.expand(len(seqs), -1), seqs), dim=1)
+    with torch.no_grad():
+        logits = target(ids).logits.double()
+    P = PROMPT.shape[1]
+    prob = torch.ones(len(seqs), dtype=torch.float64)
+    for j in range(NEW):
+        scores = processors(ids[:, : P + j], logits[:, P + j - 1].clone())
+        prob *= scores.softmax(-1).gather(-1, seqs[:, j : j + 1]).squeeze(-1)
+    return {tuple(s.tolist()): float(pi) for s, pi in zip(seqs, prob)}
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_fast_loop_samples_the_target_distribution(pair, engine):
+    """The fast loop's device-side speculative sampling (min-p and the repetition penalty included) against
+    transformers' processors, on both CPU engines (the graphs engine: the gpu test in test_front_door)."""
+    from fold_hf.generation import fast_generate
+
+    target, drafter = pair
+    n = 4_000
+    gen = torch.Generator().manual_seed(4321)
+    counts: dict = {}
+    accepted = 0
+    for _ in range(n):
+        res = fast_generate(target, drafter, input_ids=PROMPT, max_new_tokens=NEW, do_sample=True, generator=gen,
+                            return_stats=True, engine=engine, **FULL_WARP)
+        key = tuple(res.new_tokens[0].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        accepted += res.acceptance_lengths[0] - 1
+    probs = transformers_distribution(target, FULL_WARP)
+    assert abs(sum(probs.values()) - 1) < 1e-9
+    stat, df = chi2_statistic(counts, probs, n)
+    assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"
+    assert accepted > n * 0.2, "drafts were rarely accepted: the test would not exercise speculative acceptance"
+
+
+@pytest.mark.gpu
+def test_graphs_engine_samples_the_target_distribution(pair):
+    """GPU only (CUDA graphs): the captured round's speculative sampling against transformers' processors."""
+    import copy
+
+    from fold_hf.generation import fast_generate, release_fast_state
+
+    target, drafter = pair
+    gpu_target = copy.deepcopy(target).to("cuda", torch.float32)
+    gpu_drafter = copy.deepcopy(drafter).to("cuda", torch.float32)
+    n = 4_000
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    counts: dict = {}
+    prompt = PROMPT.cuda()
+    for _ in range(n):
+        out = fast_generate(gpu_target, gpu_drafter, input_ids=prompt, max_new_tokens=NEW, do_sample=True,
+                            generator=gen, engine="graphs", **FULL_WARP)
+        key = tuple(out[0, PROMPT.shape[1]:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    release_fast_state(gpu_target)
+    probs = transformers_distribution(target, FULL_WARP)
+    stat, df = chi2_statistic(counts, probs, n)
+    assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"

@@ -6,10 +6,13 @@ assistant is a :class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks f
 DFlash generator, which our drafter also serves). ``_assisted_decoding`` is wrapped only to remove the
 hidden-state hooks when the call ends.
 
-``target.generate(..., fold_fast=True)`` (with or without ``assistant_model``) runs
-:func:`fold_hf.generation.fast.fast_generate` instead when the arguments allow (greedy, batch 1, a
-Llama-family target, no logits processors or extra outputs); otherwise it warns with the reason and runs
-transformers' own path.
+``GenerationMixin.generate`` is wrapped for the routing (:mod:`fold_hf.generation.routing`): with a
+:class:`FoldDrafter` assistant (or ``fold_fast=True``) the request runs on the fast loop
+(:func:`fold_hf.generation.fast.fast_generate`) whenever it can; otherwise transformers' loop runs, with one
+warning naming the reason, and this candidate generator drafts. ``fold_fast=False`` keeps transformers' loop.
+
+:func:`install` is the one place that touches transformers (explicit, idempotent; ``import fold_hf`` calls it,
+:func:`uninstall` restores transformers' own methods).
 
 Hidden states come from forward hooks on the tapped target layers rather than
 ``output_hidden_states``: a long prompt would otherwise keep every layer's states, and the index
@@ -74,14 +77,14 @@ class FoldCandidateGenerator(CandidateGenerator):
         committed = input_ids.shape[1] - 1 if self._prefill else n_last_matches + 1
         context = features[:, :committed]
         self._prefill = False
-        k = min(self.drafter.proposals_per_round, self.max_length - input_ids.shape[1] - 1)
+        k = min(self.drafter.num_proposals, self.max_length - input_ids.shape[1] - 1)
         if k <= 0:
             self.proposals.append([])  # the round still verifies: the target's own token
             return input_ids, None
         processors = self.logits_processor if self.logits_processor is not None and len(self.logits_processor) else None
         chosen = [input_ids]
 
-        def pick(logits: torch.Tensor):
+        def pick(logits: torch.Tensor, first_slot: int = 0):
             """Tokens ``[m]`` from the drafter's final logits ``[m, V]`` and the scores transformers verifies with."""
             scores = logits.to(input_ids.device, torch.float32)
             if processors is not None:  # processors see the ids drafted so far, one slot at a time
@@ -97,7 +100,7 @@ class FoldCandidateGenerator(CandidateGenerator):
             return tokens, scores
 
         drafts, logits = self.drafter.propose(input_ids[0, -1:], context, self.cache,
-                                              block_start=input_ids.shape[1] - 1, limit=k, pick=pick)
+                                              block_start=input_ids.shape[1] - 1, count=k, pick=pick)
         drafts, logits = drafts[None].to(input_ids.device), logits[None]
         keep = self._draft_length_before_stop(input_ids, drafts[0].tolist())
         self.proposals.append(drafts[0, :keep].tolist())
@@ -177,30 +180,53 @@ def _wrap_validate_generation_mode(original):
 
 def _wrap_generate(original):
     @functools.wraps(original)
-    def generate(self, *args, fold_fast: bool = False, **kwargs):
-        if not fold_fast:
+    def generate(self, *args, fold_fast: bool | None = None, **kwargs):
+        """transformers' ``generate``; with a FoldDrafter assistant (or ``fold_fast=True``) on fold_hf's fast loop
+        when the request allows it (``fold_fast=False``: transformers' loop, always)."""
+        assistant = kwargs.get("assistant_model")
+        if fold_fast is False or (fold_fast is None and not isinstance(assistant, FoldDrafter)):
             return original(self, *args, **kwargs)
-        from .fast import NOT_ROUTED, route_generate
+        from .routing import NOT_ROUTED, route_generate
 
         result, reason = route_generate(self, args, kwargs)
         if result is not NOT_ROUTED:
             return result
-        warnings.warn(f"fold_fast=True: running transformers' generate instead of the fast loop because of {reason}",
+        loop = "assisted loop with FOLD's candidate generator" if assistant is not None else "loop"
+        warnings.warn(f"fold_hf: target.generate runs transformers' {loop}, not the fast loop, because of {reason}; "
+                      "pass fold_fast=False to choose transformers' loop without this warning",
                       UserWarning, stacklevel=2)
         return original(self, *args, **kwargs)
 
     return generate
 
 
+_WRAPPERS = {
+    "_get_candidate_generator": _wrap_get_candidate_generator,
+    "_assisted_decoding": _wrap_assisted_decoding,
+    "generate": _wrap_generate,
+    "_validate_generation_mode": _wrap_validate_generation_mode,
+}
+
+
 def install() -> None:
-    """Route FoldDrafter assistants to :class:`FoldCandidateGenerator` (idempotent)."""
-    if getattr(GenerationMixin, _INSTALLED_ATTR, False):
+    """Wrap transformers' generate (routing), candidate generator choice (FoldDrafter assistants draft with
+    :class:`FoldCandidateGenerator`), assisted decoding (hook cleanup) and mode validation (our pair check);
+    idempotent."""
+    if getattr(GenerationMixin, _INSTALLED_ATTR, None):
         return
-    GenerationMixin._get_candidate_generator = _wrap_get_candidate_generator(GenerationMixin._get_candidate_generator)
-    GenerationMixin._assisted_decoding = _wrap_assisted_decoding(GenerationMixin._assisted_decoding)
-    GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
-    if hasattr(GenerationMixin, "_validate_generation_mode"):
-        GenerationMixin._validate_generation_mode = _wrap_validate_generation_mode(
-            GenerationMixin._validate_generation_mode
-        )
-    setattr(GenerationMixin, _INSTALLED_ATTR, True)
+    originals = {}
+    for name, wrap in _WRAPPERS.items():
+        if hasattr(GenerationMixin, name):
+            originals[name] = getattr(GenerationMixin, name)
+            setattr(GenerationMixin, name, wrap(originals[name]))
+    setattr(GenerationMixin, _INSTALLED_ATTR, originals)
+
+
+def uninstall() -> None:
+    """Restore transformers' own methods (undoes :func:`install`)."""
+    originals = getattr(GenerationMixin, _INSTALLED_ATTR, None)
+    if not originals:
+        return
+    for name, method in originals.items():
+        setattr(GenerationMixin, name, method)
+    setattr(GenerationMixin, _INSTALLED_ATTR, None)

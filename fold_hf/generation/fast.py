@@ -58,10 +58,13 @@ from ..kernels.reference import fold_read_geometry_reference
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
+from ..modeling.rope import compute_dtype
 from ..modeling.validation import validate_batch
 from .graphs import CapturedStep, EagerStep
-from .loop import _clock, _eos_ids, _StopStrings
+from .rounds import decode, eager_rounds, num_proposals, propose
+from .sampling import Sampling, TokenChoice
 from .static_drafter import (
+    CUT_SLOT,
     StaticDrafter,
     commit_context,
     fused_drafter_unsupported,
@@ -79,21 +82,16 @@ from .static_target import (
     check_target,
 )
 from .stats import GenerationResult
-from .verify import greedy_accept
+from .tracker import StopStrings, Tracker, clock, eos_ids
 
 ENGINES = ("eager", "static", "graphs")
 _SESSION_ATTR = "_fold_fast_session"
 CAPACITY_ROUNDING = 256
 KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured (a benchmark sweep has 8)
 
-# state vector slots (long, on device); _CUT: proposals the drafter keeps this round (a confidence threshold)
-_T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT, _CUT = range(6)
-
-
-def _verify_rows(drafter) -> int:
-    """Tokens one verify step feeds the target: the last committed token plus the drafter's proposals (z-lab B,
-    DeepSpec B + 1; 1 for AR)."""
-    return drafter.proposals_per_round + 1 if drafter is not None else 1
+# state vector slots (long, on device): target length, drafter length, drafter rows to commit, last token, proposals
+# that may be accepted this round, tokens generated so far
+_T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT, _GEN = range(6)
 
 
 def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu") -> str:
@@ -185,6 +183,18 @@ class _Session:
             self.offsets[block] = torch.arange(block, device=self.device)
         return self.ids[block], self.taps[block], self.offsets[block]
 
+    def choice_buffers(self, slots: int) -> dict:
+        """Persistent buffers of :class:`TokenChoice` for ``slots`` proposal slots (captured steps read them)."""
+        key = ("choice", slots)
+        if key not in self.ids:
+            vocab = self.runner.lm_head.weight.shape[0]
+            self.ids[key] = dict(
+                seen=torch.zeros(vocab, dtype=torch.bool, device=self.device),
+                eos=torch.zeros(vocab, dtype=torch.bool, device=self.device),
+                u=torch.zeros(2 * slots + 1, dtype=torch.float64, device=self.device),
+                q=torch.zeros(slots, vocab, dtype=compute_dtype(self.runner.dtype), device=self.device))
+        return self.ids[key]
+
     def step(self, key: tuple, fn):
         step = self.steps.get(key)
         if step is None:
@@ -256,51 +266,8 @@ def _session(target, capacity: int, tap_layer_ids: tuple, engine: str) -> _Sessi
     return session
 
 
-class _Output:
-    """Committed tokens, acceptance lengths, EOS / stop strings and the streamer, as the foundation loop does."""
-
-    def __init__(self, eos: set[int], stops: _StopStrings, streamer) -> None:
-        self.eos, self.stops, self.streamer = eos, stops, streamer
-        self.tokens: list[int] = []
-        self.acceptance: list[int] = []
-        self.finish = "length"
-        self.commit_times: list[float] | None = None  # perf_counter() after each round, when a benchmark asks
-        self.proposals: list[list[int]] = []
-
-    def first(self, token: int) -> None:
-        self.tokens.append(token)
-        if self.streamer is not None:
-            self.streamer.put(torch.tensor([token]))
-        if token in self.eos:
-            self.finish = "eos"
-        elif self.stops.cut(self.tokens, 1) is not None:
-            self.finish = "stop_string"
-
-    def commit(self, committed: list[int]) -> None:
-        if self.commit_times is not None:
-            self.commit_times.append(time.perf_counter())
-        self.acceptance.append(len(committed))
-        checked = len(self.tokens) + 1
-        self.tokens.extend(committed)
-        for i, tok in enumerate(committed):
-            if tok in self.eos:
-                del self.tokens[checked + i :]
-                self.finish = "eos"
-                break
-        cut = self.stops.cut(self.tokens, checked)
-        if cut is not None:
-            del self.tokens[cut:]
-            self.finish = "stop_string"
-        if self.streamer is not None:
-            shown = self.tokens[checked - 1 :]
-            if shown:
-                self.streamer.put(torch.tensor(shown))
-
-
-def fast_unsupported(target, drafter=None, *, do_sample: bool = False, batch_size: int = 1) -> str | None:
+def fast_unsupported(target, drafter=None, *, batch_size: int = 1) -> str | None:
     """Why :func:`fast_generate` cannot run this request, or None when it can (used by the routing)."""
-    if do_sample:
-        return "sampling (do_sample=True): the fast loop verifies greedily; fold_hf.generate samples"
     if batch_size != 1:
         return f"batch size {batch_size}: the fast loop runs batch 1"
     if drafter is not None and not isinstance(drafter, FoldDrafter):
@@ -322,10 +289,17 @@ def fast_generate(
     max_new_tokens: int | None = 256,
     max_length: int | None = None,
     do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    min_new_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     stop_strings: Sequence[str] | str | None = None,
     tokenizer=None,
     streamer=None,
+    generator: torch.Generator | None = None,
     fold_config: FoldConfig | None = None,
     return_stats: bool = False,
     engine: str | None = None,
@@ -333,9 +307,9 @@ def fast_generate(
     target_attention: str | None = None,
     fused_layers: bool | None = None,
 ):
-    """Greedy speculative decoding of ``target`` with ``drafter`` (AR when None) on the fast machinery.
+    """Speculative decoding (greedy or sampled) of ``target`` with ``drafter`` (AR when None) on the fast machinery.
 
-    Same arguments and result as :func:`fold_hf.generate` (greedy only), plus:
+    Same arguments and result as :func:`fold_hf.generate`, plus:
 
     Args:
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (module docstring); default ``graphs`` on CUDA,
@@ -347,16 +321,20 @@ def fast_generate(
         fused_layers: run the target's elementwise work as fused kernels (module docstring); default on with
             ``target_attention="triton"`` on CUDA where the target allows it.
 
+    Sampling (``do_sample=True``, with temperature, top-k, top-p, min-p) and the repetition penalty and
+    ``min_new_tokens`` run on the device inside the round (:mod:`~fold_hf.generation.sampling`), captured in the
+    graphs engine; ``generator`` seeds them (the same seed gives the same tokens on every engine).
+
     Returns:
         ``[1, P + N]`` sequences, or a :class:`GenerationResult` with ``return_stats=True``.
 
     Raises:
-        ValueError: sampling, batch > 1, padding, an unsupported target architecture (the message says which).
+        ValueError: batch > 1, padding, an unsupported target architecture (the message says which).
     """
     if input_ids is None:
         raise ValueError("input_ids is required")
     validate_batch(input_ids)
-    reason = fast_unsupported(target, drafter, do_sample=do_sample)
+    reason = fast_unsupported(target, drafter)
     if reason is not None:
         raise ValueError(f"fast_generate cannot run this request: {reason}")
     if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
@@ -368,6 +346,8 @@ def fast_generate(
         max_new_tokens = max_length - prompt_len
     if max_new_tokens < 1:
         raise ValueError(f"nothing to generate: max_new_tokens={max_new_tokens} (prompt has {prompt_len} tokens)")
+    sampling = Sampling.from_settings(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
+                                      min_new_tokens)
     device = input_ids.device
     if engine is None:
         engine = "graphs" if device.type == "cuda" else "eager"
@@ -385,26 +365,38 @@ def fast_generate(
         previous_config = drafter.fold_config
         drafter.set_fold_config(fold_config)
     try:
-        block = _verify_rows(drafter)
-        capacity = prompt_len + max_new_tokens + block
+        rows = num_proposals(drafter) + 1
+        capacity = prompt_len + max_new_tokens + rows
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         session = _session(target, capacity, taps, engine)
         fused = resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
-        out = _Output(_eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer)
-        return _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, return_stats,
-                       prefill_chunk, target_attention, fused)
+        out = Tracker(eos_ids(target, eos_token_id), StopStrings(stop_strings, tokenizer), streamer)
+        result = _decode(session, drafter, input_ids.to(session.device), max_new_tokens, out, sampling, generator,
+                         prefill_chunk, target_attention, fused)
+        return result if return_stats else result.sequences
     finally:
         if previous_config is not None:
             drafter.set_fold_config(previous_config)
 
 
-def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, return_stats: bool,
-            prefill_chunk: int, target_attention: str = "bucket", fused: bool = False):
-    runner = session.runner
-    device = session.device
+class _StaticRunner:
+    """The eager engine's runner (:mod:`~fold_hf.generation.rounds`): :class:`StaticTarget` at host positions."""
+
+    def __init__(self, runner: StaticTarget, taps: torch.Tensor | None) -> None:
+        self.runner, self.taps = runner, taps
+
+    def prefill(self, input_ids, chunk, on_taps):
+        return self.runner.prefill(input_ids, chunk=chunk, on_taps=on_taps), None
+
+    def verify(self, ids: torch.Tensor, position: int):
+        taps = self.taps[:, : ids.shape[1]] if self.taps is not None else None
+        return self.runner.forward(ids, position, taps_out=taps), taps
+
+
+def _decode(session: _Session, drafter, input_ids, budget: int, out: Tracker, sampling: Sampling, generator,
+            prefill_chunk: int, target_attention: str = "bucket", fused: bool = False) -> GenerationResult:
     prompt_len = input_ids.shape[1]
-    if out.streamer is not None:
-        out.streamer.put(input_ids.cpu())
+    slots = num_proposals(drafter)
     dcache = static_drafter = None
     on_taps = None
     if drafter is not None:
@@ -414,79 +406,47 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: _Output, re
         def on_taps(features, start):
             commit_context(drafter, dcache, features)
 
-    start = _clock(device)
-    last = runner.prefill(input_ids, chunk=prefill_chunk, on_taps=on_taps).argmax(-1, keepdim=True)  # [1]
-    first_token_at = _clock(device)
-    out.first(int(last))
+    taps = session.buffers(slots + 1)[1] if drafter is not None else None
+    runner = _StaticRunner(session.runner, taps)
 
-    if session.engine == "eager":
-        _eager_rounds(session, drafter, dcache, last, prompt_len, budget, out)
-    else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, prompt_len, budget, out, target_attention,
-                       fused)
-    end = _clock(device)
-    if out.streamer is not None:
-        out.streamer.end()
+    def make_choice(logits):
+        return TokenChoice(sampling, generator, logits.shape[-1], session.device, input_ids, out.eos, slots,
+                           buffers=session.choice_buffers(slots))
 
-    sequences = torch.cat((input_ids, torch.tensor([out.tokens], dtype=input_ids.dtype, device=device)), dim=1)
-    if not return_stats:
-        return sequences
-    return GenerationResult(
-        sequences=sequences,
-        acceptance_lengths=out.acceptance,
-        ttft_s=first_token_at - start,
-        decode_s=end - first_token_at,
-        num_prompt_tokens=prompt_len,
-        mode=drafter.fold_config.mode if drafter is not None else "ar",
-        finish_reason=out.finish,
-        proposals=out.proposals,
-    )
-
-
-def _eager_rounds(session: _Session, drafter, dcache, last, position: int, budget: int, out: _Output) -> None:
-    """Host-length rounds: the foundation loop's control flow over the static target."""
-    runner = session.runner
-    block = _verify_rows(drafter)
-    taps_buffer = session.buffers(block)[1] if drafter is not None else None
-    pending = None  # context rows accepted since the drafter last ran
-    while out.finish == "length" and len(out.tokens) < budget:
-        k = min(block - 1, budget - len(out.tokens) - 1)
-        if k > 0:
-            drafts = drafter.propose(last, pending, dcache, block_start=position, limit=k)[0].to(last.device)
-            k = drafts.shape[0]  # a confidence threshold may propose fewer
-            pending = None
+    def rounds(last, position, pending, choice):
+        if session.engine == "eager":
+            eager_rounds(runner, drafter, dcache, budget, out, last, position, pending, choice)
         else:
-            drafts = last.new_empty(0)
-        out.proposals.append(drafts.tolist())
-        taps = taps_buffer[:, : k + 1] if taps_buffer is not None else None
-        logits = runner.forward(torch.cat((last, drafts))[None], position, taps_out=taps)
-        n, commit = greedy_accept(drafts, logits)
-        if taps is not None:
-            accepted = taps[:, : n + 1].clone()  # the buffer is rewritten by the next verify
-            pending = accepted if pending is None else torch.cat((pending, accepted), 1)
-        position += n + 1
-        out.commit(commit.tolist())
-        last = commit[-1:]
+            _static_rounds(session, drafter, dcache, static_drafter, last, position, budget, out, choice,
+                           target_attention, fused)
+
+    return decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk, on_taps, session.device)
 
 
 def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, position: int, budget: int,
-                   out: _Output, target_attention: str = "bucket", fused: bool = False) -> None:
+                   out: Tracker, choice: TokenChoice, target_attention: str = "bucket", fused: bool = False) -> None:
     """Device-length rounds (engines ``static`` and ``graphs``); one host read per round."""
     runner = session.runner
-    block = _verify_rows(drafter)
-    ids, taps, offsets = session.buffers(block)
+    slots = num_proposals(drafter)
+    rows = slots + 1
+    ids, taps, offsets = session.buffers(rows)
     with_taps = drafter is not None
+    sampling = choice.sampling
+    q_buffer = choice.q
     state = session.state
     drafter_length = dcache.get_seq_length() if dcache is not None else 0
     state.zero_()
     state[_T_LEN] = position
     state[_D_LEN] = drafter_length
     state[_LAST : _LAST + 1] = last
-    state[_LIMIT] = block - 1
-    state[_CUT] = block - 1
-    limit = block - 1
+    state[_LIMIT] = slots
+    state[_GEN] = len(out.tokens)
+    state[CUT_SLOT] = slots  # a DeepSpec confidence threshold may lower it each round (the draft step writes it)
+    limit = slots
     new_rows = 0  # host copy of state[_D_NEW]
     pending = None
+    # the round's processing is baked into its captured steps: one step per setting
+    choice_key = (sampling, choice.masks_eos)
 
     def verify(bucket: int):
         def run():
@@ -494,55 +454,67 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             positions = state[_T_LEN : _T_LEN + 1] + offsets
             logits = runner.forward_static(ids, positions, bucket, taps_out=taps if with_taps else None,
                                            attention=target_attention, fused=fused)
-            posterior = logits.argmax(-1)  # [B]
-            drafts = ids[0, 1:]
-            matched = (drafts == posterior[:-1]).long().cumprod(0).sum()
-            # the drafter may have cut its proposal (state[_CUT], a confidence threshold): accept no further
-            n = torch.minimum(torch.minimum(matched, state[_LIMIT]), state[_CUT]).view(1)
+            proposals = ids[0, 1:]
+            kept = state[CUT_SLOT : CUT_SLOT + 1]  # proposals the drafter kept (all, unless a confidence cut)
+            n, final = choice.verify(logits, proposals, q_buffer if sampling.do_sample else None,
+                                     torch.minimum(state[_LIMIT : _LIMIT + 1], kept), state[_GEN : _GEN + 1])
             next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
                                     state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
-                                    n + 1, posterior.gather(0, n), state[_LIMIT:]))
-            return next_state, torch.cat((n, state[_CUT : _CUT + 1], posterior, drafts))
+                                    n + 1, final, state[_LIMIT : _LIMIT + 1], state[_GEN : _GEN + 1] + n + 1,
+                                    state[_GEN + 1 :]))
+            outputs = (next_state, torch.cat((n, final, kept, proposals)))
+            if sampling.penalized:
+                outputs += (choice.observed(proposals, n, final),)
+            return outputs
 
         return run
 
     def draft(with_far: bool):
+        pick = choice.picker()
+
         def run():
-            drafts = static_drafter.draft(taps, state, with_far)
-            ids[0, 1:] = drafts
-            return drafts
+            proposals, q = static_drafter.draft(taps, state, with_far, pick=pick)
+            ids[0, 1:] = proposals
+            if q is not None:
+                q_buffer.copy_(q)
+            return proposals
 
         return run
 
-    while out.finish == "length" and len(out.tokens) < budget:
-        k = min(block - 1, budget - len(out.tokens) - 1)
+    while out.running(budget):
+        k = min(slots, budget - len(out.tokens) - 1)
         if k != limit:
             state[_LIMIT : _LIMIT + 1].fill_(k)
             limit = k
+        choice.refill()
         if drafter is not None and k > 0:
             if static_drafter is not None:
                 with_far = static_drafter.needs_far(drafter_length + new_rows)
-                session.step(("draft", session.draft_tag, with_far), draft(with_far)).replay()
+                session.step(("draft", session.draft_tag, with_far) + choice_key, draft(with_far)).replay()
             else:
-                proposed = drafter.propose(state[_LAST : _LAST + 1], pending, dcache, block_start=position)[0]
-                ids[0, 1 : 1 + proposed.shape[0]] = proposed
-                state[_CUT] = proposed.shape[0]
+                proposals, q = propose(drafter, state[_LAST : _LAST + 1], pending, dcache, position, slots,
+                                       choice.picker())
+                ids[0, 1 : 1 + proposals.shape[0]] = proposals
+                state[CUT_SLOT] = proposals.shape[0]  # fewer when a confidence threshold cut the proposal
+                if q is not None:
+                    q_buffer[: q.shape[0]].copy_(q)
                 pending = None
-        bucket = bucket_length(position + block, runner.capacity)
-        key = ("verify", block, bucket, with_taps, target_attention, fused)
-        next_state, result = session.step(key, verify(bucket)).replay()
-        state.copy_(next_state)
-        values = result.tolist()  # the round's one device-to-host read
-        n, cut = values[0], values[1]
-        posterior, drafts = values[2 : 2 + block], values[2 + block :]
-        out.proposals.append(drafts[: min(k, cut)] if drafter is not None else [])
+        bucket = bucket_length(position + rows, runner.capacity)
+        key = ("verify", rows, bucket, with_taps, target_attention, fused) + choice_key
+        outputs = session.step(key, verify(bucket)).replay()
+        state.copy_(outputs[0])
+        if sampling.penalized:
+            choice.seen.copy_(outputs[2])
+        values = outputs[1].tolist()  # the round's one device-to-host read
+        n, final, kept, proposals = values[0], values[1], values[2], values[3:]
+        out.proposals.append(proposals[: min(k, kept)] if drafter is not None else [])
         if drafter is not None and static_drafter is None:
             accepted = taps[:, : n + 1].clone()
             pending = accepted if pending is None else torch.cat((pending, accepted), 1)
         drafter_length += new_rows
         new_rows = n + 1
         position += n + 1
-        out.commit(drafts[:n] + [posterior[n]])
+        out.commit(proposals[:n] + [final])
     if static_drafter is not None:
         for layer in dcache.layers:  # keep the cache's host length truthful for bytes_used() and later reads
             layer.length = drafter_length
@@ -551,7 +523,8 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
 @torch.no_grad()
 def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds: int, engine: str = "graphs",
                 first_token: int = 0, target_attention: str | None = None,
-                fused_layers: bool | None = None) -> GenerationResult:
+                fused_layers: bool | None = None, sampling: Sampling | None = None,
+                generator: torch.Generator | None = None) -> GenerationResult:
     """Benchmark entry: decode ``rounds`` rounds as if a ``context_length``-token prompt had been prefilled.
 
     No prefill runs: the target and drafter caches simply hold ``context_length`` entries (whatever the buffers
@@ -559,15 +532,16 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     value-independent; tokens are meaningless. Every round commits at least one token, so at most ``rounds``
     rounds run (fewer only if drafts get accepted). ``decode_s`` covers the rounds only;
     the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
-    ``fused_layers`` as in :func:`fast_generate`.
+    ``fused_layers`` as in :func:`fast_generate`; ``sampling`` (default greedy) times a sampled round.
     """
-    block = _verify_rows(drafter)
+    rows = num_proposals(drafter) + 1
+    sampling = sampling or Sampling()
     budget = rounds + 1
     taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-    session = _session(target, context_length + budget + block, taps, engine)
+    session = _session(target, context_length + budget + rows, taps, engine)
     target_attention = resolve_target_attention(target_attention, session.device)
     fused = engine != "eager" and resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
-    out = _Output(set(), _StopStrings(None, None), None)
+    out = Tracker(set(), StopStrings(None, None), None)
     out.first(first_token)
     out.commit_times = []
     dcache = static_drafter = None
@@ -578,13 +552,18 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
         for layer in dcache.layers:
             layer.length = context_length
     last = torch.tensor([first_token], device=session.device)
-    start = _clock(session.device)
+    slots = rows - 1
+    choice = TokenChoice(sampling, generator, session.runner.lm_head.weight.shape[0], session.device, last, set(),
+                         slots, buffers=session.choice_buffers(slots))
+    start = clock(session.device)
     if engine == "eager":
-        _eager_rounds(session, drafter, dcache, last, context_length, budget, out)
+        taps = session.buffers(rows)[1] if drafter is not None else None
+        eager_rounds(_StaticRunner(session.runner, taps), drafter, dcache, budget, out, last, context_length, None,
+                     choice)
     else:
-        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out,
+        _static_rounds(session, drafter, dcache, static_drafter, last, context_length, budget, out, choice,
                        target_attention, fused)
-    end = _clock(session.device)
+    end = clock(session.device)
     sequences = torch.tensor([out.tokens], device=session.device)
     result = GenerationResult(sequences=sequences, acceptance_lengths=out.acceptance, decode_s=end - start,
                               num_prompt_tokens=0, mode=drafter.fold_config.mode if drafter is not None else "ar")
@@ -598,60 +577,5 @@ def drafter_cache_of(target) -> FoldCache | None:
     return None if session is None else session.drafter_cache
 
 
-# ---------------------------------------------------------------------------------------------- routing
-# generation settings the fast loop honours, or that cannot change a greedy batch-1 output
-_ROUTABLE_SETTINGS = {
-    "max_new_tokens", "max_length", "do_sample", "eos_token_id", "pad_token_id", "bos_token_id", "stop_strings",
-    "num_beams", "num_return_sequences", "use_cache", "temperature", "top_k", "top_p", "return_dict_in_generate",
-    "output_scores", "output_logits", "output_attentions", "output_hidden_states", "transformers_version",
-    "_from_model_config", "decoder_start_token_id", "num_assistant_tokens", "num_assistant_tokens_schedule",
-    "assistant_confidence_threshold",
-}
-_ROUTABLE_ARGUMENTS = {"inputs", "input_ids", "attention_mask", "assistant_model", "streamer", "tokenizer",
-                       "generation_config", "use_cache", "synced_gpus"}
-NOT_ROUTED = object()
-
-
-def route_generate(model, args: tuple, kwargs: dict):
-    """``model.generate(*args, **kwargs)`` through :func:`fast_generate` when the arguments allow.
-
-    Returns:
-        (sequences ``[1, P + N]``, None) when routed, else (:data:`NOT_ROUTED`, the reason as a sentence).
-    """
-    import copy
-
-    from transformers import GenerationConfig
-
-    if len(args) > 1:
-        return NOT_ROUTED, "positional arguments beyond the inputs"
-    extra = sorted(k for k, v in kwargs.items()
-                   if k not in _ROUTABLE_ARGUMENTS and v is not None and k not in GenerationConfig().__dict__)
-    if extra:
-        return NOT_ROUTED, f"argument(s) {', '.join(extra)} (the fast loop does not take them)"
-    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
-    config.update(**{k: v for k, v in kwargs.items() if k in GenerationConfig().__dict__})
-    settings = sorted(set(config.to_diff_dict()) - _ROUTABLE_SETTINGS)
-    if settings:
-        return NOT_ROUTED, f"generation setting(s) {', '.join(settings)} (the fast loop does not apply them)"
-    if config.num_beams not in (None, 1) or config.num_return_sequences not in (None, 1):
-        return NOT_ROUTED, "beam search / several return sequences"
-    if config.return_dict_in_generate or config.output_scores or config.output_logits:
-        return NOT_ROUTED, "return_dict_in_generate / output_scores (the fast loop returns sequences)"
-    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
-    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
-        return NOT_ROUTED, "inputs must be a [1, P] tensor of token ids"
-    drafter = kwargs.get("assistant_model")
-    reason = fast_unsupported(model, drafter, do_sample=bool(config.do_sample), batch_size=inputs.shape[0])
-    if reason is not None:
-        return NOT_ROUTED, reason
-    max_new_tokens = config.max_new_tokens
-    if max_new_tokens is None:
-        max_new_tokens = (config.max_length if config.max_length is not None else 20) - inputs.shape[1]
-    sequences = fast_generate(model, drafter, inputs, kwargs.get("attention_mask"), max_new_tokens=max_new_tokens,
-                              eos_token_id=config.eos_token_id, stop_strings=config.stop_strings,
-                              tokenizer=kwargs.get("tokenizer"), streamer=kwargs.get("streamer"))
-    return sequences, None
-
-
 __all__ = ["ENGINES", "SUPPORTED_ARCHITECTURES", "drafter_cache_of", "fast_generate", "fast_unsupported",
-           "release_fast_state", "route_generate", "time_rounds"]
+           "release_fast_state", "time_rounds"]

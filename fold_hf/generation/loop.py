@@ -1,16 +1,16 @@
-"""`fold_hf.generate`: our own speculative decoding loop (batch 1).
+"""`fold_hf.generate`: speculative decoding of any causal LM through its own ``forward`` (batch 1).
 
-One code path for every method: with a drafter, each round drafts a block, verifies it with one
-target forward and commits the accepted prefix plus the target's token; without one (``drafter=None``)
-the same loop verifies an empty block, which is plain autoregressive decoding (DFlash's "block 1").
-Only accepted positions reach the drafter's cache, so a rejection costs the target cache a rewind and
-the drafter nothing.
+The round loop is :mod:`fold_hf.generation.rounds` (the one the fast loop's eager engine runs); here the
+target is run by :class:`ForwardRunner`: the model's ``forward`` with a ``DynamicCache`` (rollback crops it)
+and forward hooks for the drafter's tapped layers. With ``drafter=None`` the same loop verifies an empty block,
+which is plain autoregressive decoding (DFlash's "block 1"). Only accepted positions reach the drafter's cache,
+so a rejection costs the target cache a rewind and the drafter nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-import time
 from collections.abc import Sequence
 
 import torch
@@ -19,49 +19,10 @@ from transformers import DynamicCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.validation import validate_batch
-from .stats import GenerationResult
+from .rounds import decode, eager_rounds, num_proposals
+from .sampling import Sampling, TokenChoice
 from .taps import HiddenTaps, _unwrap
-from .verify import greedy_accept, process_logits, speculative_accept
-
-
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def _eos_ids(target, eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.tolist()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(e) for e in eos_token_id}
-
-
-class _StopStrings:
-    """Finds the first token at which the decoded continuation contains a stop string."""
-
-    def __init__(self, stop_strings: Sequence[str] | str | None, tokenizer) -> None:
-        if isinstance(stop_strings, str):
-            stop_strings = [stop_strings]
-        self.strings = [s for s in (stop_strings or []) if s]
-        if self.strings and tokenizer is None:
-            raise ValueError("stop_strings needs tokenizer=... to decode the generated tokens")
-        self.tokenizer = tokenizer
-
-    def cut(self, new_tokens: list[int], checked: int) -> int | None:
-        """Index (exclusive) of the token that completes a stop string, searching tokens >= ``checked``."""
-        if not self.strings:
-            return None
-        for end in range(max(1, checked), len(new_tokens) + 1):
-            text = self.tokenizer.decode(new_tokens[:end])
-            if any(s in text for s in self.strings):
-                return end
-        return None
+from .tracker import StopStrings, Tracker, eos_ids
 
 
 def _forward_parameters(target) -> set[str]:
@@ -69,6 +30,36 @@ def _forward_parameters(target) -> set[str]:
         return set(inspect.signature(_unwrap(target).forward).parameters)
     except (TypeError, ValueError):
         return set()
+
+
+class ForwardRunner:
+    """A runner (:mod:`~fold_hf.generation.rounds`) over ``target``'s own forward and a ``DynamicCache``."""
+
+    def __init__(self, target, tap_layer_ids=(), taps_device=None) -> None:
+        self.target = target
+        self.taps = HiddenTaps(target, tap_layer_ids, device=taps_device) if tap_layer_ids else None
+        self.cache = DynamicCache(config=getattr(target, "config", None))
+        params = _forward_parameters(target)
+        self.cache_name = "cache" if "cache" in params else "past_key_values"
+        self.prefill_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+    def _run(self, ids: torch.Tensor, extra: dict):
+        kw = {self.cache_name: self.cache, "use_cache": True, **extra}
+        if self.taps is None:
+            return self.target(input_ids=ids, **kw).logits[0], None
+        with self.taps:
+            logits = self.target(input_ids=ids, **kw).logits[0]
+        return logits, self.taps.features()
+
+    def prefill(self, input_ids: torch.Tensor, chunk=None, on_taps=None):
+        logits, features = self._run(input_ids, self.prefill_extra)
+        return logits[-1], features
+
+    def verify(self, ids: torch.Tensor, position: int):
+        if self.cache.get_seq_length() > position:
+            self.cache.crop(position - self.cache.get_seq_length())  # rollback: the last round's rejected rows
+        logits, features = self._run(ids, {})
+        return logits[-ids.shape[1]:], features
 
 
 @torch.no_grad()
@@ -84,6 +75,9 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    min_new_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     stop_strings: Sequence[str] | str | None = None,
     tokenizer=None,
@@ -100,12 +94,13 @@ def generate(
         input_ids: ``[1, P]`` prompt.
         attention_mask: ``[1, P]``; must be all ones (no padding in batch 1).
         max_new_tokens / max_length: generation limit (``max_new_tokens`` wins when both are set).
-        do_sample, temperature, top_k, top_p: sampling; speculative sampling keeps the target's processed
+        do_sample, temperature, top_k, top_p, min_p: sampling; speculative sampling keeps the target's processed
             distribution exactly. Greedy output equals the target's own greedy output.
+        repetition_penalty, min_new_tokens: as in ``transformers`` (greedy or sampled).
         eos_token_id: int or list; defaults to the target's generation config.
         stop_strings, tokenizer: stop once the continuation contains a stop string.
         streamer: a transformers streamer (``put``/``end``).
-        generator: random source for sampling.
+        generator: random source for sampling (a seeded generator reproduces the run).
         fold_config: reading mode for this call only (the drafter's own is restored afterwards).
         return_stats: return a :class:`GenerationResult` instead of the ``[1, P + N]`` sequences.
     """
@@ -132,134 +127,21 @@ def generate(
         previous_config = drafter.fold_config
         drafter.set_fold_config(fold_config)
     try:
-        return _generate(target, drafter, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
-                         _eos_ids(target, eos_token_id), _StopStrings(stop_strings, tokenizer), streamer,
-                         generator, return_stats)
+        sampling = Sampling.from_settings(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
+                                          min_new_tokens)
+        out = Tracker(eos_ids(target, eos_token_id), StopStrings(stop_strings, tokenizer), streamer)
+        taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
+        runner = ForwardRunner(target, taps, taps_device=drafter.device if drafter is not None else None)
+        cache = drafter.new_cache(request_length=prompt_len + max_new_tokens) if drafter is not None else None
+
+        def make_choice(logits: torch.Tensor) -> TokenChoice:
+            return TokenChoice(sampling, generator, logits.shape[-1], logits.device, input_ids, out.eos,
+                               num_proposals(drafter))
+
+        rounds = functools.partial(eager_rounds, runner, drafter, cache, max_new_tokens, out)
+        result = decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk=None)
+        return result if return_stats else result.sequences
     finally:
         if previous_config is not None:
             drafter.set_fold_config(previous_config)
 
-
-def _generate(target, drafter, input_ids, budget, do_sample, temperature, top_k, top_p, eos, stops, streamer,
-              generator, return_stats):
-    device = input_ids.device
-    prompt_len = input_ids.shape[1]
-    sample_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-
-    def pick(logits: torch.Tensor) -> torch.Tensor:
-        """One token ``[1]`` from ``[V]`` logits."""
-        if do_sample:
-            return torch.multinomial(process_logits(logits, **sample_kw), 1, generator=generator)
-        return logits.argmax(-1, keepdim=True)
-
-    taps = HiddenTaps(target, drafter.config.target_layer_ids, device=drafter.device) if drafter is not None else None
-    target_cache = DynamicCache(config=getattr(target, "config", None))
-    params = _forward_parameters(target)
-    cache_name = "cache" if "cache" in params else "past_key_values"
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-
-    start = _clock(device)
-    if taps is not None:
-        with taps:
-            out = target(input_ids=input_ids, **{cache_name: target_cache}, use_cache=True, **extra)
-        pending_context = taps.features()
-    else:
-        out = target(input_ids=input_ids, **{cache_name: target_cache}, use_cache=True, **extra)
-        pending_context = None
-    last = pick(out.logits[0, -1])
-    first_token_at = _clock(device)
-
-    new_tokens: list[int] = [int(last)]
-    acceptance: list[int] = []
-    finish = "length"
-    if streamer is not None:
-        streamer.put(last.cpu())
-    if int(last) in eos:
-        finish = "eos"
-    elif stops.cut(new_tokens, 1) is not None:
-        finish = "stop_string"
-
-    drafter_cache = drafter.new_cache(request_length=prompt_len + budget) if drafter is not None else None
-    position = prompt_len  # position of `last`, the newest token, not yet seen by the target
-    per_round = drafter.proposals_per_round if drafter is not None else 0
-
-    def sample_pick(logits: torch.Tensor):
-        """Draft tokens ``[m]`` drawn from ``logits [m, V]`` and the distribution q ``[m, V]`` they were drawn from."""
-        probs = process_logits(logits, **sample_kw)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
-
-    proposals: list[list[int]] = []
-    while finish == "length" and len(new_tokens) < budget:
-        k = min(per_round, budget - len(new_tokens) - 1)
-        draft_probs = None
-        if k > 0:
-            # the drafter's family decides which slots predict and how (Markov head: slot by slot)
-            drafts, draft_probs = drafter.propose(last, pending_context, drafter_cache, block_start=position,
-                                                  limit=k, pick=sample_pick if do_sample else None)
-            pending_context = None  # committed to the drafter cache by the draft
-            drafts = drafts.to(device)
-            k = drafts.shape[0]  # a confidence threshold may propose fewer
-        else:
-            drafts = last.new_empty(0)
-        proposals.append(drafts.tolist())
-        verify_ids = torch.cat((last, drafts))[None]
-        if taps is not None:
-            with taps:
-                out = target(input_ids=verify_ids, **{cache_name: target_cache}, use_cache=True)
-            features = taps.features()
-        else:
-            out = target(input_ids=verify_ids, **{cache_name: target_cache}, use_cache=True)
-        logits = out.logits[0, -(k + 1):]
-        # with a target split across devices the logits sit on the lm_head's device, not the input's
-        drafts_there = drafts.to(logits.device)
-        if do_sample:
-            target_probs = process_logits(logits, **sample_kw)
-            if k > 0:
-                n, commit = speculative_accept(drafts_there, draft_probs.to(logits.device), target_probs, generator)
-            else:
-                n, commit = 0, torch.multinomial(target_probs[0], 1, generator=generator)
-        else:
-            n, commit = greedy_accept(drafts_there, logits)
-        if k > n:
-            target_cache.crop(-(k - n))
-        if taps is not None:
-            accepted = features[:, : n + 1]
-            pending_context = accepted if pending_context is None else torch.cat((pending_context, accepted), 1)
-        position += n + 1
-        acceptance.append(n + 1)
-        committed = commit.tolist()
-        checked = len(new_tokens) + 1
-        new_tokens.extend(committed)
-        for i, tok in enumerate(committed):
-            if tok in eos:
-                del new_tokens[checked + i :]
-                finish = "eos"
-                break
-        cut = stops.cut(new_tokens, checked)
-        if cut is not None:
-            del new_tokens[cut:]
-            finish = "stop_string"
-        if streamer is not None:
-            shown = new_tokens[checked - 1 :]
-            if shown:
-                streamer.put(torch.tensor(shown))
-        last = commit[-1:].to(device)
-    end = _clock(device)
-    if streamer is not None:
-        streamer.end()
-
-    sequences = torch.cat((input_ids, torch.tensor([new_tokens], dtype=input_ids.dtype, device=device)), dim=1)
-    if not return_stats:
-        return sequences
-    return GenerationResult(
-        sequences=sequences,
-        acceptance_lengths=acceptance,
-        ttft_s=first_token_at - start,
-        decode_s=end - first_token_at,
-        num_prompt_tokens=prompt_len,
-        mode=drafter.fold_config.mode if drafter is not None else "ar",
-        finish_reason=finish,
-        proposals=proposals,
-    )

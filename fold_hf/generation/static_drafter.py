@@ -39,6 +39,7 @@ from ..modeling.drafter import FoldDrafter
 from ..modeling.rope import compute_dtype
 
 STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming")
+CUT_SLOT = 6  # state slot receiving the proposals a DeepSpec confidence threshold keeps (the fast loop reads it)
 
 
 def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
@@ -141,7 +142,7 @@ class StaticDrafter:
         self.block_offsets = torch.arange(self.block, device=self.device)
         # context rows a round commits = rows of the last verify (last token + proposals: B for z-lab, B + 1 for
         # DeepSpec, whose anchor slot predicts too)
-        self.verify_rows = drafter.proposals_per_round + 1
+        self.verify_rows = drafter.num_proposals + 1
         self.row_offsets = torch.arange(self.verify_rows, device=self.device)
         self.mask_id = drafter.config.mask_token_id
         if layer_ops is not None:
@@ -170,7 +171,7 @@ class StaticDrafter:
         return self.has_far_mode and context_length > self.far_threshold
 
     @torch.no_grad()
-    def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool) -> torch.Tensor:
+    def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool, pick=None):
         """Commit the accepted context rows and draft one block; graph-capturable.
 
         Args:
@@ -178,17 +179,20 @@ class StaticDrafter:
                 first ``d_new`` count).
             state: long device tensor; ``state[1]`` = d_len (entries committed before this round), ``state[2]``
                 = d_new (rows of ``new_features`` to commit), ``state[3]`` = the last committed token; when the
-                drafter has a confidence threshold, ``state[5]`` receives the number of proposals it keeps.
+                drafter has a confidence threshold, ``state[CUT_SLOT]`` receives the number of proposals it keeps.
             with_far: run the far branch (use :meth:`needs_far` on the host-known length).
+            pick: the loop's picker (:meth:`fold_hf.generation.sampling.TokenChoice.picker`), called once on the
+                slots' logits (a Markov head: once per slot); None takes the argmax.
 
         Returns:
-            ``[R - 1]`` greedy proposals (long): slots 1 .. B-1 (z-lab) or 0 .. B-1 (DeepSpec, the Markov head's
-            argmax taken slot by slot on the device).
+            ``[R - 1]`` proposals (long): slots 1 .. B-1 (z-lab) or 0 .. B-1 (DeepSpec, its Markov head applied slot
+            by slot on the device); greedy without ``pick``, else what ``pick`` returns (proposals and their
+            distributions ``q`` or None).
         """
         if self.owns_tables and self.yarn_rope is None:
             raise RuntimeError("yarn reads the request's rope tables: call start_request(request_length) first")
         layers = self._layers if self.ops is None else self._layers_fused
-        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far), state)
+        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far), state, pick)
 
     def _block_inputs(self, new_features: torch.Tensor, state: torch.Tensor):
         """What every layer of a round needs (device tensors): entry positions of the new context rows, the new
@@ -224,17 +228,19 @@ class StaticDrafter:
         return self.read(query_near, query_far, keys, values, block_keys, block_values, self.cos, self.sin,
                          read_length, read_length, self.window, self.alpha)
 
-    def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """Greedy proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` (device ops only)."""
+    def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor, pick=None):
+        """Proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` (device ops only): greedy, or ``pick``'s
+        choice with its ``q``; a DeepSpec confidence cut writes the kept count to ``state[CUT_SLOT]``."""
         drafter = self.drafter
         slots = hidden[0, drafter.first_proposal_slot :]
         last = state[3:4]
-        tokens = drafter.pick_proposals(drafter.proposal_logits(slots), last)[0]
+        tokens, q = drafter.pick_proposals(drafter.proposal_logits(slots), last, pick)
         if drafter.is_deepspec and drafter.confidence_threshold > 0:
             from ..modeling.families.deepspec import confident_length
 
-            state[5:6].copy_(confident_length(drafter, slots, tokens, last, drafter.confidence_threshold))
-        return tokens
+            state[CUT_SLOT : CUT_SLOT + 1].copy_(confident_length(drafter, slots, tokens, last,
+                                                                 drafter.confidence_threshold))
+        return tokens if pick is None else (tokens, q)
 
     def _layers(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
                 with_far: bool) -> torch.Tensor:

@@ -130,3 +130,6 @@ def drafter_read(module, query, ctx_k, ctx_v, blk_k, blk_v, read: LayerRead, sca
         context_keys_rotated=context_keys_rotated,
     )
     return out
+
+
+register()  # importing the drafter's attention makes "fold" known to transformers

@@ -17,6 +17,7 @@ predict at every slot ``0 .. B-1`` and may carry a Markov head; the loops ask an
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -184,7 +185,7 @@ class DrafterLayer(nn.Module):
         return self.mlp_residual(hidden)
 
 
-def _argmax_pick(logits: torch.Tensor):
+def _argmax_pick(logits: torch.Tensor, first_slot: int = 0):
     return logits.argmax(-1), None
 
 
@@ -256,7 +257,20 @@ class FoldDrafter(PreTrainedModel):
 
         validate_pair(self, target)
         self._target_parts = (target.get_input_embeddings(), target.get_output_embeddings(), id(target))
+        self._warn_on_dtype_mismatch(target)
         return self
+
+    def _warn_on_dtype_mismatch(self, target: nn.Module) -> None:
+        """Warn once per drafter when its weights and the target's embedding differ in dtype (a bf16 checkpoint
+        loaded beside an fp32 target drafts in bf16: legal, but rarely what was meant)."""
+        embedding = target.get_input_embeddings()
+        mine, theirs = self.fc.weight.dtype, getattr(getattr(embedding, "weight", None), "dtype", None)
+        if theirs is None or mine == theirs or getattr(self, "_dtype_warned", False):
+            return
+        self._dtype_warned = True
+        warnings.warn(f"the drafter is {mine} and the target {theirs}: the drafter computes in {mine}. For matched "
+                      f"dtypes load it with FoldDrafter.from_pretrained(..., dtype={theirs}) (or use "
+                      f"fold_hf.load_embedded_pair for the demo pair)", stacklevel=3)
 
     @property
     def target_embedding(self) -> nn.Module:
@@ -417,7 +431,7 @@ class FoldDrafter(PreTrainedModel):
         return 0 if self.is_deepspec else 1
 
     @property
-    def proposals_per_round(self) -> int:
+    def num_proposals(self) -> int:
         """Tokens one round drafts at most: B - 1 (z-lab) or B (DeepSpec); a round verifies one more."""
         return self.config.block_size - self.first_proposal_slot
 
@@ -459,10 +473,11 @@ class FoldDrafter(PreTrainedModel):
     def pick_proposals(self, base: torch.Tensor, last_token: torch.Tensor, pick=None):
         """Tokens of one block from its base logits ``[n, V]``.
 
-        ``pick(logits [m, V]) -> (tokens [m], scores [m, V] or None)`` chooses tokens from final logits (default:
-        argmax, no scores); a sampler returns the distribution it drew from as scores (q of speculative sampling).
-        Without a Markov head every slot is picked at once; with one (DSpark), slot by slot, each slot's logits
-        biased by the token picked before it (``last_token [1]`` before slot 0). Device ops only.
+        ``pick(logits [m, V], first_slot=0) -> (tokens [m], scores [m, V] or None)`` chooses tokens from the final
+        logits of slots ``first_slot ..`` (default: argmax, no scores); a sampler returns the distribution it drew
+        from as scores (q of speculative sampling; :meth:`fold_hf.generation.sampling.TokenChoice.picker`). Without
+        a Markov head every slot is picked at once; with one (DSpark), slot by slot, each slot's logits biased by the
+        token picked before it (``last_token [1]`` before slot 0). Device ops only.
 
         Returns:
             (tokens ``[n]`` long, scores ``[n, V]`` or None).
@@ -475,7 +490,7 @@ class FoldDrafter(PreTrainedModel):
 
     @torch.no_grad()
     def propose(self, last_token: torch.Tensor, context_hidden_states: torch.Tensor | None, cache: FoldCache,
-                block_start: int | None = None, limit: int | None = None, pick=None):
+                block_start: int | None = None, count: int | None = None, pick=None):
         """Draft one round: the family-free call every loop makes.
 
         Args:
@@ -483,14 +498,14 @@ class FoldDrafter(PreTrainedModel):
             context_hidden_states: ``[1, n, n_taps * H]`` taps of tokens committed since the last call, or None.
             cache: the request's :class:`FoldCache` (receives the new context).
             block_start: position of the anchor.
-            limit: propose at most this many tokens (default :attr:`proposals_per_round`).
+            count: propose at most this many tokens (default :attr:`num_proposals`).
             pick: token chooser (see :meth:`pick_proposals`); default greedy.
 
         Returns:
-            (tokens ``[k]`` on the drafter's logits device, scores ``[k, V]`` or None) with ``k <= limit``; fewer
+            (tokens ``[k]`` on the drafter's logits device, scores ``[k, V]`` or None) with ``k <= count``; fewer
             when the confidence threshold cuts the proposal.
         """
-        limit = self.proposals_per_round if limit is None else min(limit, self.proposals_per_round)
+        limit = self.num_proposals if count is None else min(count, self.num_proposals)
         noise = self.embed_block(self.block_ids(last_token))
         out = self(noise, context_hidden_states, cache=cache, block_start=block_start).last_hidden_state
         start = self.first_proposal_slot

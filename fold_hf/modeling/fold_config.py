@@ -22,9 +22,11 @@ yarn        every entry at its true distance, rope scaled by
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,8 +146,10 @@ class FoldConfig:
             file = path / FOLD_CONFIG_NAME
             if not file.is_file():
                 raise FileNotFoundError(f"no {FOLD_CONFIG_NAME} in directory {path}")
-        else:
+        elif _looks_like_repo_id(str(name_or_path)):
             file = Path(_download_from_hub(str(name_or_path), FOLD_CONFIG_NAME))
+        else:
+            raise FileNotFoundError(_unknown_name_message(str(name_or_path), sorted(PRESETS)))
         data = read_json_object(file)
         data.update(overrides)
         return cls.from_dict(data)
@@ -160,6 +164,20 @@ def read_json_object(file: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
     return data
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    """``owner/name`` with the Hub's characters: the only strings worth a Hub request (a bare word is a preset name
+    or a typo of one, a path with more parts is a missing local file)."""
+    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", name) is not None and \
+        not name.startswith((".", "/")) and ".." not in name
+
+
+def _unknown_name_message(name: str, presets: list[str]) -> str:
+    close = difflib.get_close_matches(name, presets, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"{name!r} is not a preset, a local directory or file, or a Hub repo id (owner/name){hint}; "
+            f"presets: {', '.join(presets)}")
 
 
 def _download_from_hub(repo_id: str, filename: str) -> str:

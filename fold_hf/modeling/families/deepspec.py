@@ -329,7 +329,8 @@ def markov_chain(drafter, base: torch.Tensor, last: torch.Tensor, pick) -> tuple
     Args:
         base: ``[n, V]`` base logits of the proposal slots.
         last: ``[1]`` the anchor token.
-        pick: ``logits [m, V] -> (tokens [m], scores [m, V] or None)`` (argmax, or a sampler returning q).
+        pick: ``(logits [m, V], first_slot) -> (tokens [m], scores [m, V] or None)`` (argmax, or a sampler returning
+            q; ``first_slot`` = the slot, so a sampler uses that slot's uniform).
 
     Returns:
         (tokens ``[n]``, stacked scores ``[n, V]`` or None). Device ops only (no host read): capturable.
@@ -339,7 +340,7 @@ def markov_chain(drafter, base: torch.Tensor, last: torch.Tensor, pick) -> tuple
     tokens, scores = [], []
     for i in range(base.shape[0]):
         step = base[i : i + 1] + head.bias(prev).to(base.device, base.dtype)
-        token, score = pick(step)
+        token, score = pick(step, i)
         tokens.append(token.reshape(1))
         scores.append(score)
         prev = token.reshape(1)

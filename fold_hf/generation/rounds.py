@@ -1,0 +1,119 @@
+"""The one decode loop: prefill, then rounds of propose → verify → accept → commit, over any target runner.
+
+Both entry points run it: :func:`fold_hf.generate` over the target's own ``forward`` (a ``DynamicCache``, any
+causal LM), :func:`fold_hf.generation.fast.fast_generate` over its preallocated :class:`StaticTarget` (the
+``eager`` engine here; its ``static``/``graphs`` engines run the same round with device-side lengths). Token
+choice (greedy or speculative sampling, the logits processing) is :class:`~.sampling.TokenChoice`, stopping and
+statistics :class:`~.tracker.Tracker`; this module only sequences them.
+
+A *runner* has
+
+* ``prefill(input_ids [1, P], chunk, on_taps) -> (logits [V], pending)``: fill the target's cache with the
+  prompt; ``pending`` is the prompt's tapped features ``[1, P, n_taps * H]`` when the drafter still has to
+  commit them (None when ``on_taps`` already did);
+* ``verify(ids [1, k + 1], position) -> (logits [k + 1, V], features [1, k + 1, n_taps * H] or None)``: run the
+  last committed token and ``k`` proposals at ``position ..``; the cache keeps what it holds below ``position``
+  (rollback is rewinding to the committed length).
+
+A *drafter* (family-free) has ``block_size``, optionally ``num_proposals`` (proposal slots per round, default
+``block_size - 1``; a DeepSpec drafter's anchor slot predicts too: ``block_size``) and either ``propose(last [1],
+pending, cache, block_start, count, pick) -> (proposals [<= count], q or None)`` (fewer when a DeepSpec confidence
+threshold cuts the block) or ``draft_logits(last, pending, cache, block_start) -> [1, >= count, V]``;
+``pick(logits [n, V], first_slot=0)`` turns logits into tokens and the distributions ``q`` they were drawn from,
+so a drafter that proposes step by step calls it once per slot and a block-parallel one once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .stats import GenerationResult
+from .tracker import Tracker, clock
+
+
+def num_proposals(drafter) -> int:
+    """Proposal slots per round: ``drafter.num_proposals`` when a family sets it, else ``block_size - 1`` (0 for
+    AR)."""
+    if drafter is None:
+        return 0
+    count = getattr(drafter, "num_proposals", None)
+    return int(count) if count is not None else drafter.block_size - 1
+
+
+def propose(drafter, last: torch.Tensor, pending, cache, position: int, count: int, pick):
+    """``count`` proposals (and their ``q`` when sampling) for the block after ``last`` at ``position``."""
+    own = getattr(drafter, "propose", None)
+    if own is not None:
+        return own(last, pending, cache, block_start=position, count=count, pick=pick)
+    logits = drafter.draft_logits(last, pending, cache, block_start=position)[0, :count]
+    return pick(logits)
+
+
+def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.Tensor, position: int, pending,
+                 choice) -> None:
+    """Host-length rounds until ``out`` stops or holds ``budget`` tokens.
+
+    Args:
+        last: ``[1]`` the last committed token (not yet in the target's cache), at ``position``.
+        pending: tapped features the drafter has not committed yet.
+    """
+    slots = num_proposals(drafter)
+    while out.running(budget):
+        k = min(slots, budget - len(out.tokens) - 1)
+        generated = len(out.tokens)
+        choice.refill()
+        q = None
+        if k > 0:
+            proposals, q = propose(drafter, last, pending, cache, position, k, choice.picker())
+            pending = None  # committed to the drafter's cache by the draft
+            proposals = proposals.to(last.device)
+            k = proposals.shape[0]  # a drafter may propose fewer (a DeepSpec confidence threshold)
+        else:
+            proposals = last.new_empty(0)
+        out.proposals.append(proposals.tolist())
+        logits, features = runner.verify(torch.cat((last, proposals))[None], position)
+        # a target split across devices gives its logits on the lm_head's device
+        there = proposals.to(logits.device)
+        n, final = choice.verify(logits, there, q.to(logits.device) if q is not None else None, k, generated)
+        n = int(n)
+        commit = torch.cat((there[:n], final.to(there.dtype)))
+        if features is not None:
+            accepted = features[:, : n + 1].clone()  # a runner's buffer is rewritten by the next verify
+            pending = accepted if pending is None else torch.cat((pending, accepted), 1)
+        choice.observe(commit)
+        position += n + 1
+        out.commit(commit.tolist())
+        last = commit[-1:].to(last.device)
+
+
+def decode(runner, drafter, input_ids: torch.Tensor, out: Tracker, make_choice, rounds, prefill_chunk: int | None,
+           on_taps=None, device=None) -> GenerationResult:
+    """Prefill, the first token, then ``rounds(last, position, pending, choice)``; returns the
+    :class:`GenerationResult`. ``make_choice(logits [V])`` builds the request's :class:`~.sampling.TokenChoice`
+    once the vocabulary and the logits' device are known."""
+    device = device or input_ids.device
+    prompt_len = input_ids.shape[1]
+    if out.streamer is not None:
+        out.streamer.put(input_ids.cpu())
+    start = clock(device)
+    logits, pending = runner.prefill(input_ids, prefill_chunk, on_taps)
+    choice = make_choice(logits)
+    last = choice.first(logits).to(input_ids.device)
+    first_token_at = clock(device)
+    out.first(int(last))
+    rounds(last, prompt_len, pending, choice)
+    end = clock(device)
+    if out.streamer is not None:
+        out.streamer.end()
+    sequences = torch.cat((input_ids, torch.tensor([out.tokens], dtype=input_ids.dtype, device=input_ids.device)),
+                          dim=1)
+    return GenerationResult(
+        sequences=sequences,
+        acceptance_lengths=out.acceptance,
+        ttft_s=first_token_at - start,
+        decode_s=end - first_token_at,
+        num_prompt_tokens=prompt_len,
+        mode=drafter.fold_config.mode if drafter is not None and hasattr(drafter, "fold_config") else "ar",
+        finish_reason=out.finish,
+        proposals=out.proposals,
+    )

@@ -1,0 +1,311 @@
+"""Token choice on the device: the logits processing of ``generate``, greedy or speculative sampling, capturable.
+
+Everything here is tensor arithmetic with fixed shapes and no host read, so the fast loop runs it inside its
+CUDA graphs. Random numbers come in as a buffer of uniforms in ``[0, 1)`` that the loop fills from a
+``torch.Generator`` before each round (:meth:`Sampling.uniforms`), so a seeded run reproduces on every engine,
+and a captured graph only reads a buffer.
+
+Processing (what ``transformers`` applies, in its order): the repetition penalty over the tokens seen so far
+(prompt and generated; a logit ``s`` becomes ``s * r`` when negative, ``s / r`` otherwise), the
+``min_new_tokens`` mask (EOS ids at ``-inf`` while fewer new tokens exist), then, when sampling, temperature,
+top-k, top-p (drop a token once the mass ranked above it reaches ``top_p``; the top token stays) and min-p
+(drop tokens whose probability is below ``min_p`` times the top one's). Greedy takes the argmax of the
+processed logits (penalty and mask only, as ``transformers`` does).
+
+Speculative sampling (Leviathan et al., Chen et al.): proposal ``d_i`` drawn from the drafter's processed
+distribution ``q_i`` is accepted with probability ``min(1, p_i(d_i) / q_i(d_i))``; the first rejection is replaced
+by a draw from ``normalize(max(0, p_i - q_i))``; when every proposal is accepted (or the budget ends the block),
+one more token is drawn from ``p``. Any ``q`` keeps the target's distribution, so a drafter may propose in
+parallel (one ``q`` per slot from one forward) or step by step (a Markov head whose ``q_i`` depends on
+``d_{i-1}``): the drafter only has to return the tokens it proposed and the ``q`` it drew them from.
+
+Uniform layout of a round with ``K`` proposal slots: ``u[0:K]`` draw the proposals, ``u[K:2K]`` decide the
+acceptances, ``u[2K]`` draws the round's last token; the same layout on every engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..modeling.rope import compute_dtype
+
+SAMPLING_SETTINGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "min_new_tokens")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a request picks tokens (greedy when ``do_sample`` is False; the penalty and ``min_new_tokens`` apply to
+    both, as in ``transformers``)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_new_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @classmethod
+    def from_settings(cls, do_sample=False, temperature=None, top_k=None, top_p=None, min_p=None,
+                      repetition_penalty=None, min_new_tokens=None) -> "Sampling":
+        """From ``generate``-style settings (None = unset; greedy drops the sampling-only ones)."""
+        if not do_sample:
+            temperature = top_k = top_p = min_p = None
+        return cls(do_sample=bool(do_sample), temperature=1.0 if temperature is None else float(temperature),
+                   top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+                   min_new_tokens=int(min_new_tokens or 0))
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty is not None and self.repetition_penalty != 1.0
+
+    def uniforms(self, count: int, device, generator: torch.Generator | None, out: torch.Tensor | None = None):
+        """``count`` uniforms on ``device`` from ``generator`` (its own device; the default generator when None),
+        written into ``out`` when given (the graphs' static buffer)."""
+        source = generator.device if generator is not None else torch.device(device)
+        u = torch.rand(count, generator=generator, device=source, dtype=torch.float64)
+        if out is None:
+            return u.to(device)
+        out.copy_(u, non_blocking=True)
+        return out
+
+
+def process(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None,
+            eos_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Processed scores ``[n, V]`` (fp32, fp64 for fp64 logits) from logits ``[n, V]``.
+
+    Args:
+        seen: ``[n, V]`` or ``[V]`` bool, tokens the repetition penalty applies to (row by row).
+        eos_rows: ``[n, V]`` bool, entries to set to ``-inf`` (the ``min_new_tokens`` mask).
+    """
+    scores = logits.to(compute_dtype(logits.dtype))
+    if sampling.penalized and seen is not None:
+        r = sampling.repetition_penalty
+        scores = torch.where(seen, torch.where(scores < 0, scores * r, scores / r), scores)
+    if eos_rows is not None:
+        scores = scores.masked_fill(eos_rows, -float("inf"))
+    if not sampling.do_sample:
+        return scores
+    scores = scores / sampling.temperature
+    if sampling.top_k is not None and 0 < sampling.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -float("inf"))
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+        probs = sorted_scores.softmax(-1)
+        drop_sorted = (probs.cumsum(-1) - probs) >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, -float("inf"))
+    if sampling.min_p is not None and sampling.min_p > 0:
+        probs = scores.softmax(-1)
+        scores = scores.masked_fill(probs < sampling.min_p * probs.amax(-1, keepdim=True), -float("inf"))
+    return scores
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws ``[n]`` from unnormalised probabilities ``[n, V]`` with uniforms ``u`` ``[n]``; never
+    returns a zero-probability entry (the threshold stays below the total mass)."""
+    cdf = probs.cumsum(-1)
+    threshold = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    return (cdf <= threshold).sum(-1).clamp_max(probs.shape[-1] - 1)
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, u: torch.Tensor | None = None, seen=None, eos_rows=None):
+    """Tokens ``[n]`` and, when sampling, the distributions ``q`` ``[n, V]`` they were drawn from.
+
+    This is the picker a drafter step receives: a parallel drafter calls it once on all its slots' logits, a
+    step-by-step drafter once per slot (with that slot's uniform)."""
+    scores = process(logits, sampling, seen, eos_rows)
+    if not sampling.do_sample:
+        return scores.argmax(-1), None
+    q = scores.softmax(-1)
+    return draw(q, u), q
+
+
+def seen_rows(seen: torch.Tensor, proposals: torch.Tensor) -> torch.Tensor:
+    """``[K + 1, V]`` tokens seen before each verify row: ``seen`` ``[V]`` plus proposals ``0 .. i-1`` for row i."""
+    k = proposals.shape[0]
+    steps = torch.zeros(k + 1, seen.shape[0], dtype=torch.int32, device=seen.device)
+    if k:
+        steps[1:].scatter_(1, proposals[:, None].to(seen.device), 1)
+    return (steps.cumsum(0) > 0) | seen
+
+
+def min_new_mask(eos_onehot: torch.Tensor, generated: torch.Tensor, rows: int, min_new_tokens: int):
+    """``[rows, V]`` bool: EOS entries of the rows that predict new token ``generated + i < min_new_tokens``.
+
+    Args:
+        eos_onehot: ``[V]`` bool; generated: ``[1]`` long tensor (tokens generated before row 0)."""
+    index = generated + torch.arange(rows, device=eos_onehot.device)
+    return (index < min_new_tokens)[:, None] & eos_onehot[None, :]
+
+
+def verify_sampled(target_scores: torch.Tensor, proposals: torch.Tensor, q: torch.Tensor, u: torch.Tensor,
+                   limit: torch.Tensor | int):
+    """Speculative sampling of one round on the device (no host read).
+
+    Args:
+        target_scores: ``[K + 1, V]`` processed target scores (:func:`process`) at the last committed token and
+            each proposal.
+        proposals: ``[K]`` proposed tokens, drawn from ``q``.
+        q: ``[K, V]`` the drafter's processed distributions (rows sum to one).
+        u: ``[2K + 1]`` uniforms; ``u[K:2K]`` decide acceptances, ``u[2K]`` the last token (``u[:K]`` drew the
+            proposals).
+        limit: how many proposals may be accepted (the budget; a long tensor ``[1]`` or an int <= K).
+
+    Returns:
+        (accepted count n ``[1]`` long, the round's last token ``[1]`` long): commit ``proposals[:n]`` then it.
+    """
+    k = proposals.shape[0]
+    p = target_scores.softmax(-1)
+    if k:
+        index = proposals[:, None]
+        q_d = q.gather(-1, index).squeeze(-1).to(p.dtype)
+        accept = u[k : 2 * k].to(p.dtype) * q_d <= p[:k].gather(-1, index).squeeze(-1)  # u < p/q, no division
+        matched = accept.long().cumprod(0).sum().view(1)
+    else:
+        matched = torch.zeros(1, dtype=torch.long, device=p.device)
+        q = p.new_zeros(0, p.shape[-1])
+    limit = torch.as_tensor(limit, device=p.device).view(1)
+    n = torch.minimum(matched, limit)
+    q_pad = torch.cat((q.to(p.dtype), p.new_zeros(1, p.shape[-1])))  # q of "no proposal" = 0: residual = p
+    rejected = (matched < limit).to(p.dtype)
+    p_n = p.index_select(0, n)
+    residual = (p_n - q_pad.index_select(0, n) * rejected).clamp_min(0)
+    dist = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
+    return n, draw(dist, u[2 * k :])
+
+
+def verify_greedy(target_scores: torch.Tensor, proposals: torch.Tensor, limit: torch.Tensor | int):
+    """Greedy verification on the device: (accepted n ``[1]``, the target's argmax at every row ``[K + 1]``)."""
+    posterior = target_scores.argmax(-1)
+    k = proposals.shape[0]
+    matched = (proposals == posterior[:k]).long().cumprod(0).sum().view(1)
+    n = torch.minimum(matched, torch.as_tensor(limit, device=posterior.device).view(1))
+    return n, posterior
+
+
+class TokenChoice:
+    """One request's token choice on its device: the :class:`Sampling`, the random source, the tokens seen so far
+    (for the repetition penalty) and the EOS mask (for ``min_new_tokens``).
+
+    Its tensors can be a session's persistent buffers (``buffers``: ``seen`` ``[V]`` bool, ``eos`` ``[V]`` bool,
+    ``u`` ``[2K + 1]`` fp64, ``q`` ``[K, V]``), refilled in place per request, so captured graphs that read them
+    stay valid.
+
+    Args:
+        sampling: the request's settings.
+        generator: random source for sampling (None: torch's default generator of the device).
+        vocab: V; device: where the target's logits are.
+        prompt: ``[1, P]`` prompt ids (seen by the penalty).
+        eos: EOS ids (masked while fewer than ``min_new_tokens`` new tokens exist).
+        proposals: K, proposal slots per round.
+    """
+
+    def __init__(self, sampling: Sampling, generator, vocab: int, device, prompt: torch.Tensor, eos,
+                 proposals: int, buffers: dict | None = None) -> None:
+        self.sampling, self.generator, self.proposals = sampling, generator, proposals
+        device = torch.device(device)
+        self.device = device
+        b = buffers if buffers is not None else {}
+        self.seen = b.get("seen")
+        if self.seen is None:
+            self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.seen.zero_()
+        if sampling.penalized:
+            self.seen[prompt.reshape(-1).to(device)] = True
+        self.eos = b.get("eos")
+        if self.eos is None:
+            self.eos = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.eos.zero_()
+        eos = [e for e in eos if 0 <= e < vocab]
+        self.masks_eos = sampling.min_new_tokens > 0 and bool(eos)
+        if self.masks_eos:
+            self.eos[torch.tensor(eos, device=device)] = True
+        self.u = b.get("u")
+        if self.u is None:
+            self.u = torch.zeros(2 * proposals + 1, dtype=torch.float64, device=device)
+        self.q = b.get("q")
+
+    # ------------------------------------------------------------------ host-driven (every engine)
+    def refill(self) -> None:
+        """Draw this round's uniforms (sampling only): one host call, outside any captured graph."""
+        if self.sampling.do_sample:
+            self.sampling.uniforms(self.u.shape[0], self.device, self.generator, out=self.u)
+
+    def first(self, logits: torch.Tensor) -> torch.Tensor:
+        """The prefill's token ``[1]`` from the last position's logits ``[V]``."""
+        logits = logits.to(self.device)
+        u = self.sampling.uniforms(1, self.device, self.generator) if self.sampling.do_sample else None
+        mask = self.eos_rows(0, 1)
+        seen = self.seen if self.sampling.penalized else None
+        token = pick(logits[None], self.sampling, u, seen, mask)[0]
+        self.observe(token)
+        return token
+
+    def observe(self, committed: torch.Tensor) -> None:
+        """Mark committed tokens as seen (eager engines; the static step returns :meth:`observed` instead)."""
+        if self.sampling.penalized:
+            self.seen[committed.reshape(-1).to(self.device)] = True
+
+    # ------------------------------------------------------------------ device-side (capturable)
+    def eos_rows(self, generated, rows: int):
+        """``[rows, V]`` min_new_tokens mask for rows predicting new tokens ``generated + i`` (None when off)."""
+        if not self.masks_eos:
+            return None
+        generated = torch.as_tensor(generated, device=self.device).view(1)
+        return min_new_mask(self.eos, generated, rows, self.sampling.min_new_tokens)
+
+    def picker(self, generated=0):
+        """The function a drafter step calls to turn its logits ``[n, V]`` for slots ``first_slot ..`` into
+        (proposals ``[n]``, q ``[n, V]`` or None); draws with ``u[first_slot : first_slot + n]``."""
+        sampling = self.sampling
+        seen = self.seen if sampling.penalized else None
+
+        def choose(logits: torch.Tensor, first_slot: int = 0):
+            n = logits.shape[0]
+            seen_here = seen.to(logits.device) if seen is not None else None
+            u = self.u[first_slot : first_slot + n].to(logits.device) if sampling.do_sample else None
+            return pick(logits, sampling, u, seen_here)
+
+        return choose
+
+    def verify(self, logits: torch.Tensor, proposals: torch.Tensor, q: torch.Tensor | None, limit, generated=0,
+               used: int | None = None):
+        """(accepted n ``[1]``, the round's last token ``[1]``) from the target's logits ``[k + 1, V]`` at the last
+        committed token and each of the ``k`` proposals.
+
+        ``used`` proposal slots of the round's K (default k): sampling reads the acceptance uniforms of those
+        slots and the last one, keeping the layout of the class docstring whatever k is."""
+        sampling = self.sampling
+        k = proposals.shape[0]
+        seen = seen_rows(self.seen, proposals) if sampling.penalized else None
+        scores = process(logits, sampling, seen, self.eos_rows(generated, k + 1))
+        if not sampling.do_sample:
+            n, posterior = verify_greedy(scores, proposals, limit)
+            return n, posterior.gather(0, n)
+        K = self.proposals
+        u = torch.cat((self.u[:k], self.u[K : K + k], self.u[2 * K :]))
+        return verify_sampled(scores, proposals, q, u, limit)
+
+    def observed(self, proposals: torch.Tensor, n: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The seen mask ``[V]`` after committing ``proposals[:n]`` and ``last`` (functional, for captured steps)."""
+        counts = torch.zeros(self.seen.shape[0], dtype=torch.int32, device=self.seen.device)
+        keep = (torch.arange(proposals.shape[0], device=proposals.device) < n).int()
+        counts.scatter_add_(0, proposals, keep)
+        counts.scatter_add_(0, last, torch.ones_like(last, dtype=torch.int32))
+        return self.seen | (counts > 0)
