@@ -271,6 +271,29 @@ def test_markov_sampling_returns_the_biased_step_distributions(drafters):
     torch.testing.assert_close(q, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["fold", "streaming"])
+def test_a_seed_reproduces_a_dspark_sampled_run_on_every_engine(drafters, mode):
+    """Sampling draws the Markov head's proposals slot by slot from the round's uniforms: the foundation loop, the
+    eager engine and the static step (its Markov chain on the device) give the same tokens and proposals."""
+    drafter, _, _, _ = drafters["qwen3", "dspark"]
+    target = qwen3_target()
+    sampled = dict(do_sample=True, temperature=0.9, top_k=8, top_p=0.95)
+    for seed, length in enumerate((14, 70)):
+        ids = prompt(50 + seed, length)
+        runs = [fold_hf.generate(target, drafter, ids, max_new_tokens=24, return_stats=True,
+                                 fold_config=mode_config(mode), generator=torch.Generator().manual_seed(seed),
+                                 **sampled)]
+        for engine in ("eager", "static"):
+            runs.append(fast_generate(target, drafter, ids, max_new_tokens=24, engine=engine, return_stats=True,
+                                      fold_config=mode_config(mode), generator=torch.Generator().manual_seed(seed),
+                                      **sampled))
+        for run in runs[1:]:
+            assert torch.equal(run.sequences, runs[0].sequences), (mode, seed)
+            assert run.acceptance_lengths == runs[0].acceptance_lengths, (mode, seed)
+            assert run.proposals == runs[0].proposals, (mode, seed)
+        assert max(runs[0].acceptance_lengths) >= 2  # proposals were accepted under sampling
+
+
 def test_speculative_sampling_with_the_markov_head_keeps_the_target_distribution(tmp_path):
     from test_sampling import chi2_statistic, chi2_threshold, exact_distribution, PROMPT, VOCAB as SV
 
