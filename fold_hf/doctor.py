@@ -23,9 +23,10 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
     checks.append(family_check(drafter))
 
     rope = drafter.rope
-    params = dict(getattr(dcfg, "rope_parameters", None) or {})
+    # a DeepSpec Gemma-4 drafter's proportional rope: a full-width table whose unrotated pairs have frequency 0
+    params = dict(getattr(dcfg, "deepspec_rope", None) or getattr(dcfg, "rope_parameters", None) or {})
     checks.append(Check("rope", "ok", f"type {params.get('rope_type', 'default')}, theta {params.get('rope_theta')}, "
-                                      f"{rope.rotary_dim}/{rope.head_dim} rotary dims"))
+                                      f"{2 * int((rope.inv_freq != 0).sum())}/{rope.head_dim} rotary dims"))
     sliding = [i for i in range(len(drafter.layers)) if drafter.layers[i].self_attn.sliding_window is not None]
     if sliding:
         applies = "window + far memory" if cfg.layers == "all" and cfg.mode in ("fold", "rerope") else "as released"

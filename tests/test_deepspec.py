@@ -400,6 +400,7 @@ def test_doctor_reports_the_deepspec_fields(drafters):
     text = format_checks(diagnose(gemma4_target(), drafter, mode_config("fold")))
     assert "DeepSpec DSpark (gemma4)" in text and "4 drafted tokens per round" in text
     assert "Markov rank 12 (vanilla)" in text and "confidence head with Markov features" in text
+    assert "type proportional, theta 1000000.0, 4/16 rotary dims" in text  # 0.25 of global_head_dim 16
     assert "ERROR" not in text, text
     dflash_text = format_checks(diagnose(qwen3_target(), drafters["qwen3", "dflash"][0], mode_config("fold")))
     assert "DeepSpec DFlash (qwen3)" in dflash_text and "Markov rank 0," in dflash_text
