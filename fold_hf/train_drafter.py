@@ -37,7 +37,9 @@ from .training import dflash_loss, sample_anchors
 @dataclass
 class TrainSettings:
     """A training run's settings; the defaults are the committed SmolLM2 drafter's recipe (its model card), except
-    ``intermediate_size`` (None: the target's) and ``mask_token_id`` (None: the last vocabulary id)."""
+    ``intermediate_size`` (None: the target's) and ``mask_token_id`` (None: the last vocabulary id).
+    ``bos_token_id``: every prompt window starts with this token (its ``prompt_tokens`` include it), for targets
+    trained with BOS first (Gemma)."""
 
     layers: int = 6
     block_size: int = 8
@@ -58,6 +60,7 @@ class TrainSettings:
     save_every: int = 250
     log_every: int = 10
     init_from: str | None = None
+    bos_token_id: int | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -70,6 +73,10 @@ def drafter_config_for(target, settings: TrainSettings) -> FoldDrafterConfig:
     mask_id = settings.mask_token_id if settings.mask_token_id is not None else tcfg.vocab_size - 1
     rope = dict(getattr(tcfg, "rope_parameters", None) or {"rope_type": "default",
                                                           "rope_theta": getattr(tcfg, "rope_theta", 10000.0)})
+    if "full_attention" in rope and isinstance(rope["full_attention"], dict):
+        # per-layer-type parameters (targets mixing sliding and full layers, e.g. Gemma-3): the drafter's layers
+        # attend to the whole context, so they take the full-attention layers' rope
+        rope = dict(rope["full_attention"])
     return FoldDrafterConfig(
         block_size=settings.block_size, num_target_layers=n_target, target_layer_ids=list(taps),
         mask_token_id=mask_id, vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size,
@@ -80,8 +87,10 @@ def drafter_config_for(target, settings: TrainSettings) -> FoldDrafterConfig:
     )
 
 
-def token_windows(tokenizer, sources: list[str], count: int, length: int, seed: int) -> torch.Tensor:
-    """``[count, length]`` random windows of the tokenized sources (documents too short are skipped)."""
+def token_windows(tokenizer, sources: list[str], count: int, length: int, seed: int,
+                  bos_token_id: int | None = None) -> torch.Tensor:
+    """``[count, length]`` random windows of the tokenized sources (documents too short are skipped);
+    with ``bos_token_id`` each row is that token followed by ``length - 1`` tokens of a window."""
     rng = random.Random(seed)
     encoded = []
     for text in sources:
@@ -95,7 +104,8 @@ def token_windows(tokenizer, sources: list[str], count: int, length: int, seed: 
     for _ in range(count):
         ids = rng.choices(encoded, weights=weights)[0]
         start = rng.randrange(0, len(ids) - length)
-        rows.append(ids[start : start + length])
+        row = ids[start : start + length]
+        rows.append(row if bos_token_id is None else [bos_token_id] + row[1:])
     return torch.tensor(rows, dtype=torch.long)
 
 
@@ -134,7 +144,8 @@ def prepare_training_data(target, tokenizer, out: Path, sources: list[str], sett
     data_file = out / "data.pt"
     if data_file.is_file():
         return torch.load(data_file)
-    prompts = token_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed)
+    prompts = token_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed,
+                            settings.bos_token_id)
     data = generate_training_data(target, prompts, settings.new_tokens, settings.gen_batch)
     torch.save(data, data_file)
     return data
@@ -142,8 +153,12 @@ def prepare_training_data(target, tokenizer, out: Path, sources: list[str], sett
 
 def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], settings: TrainSettings,
                   held_out: list[str] | None = None, max_minutes: float | None = None,
-                  log=print, data_files: list[str | Path] | None = None, generate_only: bool = False) -> dict:
+                  log=print, data_files: list[str | Path] | None = None, generate_only: bool = False,
+                  card: dict | None = None) -> dict:
     """Train (or resume) a drafter for ``target``; writes the z-lab layout into ``out_dir`` when done.
+
+    ``card``: ``{"target": name, "licence": line, "data": description}`` for the model card (``README.md``
+    beside the weights, :func:`write_model_card`).
 
     ``data_files``: train on these pre-generated ``[n, P + N]`` tensors (concatenated) instead of generating;
     ``generate_only``: generate ``out_dir/data.pt`` and return without training (to split generation over GPUs).
@@ -250,7 +265,59 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
     drafter.save_pretrained(out / "drafter")
     (out / "drafter" / "training.json").write_text(json.dumps({"settings": asdict(settings), "report": report},
                                                               indent=2))
+    write_model_card(out / "drafter", drafter, settings, report, card or {})
     return report
+
+
+def write_model_card(directory: Path, drafter: FoldDrafter, settings: TrainSettings, report: dict, card: dict) -> Path:
+    """``directory/README.md``: what the drafter is, its recipe (the exact settings), held-out τ and the licence
+    note of its target (a drafter trained on a target's outputs inherits the target's terms where they say so)."""
+    cfg = drafter.config
+    own = sum(p.numel() for p in drafter.parameters())
+    target = card.get("target", "its target")
+    held = report.get("held_out") or {}
+    lines = [
+        f"# DFlash drafter for {target} (trained by `fold-hf train-drafter`)",
+        "",
+        f"A {cfg.num_hidden_layers}-layer block-parallel (DFlash) drafter in the z-lab checkpoint layout, loadable with "
+        f"`FoldDrafter.from_pretrained`; it uses the target's embedding and `lm_head` ({own / 1e6:.2f} M parameters "
+        f"of its own).",
+        "",
+        "| field | value |", "|---|---|",
+        f"| layers / hidden / heads (KV) / head dim / MLP | {cfg.num_hidden_layers} / {cfg.hidden_size} / "
+        f"{cfg.num_attention_heads} ({cfg.num_key_value_heads}) / {cfg.head_dim} / {cfg.intermediate_size} |",
+        f"| block size B | {cfg.block_size} |",
+        f"| tapped target layers | {', '.join(map(str, cfg.target_layer_ids))} (of {cfg.num_target_layers}) |",
+        f"| mask token | {cfg.mask_token_id} |",
+        f"| training length | {settings.prompt_tokens + settings.new_tokens} tokens ({settings.prompt_tokens} real "
+        f"tokens{' starting with BOS' if settings.bos_token_id is not None else ''} + {settings.new_tokens} the "
+        f"target generated) |",
+        f"| held-out τ (dflash, greedy) | "
+        + (f"{held['tau_mean']:.2f} on {held['requests']} windows of {held['prompt_tokens']} tokens, "
+           f"{held['new_tokens']} new tokens ({held['identical_to_ar']} outputs identical to AR) |" if held
+           else "not measured (run stopped before its last step) |"),
+        "",
+        "## Licence",
+        "",
+        card.get("licence", "See the target's licence."),
+        "",
+        "## Recipe",
+        "",
+        f"- Data: {card.get('data', 'target continuations of real text')}; {report['data']['sequences']} sequences"
+        + (f" from {', '.join(report['data']['files'])}" if report['data']['files'] else "") + ".",
+        f"- Objective: DFlash (random anchors in the generated part, {settings.anchors} per sequence, block "
+        f"`[anchor, mask x {settings.block_size - 1}]`, slot k predicts token anchor+k, loss weight "
+        f"`exp(-(k-1)/{settings.gamma:g})`, context strictly before the anchor), AdamW (lr {settings.lr:g}, betas "
+        f"0.9/0.95, wd 0.01, {settings.warmup} warm-up steps, cosine to 10%), batch {settings.batch}, seed "
+        f"{settings.seed}.",
+        f"- {report['step']} of {settings.steps} steps; final training loss {report['final_loss']:.3f}.",
+        "",
+        "The exact settings and report are in `training.json`.",
+        "",
+    ]
+    path = Path(directory) / "README.md"
+    path.write_text("\n".join(lines))
+    return path
 
 
 @torch.no_grad()
@@ -260,7 +327,7 @@ def evaluate_tau(target, tokenizer, drafter, texts: list[str], settings: TrainSe
     from .generation.loop import generate
 
     device = next(target.parameters()).device
-    prompts = token_windows(tokenizer, texts, requests, settings.prompt_tokens, seed)
+    prompts = token_windows(tokenizer, texts, requests, settings.prompt_tokens, seed, settings.bos_token_id)
     taus = []
     same = 0
     for row in tqdm(prompts, desc="held-out tau", unit="req"):

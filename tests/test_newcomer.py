@@ -234,3 +234,11 @@ def test_readme_results_table_matches_the_result_files_it_cites():
         books, code = (float(x) for x in cells[3].split("/"))
         assert books == pytest.approx(retention[("books", method)], abs=5e-3), method
         assert code == pytest.approx(retention[("code", method)], abs=5e-3), method
+
+
+def test_bench_shard_must_be_i_of_n(capsys):
+    for bad in ("2/2", "1-2", "x/3"):
+        with pytest.raises(SystemExit):
+            main(["bench", "--shard", bad])
+        assert "--shard" in _error_line(capsys)
+    assert build_parser().parse_args(["bench", "--shard", "1/2"]).shard == (1, 2)

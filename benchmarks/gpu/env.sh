@@ -20,6 +20,29 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export FOLD_HF_SMOLLM2_GGUF=/root/stage/SmolLM2-135M-Instruct.Q4_1.gguf FOLD_HF_CACHE=/root/cache
 ls /root/stage
+# Gemma-3-270M (opt-in pair, benchmarks/gpu/stage-gemma3.sh N; Gemma Terms of Use): parts gemma3-part-NN arrive
+# one per call from .stage/gK, the saved tokenizer from .stage/gtok (transformers 5.17 builds a wrong one from the
+# GGUF); joined once every part is there, checked by sha256
+mkdir -p /root/stage-gemma3
+for p in .stage/g[0-9]*; do [ -d "$p" ] && cp "$p"/gemma3-part-* /root/stage-gemma3/; done
+if [ -f .stage/gtok/gemma3-tokenizer.tar.gz ] && [ ! -d /root/stage-gemma3/tokenizer ]; then
+  tar -xzf .stage/gtok/gemma3-tokenizer.tar.gz -C /root/stage-gemma3
+fi
+GEMMA3_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [ ! -f /root/stage-gemma3/gemma-3-270m-q4_k_m.gguf ] && ls /root/stage-gemma3/gemma3-part-* > /dev/null 2>&1; then
+  if [ "$(cat /root/stage-gemma3/gemma3-part-* | sha256sum | cut -c1-64)" = "$GEMMA3_SHA" ]; then
+    cat /root/stage-gemma3/gemma3-part-* > /root/stage-gemma3/gemma-3-270m-q4_k_m.gguf
+  fi
+fi
+export FOLD_HF_GEMMA3_GGUF=/root/stage-gemma3/gemma-3-270m-q4_k_m.gguf
+export FOLD_HF_GEMMA3_TOKENIZER=/root/stage-gemma3/tokenizer
+# the Gemma-3 scripts call this instead of stop_until_gguf_whole
+stop_until_gemma3_whole() {
+  if [ ! -f "$FOLD_HF_GEMMA3_GGUF" ] || [ ! -d "$FOLD_HF_GEMMA3_TOKENIZER" ]; then
+    echo "Gemma-3 GGUF or tokenizer not staged yet (have: $(ls /root/stage-gemma3 | tr '\n' ' ')); carry the next part"
+    exit 0
+  fi
+}
 # scripts that need the GGUF call this: it ends the calls that only stage a part (nothing else to do yet)
 stop_until_gguf_whole() {
   if [ ! -f "$FOLD_HF_SMOLLM2_GGUF" ]; then

@@ -14,6 +14,11 @@ warning naming the reason, and this candidate generator drafts. ``fold_fast=Fals
 :func:`install` is the one place that touches transformers (explicit, idempotent; ``import fold_hf`` calls it,
 :func:`uninstall` restores transformers' own methods).
 
+Hybrid targets (Qwen3.5: linear-attention layers with recurrent state): transformers refuses assisted decoding on
+stateful models. For a FoldDrafter assistant the refusal is lifted for the call and the target's cache becomes a
+rolling-back cache (:func:`fold_hf.generation.rollback.make_rollback_cache`): the generator snapshots the linear
+states before each verify, ``crop`` restores them, and the generator replays the accepted tokens.
+
 Hidden states come from forward hooks on the tapped target layers rather than
 ``output_hidden_states``: a long prompt would otherwise keep every layer's states, and the index
 convention of ``output_hidden_states=[...]`` changed between transformers 5.17 and 5.2x.
@@ -32,7 +37,8 @@ from transformers.generation.utils import GenerationMixin
 
 from ..modeling.drafter import FoldDrafter
 from ..modeling.validation import validate_pair
-from .taps import HiddenTaps
+from .rollback import make_rollback_cache, target_has_linear_state
+from .taps import HiddenTaps, _unwrap
 
 _INSTALLED_ATTR = "_fold_hf_installed"
 
@@ -64,6 +70,17 @@ class FoldCandidateGenerator(CandidateGenerator):
         self._prefill_round = False
         drafter.last_acceptance_lengths = self.acceptance_lengths
         drafter.last_proposals = self.proposals
+        self.target = target
+        # hybrid targets: the cache rolls back its linear-attention state (rollback.py); set by the decoding wrapper
+        self.rollback_cache = None
+        import inspect
+
+        try:
+            params = set(inspect.signature(_unwrap(target).forward).parameters)
+        except (TypeError, ValueError):
+            params = set()
+        self._cache_name = "cache" if "cache" in params else "past_key_values"
+        self._replay_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def close(self) -> None:
         self.taps.__exit__(None, None, None)
@@ -104,6 +121,8 @@ class FoldCandidateGenerator(CandidateGenerator):
         drafts, logits = drafts[None].to(input_ids.device), logits[None]
         keep = self._draft_length_before_stop(input_ids, drafts[0].tolist())
         self.proposals.append(drafts[0, :keep].tolist())
+        if self.rollback_cache is not None and keep > 0:
+            self.rollback_cache.fold_snapshot()  # the state before this verify, restored on a rejection
         return torch.cat((input_ids, drafts[:, :keep]), dim=-1), logits[:, :keep]
 
     def _draft_length_before_stop(self, input_ids: torch.LongTensor, drafts: list[int]) -> int:
@@ -129,6 +148,13 @@ class FoldCandidateGenerator(CandidateGenerator):
             self._prefill_round = False
             return
         self.acceptance_lengths.append(int(num_matches) + 1)
+        if self.rollback_cache is not None:
+            # replay the accepted tokens after a rejection, without the taps (they hold this verify's features)
+            self.taps.__exit__(None, None, None)
+            try:
+                self.rollback_cache.fold_replay(self.target, input_ids, self._cache_name, self._replay_extra)
+            finally:
+                self.taps.__enter__()
 
 
 def _wrap_get_candidate_generator(original):
@@ -138,6 +164,7 @@ def _wrap_get_candidate_generator(original):
         if isinstance(assistant_model, FoldDrafter) and getattr(generation_config, "speculation_type", None) != "dflash":
             generator = FoldCandidateGenerator(self, assistant_model, generation_config, logits_processor,
                                                tokenizer=kwargs.get("target_tokenizer"))
+            generator.rollback_cache = assistant_model.__dict__.get("_fold_rollback_cache")
             assistant_model._active_candidate_generator = generator
             return generator
         if isinstance(assistant_model, FoldDrafter):
@@ -156,6 +183,10 @@ def _wrap_assisted_decoding(original):
     @functools.wraps(original)
     def _assisted_decoding(self, *args, **kwargs):
         assistant = kwargs.get("assistant_model")
+        if isinstance(assistant, FoldDrafter):
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            if cache is not None and make_rollback_cache(cache):
+                assistant._fold_rollback_cache = cache
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -163,6 +194,8 @@ def _wrap_assisted_decoding(original):
             if generator is not None:
                 generator.close()
                 assistant._active_candidate_generator = None
+            if isinstance(assistant, FoldDrafter):
+                assistant.__dict__.pop("_fold_rollback_cache", None)
 
     return _assisted_decoding
 
@@ -171,9 +204,20 @@ def _wrap_validate_generation_mode(original):
     @functools.wraps(original)
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
         assistant = (generation_mode_kwargs or {}).get("assistant_model")
-        if isinstance(assistant, FoldDrafter):
-            validate_pair(assistant, self)  # our message names the field, before transformers' own checks
-        return original(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
+        if not isinstance(assistant, FoldDrafter):
+            return original(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
+        validate_pair(assistant, self)  # our message names the field, before transformers' own checks
+        # transformers refuses assisted decoding on stateful models; for linear-attention targets our strategy owns
+        # the rollback (rollback.py), so the check is lifted for this call only (FoldDrafter assistants only)
+        lift = (getattr(self, "_is_stateful", False) and target_has_linear_state(self)
+                and getattr(generation_config, "speculation_type", None) != "dflash")
+        if lift:
+            self._is_stateful = False
+        try:
+            return original(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
+        finally:
+            if lift:
+                del self._is_stateful
 
     return _validate_generation_mode
 

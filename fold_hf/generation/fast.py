@@ -19,7 +19,9 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
               dispatch), so a short context does not read the whole capacity. The drafter step is captured
               when the FOLD Triton kernel (``fold_hf.kernels.triton_fold``) imports, in every reading mode
               (the baselines too, :mod:`~fold_hf.generation.static_drafter`), with a window-only variant until
-              the context exceeds W; drafters with sliding-window layers draft eagerly. Default on CUDA.
+              the context exceeds W; sliding-window drafter layers included, the window-only variant runs
+              until some layer's far memory is non-empty (a sliding layer's: past sliding_window - B entries).
+              Default on CUDA.
 
 * ``target_attention`` (static and graphs engines): ``"triton"`` (default on CUDA with Triton) runs the verify
   step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
@@ -37,7 +39,10 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
 
-Greedy only, batch 1, Llama-family targets (see :data:`SUPPORTED_ARCHITECTURES`); anything else raises a
+Targets: the Llama family (see :data:`SUPPORTED_ARCHITECTURES`) and the families registered in
+:data:`~fold_hf.generation.static_target.TARGET_FAMILIES` (Qwen3.5: :mod:`fold_hf.generation.targets.qwen35`, whose
+verify keeps the linear-attention state of every block position and ``accept(n)`` selects the accepted one on the
+device, inside the captured verify); batch 1; anything else raises a
 ValueError saying why (use :func:`fold_hf.generate` for those). EOS, stop strings, streamers and the returned
 :class:`GenerationResult` behave as in the foundation loop; tokens and acceptance lengths are the same.
 
@@ -48,6 +53,7 @@ once) and rebuilt when a request needs more room; :func:`release_fast_state` fre
 from __future__ import annotations
 
 import os
+import warnings
 import time
 from collections.abc import Sequence
 
@@ -79,6 +85,7 @@ from .static_target import (
     StaticTarget,
     UnsupportedTarget,
     bucket_length,
+    build_static_target,
     check_target,
 )
 from .stats import GenerationResult
@@ -92,6 +99,16 @@ KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured
 # state vector slots (long, on device): target length, drafter length, drafter rows to commit, last token, proposals
 # that may be accepted this round, tokens generated so far
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT, _GEN = range(6)
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A UserWarning the first time ``message`` comes up in this process (the fast path's fallbacks say why)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu") -> str:
@@ -121,8 +138,12 @@ def resolve_fused_layers(fused_layers: bool | None, target_attention: str, runne
         if env:
             fused_layers = env == "1"
         else:
-            return (engine != "eager" and target_attention == "triton" and runner.device.type == "cuda"
-                    and runner.fused_unsupported() is None)
+            if engine == "eager" or target_attention != "triton" or runner.device.type != "cuda":
+                return False
+            reason = runner.fused_unsupported()
+            if reason is not None:
+                warn_once(f"fused target layers are off: {reason}")
+            return reason is None
     if not fused_layers:
         return False
     if engine == "eager":
@@ -155,7 +176,7 @@ class _Session:
     """Buffers and captured steps of one target (reused across calls while they fit)."""
 
     def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str) -> None:
-        self.runner = StaticTarget(target, capacity, tap_layer_ids)
+        self.runner = build_static_target(target, capacity, tap_layer_ids)
         self.capacity = capacity
         self.tap_layer_ids = tap_layer_ids
         self.engine = engine
@@ -223,16 +244,22 @@ class _Session:
             tag += f" confidence<{drafter.confidence_threshold!r}"
         if tag not in self.static_drafters:
             static = None
-            if self.engine != "eager" and static_drafter_unsupported(drafter) is None:
+            reason = static_drafter_unsupported(drafter) if self.engine != "eager" else None
+            if self.engine != "eager" and reason is None:
                 read = default_read_function(self.device)
                 if read is None and self.engine == "static":
                     read = fold_read_geometry_reference
+                if read is None:
+                    warn_once("the FOLD Triton read kernel is not usable here (Triton missing or "
+                              "FOLD_HF_DISABLE_TRITON=1): the drafter drafts eagerly, uncaptured")
                 if read is not None:
                     shared = next((d for d in self.static_drafters.values()
                                    if d is not None and not d.owns_tables), None)
                     static = StaticDrafter(drafter, self.drafter_cache, read,
                                            tables=(shared.cos, shared.sin) if shared is not None else None,
                                            layer_ops=default_layer_ops(self.device) if fused else None)
+            if reason is not None:
+                warn_once(f"the drafter drafts eagerly, uncaptured: static drafting does not cover {reason}")
             self.static_drafters[tag] = static
             while len(self.static_drafters) > KEPT_DRAFT_MODES:
                 oldest = next(iter(self.static_drafters))
@@ -384,11 +411,16 @@ class _StaticRunner:
 
     def __init__(self, runner: StaticTarget, taps: torch.Tensor | None) -> None:
         self.runner, self.taps = runner, taps
+        self._start = None  # position of the last verify
 
     def prefill(self, input_ids, chunk, on_taps):
+        self._start = None
         return self.runner.prefill(input_ids, chunk=chunk, on_taps=on_taps), None
 
     def verify(self, ids: torch.Tensor, position: int):
+        if self._start is not None:  # the last verify kept position - start tokens: recurrent families select
+            self.runner.accept(position - self._start - 1)  # that position's state (a no-op for KV-only ones)
+        self._start = position
         taps = self.taps[:, : ids.shape[1]] if self.taps is not None else None
         return self.runner.forward(ids, position, taps_out=taps), taps
 
@@ -458,6 +490,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             kept = state[CUT_SLOT : CUT_SLOT + 1]  # proposals the drafter kept (all, unless a confidence cut)
             n, final = choice.verify(logits, proposals, q_buffer if sampling.do_sample else None,
                                      torch.minimum(state[_LIMIT : _LIMIT + 1], kept), state[_GEN : _GEN + 1])
+            runner.accept(n)  # recurrent-state families keep the accepted position's state (device-side)
             next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
                                     state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
                                     n + 1, final, state[_LIMIT : _LIMIT + 1], state[_GEN : _GEN + 1] + n + 1,

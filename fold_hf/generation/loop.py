@@ -4,7 +4,9 @@ The round loop is :mod:`fold_hf.generation.rounds` (the one the fast loop's eage
 target is run by :class:`ForwardRunner`: the model's ``forward`` with a ``DynamicCache`` (rollback crops it)
 and forward hooks for the drafter's tapped layers. With ``drafter=None`` the same loop verifies an empty block,
 which is plain autoregressive decoding (DFlash's "block 1"). Only accepted positions reach the drafter's cache,
-so a rejection costs the target cache a rewind and the drafter nothing.
+so a rejection costs the target cache a rewind and the drafter nothing. Hybrid targets (Qwen3.5's linear-attention
+layers) cannot rewind their recurrent state: the runner snapshots their linear states before each verify and, after
+a rejection, restores them and replays the accepted tokens (:mod:`fold_hf.generation.rollback`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from transformers import DynamicCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.validation import validate_batch
+from .rollback import LinearStateRollback, crop_attention_layers, has_linear_state
 from .rounds import decode, eager_rounds, num_proposals
 from .sampling import Sampling, TokenChoice
 from .taps import HiddenTaps, _unwrap
@@ -42,6 +45,8 @@ class ForwardRunner:
         params = _forward_parameters(target)
         self.cache_name = "cache" if "cache" in params else "past_key_values"
         self.prefill_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.rollback = None  # linear-attention targets (rollback.py), set at the first verify
+        self._verified = None  # (position, ids) of the last verify that took a snapshot
 
     def _run(self, ids: torch.Tensor, extra: dict):
         kw = {self.cache_name: self.cache, "use_cache": True, **extra}
@@ -56,10 +61,35 @@ class ForwardRunner:
         return logits[-1], features
 
     def verify(self, ids: torch.Tensor, position: int):
-        if self.cache.get_seq_length() > position:
-            self.cache.crop(position - self.cache.get_seq_length())  # rollback: the last round's rejected rows
+        if self.rollback is None and has_linear_state(self.cache):
+            self.rollback = LinearStateRollback(self.cache)
+        length = self.cache.get_seq_length()
+        if self.rollback is not None:
+            self._roll_back(length, position)
+        elif length > position:
+            self.cache.crop(position - length)  # rollback: the last round's rejected rows
+        if self.rollback is not None and ids.shape[1] > 1:  # a block that may be partly rejected
+            self.rollback.snapshot()
+            self._verified = (position, ids)
         logits, features = self._run(ids, {})
         return logits[-ids.shape[1]:], features
+
+    def _roll_back(self, length: int, position: int) -> None:
+        """Linear-attention targets: undo the last verify's rejected rows (restore its snapshot, replay the accepted
+        ones, without taps), or drop the snapshot when every row was kept."""
+        verified, self._verified = self._verified, None
+        if length <= position:
+            self.rollback.discard()
+            return
+        if verified is None:
+            raise RuntimeError(f"the cache holds {length} tokens, past position {position}, with no snapshot to "
+                               "roll its linear-attention state back to")
+        start, ids = verified
+        crop_attention_layers(self.cache, length - start)
+        self.rollback.restore()
+        kept = ids[:, : position - start]
+        if kept.shape[1]:
+            self.target(input_ids=kept, **{self.cache_name: self.cache}, use_cache=True, **self.prefill_extra)
 
 
 @torch.no_grad()

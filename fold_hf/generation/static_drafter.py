@@ -47,8 +47,6 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     mode = drafter.fold_config.mode
     if mode not in STATIC_MODES:
         return f"mode {mode!r} (static drafting covers {', '.join(STATIC_MODES)})"
-    if any(layer.self_attn.sliding_window is not None for layer in drafter.layers):
-        return "sliding-window drafter layers"
     return None
 
 
@@ -131,10 +129,38 @@ class StaticDrafter:
         self.window = cfg.window + self.block if cfg.mode in ("fold", "window", "rerope") else None
         self.alpha = float(cfg.alpha) if cfg.mode == "fold" else 1.0
         self.has_far_mode = cfg.mode in ("fold", "rerope")
-        self.far_threshold = cfg.window  # the far memory is non-empty once the context exceeds W
         if self.window is not None:
             far_pos = self.window + torch.arange(self.block, device=self.device)
             self.cos_far, self.sin_far = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
+        # per layer: (D, far rope tables or None, reads the renumbered streaming selection). A sliding-window layer
+        # keeps its native window D = sliding_window at true positions in every mode, and reads the far memory at
+        # distance D + r in fold / rerope with FoldConfig.layers == "all" (read_plan.plan_layer_read's rules)
+        self.layer_geometry = []
+        thresholds = []
+        sliding_tables = {}
+        for layer in drafter.layers:
+            sw = layer.self_attn.sliding_window
+            if sw is None:
+                far = self.has_far_mode
+                self.layer_geometry.append((self.window, (self.cos_far, self.sin_far) if far else None,
+                                            cfg.mode == "streaming"))
+                if far:
+                    thresholds.append(cfg.window)
+                continue
+            far = self.has_far_mode and cfg.layers == "all"
+            if far and sw not in sliding_tables:
+                far_pos = sw + torch.arange(self.block, device=self.device)
+                sliding_tables[sw] = rope.cos_sin(far_pos, scale=rope.attention_scaling**2, dtype=acc)
+            self.layer_geometry.append((int(sw), sliding_tables[sw] if far else None, False))
+            if far:
+                thresholds.append(int(sw) - self.block)
+        self.has_sliding = any(layer.self_attn.sliding_window is not None for layer in drafter.layers)
+        # yarn rescales the full-attention layers' rope only: sliding layers keep the plain tables
+        self.plain_tables = None
+        if self.owns_tables and self.has_sliding:
+            self.plain_tables = rope.cos_sin(torch.arange(self.capacity + self.block, device=self.device), dtype=acc)
+        # the far memory of some layer is non-empty once the context exceeds this (W for full-attention layers)
+        self.far_threshold = min(thresholds) if thresholds else None
         self.log_train_length = math.log(cfg.train_length) if cfg.mode == "rerope" else None
         if cfg.mode == "streaming":
             self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
@@ -168,7 +194,7 @@ class StaticDrafter:
 
     def needs_far(self, context_length: int) -> bool:
         """Whether a round whose context holds ``context_length`` entries reads a non-empty far memory."""
-        return self.has_far_mode and context_length > self.far_threshold
+        return self.far_threshold is not None and context_length > self.far_threshold
 
     @torch.no_grad()
     def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool, pick=None):
@@ -217,16 +243,33 @@ class StaticDrafter:
         context = drafter.context_features(new_features)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
         hidden = drafter.embed_block(ids[None]).to(self.dtype)
+        # sliding layers read at true positions under streaming and with the plain rope under yarn:
+        # (their rows' cos, sin, read length, context tables)
+        true_rows = None
+        if self.has_sliding and self.mode in ("streaming", "yarn"):
+            cos, sin = self.plain_tables if self.plain_tables is not None else (self.cos, self.sin)
+            true_positions = context_length + self.block_offsets
+            true_rows = (cos[true_positions], sin[true_positions], context_length, (cos, sin))
         return (entry_positions, context, hidden, self.cos[query_positions], self.sin[query_positions],
-                read_length, kept_index, row_scale)
+                read_length, kept_index, row_scale, true_rows)
 
-    def _read(self, cache_layer, query_near, query_far, block_keys, block_values, read_length, kept_index):
+    def _layer_read(self, i: int, cos_q, sin_q, read_length, kept_index, true_rows):
+        """Layer ``i``'s (D, far tables, rows' cos, rows' sin, read length, kept index, context rope tables)."""
+        window, far_tables, _ = self.layer_geometry[i]
+        tables = (self.cos, self.sin)
+        if true_rows is not None and self.drafter.layers[i].self_attn.sliding_window is not None:
+            cos_q, sin_q, read_length, tables = true_rows
+            kept_index = None
+        return window, far_tables, cos_q, sin_q, read_length, kept_index, tables
+
+    def _read(self, cache_layer, query_near, query_far, block_keys, block_values, read_length, kept_index,
+              window, tables):
         """The layer's attention over its cache (or the kept entries gathered from it) and the block."""
         keys, values = cache_layer.keys, cache_layer.values
         if kept_index is not None:
             keys, values = keys.index_select(2, kept_index), values.index_select(2, kept_index)
-        return self.read(query_near, query_far, keys, values, block_keys, block_values, self.cos, self.sin,
-                         read_length, read_length, self.window, self.alpha)
+        return self.read(query_near, query_far, keys, values, block_keys, block_values, *tables,
+                         read_length, read_length, window, self.alpha)
 
     def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor, pick=None):
         """Proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` (device ops only): greedy, or ``pick``'s
@@ -242,11 +285,13 @@ class StaticDrafter:
                                                                  drafter.confidence_threshold))
         return tokens if pick is None else (tokens, q)
 
-    def _layers(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
-                with_far: bool) -> torch.Tensor:
+    def _layers(self, entry_positions, context, hidden, cos_rows, sin_rows, read_rows, kept_rows, row_scale,
+                true_rows, with_far: bool) -> torch.Tensor:
         """The drafter's layers through its modules; returns the final-normed block ``[1, B, H]``."""
         drafter, B = self.drafter, self.block
-        for layer, cache_layer in zip(drafter.layers, self.cache.layers):
+        for i, (layer, cache_layer) in enumerate(zip(drafter.layers, self.cache.layers)):
+            window, far_tables, cos_q, sin_q, read_length, kept_index, tables = self._layer_read(
+                i, cos_rows, sin_rows, read_rows, kept_rows, true_rows)
             attn = layer.self_attn
             k_new, v_new = attn.project_keys_values(context)
             cache_layer.keys.index_copy_(2, entry_positions, k_new)
@@ -257,20 +302,23 @@ class StaticDrafter:
             scale = attn.scaling if row_scale is None else attn.scaling * row_scale[:, None]  # [B, 1]: rows
             query_near = (rotate_by_tables(q, cos_q, sin_q) * scale).to(self.dtype)
             query_far = None
-            if with_far:
-                query_far = (rotate_by_tables(q, self.cos_far, self.sin_far) * scale).to(self.dtype)
+            if with_far and far_tables is not None:
+                query_far = (rotate_by_tables(q, *far_tables) * scale).to(self.dtype)
             block_keys = rotate_by_tables(k_blk, cos_q, sin_q).to(self.dtype)
-            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index)
+            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index,
+                             window, tables)
             hidden = layer.attention_residual(hidden, attn.o_proj(out.reshape(1, B, -1)))
             hidden = layer.mlp_residual(hidden)
         return drafter.norm(hidden)
 
-    def _layers_fused(self, entry_positions, context, hidden, cos_q, sin_q, read_length, kept_index, row_scale,
-                      with_far: bool) -> torch.Tensor:
+    def _layers_fused(self, entry_positions, context, hidden, cos_rows, sin_rows, read_rows, kept_rows, row_scale,
+                      true_rows, with_far: bool) -> torch.Tensor:
         """:meth:`_layers` with the fused elementwise ops: each residual add happens inside the next norm."""
         drafter, B, ops = self.drafter, self.block, self.ops
         delta = None
-        for layer, cache_layer in zip(drafter.layers, self.cache.layers):
+        for i, (layer, cache_layer) in enumerate(zip(drafter.layers, self.cache.layers)):
+            window, far_tables, cos_q, sin_q, read_length, kept_index, tables = self._layer_read(
+                i, cos_rows, sin_rows, read_rows, kept_rows, true_rows)
             attn = layer.self_attn
             qkv_weight, qkv_bias, gate_up_weight = fused_projections(layer)
             hidden, normed = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
@@ -292,9 +340,11 @@ class StaticDrafter:
             if row_scale is not None:  # rerope: scaling a row's query scales its logits, the rotation is linear
                 q = q * row_scale.to(q.dtype)[None, :, None, None]
             query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
-            query_far = ops.rotate_heads(q, self.cos_far, self.sin_far, attn.scaling, self.dtype) if with_far else None
+            query_far = (ops.rotate_heads(q, *far_tables, attn.scaling, self.dtype)
+                         if with_far and far_tables is not None else None)
             block_keys = ops.rotate_heads(k_blk, cos_q, sin_q, 1.0, self.dtype)
-            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index)
+            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index,
+                             window, tables)
             post = layer.post_attention_layernorm
             hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, B, -1)), post.weight, post.eps)
             gate, up = F.linear(normed, gate_up_weight).chunk(2, -1)

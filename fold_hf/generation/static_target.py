@@ -60,14 +60,42 @@ def _sliding_window_of(model, layer) -> int | None:
     return window
 
 
+# Target families with their own module (config fields, layers, fast-path step): architecture name -> module path;
+# the module's ``register()`` returns {architecture: (check(model, capacity), runner class)}.
+TARGET_FAMILIES = {
+    "Qwen3_5ForCausalLM": "fold_hf.generation.targets.qwen35",
+}
+
+
+def _family(name: str):
+    """(check, runner class) of a registered family for architecture ``name``, or None."""
+    path = TARGET_FAMILIES.get(name)
+    if path is None:
+        return None
+    import importlib
+
+    return importlib.import_module(path).register()[name]
+
+
+def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=()) -> "StaticTarget":
+    """The static runner of ``target``'s family (:class:`StaticTarget` for the Llama family)."""
+    family = _family(type(_unwrap(target)).__name__)
+    runner = family[1] if family is not None else StaticTarget
+    return runner(target, capacity, tap_layer_ids)
+
+
 def check_target(target: nn.Module, capacity: int | None = None) -> None:
     """Raise :class:`UnsupportedTarget` when :class:`StaticTarget` cannot run ``target``."""
     model = _unwrap(target)
     name = type(model).__name__
+    family = _family(name)
+    if family is not None:
+        family[0](model, capacity)
+        return
     if name not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedTarget(
-            f"the fast loop runs {', '.join(SUPPORTED_ARCHITECTURES)}; {name} is not one of them "
-            "(use fold_hf.generate, which runs any causal LM)")
+            f"the fast loop runs {', '.join(SUPPORTED_ARCHITECTURES + tuple(TARGET_FAMILIES))}; {name} is not one "
+            "of them (use fold_hf.generate, which runs any causal LM)")
     decoder = getattr(model, "model", None)
     if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
         raise UnsupportedTarget(f"{name} has no .model.layers / .model.rotary_emb (unexpected transformers layout)")
@@ -135,6 +163,10 @@ class StaticTarget:
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
         self._layer_ops = None  # resolved on first use of fused=True
+
+    def accept(self, n) -> None:
+        """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
+        rolls back by its length; families with recurrent state select the accepted position's state."""
 
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""

@@ -1,0 +1,224 @@
+"""Decode cost of a Qwen3.5 (hybrid linear-attention) target on the fast loop, next to Llama-3.1-8B (GPU).
+
+Random bf16 weights made on the GPU, paper shapes (acceptance of random weights means nothing, so rounds are
+timed, not requests, by :func:`fold_hf.generation.fast.time_rounds`: the caches hold T entries, no prefill):
+
+* ``qwen35_9b``: Qwen3.5-9B text shape (32 layers: 24 Gated DeltaNet + 8 full attention, hidden 4096, MLP 12288,
+  16 / 4 heads of 256 with partial rope 0.25, linear 16 key / 32 value heads of 128, conv 4, vocab 248,320) with
+  a z-lab Qwen3.5-9B-DFlash drafter shape (6 layers: 5 sliding-window of ``--sliding-window`` + 1 full, 16 / 4
+  heads of 256, rotary 64, block 16, 5 taps; an assumption, as in ``kernel_bench.py``), W = 4096 (the preset);
+* ``llama31_8b``: the Llama-3.1-8B shape and its z-lab drafter shape of ``e2e_bench.py`` (block 10), W = 2048.
+
+Rows per pair and context (8K / 32K / 128K): ``our_ar`` (our AR step, graphs engine), ``our_sd_dflash`` and
+``our_sd_fold`` (our captured speculative round), and ``floor`` = (weights read per step + KV bytes at T +
+linear-attention state read and written) / the copy bandwidth measured in this run. The headline gives, per
+pair and context, AR / floor and SD round / AR (the issue's goals: AR <= 1.5x the floor, SD round <= 1.3x AR at
+32K). Writes ``hybrid.csv`` (gpu, versions, date, pair, row, context, p20/p50/p80 ms, peak GiB) and
+``hybrid.json`` under ``--out``.
+
+GPU (repo root; about 5-7 minutes on an H200):   python benchmarks/hybrid_bench.py --out $OUT/hybrid
+CPU dry run (tiny shapes, static engine, no timing meaning; seconds):   python benchmarks/hybrid_bench.py --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_bench import build_random_pair, copy_bandwidth, machine, percentiles  # noqa: E402
+
+from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig  # noqa: E402
+from fold_hf.generation.fast import release_fast_state, time_rounds  # noqa: E402
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def qwen35_config(tiny: bool, max_positions: int):
+    from transformers import Qwen3_5TextConfig
+
+    if tiny:
+        shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                     linear_key_head_dim=8, linear_value_head_dim=8)
+    else:
+        shape = dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                     num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                     linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128)
+    return Qwen3_5TextConfig(**shape, linear_conv_kernel_dim=4, max_position_embeddings=max_positions,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                              "partial_rotary_factor": 0.25},
+                             tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def build_qwen35_pair(tiny: bool, max_positions: int, sliding_window: int, device: str):
+    from transformers import Qwen3_5ForCausalLM
+
+    cfg = qwen35_config(tiny, max_positions)
+    dtype = torch.float32 if tiny else torch.bfloat16
+    L = cfg.num_hidden_layers
+    taps = [1, 3, 5] if tiny else [1, 8, 15, 22, 29]
+    dshape = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+              if tiny else dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=16,
+                                num_key_value_heads=4, head_dim=256))
+    with torch.device(device):
+        target = Qwen3_5ForCausalLM._from_config(cfg, dtype=dtype).eval()
+        target.generation_config.eos_token_id = None
+        dcfg = FoldDrafterConfig(block_size=4 if tiny else 16, num_target_layers=L, target_layer_ids=taps,
+                                 mask_token_id=cfg.vocab_size - 1, vocab_size=cfg.vocab_size, num_hidden_layers=6,
+                                 layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                                 sliding_window=sliding_window, use_sliding_window=True,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                                  "partial_rotary_factor": 0.25},
+                                 max_position_embeddings=max_positions, **dshape)
+        drafter = FoldDrafter(dcfg, FoldConfig(mode="dflash")).to(dtype).eval()
+    drafter.bind_target(target)
+    return target, drafter
+
+
+def floor_bytes(target, context: int) -> int:
+    """Bytes one AR step must read: weights except the embedding, the KV of the full-attention layers at T, and
+    every linear layer's recurrent + conv state read and written."""
+    cfg = target.config
+    embed = target.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in target.parameters()) - embed.numel() * embed.element_size()
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    n_full = sum(t == "full_attention" for t in types)
+    kv = n_full * 2 * cfg.num_key_value_heads * head_dim * embed.element_size() * context
+    n_linear = len(types) - n_full
+    state = 0
+    if n_linear:
+        rec = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+        conv = (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
+                + cfg.linear_num_value_heads * cfg.linear_value_head_dim) * (cfg.linear_conv_kernel_dim - 1)
+        state = n_linear * 2 * (rec + conv * embed.element_size())
+    return weights + kv + state
+
+
+def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str) -> list[float]:
+    time_rounds(target, drafter, context, rounds, engine=engine)  # captures this length's graphs
+    seconds: list[float] = []
+    for _ in range(repeats):
+        seconds += time_rounds(target, drafter, context, rounds, engine=engine).round_seconds[1:]
+    return seconds
+
+
+def run(args) -> dict:
+    device = "cpu" if args.dry_run else "cuda"
+    engine = "static" if args.dry_run else "graphs"
+    contexts = [int(c) for c in args.contexts.split(",")]
+    bandwidth = copy_bandwidth() if device == "cuda" else float("nan")
+    log(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    rows: list[dict] = []
+    max_positions = max(contexts) + 4096
+    pairs = [p for p in args.pairs.split(",") if p]
+    for pair in pairs:
+        if pair == "qwen35_9b":
+            target, drafter = build_qwen35_pair(args.dry_run, max_positions, args.sliding_window, device)
+            window = args.qwen_window
+        elif pair == "llama31_8b":
+            if args.dry_run:
+                log("llama31_8b: skipped in the dry run (e2e_bench.py builds it on the GPU only)")
+                continue
+            target, drafter = build_random_pair(max_positions)
+            window = args.llama_window
+        else:
+            raise SystemExit(f"--pairs: unknown {pair!r} (qwen35_9b, llama31_8b)")
+        log(f"{pair}: random target and drafter built on {device}")
+        modes = {"dflash": FoldConfig(mode="dflash"), "fold": FoldConfig(mode="fold", window=window, alpha=2.0)}
+
+        def add(name: str, context: int, seconds: list[float]) -> None:
+            peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+            row = {"pair": pair, "row": name, "context": context, **percentiles(seconds), "peak_gib": peak}
+            rows.append(row)
+            p50 = row["p50_ms"]
+            log(f"{pair} {name:>14} @ {context:>6}: p50 {p50 if p50 is None else round(p50, 3)} ms")
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+
+        for context in contexts:
+            floor_ms = floor_bytes(target, context) / bandwidth * 1e3
+            rows.append({"pair": pair, "row": "floor", "context": context, "p20_ms": floor_ms, "p50_ms": floor_ms,
+                         "p80_ms": floor_ms, "n": 1, "peak_gib": None})
+            for mode, cfg in modes.items():
+                drafter.set_fold_config(cfg)
+                add(f"our_sd_{mode}", context, timed(target, drafter, context, args.rounds, args.repeats, engine))
+            add("our_ar", context, timed(target, None, context, args.rounds, args.repeats, engine))
+            release_fast_state(target)
+        del target, drafter
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return {"rows": rows, "bandwidth_tb_s": bandwidth / 1e12, "headline": headline(rows)}
+
+
+def headline(rows: list[dict]) -> dict:
+    p50 = {(r["pair"], r["row"], r["context"]): r["p50_ms"] for r in rows}
+    out = {}
+    for (pair, row, context), value in p50.items():
+        if row != "our_ar" or not value:
+            continue
+        floor = p50.get((pair, "floor", context))
+        out[f"{pair}_ar_over_floor_{context}"] = value / floor if floor else None
+        for mode in ("dflash", "fold"):
+            sd = p50.get((pair, f"our_sd_{mode}", context))
+            out[f"{pair}_sd_{mode}_over_ar_{context}"] = sd / value if sd else None
+    return out
+
+
+def write(args, result: dict) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = machine() if torch.cuda.is_available() else {"gpu": "cpu (dry run)", "torch": torch.__version__,
+                                                         "transformers": __import__("transformers").__version__,
+                                                         "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    with (out / "hybrid.csv").open("w", newline="") as fh:
+        fields = ["gpu", "torch", "transformers", "date", "pair", "row", "context", "p20_ms", "p50_ms", "p80_ms",
+                  "n", "peak_gib"]
+        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for row in result["rows"]:
+            writer.writerow({**{k: info.get(k) for k in ("gpu", "torch", "transformers", "date")}, **row})
+    (out / "hybrid.json").write_text(json.dumps({"machine": info, **result}, indent=2, default=str))
+    log("headline: " + json.dumps(result["headline"], indent=2))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="hybrid-bench")
+    parser.add_argument("--pairs", default="qwen35_9b,llama31_8b")
+    parser.add_argument("--contexts", default=None, help="comma list (default 8192,32768,131072; dry run 64,160)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--sliding-window", type=int, default=None, help="drafter sliding window (default 2048)")
+    parser.add_argument("--qwen-window", type=int, default=None, help="FOLD W for Qwen3.5 (default 4096)")
+    parser.add_argument("--llama-window", type=int, default=2048)
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (static engine)")
+    args = parser.parse_args(argv)
+    dry = args.dry_run
+    args.contexts = args.contexts or ("64,160" if dry else "8192,32768,131072")
+    args.rounds = args.rounds or (3 if dry else 40)
+    args.repeats = args.repeats or (1 if dry else 3)
+    args.sliding_window = args.sliding_window or (16 if dry else 2048)
+    args.qwen_window = args.qwen_window or (32 if dry else 4096)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        write(args, run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

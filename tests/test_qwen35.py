@@ -1,0 +1,395 @@
+"""Qwen3.5 targets (Gated DeltaNet linear attention + full attention every fourth layer) on every path.
+
+Tiny random targets built from transformers' own ``Qwen3_5TextConfig`` (no Hub). Rejections are forced by an
+"oracle with errors" drafter: it drafts the target's true greedy continuation but corrupts one slot picked by
+the position, so every round accepts a different number of drafts (0 .. k) and the linear-attention
+state must roll back by a different amount each time. Independent statements: the target's own greedy
+``generate`` (lossless), a float64 loop written from the gated delta rule (kernel), transformers' own
+``torch_recurrent_gated_delta_rule`` (reference), and a forward over the accepted tokens only (rollback).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import warnings
+
+import pytest
+import torch
+
+import fold_hf
+from fold_hf.generation import static_drafter as static_drafter_module
+from fold_hf.kernels.gated_delta import gated_delta_states_reference
+from tiny import mode_config, tiny_drafter
+
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "Qwen3_5TextConfig"):
+    pytest.skip("this transformers has no Qwen3.5", allow_module_level=True)
+
+VOCAB = 12
+MASK = VOCAB - 1
+BLOCK = 4
+# transformers runs the gated delta rule in fp32 even for an fp64 model: block-wise and token-wise agree to ~1e-7
+TOL = dict(atol=1e-5, rtol=1e-5)
+MODES = ("fold", "dflash", "window", "streaming", "rerope", "yarn")
+
+
+@functools.lru_cache(maxsize=None)
+def qwen35_target(seed: int = 0):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_key_head_dim=8,
+                               linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                               linear_conv_kernel_dim=4, max_position_embeddings=4096, tie_word_embeddings=False,
+                               bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = Qwen3_5ForCausalLM(config).to(torch.float64).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = None
+    assert model.config.layer_types.count("linear_attention") == 6
+    return model
+
+
+def qwen35_drafter(target, sliding: bool = True):
+    kw = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=8) if sliding else {}
+    return tiny_drafter(target, block=BLOCK, taps=(1, 3), **kw)
+
+
+def prompt(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(0, MASK, (1, length), generator=torch.Generator().manual_seed(500 + seed))
+
+
+def reference(target, ids, new):
+    return target.generate(ids, max_new_tokens=new, do_sample=False)
+
+
+def _oracle_tokens(ref: torch.Tensor, position: int, k: int) -> list[int]:
+    """The target's greedy tokens after ``position`` with one slot, picked by ``position`` (seeded), corrupted; the
+    pick ``k`` corrupts none (everything accepted)."""
+    tokens = ref[0, position + 1 : position + 1 + k].tolist()
+    tokens += [0] * (k - len(tokens))
+    j = random.Random(position).randrange(k + 1)
+    if j < k:
+        tokens[j] = (tokens[j] + 1) % MASK
+    return tokens
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """Make every draft of ``drafter`` the corrupted oracle of ``ref`` (the real drafting still runs first, so its
+    cache commits happen as usual)."""
+
+    def install(drafter, ref):
+        original = drafter.draft_logits
+
+        def draft_logits(last, context, cache, block_start):
+            logits = original(last, context, cache, block_start=block_start)
+            k = logits.shape[1]
+            forced = torch.full_like(logits, -10.0)
+            for slot, tok in enumerate(_oracle_tokens(ref, int(block_start), k)):
+                forced[0, slot, tok] = 10.0
+            return forced
+
+        monkeypatch.setattr(drafter, "draft_logits", draft_logits)
+        draft = static_drafter_module.StaticDrafter.draft
+
+        def static_draft(self, taps, state, with_far, pick=None):
+            drafts = draft(self, taps, state, with_far)  # greedy [B - 1]
+            position = int(state[0])  # the fast loop's state[_T_LEN]: position of the last committed token
+            forced = torch.tensor(_oracle_tokens(ref, position, drafts.shape[0]), device=drafts.device)
+            return forced if pick is None else (forced, None)
+
+        monkeypatch.setattr(static_drafter_module.StaticDrafter, "draft", static_draft)
+
+    return install
+
+
+def _cache_name(target) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
+
+
+def _run(path: str, target, drafter, ids, new):
+    if path == "generate":
+        res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=new, return_stats=True)
+        return res.sequences, res.acceptance_lengths
+    if path == "assisted":
+        # fold_fast=False: transformers' assisted loop (a FoldDrafter assistant is routed to the fast loop otherwise)
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False, fold_fast=False)
+        return out, list(drafter.last_acceptance_lengths)
+    engine = path.split("-")[1]
+    res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine=engine, return_stats=True)
+    return res.sequences, res.acceptance_lengths
+
+
+# ---------------------------------------------------------------------------------------------- lossless
+@pytest.mark.parametrize("path", ["generate", "assisted", "fast-eager", "fast-static"])
+@pytest.mark.parametrize("mode", ["fold", "dflash"])
+def test_lossless_with_forced_rejections(path, mode, oracle):
+    target = qwen35_target()
+    drafter = qwen35_drafter(target, sliding=(mode == "fold"))
+    drafter.set_fold_config(mode_config(mode))
+    rounds = []
+    for seed, length in enumerate([9, 40]):  # shorter and longer than the drafter's window (16) and slide (8)
+        ids = prompt(seed, length)
+        new = 24
+        ref = reference(target, ids, new)
+        oracle(drafter, ref)
+        out, acceptance = _run(path, target, drafter, ids, new)
+        assert torch.equal(out, ref), (path, mode, length)
+        rounds += acceptance
+    # every acceptance count 1 .. BLOCK happened, so the state rolled back by 0 .. k - 1 positions
+    assert set(rounds) >= set(range(1, BLOCK + 1)), rounds
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_lossless_random_drafter(mode):
+    """A random drafter: nearly every draft is rejected (the state rolls back almost every round)."""
+    target = qwen35_target()
+    drafter = qwen35_drafter(target)
+    ids = prompt(7, 30)
+    ref = reference(target, ids, 16)
+    cfg = mode_config(mode)
+    res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=16, fold_config=cfg, return_stats=True)
+    assert torch.equal(res.sequences, ref)
+    assert min(res.acceptance_lengths) == 1
+    fast = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=16, fold_config=cfg, engine="static")
+    assert torch.equal(fast, ref)
+
+
+def test_seeded_sampling_equal_on_every_path():
+    """Speculative sampling over a hybrid target: the same seed gives the same tokens through the rollback of
+    fold_hf.generate and the per-position states of both fast engines (a random drafter: rejections most rounds)."""
+    target = qwen35_target()
+    drafter = qwen35_drafter(target)
+    ids = prompt(13, 20)
+    outs = [fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=15, do_sample=True,
+                             generator=torch.Generator().manual_seed(0))]
+    for engine in ("eager", "static"):
+        outs.append(fold_hf.fast_generate(target, drafter, ids, max_new_tokens=15, do_sample=True, engine=engine,
+                                          generator=torch.Generator().manual_seed(0)))
+    assert all(torch.equal(o, outs[0]) for o in outs[1:]), [o[0, 20:].tolist() for o in outs]
+
+
+def test_autoregressive_fast_loop_and_routing():
+    target = qwen35_target()
+    ids = prompt(3, 21)
+    ref = reference(target, ids, 12)
+    for engine in ("eager", "static"):
+        assert torch.equal(fold_hf.fast_generate(target, None, ids, max_new_tokens=12, engine=engine), ref)
+    # target.generate(..., fold_fast=True) takes the fast loop for Qwen3.5 (no "running transformers'" warning)
+    drafter = qwen35_drafter(target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False, fold_fast=True)
+    assert torch.equal(out, ref)
+
+
+def test_moe_variant_on_the_transformers_paths(oracle):
+    """Qwen3.5-MoE has the same linear-attention cache: the rollback covers it (fp32: transformers' grouped GEMM of
+    the experts takes no fp64). The fast loop declines it, saying why."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    from fold_hf.generation.fast import fast_unsupported
+
+    torch.manual_seed(2)
+    config = Qwen3_5MoeTextConfig(vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=16,
+                                  shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    target = Qwen3_5MoeForCausalLM(config).eval()
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = None
+    drafter = tiny_drafter(target, block=BLOCK, taps=(1, 3)).float()
+    ids = prompt(31, 25)
+    ref = reference(target, ids, 20)
+    oracle(drafter, ref)
+    rounds = []
+    for path in ("generate", "assisted"):
+        out, acceptance = _run(path, target, drafter, ids, 20)
+        assert torch.equal(out, ref), path
+        rounds += acceptance
+    assert min(rounds) < BLOCK and max(rounds) > 1, rounds
+    assert "Qwen3_5MoeForCausalLM is not one of them" in fast_unsupported(target)
+
+
+# ---------------------------------------------------------------------------------------------- rollback
+def test_snapshot_rollback_equals_accepted_prefix_only():
+    """After a 5-token verify of which 2 tokens are kept, the cache equals one that only ever saw those 2."""
+    from transformers import DynamicCache
+
+    from fold_hf.generation.rollback import LinearStateRollback
+
+    target = qwen35_target()
+    ids = prompt(11, 14)
+    block = prompt(12, 5)
+    kept = 2
+    name = _cache_name(target)
+    rolled = DynamicCache(config=target.config)
+    target(input_ids=ids, **{name: rolled}, use_cache=True)
+    rollback = LinearStateRollback(rolled)
+    rollback.snapshot()
+    target(input_ids=block, **{name: rolled}, use_cache=True)
+    rollback.rollback(target, 5, block[:, :kept], name)
+    clean = DynamicCache(config=target.config)
+    target(input_ids=torch.cat((ids, block[:, :kept]), 1), **{name: clean}, use_cache=True)
+    assert rolled.get_seq_length() == clean.get_seq_length() == 16
+    for a, b in zip(rolled.layers, clean.layers):
+        if hasattr(a, "recurrent_states"):
+            torch.testing.assert_close(a.recurrent_states[0], b.recurrent_states[0], **TOL)
+            torch.testing.assert_close(a.conv_states[0][..., -3:], b.conv_states[0][..., -3:], **TOL)
+        else:
+            torch.testing.assert_close(a.keys, b.keys, **TOL)
+    # without the rollback the state would still hold the rejected tokens
+    rollback.snapshot()
+    target(input_ids=block, **{name: rolled}, use_cache=True)
+    changed = [a for a, b in zip(rolled.layers, clean.layers) if hasattr(a, "recurrent_states")
+               and not torch.allclose(a.recurrent_states[0], b.recurrent_states[0])]
+    assert changed
+
+
+def test_static_target_accept_selects_the_position_state():
+    """The fast path's verify keeps every position's state; accept(n) equals running only the first n + 1."""
+    from fold_hf.generation.targets.qwen35 import Qwen35StaticTarget
+
+    target = qwen35_target()
+    ids, block = prompt(21, 13), prompt(22, 4)
+    for n in range(4):
+        runner = Qwen35StaticTarget(target, 64)
+        runner.prefill(ids)
+        runner.forward(block, 13)
+        runner.accept(n)
+        clean = Qwen35StaticTarget(target, 64)
+        clean.prefill(ids)
+        clean.forward(block[:, : n + 1], 13)
+        clean.accept(n)
+        for i, rec in enumerate(runner.recurrent):
+            if rec is not None:
+                torch.testing.assert_close(rec, clean.recurrent[i], **TOL)
+                torch.testing.assert_close(runner.conv[i], clean.conv[i], **TOL)
+        # and the logits of the next token agree with transformers' forward over the whole accepted text
+        nxt = prompt(23, 1)
+        ours = runner.forward(nxt, 13 + n + 1)[-1]
+        theirs = target(torch.cat((ids, block[:, : n + 1], nxt), 1)).logits[0, -1]
+        torch.testing.assert_close(ours, theirs, **TOL)
+
+
+def test_fast_path_unsupported_target_says_why():
+    from transformers import Qwen3_5ForCausalLM
+
+    from fold_hf.generation.fast import fast_unsupported
+
+    target = qwen35_target()
+    cfg = target.config.to_dict()
+    cfg["hidden_act"] = "gelu"
+    gelu = Qwen3_5ForCausalLM(type(target.config).from_dict(cfg))
+    assert "silu" in fast_unsupported(gelu)
+    assert fast_unsupported(target) is None
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+def _float64_loop(q, k, v, g, beta, state):
+    """The gated delta rule written per head and per token in float64, from the recurrence."""
+    L, Hk, Dk = k.shape
+    Hv = v.shape[1]
+    S = state.double().clone()
+    out = torch.zeros(L, Hv, v.shape[2], dtype=torch.float64)
+    states = torch.zeros(L, *S.shape, dtype=torch.float64)
+    for t in range(L):
+        for h in range(Hv):
+            hk = h // (Hv // Hk)
+            kt, qt, vt = k[t, hk].double(), q[t, hk].double(), v[t, h].double()
+            S[h] = S[h] * torch.exp(g[t, h].double())
+            read = S[h].T @ kt
+            S[h] = S[h] + torch.outer(kt, float(beta[t, h]) * (vt - read))
+            out[t, h] = S[h].T @ qt
+            states[t, h] = S[h]
+    return out, states
+
+
+def _inputs(L=5, Hk=2, Hv=6, Dk=12, Dv=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    norm = torch.nn.functional.normalize
+    q = norm(torch.randn(L, Hk, Dk, generator=g), dim=-1) * Dk ** -0.5
+    k = norm(torch.randn(L, Hk, Dk, generator=g), dim=-1)
+    v = torch.randn(L, Hv, Dv, generator=g)
+    gate = -torch.rand(L, Hv, generator=g) * 2
+    beta = torch.rand(L, Hv, generator=g)
+    state = torch.randn(Hv, Dk, Dv, generator=g)
+    return q, k, v, gate, beta, state
+
+
+def test_gated_delta_reference_against_float64_loop_and_transformers():
+    q, k, v, gate, beta, state = _inputs()
+    out, states = gated_delta_states_reference(q, k, v, gate, beta, state)
+    want_out, want_states = _float64_loop(q, k, v, gate, beta, state)
+    torch.testing.assert_close(out.double(), want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states.double(), want_states, atol=1e-5, rtol=1e-5)
+    # transformers' own recurrent rule (it L2-normalizes and scales q itself; ours arrive prepared)
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    group = v.shape[1] // k.shape[1]  # 5.17's rule takes as many q/k heads as v heads
+    hf_out, hf_state = m.torch_recurrent_gated_delta_rule(
+        q.repeat_interleave(group, 1)[None], k.repeat_interleave(group, 1)[None], v[None], g=gate[None], beta=beta[None], initial_state=state[None],
+        output_final_state=True, use_qk_l2norm_in_kernel=False)
+    # transformers scales q by Dk ** -0.5 again: compare against our output for q * Dk ** -0.5
+    scaled_out, _ = gated_delta_states_reference(q * q.shape[-1] ** -0.5, k, v, gate, beta, state)
+    torch.testing.assert_close(hf_out[0], scaled_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hf_state[0], states[-1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 8, 8), (5, 2, 6, 12, 20), (16, 2, 4, 32, 48)])
+def test_gated_delta_triton_in_interpreter(interpreter, shape):
+    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+
+    q, k, v, gate, beta, state = _inputs(*shape)
+    out, states = gated_delta_states_triton(q, k, v, gate, beta, state)
+    ref_out, ref_states = gated_delta_states_reference(q, k, v, gate, beta, state)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states, ref_states, atol=1e-5, rtol=1e-5)
+    want_out, want_states = _float64_loop(q, k, v, gate, beta, state)
+    torch.testing.assert_close(out.double(), want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states.double(), want_states, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gated_delta_triton_on_gpu_at_the_9b_shape():
+    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+
+    q, k, v, gate, beta, state = (t.cuda() for t in _inputs(16, 16, 32, 128, 128, seed=3))
+    out, states = gated_delta_states_triton(q, k, v, gate, beta, state)
+    ref_out, ref_states = gated_delta_states_reference(q, k, v, gate, beta, state)
+    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(states, ref_states, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_graph_engine_matches_the_foundation_loop_on_gpu(mode):
+    """fp32 on CUDA: the captured verify (Triton gated delta rule, per-position states selected on device) and the
+    captured sliding-window drafter step give the foundation loop's tokens and acceptance lengths."""
+    target = qwen35_target(seed=5)
+    target.to("cuda", torch.float32)
+    drafter = qwen35_drafter(target).to("cuda", torch.float32)
+    try:
+        cfg = mode_config(mode)
+        for seed, length in enumerate([9, 40, 300]):
+            ids = prompt(seed, length).cuda()
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24, return_stats=True,
+                                   fold_config=cfg)
+            assert torch.equal(ref.sequences, reference(target, ids, 24))
+            ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=24, engine="graphs")
+            assert torch.equal(ar, ref.sequences)
+            for engine in ("static", "graphs"):
+                res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, engine=engine,
+                                            return_stats=True, fold_config=cfg)
+                assert torch.equal(res.sequences, ref.sequences), (mode, engine, length)
+                assert res.acceptance_lengths == ref.acceptance_lengths, (mode, engine, length)
+    finally:
+        fold_hf.generation.release_fast_state(target)
+        qwen35_target.cache_clear()
