@@ -74,6 +74,7 @@ from .graphs import CapturedStep, EagerStep
 from .rounds import decode, eager_rounds, num_proposals, propose
 from .sampling import Sampling, TokenChoice
 from .static_drafter import (
+    CUT_SLOT,
     StaticDrafter,
     commit_context,
     fused_drafter_unsupported,
@@ -247,6 +248,8 @@ class _Session:
             self.static_drafters = {}
             self.drafter_key = key
         tag = repr(cfg) + (" fused" if fused else "")
+        if drafter.confidence_threshold > 0:  # baked into the captured step (a DeepSpec confidence cut)
+            tag += f" confidence<{drafter.confidence_threshold!r}"
         if tag not in self.static_drafters:
             static = None
             reason = static_drafter_unsupported(drafter) if self.engine != "eager" else None
@@ -499,6 +502,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
     state[_LAST : _LAST + 1] = last
     state[_LIMIT] = slots
     state[_GEN] = len(out.tokens)
+    state[CUT_SLOT] = slots  # a DeepSpec confidence threshold may lower it each round (the draft step writes it)
     limit = slots
     new_rows = 0  # host copy of state[_D_NEW]
     pending = None
@@ -512,14 +516,15 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             logits = runner.forward_static(ids, positions, bucket, taps_out=taps if with_taps else None,
                                            attention=target_attention, fused=fused)
             proposals = ids[0, 1:]
+            kept = state[CUT_SLOT : CUT_SLOT + 1]  # proposals the drafter kept (all, unless a confidence cut)
             n, final = choice.verify(logits, proposals, q_buffer if sampling.do_sample else None,
-                                     state[_LIMIT : _LIMIT + 1], state[_GEN : _GEN + 1])
+                                     torch.minimum(state[_LIMIT : _LIMIT + 1], kept), state[_GEN : _GEN + 1])
             runner.accept(n)  # recurrent-state families keep the accepted position's state (device-side)
             next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
                                     state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
                                     n + 1, final, state[_LIMIT : _LIMIT + 1], state[_GEN : _GEN + 1] + n + 1,
                                     state[_GEN + 1 :]))
-            outputs = (next_state, torch.cat((n, final, proposals)))
+            outputs = (next_state, torch.cat((n, final, kept, proposals)))
             if sampling.penalized:
                 outputs += (choice.observed(proposals, n, final),)
             return outputs
@@ -551,9 +556,10 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             else:
                 proposals, q = propose(drafter, state[_LAST : _LAST + 1], pending, dcache, position, slots,
                                        choice.picker())
-                ids[0, 1:] = proposals
+                ids[0, 1 : 1 + proposals.shape[0]] = proposals
+                state[CUT_SLOT] = proposals.shape[0]  # fewer when a confidence threshold cut the proposal
                 if q is not None:
-                    q_buffer.copy_(q)
+                    q_buffer[: q.shape[0]].copy_(q)
                 pending = None
         bucket = bucket_length(position + rows, runner.capacity)
         key = ("verify", rows, bucket, with_taps, target_attention, fused) + choice_key
@@ -562,7 +568,8 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
         if sampling.penalized:
             choice.seen.copy_(outputs[2])
         values = outputs[1].tolist()  # the round's one device-to-host read
-        n, final, proposals = values[0], values[1], values[2:]
+        n, final, kept, proposals = values[0], values[1], values[2], values[3:]
+        out.proposals.append(proposals[: min(k, kept)] if drafter is not None else [])
         if drafter is not None and static_drafter is None:
             accepted = taps[:, : n + 1].clone()
             pending = accepted if pending is None else torch.cat((pending, accepted), 1)

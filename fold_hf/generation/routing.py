@@ -143,6 +143,7 @@ def route_generate(model, args: tuple, kwargs: dict):
         streamer=kwargs.get("streamer"), return_stats=True)
     if isinstance(drafter, FoldDrafter):
         drafter.last_acceptance_lengths = result.acceptance_lengths
+        drafter.last_proposals = result.proposals
     if config.return_dict_in_generate:
         return FoldGenerateOutput(sequences=result.sequences, acceptance_lengths=result.acceptance_lengths,
                                   tau=result.tau, finish_reason=result.finish_reason), None
