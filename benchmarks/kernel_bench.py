@@ -18,7 +18,7 @@ What it does:
    * ``eager``: the same call launched from Python each time (its host time shows where the read is short; in
      the 2026-11-30 runs the eager default config measured 0.55 of the floor at 128K where the sweep measured
      0.67-0.73 for the same config),
-   * ``dispatch``: ``fold_hf.kernels.fold_attention`` (query and block-key rotation in torch, then the kernel),
+   * ``dispatch``: ``fold_hf.modeling.fold_read.fold_attention`` (query and block-key rotation in torch, then the kernel),
    * ``reference``: ``fold_attention_reference`` (skipped where it would exceed ``--reference-max-entries``);
    CUDA events around each call, the L2 cache flushed before each, warm-up, ``--reps`` repetitions, p20/p50/p80;
 3. a small tuning sweep of the fold read at 128K (Llama shape), each config captured and checked against the
@@ -46,10 +46,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fold_hf import FoldConfig  # noqa: E402
-from fold_hf.kernels import (  # noqa: E402
+from fold_hf.kernels import fold_read_geometry_reference  # noqa: E402
+from fold_hf.modeling.fold_read import (  # noqa: E402
     fold_attention,
     fold_attention_reference,
-    fold_read_geometry_reference,
     read_kernel_inputs,
 )
 from fold_hf.modeling import RotaryTables, plan_layer_read  # noqa: E402

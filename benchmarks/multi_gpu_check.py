@@ -232,7 +232,8 @@ def main() -> int:
                     runs.append((f"fold_hf.generate {mode}, drafter on {place}", res.sequences, res.tau, res.tpot_s))
                 drafter.set_fold_config(drafter.fold_config.replace(mode="fold"))
                 start = time.perf_counter()
-                hf = target.generate(ids, assistant_model=drafter, max_new_tokens=args.new_tokens, do_sample=False)
+                hf = target.generate(ids, assistant_model=drafter, max_new_tokens=args.new_tokens, do_sample=False,
+                                     fold_fast=False)
                 hf_s = time.perf_counter() - start
                 rounds = drafter.last_acceptance_lengths
                 runs.append((f"target.generate(assistant_model) fold, drafter on {place} (ms incl. prefill)", hf,

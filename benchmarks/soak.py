@@ -199,7 +199,7 @@ def mode_configs(window: int, train_length: int, modes=MODES) -> dict:
 
 def load_pair(device: torch.device, dtype: torch.dtype):
     from fold_hf import FoldDrafter
-    from fold_hf.cli import DEFAULT_DRAFTER
+    from fold_hf.embedded import DEFAULT_DRAFTER
     from fold_hf.modeling.gguf_target import load_smollm2
 
     target, tokenizer = load_smollm2(device, dtype=dtype)
@@ -261,7 +261,7 @@ def run_prompt(target, tokenizer, drafter, prompt: dict, configs: dict, new_toke
                 drafter.set_fold_config(cfg)
                 with torch.no_grad():
                     seq = target.generate(ids, attention_mask=mask, assistant_model=drafter,
-                                          max_new_tokens=new_tokens, do_sample=False)
+                                          max_new_tokens=new_tokens, do_sample=False, fold_fast=False)
                 out, acceptance = seq[0, P:].tolist(), list(drafter.last_acceptance_lengths)
             entry = {"same": out == ar, "tau": sum(acceptance) / len(acceptance) if acceptance else None,
                      "rounds": len(acceptance), "seconds": round(time.perf_counter() - started, 4)}

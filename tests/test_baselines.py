@@ -12,7 +12,7 @@ import torch
 import fold_hf
 from fold_hf import FoldConfig
 from fold_hf.generation.fast import fast_generate
-from fold_hf.kernels import fold_attention_reference
+from fold_hf.modeling.fold_read import fold_attention_reference
 from fold_hf.modeling import plan_layer_read
 from fold_hf.modeling import drafter as drafter_module
 from fold_hf.modeling.retrieval import (RetrievalParams, RetrievalState, TargetAttentionProbe, cmr_select_entries,

@@ -3,21 +3,25 @@ acceptance lengths, same stopping, on both CPU engines; the graph engine is chec
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders
-from tokenizers.models import BPE
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel
 
 import fold_hf
 from fold_hf.generation import fast_generate
 from fold_hf.generation.static_drafter import static_drafter_unsupported
-from tiny import MASK_ID, VOCAB, greedy_reference, mode_config, pair_on_gpu, trained_pair
+from tiny import (GRID_NEW_TOKENS, GRID_PROMPT_LENGTHS, VOCAB, greedy_reference, grid_greedy, grid_loop, grid_prompt,
+                  mode_config, pair_on_gpu, trained_pair)
+from tiny import prompt as tiny_prompt
 
 PROMPT_LENGTHS = [10, 90, 300]  # the window is 16: the longer prompts read a far memory
-NEW_TOKENS = 40
+GRID_SEEDS = [GRID_PROMPT_LENGTHS.index(n) for n in PROMPT_LENGTHS]  # the same prompts as the lossless grid
+NEW_TOKENS = GRID_NEW_TOKENS
+
+
+pytestmark = pytest.mark.xdist_group("lossless-grid")  # shares the grid's cached loop results (tiny.grid_loop)
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(2000 + seed))
+    return tiny_prompt(seed, length, offset=2000)
 
 
 class Collect:
@@ -31,14 +35,6 @@ class Collect:
         self.ended = True
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    """One character per token id: 'a' = 0, 'b' = 1, ..."""
-    tok = Tokenizer(BPE({chr(97 + i): i for i in range(VOCAB)}, merges=[]))
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
-
-
 # every reading mode has a static drafter step (the baselines too, so a benchmark compares reading, not engines);
 # the 300-token prompt reads a far memory (fold, rerope), a rescaled rope (yarn) and a full streaming budget
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -49,11 +45,9 @@ def test_same_tokens_and_rounds_as_the_foundation_loop(arch, mode):
     assert static_drafter_unsupported(drafter.set_fold_config(mode_config(mode))) is None
     drafter.set_fold_config(own)
     rounds = []
-    for seed, length in enumerate(PROMPT_LENGTHS):
-        ids = prompt(seed, length)
-        ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
-                               fold_config=mode_config(mode))
-        assert torch.equal(ref.sequences, greedy_reference(target, ids, NEW_TOKENS))
+    for seed in GRID_SEEDS:
+        ids, ref = grid_prompt(seed), grid_loop(arch, mode, seed)  # cached: test_lossless runs the same
+        assert torch.equal(ref.sequences, grid_greedy(arch, seed))
         for engine in ("eager", "static"):
             res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
                                 fold_config=mode_config(mode), engine=engine)
@@ -114,14 +108,14 @@ def test_chunked_prefill_and_repeated_calls_of_growing_length():
 
 
 @pytest.mark.parametrize("engine", ["eager", "static"])
-def test_eos_stop_strings_and_streamer_match_the_foundation_loop(engine, tokenizer):
+def test_eos_stop_strings_and_streamer_match_the_foundation_loop(engine, char_tokenizer):
     target, drafter = trained_pair("llama")
     drafter.set_fold_config(mode_config("fold"))
     for seed in range(3):
         ids = prompt(20 + seed, 40)
         free = greedy_reference(target, ids, 40)[0, ids.shape[1]:].tolist()
         cases = [dict(eos_token_id=[free[9]]),
-                 dict(stop_strings=["".join(chr(97 + t) for t in free[12:15])], tokenizer=tokenizer),
+                 dict(stop_strings=["".join(chr(97 + t) for t in free[12:15])], tokenizer=char_tokenizer),
                  dict(max_new_tokens=7)]
         for kw in cases:
             kw = {"max_new_tokens": 40, **kw}
@@ -160,7 +154,7 @@ def test_unsupported_requests_say_why():
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the graphs engine captures and replays on a CUDA device")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_graph_engine_matches_the_foundation_loop_on_gpu(arch):
     with pair_on_gpu(arch) as (target, drafter):

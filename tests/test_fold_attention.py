@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fold_hf import FoldConfig
-from fold_hf.kernels import fold_attention_reference
+from fold_hf.modeling.fold_read import fold_attention_reference
 from fold_hf.modeling import RotaryTables, plan_layer_read
 from naive import fold_naive
 
@@ -124,13 +124,36 @@ def test_far_entries_are_position_free_and_window_entries_are_not():
     assert rel_err(moved, base) > 1e-6
 
 
+# One bf16 rounding of the output is 2^-9 relative; accumulating the logits, the exponentials and the weighted sums
+# in bf16 (8 mantissa bits) instead of fp32 gives ~1.6e-2 here: the tolerance sits between the two.
+BF16_OUTPUT_TOLERANCE = 2.0**-8
+
+
+def bf16_read(T=300, **kw):
+    """The reference's bf16 read and the fp64 read of the same (bf16-rounded) inputs, so that only the arithmetic
+    differs."""
+    _, (q, kc, vc, kb, vb), read = run(FoldConfig(window=32, alpha=2.0), T, **kw)
+    low = [x.bfloat16() for x in (q, kc, vc, kb, vb)]
+    exact = fold_attention_reference(*(x.double() for x in low), read, 8**-0.5)
+    return fold_attention_reference(*low, read, 8**-0.5), exact, low, read
+
+
 def test_bf16_inputs_accumulate_in_fp32():
-    T = 300
-    out64, (q, kc, vc, kb, vb), read = run(FoldConfig(window=32, alpha=2.0), T)
-    low = fold_attention_reference(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), kb.bfloat16(), vb.bfloat16(), read,
-                                   8**-0.5)
-    assert low.dtype == torch.bfloat16
-    assert rel_err(low, out64) < 2e-2
+    out, exact, _, _ = bf16_read()
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, exact) < BF16_OUTPUT_TOLERANCE
+
+
+def test_the_bf16_tolerance_rejects_a_bf16_accumulator(monkeypatch):
+    """The mutant the test above names: the same read with every accumulation in the input dtype (bf16)."""
+    import fold_hf.modeling.fold_read as fold_read
+    import fold_hf.modeling.rope as rope
+
+    _, exact, low, read = bf16_read()
+    for module in (fold_read, rope):
+        monkeypatch.setattr(module, "compute_dtype", lambda dtype: dtype)
+    mutant = fold_attention_reference(*low, read, 8**-0.5)
+    assert rel_err(mutant, exact) > 2 * BF16_OUTPUT_TOLERANCE
 
 
 @pytest.mark.parametrize("big", [1e4, -1e4])

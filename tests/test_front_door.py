@@ -171,7 +171,7 @@ def test_the_models_generation_config_sampling_is_honoured(pair):
         release_fast_state(target)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the captured sampled round")
 def test_graphs_engine_reproduces_the_static_engine_when_sampling():
     """GPU only: the captured sampled round (uniforms read from a buffer the loop refills) gives the uncaptured
     round's tokens for the same seed, and the default call routes there."""

@@ -27,7 +27,8 @@ from fold_hf.kernels.layer_reference import (
     silu_mul_reference,
 )
 from fold_hf.kernels.reference import rotate_by_tables
-from tiny import MASK_ID, greedy_reference, mode_config, pair_on_gpu, tiny_target, trained_pair
+from tiny import greedy_reference, mode_config, pair_on_gpu, tiny_target, trained_pair
+from tiny import prompt as tiny_prompt
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,7 +87,7 @@ def test_twins_compute_what_the_modules_compute(dtype):
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(4000 + seed))
+    return tiny_prompt(seed, length, offset=4000)
 
 
 FUSED_STATIC = dict(engine="static", target_attention="triton", fused_layers=True)
@@ -253,7 +254,8 @@ def test_kernels_in_interpreter_match_twins(interpreter, dtype):
                   exact_rope=dtype != torch.float16)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="bf16 and 8B shapes: the interpreter has no bf16 dot and is too slow at 4096-wide rows (it "
+                        "checks odd shapes in fp32/fp16)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_kernels_match_twins_on_gpu(dtype):
     norms = [(1, 4096), (10, 4096), (16, 8192), (3, 576), (7, 2880), (1, 63)]
@@ -263,7 +265,7 @@ def test_kernels_match_twins_on_gpu(dtype):
     check_kernels("cuda", dtype, norms, ropes, silu, exact_rope=True)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the graphs engine with the fused layers captures on a CUDA device")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_graph_engine_with_fused_layers_matches_unfused_on_gpu(arch, monkeypatch):
     with pair_on_gpu(arch) as (target, drafter):

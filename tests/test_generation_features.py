@@ -7,35 +7,14 @@ import warnings
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers import decoders
-from tokenizers.models import BPE
-from transformers import PreTrainedTokenizerFast
 
 import fold_hf
-from fold_hf import FoldConfig
-from tiny import MASK_ID, VOCAB, greedy_reference, trained_pair
-
-CFG = FoldConfig(window=16, alpha=2.0)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target, drafter = trained_pair("llama")
-    drafter.set_fold_config(CFG)
-    return target, drafter
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    """One character per token id: 'a' = 0, 'b' = 1, ..."""
-    tok = Tokenizer(BPE({chr(97 + i): i for i in range(VOCAB)}, merges=[]))
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
+from tiny import greedy_reference
+from tiny import prompt as tiny_prompt
 
 
 def prompt(seed=0, length=40):
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(seed))
+    return tiny_prompt(seed, length)
 
 
 class Collect:
@@ -69,8 +48,8 @@ def all_paths(target, drafter, ids, **kw):
     return ours, fast, hf
 
 
-def test_eos_list_stops_exactly_where_the_target_stops(pair):
-    target, drafter = pair
+def test_eos_list_stops_exactly_where_the_target_stops(tiny_pair):
+    target, drafter = tiny_pair
     for seed in range(6):
         ids = prompt(seed)
         free = greedy_reference(target, ids, 40)[0, ids.shape[1] :].tolist()
@@ -85,21 +64,21 @@ def test_eos_list_stops_exactly_where_the_target_stops(pair):
         assert ref[0, -1].item() in eos
 
 
-def test_stop_strings_spanning_blocks(pair, tokenizer):
-    target, drafter = pair
+def test_stop_strings_spanning_blocks(tiny_pair, char_tokenizer):
+    target, drafter = tiny_pair
     for seed in range(6):
         ids = prompt(seed)
         free = greedy_reference(target, ids, 40)[0, ids.shape[1] :].tolist()
         stop = "".join(chr(97 + t) for t in free[10:13])  # three tokens: usually crosses a block boundary
-        ref = target.generate(ids, max_new_tokens=40, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+        ref = target.generate(ids, max_new_tokens=40, do_sample=False, stop_strings=[stop], tokenizer=char_tokenizer)
         for path, out in enumerate(all_paths(target, drafter, ids, max_new_tokens=40, stop_strings=[stop],
-                                             tokenizer=tokenizer)):
+                                             tokenizer=char_tokenizer)):
             assert torch.equal(out, ref), (seed, path)
-        assert tokenizer.decode(ref[0, ids.shape[1] :]).endswith(stop)
+        assert char_tokenizer.decode(ref[0, ids.shape[1] :]).endswith(stop)
 
 
-def test_streamer_receives_prompt_then_every_token(pair):
-    target, drafter = pair
+def test_streamer_receives_prompt_then_every_token(tiny_pair):
+    target, drafter = tiny_pair
     ids = prompt(3)
     for run in ("ours", "fast", "hf"):
         streamer = Collect()
@@ -113,8 +92,8 @@ def test_streamer_receives_prompt_then_every_token(pair):
         assert sum(streamer.chunks[1:], []) == out[0, ids.shape[1] :].tolist()
 
 
-def test_return_dict_in_generate(pair):
-    target, drafter = pair
+def test_return_dict_in_generate(tiny_pair):
+    target, drafter = tiny_pair
     ids = prompt(4)
     ref = greedy_reference(target, ids, 25)
     stats = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=25, return_stats=True)
@@ -132,8 +111,8 @@ def test_return_dict_in_generate(pair):
 
 
 @pytest.mark.parametrize("new_tokens", [1, 2, 3, 5])
-def test_limits_smaller_than_a_block_and_one_token_prompt(pair, new_tokens):
-    target, drafter = pair
+def test_limits_smaller_than_a_block_and_one_token_prompt(tiny_pair, new_tokens):
+    target, drafter = tiny_pair
     for ids in (prompt(5, 1), prompt(6, 16), prompt(7, 60)):  # 1 token, exactly W, beyond W
         ref = greedy_reference(target, ids, new_tokens)
         for out in all_paths(target, drafter, ids, max_new_tokens=new_tokens):
@@ -147,8 +126,8 @@ def test_limits_smaller_than_a_block_and_one_token_prompt(pair, new_tokens):
                                            fold_fast=fast), ref)
 
 
-def test_repeated_calls_share_no_state(pair):
-    target, drafter = pair
+def test_repeated_calls_share_no_state(tiny_pair):
+    target, drafter = tiny_pair
     ids_a, ids_b = prompt(9, 70), prompt(10, 25)
     first = fold_hf.generate(target, drafter, input_ids=ids_a, max_new_tokens=30, return_stats=True)
     fold_hf.generate(target, drafter, input_ids=ids_b, max_new_tokens=30)
@@ -164,10 +143,10 @@ def test_repeated_calls_share_no_state(pair):
     assert all(len(layer._forward_hooks) == 0 for layer in layers)
 
 
-def test_one_drafter_two_targets(pair):
+def test_one_drafter_two_targets(tiny_pair):
     from tiny import tiny_target
 
-    target, drafter = pair
+    target, drafter = tiny_pair
     other = tiny_target("llama", seed=99)
     ids = prompt(11, 30)
     for t in (other, target, other):
@@ -177,8 +156,8 @@ def test_one_drafter_two_targets(pair):
         fold_hf.generate(wrong, drafter, input_ids=ids)
 
 
-def test_stats_object(pair):
-    target, drafter = pair
+def test_stats_object(tiny_pair):
+    target, drafter = tiny_pair
     res = fold_hf.generate(target, drafter, input_ids=prompt(12, 50), max_new_tokens=33, return_stats=True)
     assert res.num_new_tokens == 33 and res.num_prompt_tokens == 50
     assert res.tau == pytest.approx(sum(res.acceptance_lengths) / len(res.acceptance_lengths))

@@ -17,14 +17,15 @@ from hypothesis import strategies as st
 
 import fold_hf
 from fold_hf import FoldConfig, FoldDrafter
-from fold_hf.kernels import fold_attention_reference
+from fold_hf.modeling.fold_read import fold_attention_reference
 from fold_hf.modeling import RotaryTables, plan_layer_read
 from naive import fold_naive
-from tiny import MASK_ID, greedy_reference, tiny_drafter, tiny_target, trained_pair
+from tiny import MASK_ID, greedy_reference, tiny_drafter, tiny_target
+from tiny import prompt as tiny_prompt
 
 THETA = 10000.0
 
-# the context lengths at which the read changes shape (DESIGN §2): the W most recent entries are in every row's
+# the context lengths at which the read changes shape (docs/design.md §2): the W most recent entries are in every row's
 # window, the B-1 before them in the window of the first rows only, anything older is far for every row
 BOUNDARIES = {
     "W-1": lambda W, B: W - 1,
@@ -139,7 +140,7 @@ def test_logits_of_1e4_in_fp32_and_large_bf16_values(boundary, sign_far):
 
 # ------------------------------------------------------------------------------------- the drafter, per boundary
 def naive_drafter_hidden(drafter, feats, noise, W, alpha, mode="fold"):
-    """The drafter's forward restated from DESIGN §4 with the loop-based FOLD read of tests/naive.py.
+    """The drafter's forward restated from docs/design.md §4 with the loop-based FOLD read of tests/naive.py.
 
     feats ``[1, T, n_taps * H]`` (all context at once), noise ``[1, B, H]``; returns ``[B, H]`` after the final norm.
     """
@@ -200,18 +201,10 @@ def test_drafter_forward_with_fold_cache_matches_naive_restatement(boundary_pair
 
 
 # ------------------------------------------------------------------------------------------ generation edge cases
-CFG = FoldConfig(window=16, alpha=2.0)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target, drafter = trained_pair("llama")
-    drafter.set_fold_config(CFG)
-    return target, drafter
 
 
 def prompt(seed, length):
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(5000 + seed))
+    return tiny_prompt(seed, length, offset=5000)
 
 
 def both_paths(target, drafter, ids, **kw):
@@ -221,8 +214,8 @@ def both_paths(target, drafter, ids, **kw):
 
 
 @pytest.mark.parametrize("length", [1, 15, 16, 17, 19, 20, 21])  # 1 token; W-1, W, W+1; W+B-1, W+B, W+B+1
-def test_prompt_lengths_at_the_window_boundaries_on_both_paths(pair, length):
-    target, drafter = pair
+def test_prompt_lengths_at_the_window_boundaries_on_both_paths(tiny_pair, length):
+    target, drafter = tiny_pair
     ids = prompt(length, length)
     ref = greedy_reference(target, ids, 30)
     ours, hf = both_paths(target, drafter, ids, max_new_tokens=30)
@@ -230,8 +223,8 @@ def test_prompt_lengths_at_the_window_boundaries_on_both_paths(pair, length):
     assert max(ours.acceptance_lengths) >= 2  # the drafter did contribute: the context crossed the boundary in blocks
 
 
-def test_max_length_reached_mid_block_on_both_paths(pair):
-    target, drafter = pair
+def test_max_length_reached_mid_block_on_both_paths(tiny_pair):
+    target, drafter = tiny_pair
     ids = prompt(1, 23)
     mid_block = 0
     for extra in range(6, 16):
@@ -249,8 +242,8 @@ def test_max_length_reached_mid_block_on_both_paths(pair):
     assert mid_block >= 3  # the limit fell inside a block several times
 
 
-def test_eos_inside_an_accepted_block_ends_exactly_there_on_both_paths(pair):
-    target, drafter = pair
+def test_eos_inside_an_accepted_block_ends_exactly_there_on_both_paths(tiny_pair):
+    target, drafter = tiny_pair
     found = 0
     for seed in range(40):
         ids = prompt(100 + seed, 30)
@@ -279,8 +272,8 @@ def test_eos_inside_an_accepted_block_ends_exactly_there_on_both_paths(pair):
     assert found == 3, "no eos landed inside an accepted block: the test did not exercise its case"
 
 
-def test_one_drafter_two_targets_on_the_hf_path(pair):
-    target, drafter = pair
+def test_one_drafter_two_targets_on_the_hf_path(tiny_pair):
+    target, drafter = tiny_pair
     other = tiny_target("llama", seed=99)
     ids = prompt(7, 30)
     for t in (other, target, other, target):

@@ -4,15 +4,18 @@ import pytest
 import torch
 
 import fold_hf
-from tiny import MASK_ID, fit_drafter, greedy_reference, mode_config, tiny_drafter, tiny_target, trained_pair
+from tiny import (GRID_NEW_TOKENS, GRID_PROMPT_LENGTHS, fit_drafter, greedy_reference, grid_greedy, grid_loop,
+                  grid_prompt, mode_config, tiny_drafter, tiny_target, trained_pair)
+from tiny import prompt as tiny_prompt
 
 MODES = ["fold", "dflash", "window", "streaming", "rerope", "yarn"]
-PROMPT_LENGTHS = [10, 37, 90, 170, 300]  # the window is 16: most prompts exceed it
-NEW_TOKENS = 40
+PROMPT_LENGTHS = GRID_PROMPT_LENGTHS
+NEW_TOKENS = GRID_NEW_TOKENS
+pytestmark = pytest.mark.xdist_group("lossless-grid")
 
 
 def prompt(seed: int, length: int) -> torch.Tensor:
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(1000 + seed))
+    return tiny_prompt(seed, length, offset=1000)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -20,11 +23,9 @@ def prompt(seed: int, length: int) -> torch.Tensor:
 def test_greedy_lossless_both_paths(arch, mode):
     target, drafter = trained_pair(arch)
     rounds = []
-    for seed, length in enumerate(PROMPT_LENGTHS):
-        ids = prompt(seed, length)
-        ref = greedy_reference(target, ids, NEW_TOKENS)
-        res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
-                               fold_config=mode_config(mode))
+    for seed in range(len(GRID_PROMPT_LENGTHS)):
+        ids, ref = grid_prompt(seed), grid_greedy(arch, seed)
+        res = grid_loop(arch, mode, seed)
         assert torch.equal(res.sequences, ref), f"fold_hf.generate differs: {arch} {mode} seed {seed}"
         assert sum(res.acceptance_lengths) == NEW_TOKENS - 1  # the first token comes from the prefill
         drafter.set_fold_config(mode_config(mode))

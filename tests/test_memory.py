@@ -9,15 +9,17 @@ import torch
 
 import fold_hf
 from fold_hf import FoldConfig
+from fold_hf.generation import fast
 from fold_hf.modeling import RotaryTables
-from tiny import MASK_ID, tiny_drafter, tiny_target, trained_pair
+from tiny import tiny_drafter, tiny_target, trained_pair
+from tiny import prompt as tiny_prompt
 
 MODES = [FoldConfig(window=16, alpha=2.0), FoldConfig(mode="dflash", window=16),
          FoldConfig(mode="streaming", window=16, budget=24), FoldConfig(mode="yarn", window=16, train_length=64)]
 
 
 def prompt(seed, length):
-    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(seed))
+    return tiny_prompt(seed, length)
 
 
 def live_tensors() -> tuple[int, int]:
@@ -41,7 +43,8 @@ def live_tensors() -> tuple[int, int]:
 def run_both_paths(target, drafter, ids, cfg):
     fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24, fold_config=cfg)
     drafter.set_fold_config(cfg)
-    target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+    # transformers' assisted loop (the routed fast loop keeps its session on purpose: test_fast_loop covers it)
+    target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False, fold_fast=False)
 
 
 def test_repeated_generate_calls_do_not_grow_live_tensors():
@@ -59,6 +62,37 @@ def test_repeated_generate_calls_do_not_grow_live_tensors():
     assert after == before, f"live tensors (count, bytes) grew from {before} to {after}"
 
 
+def test_repeated_fast_calls_keep_only_the_sessions_steps():
+    """The fast loop's session (static engine, the graphs engine's logic on CPU) keeps per target its buffers, one
+    static drafter per reading mode and one step per (bucket, mode): built once, then reused. A request longer
+    than the session's capacity replaces the session, so the steps of the shorter requests are built again once
+    in the new one (a bounded cache, not a per-call leak); from then on repeated calls hold no new tensor."""
+    target = tiny_target("llama", dtype=torch.float32)
+    drafter = tiny_drafter(target, fold_config=FoldConfig(window=16))
+    requests = [(prompt(1, 100), MODES[0]), (prompt(2, 30), MODES[1]), (prompt(3, 250), MODES[3])]
+
+    def one_pass():
+        for ids, cfg in requests:
+            fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, engine="static", fold_config=cfg)
+        return target.__dict__[fast._SESSION_ATTR]
+
+    try:
+        with torch.no_grad():
+            first = one_pass()
+            grown = live_tensors()
+            assert first.capacity == 512 and len(first.static_drafters) == 1  # rebuilt for the 250-token request
+            session = one_pass()
+            before, steps = live_tensors(), set(session.steps)
+            assert session is first and len(session.static_drafters) == 3 and before[1] > grown[1]
+            for _ in range(2):
+                assert one_pass() is session
+            after = live_tensors()
+        assert set(session.steps) == steps
+        assert after == before, f"live tensors (count, bytes) grew from {before} to {after}"
+    finally:
+        fast.release_fast_state(target)
+
+
 def test_drafter_keeps_no_reference_to_per_call_caches(monkeypatch):
     target, drafter = trained_pair("llama")
     made = []
@@ -70,11 +104,20 @@ def test_drafter_keeps_no_reference_to_per_call_caches(monkeypatch):
         return cache
 
     monkeypatch.setattr(drafter, "new_cache", tracked)
+    fast.release_fast_state(target)
     with torch.no_grad():
-        run_both_paths(target, drafter, prompt(5, 70), MODES[0])
-    assert len(made) == 2  # one cache per call, on each path
+        for _ in range(2):
+            run_both_paths(target, drafter, prompt(5, 70), MODES[0])
+    # one cache per foundation-loop call; target.generate routes to the fast loop, whose session (kept on the
+    # target, not the drafter) builds one and reuses it on the second call
+    assert len(made) == 3
     gc.collect()
-    assert all(ref() is None for ref in made), "a FoldCache outlived its generate call"
+    alive = [ref() for ref in made if ref() is not None]
+    assert alive == [target.__dict__[fast._SESSION_ATTR].drafter_cache], "a FoldCache outlived its generate call"
+    del alive
+    fast.release_fast_state(target)
+    gc.collect()
+    assert all(ref() is None for ref in made), "something besides the fast loop's session holds a FoldCache"
 
 
 def tensors_reachable(obj, seen=None) -> list[torch.Tensor]:
@@ -137,7 +180,7 @@ def test_cache_reports_the_bytes_of_the_tensors_it_holds(keep_rotated_copy, dtyp
             assert cache.bytes_used() == per_entry * length * len(drafter.layers)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="GPU memory: torch.cuda.memory_allocated across calls")
 def test_repeated_generate_calls_do_not_grow_gpu_memory():
     device = torch.device("cuda")
     target = tiny_target("llama", dtype=torch.float32).to(device)
@@ -145,10 +188,15 @@ def test_repeated_generate_calls_do_not_grow_gpu_memory():
     requests = [(prompt(1, 300).to(device), MODES[0]), (prompt(2, 40).to(device), MODES[1]),
                 (prompt(3, 500).to(device), MODES[3])]
     with torch.no_grad():
-        for ids, cfg in requests:
-            run_both_paths(target, drafter, ids, cfg)
+        # two warm-up passes (see test_repeated_fast_calls_keep_only_the_sessions_steps): the first ends in a
+        # session sized for the 500-token request, the second builds every request's steps in that session
+        for _ in range(2):
+            for ids, cfg in requests:
+                run_both_paths(target, drafter, ids, cfg)
         torch.cuda.synchronize()
         gc.collect()
+        session = target.__dict__[fast._SESSION_ATTR]
+        steps = set(session.steps)
         before = torch.cuda.memory_allocated(device)
         for _ in range(3):
             for ids, cfg in requests:
@@ -156,4 +204,5 @@ def test_repeated_generate_calls_do_not_grow_gpu_memory():
         torch.cuda.synchronize()
         gc.collect()
         after = torch.cuda.memory_allocated(device)
+        assert target.__dict__[fast._SESSION_ATTR] is session and set(session.steps) == steps
     assert after == before, f"allocated device memory grew from {before} to {after} bytes"

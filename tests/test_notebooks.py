@@ -264,6 +264,7 @@ def test_notebooks_are_committed_without_outputs():
         assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), path.name
 
 
+@pytest.mark.slow
 def test_offline_notebook_executes_on_the_embedded_pair(tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient", reason="needs the test extra (pip install -e '.[test]')")
     pytest.importorskip("ipykernel", reason="needs the test extra (pip install -e '.[test]')")

@@ -1,4 +1,8 @@
-"""Property tests of the FOLD read (hypothesis): every boundary, random shapes, extreme logits."""
+"""Property tests of the FOLD read (hypothesis): every boundary, random shapes, extreme logits.
+
+The reductions of docs/design.md §2 must hold for every drawn shape: context <= W is the original drafter's read,
+alpha = 1 is one softmax over position-mapped logits, alpha -> inf reads the top-1 far entry.
+"""
 
 import math
 
@@ -7,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fold_hf import FoldConfig
-from fold_hf.kernels import fold_attention_reference
+from fold_hf.modeling.fold_read import fold_attention_reference
 from fold_hf.modeling import RotaryTables, plan_layer_read
 
 
@@ -48,7 +52,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 @SETTINGS
 @given(reads())
-def test_outputs_are_finite_and_reductions_hold(p):
+def test_reductions_hold_across_alpha(p):
     tensors, rope = make(p)
     out = fold_attention_reference(*tensors, read_of(p, rope), scaling=p["d"] ** -0.5)
     assert torch.isfinite(out).all()
@@ -59,9 +63,20 @@ def test_outputs_are_finite_and_reductions_hold(p):
     # position t - D (the implementation rotates the query by D + r instead)
     one = fold_attention_reference(*tensors, read_of({**p, "alpha": 1.0}, rope), scaling=p["d"] ** -0.5)
     assert torch.allclose(one, single_softmax(p, tensors, rope), rtol=0, atol=1e-10)
+    # alpha -> inf: the far memory is read as its single best entry, i.e. one softmax over the window and, per row
+    # and head, the top-1 far entry at its virtual position
+    top1, gap = single_softmax(p, tensors, rope, far_top1=True)
+    inf = fold_attention_reference(*tensors, read_of({**p, "alpha": math.inf}, rope), scaling=p["d"] ** -0.5)
+    assert torch.allclose(inf, top1, rtol=0, atol=1e-10)
+    if gap > 1e-3:  # a large finite alpha is the same read once the runner-up's weight exp(-alpha * gap) vanishes
+        big = fold_attention_reference(*tensors, read_of({**p, "alpha": 1e6}, rope), scaling=p["d"] ** -0.5)
+        assert torch.allclose(big, top1, rtol=0, atol=1e-8)
 
 
-def single_softmax(p, tensors, rope):
+def single_softmax(p, tensors, rope, far_top1=False):
+    """One softmax over window entries at true positions, far entries at the virtual position t - D and the block
+    (alpha = 1); with ``far_top1`` only each row's and head's best far entry takes part (alpha = inf), returned with
+    the smallest logit gap between a best far entry and the runner-up."""
     q, kc, vc, kb, vb = tensors
     T, t, D, G = p["T"], p["T"], p["W"] + p["B"], p["Hq"] // p["Hkv"]
     rows = torch.arange(p["Lq"])
@@ -74,11 +89,23 @@ def single_softmax(p, tensors, rope):
     s_true = qr @ kv(k_true).transpose(-1, -2)
     s_virtual = qr @ kv(k_virtual).transpose(-1, -2)
     s_ctx = torch.where(near, s_true, s_virtual)
+    gap = math.inf
+    if far_top1 and not bool(near.all()):
+        far = torch.where(near, -math.inf, s_virtual)  # [1, Hq, Lq, T]
+        ranked = far.sort(dim=-1, descending=True).values
+        best = far.argmax(dim=-1, keepdim=True)
+        keep = near | torch.zeros_like(far, dtype=torch.bool).scatter_(-1, best, True)
+        has_far = ~near.all(-1)  # rows with a far memory
+        s_ctx = torch.where(keep | ~has_far[..., None], s_ctx, -math.inf)
+        if T >= 2:
+            two = ranked[..., 1].isfinite() & has_far
+            if two.any():
+                gap = float((ranked[..., 0] - ranked[..., 1])[two].min()) * p["d"] ** -0.5
     s_blk = qr @ kv(rope.rotate(kb, t + rows)).transpose(-1, -2)
     s = torch.cat((s_ctx, s_blk), -1) * p["d"] ** -0.5
     w = torch.softmax(s, -1)
-    out = w @ torch.cat((kv(vc), kv(vb)), 2)
-    return out.transpose(1, 2)
+    out = (w @ torch.cat((kv(vc), kv(vb)), 2)).transpose(1, 2)
+    return (out, gap) if far_top1 else out
 
 
 @SETTINGS

@@ -278,6 +278,39 @@ def test_static_target_accept_selects_the_position_state():
         torch.testing.assert_close(ours, theirs, **TOL)
 
 
+def test_static_engine_survives_the_graph_engines_warm_up_runs(monkeypatch):
+    """The graphs engine runs every new step twice before capturing it (CapturedStep's warm-up). A verify commits
+    the accepted position's recurrent state into the buffer it starts from, so without its state restored the
+    warm-up runs advance the target's state two blocks too far (on the H200: same tokens by luck in a 12-token
+    vocabulary, but different drafter features and acceptance lengths). The static engine with the same warm-up
+    runs, on CPU, must give the foundation loop's tokens and acceptance lengths and the very state a run without
+    warm-up leaves."""
+    from fold_hf.generation import fast
+    from fold_hf.generation.graphs import EagerStep
+
+    target = qwen35_target(seed=5)
+    drafter = qwen35_drafter(target)
+    cfg = mode_config("fold")
+    ids = prompt(2, 60)
+    try:
+        ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24, return_stats=True,
+                               fold_config=cfg)
+        states = {}
+        for warmup in (0, 2):
+            monkeypatch.setattr(fast, "EagerStep", functools.partial(EagerStep, warmup=warmup))
+            fold_hf.generation.release_fast_state(target)
+            res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, engine="static",
+                                        return_stats=True, fold_config=cfg)
+            assert torch.equal(res.sequences, ref.sequences), warmup
+            assert res.acceptance_lengths == ref.acceptance_lengths, warmup
+            states[warmup] = [t.clone() for t in target.__dict__[fast._SESSION_ATTR].runner.step_state()]
+        assert len(states[0]) == 12  # 6 linear-attention layers: convolution and recurrent state each
+        for clean, warmed in zip(states[0], states[2]):
+            assert torch.equal(clean, warmed)
+    finally:
+        fold_hf.generation.release_fast_state(target)
+
+
 def test_fast_path_unsupported_target_says_why():
     from transformers import Qwen3_5ForCausalLM
 
@@ -357,7 +390,7 @@ def test_gated_delta_triton_in_interpreter(interpreter, shape):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="the 9B shape: too slow in the interpreter (it checks small shapes)")
 def test_gated_delta_triton_on_gpu_at_the_9b_shape():
     from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
 
@@ -368,7 +401,7 @@ def test_gated_delta_triton_on_gpu_at_the_9b_shape():
     torch.testing.assert_close(states, ref_states, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the graphs engine captures on a CUDA device")
 @pytest.mark.parametrize("mode", MODES)
 def test_graph_engine_matches_the_foundation_loop_on_gpu(mode):
     """fp32 on CUDA: the captured verify (Triton gated delta rule, per-position states selected on device) and the

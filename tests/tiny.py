@@ -138,11 +138,73 @@ def fit_drafter(target, drafter, steps: int = 150, seq_len: int = 48, seed: int 
     return drafter
 
 
+# drafters shared between tests, with the fold config each was built with (tests/conftest.py restores it after
+# every test, so no test sees a shared model left in another mode)
+_SHARED: list = []
+
+
+def share(drafter):
+    """Register ``drafter`` as shared between tests: its current fold config is restored after every test."""
+    _SHARED.append((drafter, drafter.fold_config))
+    return drafter
+
+
+def restore_shared() -> None:
+    for drafter, config in _SHARED:
+        if drafter.fold_config != config:
+            drafter.set_fold_config(config)
+
+
 @functools.lru_cache(maxsize=None)
 def trained_pair(arch: str = "llama", block: int = 4):
+    """A tiny target (fp64) and a drafter fitted to it, built once per process and shared by the tests."""
     target = tiny_target(arch)
-    drafter = fit_drafter(target, tiny_drafter(target, block=block))
+    drafter = share(fit_drafter(target, tiny_drafter(target, block=block)))
     return target, drafter
+
+
+def prompt(seed: int, length: int, offset: int = 0) -> torch.Tensor:
+    """``[1, length]`` random token ids below the mask id, seeded by ``offset + seed``."""
+    return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(offset + seed))
+
+
+# The lossless grid: prompts of these lengths (the window is 16: most exceed it), NEW_TOKENS each, every reading
+# mode, both archs. Computed once per process and shared by tests/test_lossless.py (the loop and transformers'
+# path against greedy) and tests/test_fast_loop.py (the fast engines against the loop); both files are in the
+# xdist group "lossless-grid", so they share one worker's cache.
+GRID_PROMPT_LENGTHS = (10, 37, 90, 170, 300)
+GRID_NEW_TOKENS = 40
+GRID_SEED_OFFSET = 1000
+
+
+def grid_prompt(seed: int) -> torch.Tensor:
+    return prompt(seed, GRID_PROMPT_LENGTHS[seed], offset=GRID_SEED_OFFSET)
+
+
+@functools.lru_cache(maxsize=None)
+def grid_greedy(arch: str, seed: int) -> torch.Tensor:
+    """The target's own greedy output (``target.generate``) for grid prompt ``seed``."""
+    target, _ = trained_pair(arch)
+    return greedy_reference(target, grid_prompt(seed), GRID_NEW_TOKENS)
+
+
+@functools.lru_cache(maxsize=None)
+def grid_loop(arch: str, mode: str, seed: int):
+    """``fold_hf.generate(..., return_stats=True)`` (the foundation loop) for grid prompt ``seed`` in ``mode``."""
+    target, drafter = trained_pair(arch)
+    return fold_hf.generate(target, drafter, input_ids=grid_prompt(seed), max_new_tokens=GRID_NEW_TOKENS,
+                            return_stats=True, fold_config=mode_config(mode))
+
+
+def char_tokenizer():
+    """One character per token id of the tiny vocabulary: 'a' = 0, 'b' = 1, ..."""
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(BPE({chr(97 + i): i for i in range(VOCAB)}, merges=[]))
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
 @contextlib.contextmanager

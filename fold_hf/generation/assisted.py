@@ -1,6 +1,6 @@
 """FOLD inside ``target.generate(..., assistant_model=<FoldDrafter>)``.
 
-transformers hard-codes its candidate generators (DESIGN §5); after ``import fold_hf``,
+transformers hard-codes its candidate generators (docs/design.md §5); after ``import fold_hf``,
 ``GenerationMixin._get_candidate_generator`` returns :class:`FoldCandidateGenerator` whenever the
 assistant is a :class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks for transformers' own
 DFlash generator, which our drafter also serves). ``_assisted_decoding`` is wrapped only to remove the
@@ -66,6 +66,7 @@ class FoldCandidateGenerator(CandidateGenerator):
             self.probe = TargetAttentionProbe(target).__enter__()
             retrieval_state(self.cache).probe = self.probe
         self.acceptance_lengths: list[int] = []
+        self.proposals: list[list[int]] = []
         eos = generation_config.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else list(eos or []))
         stops = generation_config.stop_strings
@@ -77,6 +78,7 @@ class FoldCandidateGenerator(CandidateGenerator):
             # the prefill must keep every position up to the tapped layers (Gemma-4 KV sharing cuts at logits_to_keep)
             self.model_kwargs_overrides = {"logits_to_keep": 0}
         drafter.last_acceptance_lengths = self.acceptance_lengths
+        drafter.last_proposals = self.proposals
         self.target = target
         # hybrid targets: the cache rolls back its linear-attention state (rollback.py); set by the decoding wrapper
         self.rollback_cache = None
@@ -103,25 +105,33 @@ class FoldCandidateGenerator(CandidateGenerator):
         committed = input_ids.shape[1] - 1 if self._prefill else n_last_matches + 1
         context = features[:, :committed]
         self._prefill = False
-        k = min(self.block_size - 1, self.max_length - input_ids.shape[1] - 1)
+        k = min(self.drafter.num_proposals, self.max_length - input_ids.shape[1] - 1)
         if k <= 0:
+            self.proposals.append([])  # the round still verifies: the target's own token
             return input_ids, None
-        logits = self.drafter.draft_logits(input_ids[0, -1:], context, self.cache,
-                                           block_start=input_ids.shape[1] - 1)[:, :k]
-        logits = logits.to(input_ids.device, torch.float32)
-        if self.logits_processor is not None and len(self.logits_processor) > 0:
-            ids = input_ids
-            for i in range(k):
-                logits[:, i] = self.logits_processor(ids, logits[:, i])
-                token = (torch.multinomial(logits[:, i].softmax(-1), 1) if self.do_sample
-                         else logits[:, i].argmax(-1, keepdim=True))
-                ids = torch.cat((ids, token), dim=-1)
-            drafts = ids[:, input_ids.shape[1]:]
-        elif self.do_sample:
-            drafts = torch.multinomial(logits[0].softmax(-1), 1).T
-        else:
-            drafts = logits.argmax(-1)
+        processors = self.logits_processor if self.logits_processor is not None and len(self.logits_processor) else None
+        chosen = [input_ids]
+
+        def pick(logits: torch.Tensor, first_slot: int = 0):
+            """Tokens ``[m]`` from the drafter's final logits ``[m, V]`` and the scores transformers verifies with."""
+            scores = logits.to(input_ids.device, torch.float32)
+            if processors is not None:  # processors see the ids drafted so far, one slot at a time
+                rows = []
+                for i in range(scores.shape[0]):
+                    row = processors(torch.cat(chosen, -1), scores[i : i + 1])
+                    token = (torch.multinomial(row.softmax(-1), 1) if self.do_sample else row.argmax(-1, keepdim=True))
+                    chosen.append(token)
+                    rows.append(row)
+                return torch.cat(chosen[-len(rows):], -1)[0], torch.cat(rows)
+            tokens = torch.multinomial(scores.softmax(-1), 1)[:, 0] if self.do_sample else scores.argmax(-1)
+            chosen.append(tokens[None])
+            return tokens, scores
+
+        drafts, logits = self.drafter.propose(input_ids[0, -1:], context, self.cache,
+                                              block_start=input_ids.shape[1] - 1, count=k, pick=pick)
+        drafts, logits = drafts[None].to(input_ids.device), logits[None]
         keep = self._draft_length_before_stop(input_ids, drafts[0].tolist())
+        self.proposals.append(drafts[0, :keep].tolist())
         if self.rollback_cache is not None and keep > 0:
             self.rollback_cache.fold_snapshot()  # the state before this verify, restored on a rejection
         return torch.cat((input_ids, drafts[:, :keep]), dim=-1), logits[:, :keep]
@@ -169,6 +179,10 @@ def _wrap_get_candidate_generator(original):
             assistant_model._active_candidate_generator = generator
             return generator
         if isinstance(assistant_model, FoldDrafter):
+            if assistant_model.is_deepspec:
+                raise ValueError("speculation_type='dflash' runs transformers' z-lab DFlash generator, whose block "
+                                 "semantics differ from a DeepSpec drafter's (its anchor slot predicts): leave "
+                                 "speculation_type unset to draft with fold_hf's generator")
             assistant_model.bind_target(self)
         return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                         assistant_model, *args, **kwargs)

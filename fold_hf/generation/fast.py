@@ -6,8 +6,9 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   model's own modules with a preallocated KV cache; rollback rewinds a length;
 * the drafter's :class:`~fold_hf.modeling.cache.FoldCache` is preallocated for the whole request (nothing
   reallocates) and the prompt's context is committed chunk by chunk during the prefill;
-* verification is greedy on device (argmax, cumulative-product match count); each round reads one small
-  tensor back (the accepted count with the round's tokens) and nothing else;
+* token choice is on the device (:mod:`~fold_hf.generation.sampling`: greedy match count or speculative sampling
+  with temperature, top-k, top-p, min-p, the repetition penalty and ``min_new_tokens``); each round reads one
+  small tensor back (the accepted count with the round's tokens) and nothing else;
 * engines:
 
   ``eager``   host-side lengths, exact-length attention (flash decoding for one query), the drafter through
@@ -43,9 +44,10 @@ Targets: the Llama family (see :data:`SUPPORTED_ARCHITECTURES`) and the families
 :data:`~fold_hf.generation.static_target.TARGET_FAMILIES` (Gemma-3 / Gemma-4 text: :mod:`fold_hf.generation.targets.gemma`, with ring caches
 for sliding layers; Qwen3.5: :mod:`fold_hf.generation.targets.qwen35`, whose
 verify keeps the linear-attention state of every block position and ``accept(n)`` selects the accepted one on the
-device, inside the captured verify); batch 1; anything else raises a
-ValueError saying why (use :func:`fold_hf.generate` for those). EOS, stop strings, streamers and the returned
-:class:`GenerationResult` behave as in the foundation loop; tokens and acceptance lengths are the same.
+device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
+:func:`fold_hf.generate` for those). The round loop of the eager engine is
+:func:`fold_hf.generation.rounds.eager_rounds`, the one :func:`fold_hf.generate` runs; EOS, stop strings, streamers
+and the returned :class:`GenerationResult` come from :class:`~fold_hf.generation.tracker.Tracker`.
 
 Sessions: the KV cache, drafter cache and captured graphs are kept on the target between calls (capture costs
 once) and rebuilt when a request needs more room; :func:`release_fast_state` frees them.
@@ -73,6 +75,7 @@ from .graphs import CapturedStep, EagerStep
 from .rounds import decode, eager_rounds, num_proposals, propose
 from .sampling import Sampling, TokenChoice
 from .static_drafter import (
+    CUT_SLOT,
     StaticDrafter,
     commit_context,
     fused_drafter_unsupported,
@@ -237,7 +240,11 @@ class _Session:
     def step(self, key: tuple, fn):
         step = self.steps.get(key)
         if step is None:
-            step = CapturedStep(fn, pool=self.pool) if self.engine == "graphs" else EagerStep(fn)
+            # a recurrent target's verify commits the accepted state into the buffer it reads: its warm-up runs
+            # must leave that state as the loop left it
+            preserve = self.runner.step_state()
+            step = (CapturedStep(fn, pool=self.pool, preserve=preserve) if self.engine == "graphs"
+                    else EagerStep(fn, preserve=preserve))
             self.steps[key] = step
         return step
 
@@ -258,6 +265,8 @@ class _Session:
             self.static_drafters = {}
             self.drafter_key = key
         tag = repr(cfg) + (" fused" if fused else "")
+        if drafter.confidence_threshold > 0:  # baked into the captured step (a DeepSpec confidence cut)
+            tag += f" confidence<{drafter.confidence_threshold!r}"
         if tag not in self.static_drafters:
             static = None
             reason = static_drafter_unsupported(drafter) if self.engine != "eager" else None
@@ -309,14 +318,19 @@ def _session(target, capacity: int, tap_layer_ids: tuple, engine: str) -> _Sessi
     return session
 
 
-def fast_unsupported(target, drafter=None, *, batch_size: int = 1) -> str | None:
-    """Why :func:`fast_generate` cannot run this request, or None when it can (used by the routing)."""
+def fast_unsupported(target, drafter=None, *, batch_size: int = 1, capacity: int | None = None) -> str | None:
+    """Why :func:`fast_generate` cannot run this request (``capacity``: its prompt + new tokens, when known), or
+    None when it can (used by the routing)."""
     if batch_size != 1:
         return f"batch size {batch_size}: the fast loop runs batch 1"
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         return f"assistant {type(drafter).__name__} is not a FoldDrafter"
+    placed = {str(d) for d in (getattr(target, "hf_device_map", None) or {}).values()}
+    if len(placed) > 1:
+        return (f"a target dispatched over {', '.join(sorted(placed))} (device_map): the fast loop keeps the whole "
+                "target on one device")
     try:
-        check_target(target)
+        check_target(target, capacity)
     except UnsupportedTarget as err:
         return str(err)
     return None
@@ -508,6 +522,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
     state[_LAST : _LAST + 1] = last
     state[_LIMIT] = slots
     state[_GEN] = len(out.tokens)
+    state[CUT_SLOT] = slots  # a DeepSpec confidence threshold may lower it each round (the draft step writes it)
     limit = slots
     new_rows = 0  # host copy of state[_D_NEW]
     pending = None
@@ -521,14 +536,15 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             logits = runner.forward_static(ids, positions, bucket, taps_out=taps if with_taps else None,
                                            attention=target_attention, fused=fused)
             proposals = ids[0, 1:]
+            kept = state[CUT_SLOT : CUT_SLOT + 1]  # proposals the drafter kept (all, unless a confidence cut)
             n, final = choice.verify(logits, proposals, q_buffer if sampling.do_sample else None,
-                                     state[_LIMIT : _LIMIT + 1], state[_GEN : _GEN + 1])
+                                     torch.minimum(state[_LIMIT : _LIMIT + 1], kept), state[_GEN : _GEN + 1])
             runner.accept(n)  # recurrent-state families keep the accepted position's state (device-side)
             next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
                                     state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
                                     n + 1, final, state[_LIMIT : _LIMIT + 1], state[_GEN : _GEN + 1] + n + 1,
                                     state[_GEN + 1 :]))
-            outputs = (next_state, torch.cat((n, final, proposals)))
+            outputs = (next_state, torch.cat((n, final, kept, proposals)))
             if sampling.penalized:
                 outputs += (choice.observed(proposals, n, final),)
             return outputs
@@ -560,9 +576,10 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
             else:
                 proposals, q = propose(drafter, state[_LAST : _LAST + 1], pending, dcache, position, slots,
                                        choice.picker())
-                ids[0, 1:] = proposals
+                ids[0, 1 : 1 + proposals.shape[0]] = proposals
+                state[CUT_SLOT] = proposals.shape[0]  # fewer when a confidence threshold cut the proposal
                 if q is not None:
-                    q_buffer.copy_(q)
+                    q_buffer[: q.shape[0]].copy_(q)
                 pending = None
         bucket = bucket_length(position + rows, runner.capacity)
         key = ("verify", rows, bucket, with_taps, target_attention, fused) + choice_key
@@ -571,7 +588,8 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
         if sampling.penalized:
             choice.seen.copy_(outputs[2])
         values = outputs[1].tolist()  # the round's one device-to-host read
-        n, final, proposals = values[0], values[1], values[2:]
+        n, final, kept, proposals = values[0], values[1], values[2], values[3:]
+        out.proposals.append(proposals[: min(k, kept)] if drafter is not None else [])
         if drafter is not None and static_drafter is None:
             accepted = taps[:, : n + 1].clone()
             pending = accepted if pending is None else torch.cat((pending, accepted), 1)

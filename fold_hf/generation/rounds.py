@@ -16,8 +16,9 @@ A *runner* has
   (rollback is rewinding to the committed length).
 
 A *drafter* (family-free) has ``block_size``, optionally ``num_proposals`` (proposal slots per round, default
-``block_size - 1``) and either ``propose(last [1], pending, cache, block_start, count, pick) -> (proposals
-[count], q [count, V] or None)`` or ``draft_logits(last, pending, cache, block_start) -> [1, >= count, V]``;
+``block_size - 1``; a DeepSpec drafter's anchor slot predicts too: ``block_size``) and either ``propose(last [1],
+pending, cache, block_start, count, pick) -> (proposals [<= count], q or None)`` (fewer when a DeepSpec confidence
+threshold cuts the block) or ``draft_logits(last, pending, cache, block_start) -> [1, >= count, V]``;
 ``pick(logits [n, V], first_slot=0)`` turns logits into tokens and the distributions ``q`` they were drawn from,
 so a drafter that proposes step by step calls it once per slot and a block-parallel one once.
 """
@@ -66,8 +67,10 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
             proposals, q = propose(drafter, last, pending, cache, position, k, choice.picker())
             pending = None  # committed to the drafter's cache by the draft
             proposals = proposals.to(last.device)
+            k = proposals.shape[0]  # a drafter may propose fewer (a DeepSpec confidence threshold)
         else:
             proposals = last.new_empty(0)
+        out.proposals.append(proposals.tolist())
         logits, features = runner.verify(torch.cat((last, proposals))[None], position)
         # a target split across devices gives its logits on the lm_head's device
         there = proposals.to(logits.device)
@@ -112,4 +115,5 @@ def decode(runner, drafter, input_ids: torch.Tensor, out: Tracker, make_choice, 
         num_prompt_tokens=prompt_len,
         mode=drafter.fold_config.mode if drafter is not None and hasattr(drafter, "fold_config") else "ar",
         finish_reason=out.finish,
+        proposals=out.proposals,
     )

@@ -106,7 +106,9 @@ def _reason_not_to_route(model, args: tuple, kwargs: dict, config) -> str | None
     if mask is not None and not bool(torch.all(mask != 0)):
         return "attention_mask with padding (the fast loop takes unpadded batch-1 prompts)"
     assistant = kwargs.get("assistant_model")
-    return fast_unsupported(model, assistant, batch_size=inputs.shape[0])
+    new = config.max_new_tokens if config.max_new_tokens is not None else (config.max_length or 20) - inputs.shape[1]
+    block = getattr(assistant, "block_size", 1)
+    return fast_unsupported(model, assistant, batch_size=inputs.shape[0], capacity=inputs.shape[1] + new + block)
 
 
 def route_generate(model, args: tuple, kwargs: dict):
@@ -141,6 +143,7 @@ def route_generate(model, args: tuple, kwargs: dict):
         streamer=kwargs.get("streamer"), return_stats=True)
     if isinstance(drafter, FoldDrafter):
         drafter.last_acceptance_lengths = result.acceptance_lengths
+        drafter.last_proposals = result.proposals
     if config.return_dict_in_generate:
         return FoldGenerateOutput(sequences=result.sequences, acceptance_lengths=result.acceptance_lengths,
                                   tau=result.tau, finish_reason=result.finish_reason), None

@@ -41,6 +41,7 @@ from ..modeling.read_plan import RERoPE_LOG_BASE
 from ..modeling.rope import compute_dtype
 
 STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming")
+CUT_SLOT = 6  # state slot receiving the proposals a DeepSpec confidence threshold keeps (the fast loop reads it)
 
 
 def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
@@ -87,10 +88,7 @@ def commit_context(drafter: FoldDrafter, cache: FoldCache, target_hidden: torch.
     as the drafter's forward commits new context."""
     context = drafter.context_features(target_hidden)
     for layer, cache_layer in zip(drafter.layers, cache.layers):
-        attn = layer.self_attn
-        keys = attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm)
-        values = attn._heads(context, attn.v_proj, attn.num_kv_heads, None)
-        cache_layer.update(keys, values)
+        cache_layer.update(*layer.self_attn.project_keys_values(context))
 
 
 class StaticDrafter:
@@ -176,6 +174,10 @@ class StaticDrafter:
             self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
             self.budget_slots = torch.arange(self.budget, device=self.device)
         self.block_offsets = torch.arange(self.block, device=self.device)
+        # context rows a round commits = rows of the last verify (last token + proposals: B for z-lab, B + 1 for
+        # DeepSpec, whose anchor slot predicts too)
+        self.verify_rows = drafter.num_proposals + 1
+        self.row_offsets = torch.arange(self.verify_rows, device=self.device)
         self.mask_id = drafter.config.mask_token_id
         if layer_ops is not None:
             reason = fused_drafter_unsupported(drafter)
@@ -207,21 +209,24 @@ class StaticDrafter:
         """Commit the accepted context rows and draft one block; graph-capturable.
 
         Args:
-            new_features: ``[1, B, n_taps * H]`` tapped features of the last verify (first ``d_new`` rows count).
+            new_features: ``[1, R, n_taps * H]`` tapped features of the last verify (R = proposals + 1 rows; the
+                first ``d_new`` count).
             state: long device tensor; ``state[1]`` = d_len (entries committed before this round), ``state[2]``
-                = d_new (rows of ``new_features`` to commit), ``state[3]`` = the last committed token.
+                = d_new (rows of ``new_features`` to commit), ``state[3]`` = the last committed token; when the
+                drafter has a confidence threshold, ``state[CUT_SLOT]`` receives the number of proposals it keeps.
             with_far: run the far branch (use :meth:`needs_far` on the host-known length).
             pick: the loop's picker (:meth:`fold_hf.generation.sampling.TokenChoice.picker`), called once on the
-                slots' logits ``[B - 1, V]``; None takes the argmax.
+                slots' logits (a Markov head: once per slot); None takes the argmax.
 
         Returns:
-            ``[B - 1]`` greedy drafts for block slots 1 .. B-1 (long); with ``pick``, what it returns (proposals
-            and their distributions ``q`` or None).
+            ``[R - 1]`` proposals (long): slots 1 .. B-1 (z-lab) or 0 .. B-1 (DeepSpec, its Markov head applied slot
+            by slot on the device); greedy without ``pick``, else what ``pick`` returns (proposals and their
+            distributions ``q`` or None).
         """
         if self.owns_tables and self.yarn_rope is None:
             raise RuntimeError("yarn reads the request's rope tables: call start_request(request_length) first")
         layers = self._layers if self.ops is None else self._layers_fused
-        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far), pick)
+        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far), state, pick)
 
     def _block_inputs(self, new_features: torch.Tensor, state: torch.Tensor):
         """What every layer of a round needs (device tensors): entry positions of the new context rows, the new
@@ -230,7 +235,7 @@ class StaticDrafter:
         is) and each row's logit scale (``rerope``; else None)."""
         drafter, B = self.drafter, self.block
         d_len, d_new, last = state[1:2], state[2:3], state[3:4]
-        entry_positions = d_len + self.block_offsets
+        entry_positions = d_len + self.row_offsets
         context_length = d_len + d_new
         read_length, kept_index, row_scale = context_length, None, None
         if self.mode == "streaming":
@@ -245,8 +250,7 @@ class StaticDrafter:
             row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_rerope_base).clamp_min(1.0)
         context = drafter.context_features(new_features)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
-        embed = drafter.target_embedding
-        hidden = embed(ids[None].to(embed.weight.device)).to(self.dtype)
+        hidden = drafter.embed_block(ids[None]).to(self.dtype)
         # sliding layers read at true positions under streaming and with the plain rope under yarn:
         # (their rows' cos, sin, read length, context tables)
         true_rows = None
@@ -275,11 +279,19 @@ class StaticDrafter:
         return self.read(query_near, query_far, keys, values, block_keys, block_values, *tables,
                          read_length, read_length, window, self.alpha)
 
-    def _draft_tokens(self, hidden: torch.Tensor, pick=None):
-        """Drafts ``[B - 1]`` from the final-normed block ``[1, B, H]`` (greedy, or ``pick``'s choice)."""
-        head = self.drafter.target_lm_head
-        logits = head(hidden[:, 1:].to(head.weight.device, head.weight.dtype))
-        return logits[0].argmax(-1) if pick is None else pick(logits[0])
+    def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor, pick=None):
+        """Proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` (device ops only): greedy, or ``pick``'s
+        choice with its ``q``; a DeepSpec confidence cut writes the kept count to ``state[CUT_SLOT]``."""
+        drafter = self.drafter
+        slots = hidden[0, drafter.first_proposal_slot :]
+        last = state[3:4]
+        tokens, q = drafter.pick_proposals(drafter.proposal_logits(slots), last, pick)
+        if drafter.is_deepspec and drafter.confidence_threshold > 0:
+            from ..modeling.families.deepspec import confident_length
+
+            state[CUT_SLOT : CUT_SLOT + 1].copy_(confident_length(drafter, slots, tokens, last,
+                                                                 drafter.confidence_threshold))
+        return tokens if pick is None else (tokens, q)
 
     def _layers(self, entry_positions, context, hidden, cos_rows, sin_rows, read_rows, kept_rows, row_scale,
                 true_rows, with_far: bool) -> torch.Tensor:
@@ -289,14 +301,12 @@ class StaticDrafter:
             window, far_tables, cos_q, sin_q, read_length, kept_index, tables = self._layer_read(
                 i, cos_rows, sin_rows, read_rows, kept_rows, true_rows)
             attn = layer.self_attn
-            cache_layer.keys.index_copy_(2, entry_positions,
-                                         attn._heads(context, attn.k_proj, attn.num_kv_heads, attn.k_norm))
-            cache_layer.values.index_copy_(2, entry_positions,
-                                           attn._heads(context, attn.v_proj, attn.num_kv_heads, None))
+            k_new, v_new = attn.project_keys_values(context)
+            cache_layer.keys.index_copy_(2, entry_positions, k_new)
+            cache_layer.values.index_copy_(2, entry_positions, v_new)
             normed = layer.input_layernorm(hidden)
-            q = attn._heads(normed, attn.q_proj, attn.num_heads, attn.q_norm)
-            k_blk = attn._heads(normed, attn.k_proj, attn.num_kv_heads, attn.k_norm)
-            v_blk = attn._heads(normed, attn.v_proj, attn.num_kv_heads, None)
+            q = attn.project_queries(normed)
+            k_blk, v_blk = attn.project_keys_values(normed)
             scaled = row_scale is not None and self.layer_scaled[i]
             scale = attn.scaling * row_scale[:, None] if scaled else attn.scaling  # [B, 1]: rows
             query_near = (rotate_by_tables(q, cos_q, sin_q) * scale).to(self.dtype)
@@ -306,8 +316,8 @@ class StaticDrafter:
             block_keys = rotate_by_tables(k_blk, cos_q, sin_q).to(self.dtype)
             out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index,
                              window, tables)
-            hidden = hidden + attn.o_proj(out.reshape(1, B, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = layer.attention_residual(hidden, attn.o_proj(out.reshape(1, B, -1)))
+            hidden = layer.mlp_residual(hidden)
         return drafter.norm(hidden)
 
     def _layers_fused(self, entry_positions, context, hidden, cos_rows, sin_rows, read_rows, kept_rows, row_scale,
@@ -325,16 +335,17 @@ class StaticDrafter:
             # (7 -> 4 GEMMs a layer with gate|up below; on the H200 a GEMM costs the same at any row count up to
             # 16, so the queries of the context rows, which nothing reads, cost nothing)
             rows = torch.cat((context, normed), 1)
-            qkv = F.linear(rows, qkv_weight, qkv_bias)  # [1, 2B, (Hq + 2 Hkv) D]
+            nc = context.shape[1]  # context rows: the last verify's (B, or B + 1 for DeepSpec)
+            qkv = F.linear(rows, qkv_weight, qkv_bias)  # [1, nc + B, (Hq + 2 Hkv) D]
             n_q, n_kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-            q = ops.add_rms_norm(qkv[:, B:, :n_q].view(1, B, attn.num_heads, attn.head_dim), None,
+            q = ops.add_rms_norm(qkv[:, nc:, :n_q].view(1, B, attn.num_heads, attn.head_dim), None,
                                  attn.q_norm.weight, attn.q_norm.eps)[1]
-            keys = ops.add_rms_norm(qkv[..., n_q:n_q + n_kv].view(1, 2 * B, attn.num_kv_heads, attn.head_dim), None,
+            keys = ops.add_rms_norm(qkv[..., n_q:n_q + n_kv].view(1, nc + B, attn.num_kv_heads, attn.head_dim), None,
                                     attn.k_norm.weight, attn.k_norm.eps)[1]
-            values = qkv[..., n_q + n_kv:].view(1, 2 * B, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-            cache_layer.keys.index_copy_(2, entry_positions, keys[:, :B].transpose(1, 2))
-            cache_layer.values.index_copy_(2, entry_positions, values[:, :, :B])
-            k_blk, v_blk = keys[:, B:], values[:, :, B:]
+            values = qkv[..., n_q + n_kv:].view(1, nc + B, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+            cache_layer.keys.index_copy_(2, entry_positions, keys[:, :nc].transpose(1, 2))
+            cache_layer.values.index_copy_(2, entry_positions, values[:, :, :nc])
+            k_blk, v_blk = keys[:, nc:], values[:, :, nc:]
             if row_scale is not None and self.layer_scaled[i]:  # rerope: a row's query scale scales its logits
                 q = q * row_scale.to(q.dtype)[None, :, None, None]
             query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
@@ -406,6 +417,8 @@ def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     from ..kernels.layer_reference import is_silu
 
     dtype = drafter.fc.weight.dtype
+    if any(layer.self_attn.k_eq_v or layer.sandwich_norms for layer in drafter.layers):
+        return "Gemma-4-style layers (k_eq_v attention, sandwich norms): the fused step covers pre-norm layers only"
     norms = [drafter.norm] + [n for layer in drafter.layers for n in (layer.input_layernorm,
                                                                        layer.post_attention_layernorm,
                                                                        layer.self_attn.q_norm, layer.self_attn.k_norm)]

@@ -1,6 +1,6 @@
 """`StaticTarget`: our own forward of a Llama-family target over its own weights, with a preallocated KV cache.
 
-transformers' ``forward`` costs tens of milliseconds of Python per step at 8B scale (DESIGN §6) and its
+transformers' ``forward`` costs tens of milliseconds of Python per step at 8B scale (docs/design.md §6) and its
 ``DynamicCache`` reallocates; neither can be captured in a CUDA graph. This runner calls the model's own
 submodules (embedding, RMSNorms, q/k/v/o projections, q/k norms where the model has them, MLP, final norm,
 lm_head) so every weight is the model's own (no copies, PEFT wrappers included) and the numerics follow the
@@ -169,6 +169,12 @@ class StaticTarget:
     def accept(self, n) -> None:
         """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
         rolls back by its length; families with recurrent state select the accepted position's state."""
+
+    def step_state(self) -> list[torch.Tensor]:
+        """Buffers a verify both reads and overwrites (:meth:`accept` commits a recurrent family's state into the
+        buffer the next verify starts from), so that a captured step's warm-up runs can restore them
+        (:class:`fold_hf.generation.graphs.CapturedStep`). Empty for a KV cache: its writes are idempotent."""
+        return []
 
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""

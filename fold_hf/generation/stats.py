@@ -19,6 +19,8 @@ class GenerationResult:
         num_prompt_tokens: P.
         mode: the drafter's reading mode, or ``"ar"``.
         finish_reason: ``"length"``, ``"eos"`` or ``"stop_string"``.
+        proposals: the drafted token ids of every round (``[]`` for a round that drafted nothing), beside
+            ``acceptance_lengths``: round i accepted ``acceptance_lengths[i] - 1`` of ``proposals[i]``.
     """
 
     sequences: torch.Tensor
@@ -28,6 +30,7 @@ class GenerationResult:
     num_prompt_tokens: int = 0
     mode: str = "ar"
     finish_reason: str = "length"
+    proposals: list[list[int]] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:

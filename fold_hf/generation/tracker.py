@@ -70,6 +70,7 @@ class Tracker:
         self.acceptance: list[int] = []
         self.finish = "length"
         self.commit_times: list[float] | None = None  # perf_counter() after each round, when a benchmark asks
+        self.proposals: list[list[int]] = []  # each round's proposed token ids (the loops append them)
 
     def running(self, budget: int) -> bool:
         return self.finish == "length" and len(self.tokens) < budget

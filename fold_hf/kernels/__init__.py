@@ -1,11 +1,13 @@
-"""FOLD attention kernels.
+"""FOLD kernels on plain tensors: Triton kernels and their pure-torch twins.
 
-:func:`fold_attention` is the single entry point. On CUDA with Triton available it runs the fused kernel
-(:mod:`fold_hf.kernels.triton_fold`) for every read whose membership is pure geometry: planned by
-``plan_layer_read`` with true positions (``fold``, ``dflash``, ``window``, ``rerope``, ``yarn``, sliding
-layers), batch 1, bf16/fp16/fp32. Everything else (CPU tensors, ``streaming``'s renumbered positions, a custom
-region mask, fp64) runs the pure-torch reference (:mod:`fold_hf.kernels.reference`), which is the oracle
-for every accelerated kernel. Triton is never imported on the CPU path.
+* :mod:`fold_hf.kernels.triton_fold`: the FOLD read given as numbers (``fold_read_triton``) and the target's
+  verify attention (``decode_attention_triton``); twins in :mod:`fold_hf.kernels.reference`;
+* :mod:`fold_hf.kernels.triton_layer`: the fused elementwise ops of the fast loop's layers; twins in
+  :mod:`fold_hf.kernels.layer_reference`.
+
+This package takes tensors and imports nothing from :mod:`fold_hf.modeling` (checked by
+``tests/test_import_graph.py``); reading a planned ``LayerRead`` through these kernels is
+:mod:`fold_hf.modeling.fold_read`. Triton is never imported on the CPU path.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ import os
 import torch
 
 from ..import_utils import is_triton_available
-from ..modeling.read_plan import LayerRead
-from .read_inputs import kernel_supports, read_kernel_inputs
-from .reference import decode_attention_reference, fold_attention_reference, fold_read_geometry_reference
+from .common import compute_dtype, rotate_half
+from .reference import decode_attention_reference, fold_read_geometry_reference, rotate_by_tables
 
-_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def triton_kernels_enabled(device: torch.device | str) -> bool:
@@ -28,36 +29,6 @@ def triton_kernels_enabled(device: torch.device | str) -> bool:
     if torch.device(device).type != "cuda" or os.environ.get("FOLD_HF_DISABLE_TRITON") == "1":
         return False
     return is_triton_available()
-
-
-def triton_read_applies(query: torch.Tensor, context_keys: torch.Tensor, read: LayerRead) -> bool:
-    """True when :func:`fold_attention` runs this read with the Triton kernel."""
-    if query.shape[0] != 1 or query.dtype not in _KERNEL_DTYPES or read.num_context == 0:
-        return False
-    return kernel_supports(read) and triton_kernels_enabled(query.device)
-
-
-def fold_attention(
-    query: torch.Tensor,
-    context_keys: torch.Tensor,
-    context_values: torch.Tensor,
-    block_keys: torch.Tensor,
-    block_values: torch.Tensor,
-    read: LayerRead,
-    scaling: float,
-    context_keys_rotated: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """FOLD read of one layer; shapes as in :func:`fold_attention_reference`. Returns ``[b, Lq, Hq, Dv]``.
-
-    Set ``FOLD_HF_DISABLE_TRITON=1`` to force the reference on CUDA.
-    """
-    if triton_read_applies(query, context_keys, read):
-        from .triton_fold import fold_read_triton
-
-        return fold_read_triton(**read_kernel_inputs(query, context_keys, context_values, block_keys, block_values,
-                                                     read, scaling))
-    return fold_attention_reference(query, context_keys, context_values, block_keys, block_values, read, scaling,
-                                    context_keys_rotated=context_keys_rotated)
 
 
 def default_decode_attention(device: torch.device):
@@ -106,6 +77,6 @@ def default_layer_ops(device: torch.device) -> LayerOps:
                     "torch")
 
 
-__all__ = ["LayerOps", "decode_attention_reference", "default_decode_attention", "default_layer_ops", "fold_attention",
-           "fold_attention_reference", "fold_read_geometry_reference", "read_kernel_inputs", "triton_kernels_enabled",
-           "triton_read_applies"]
+__all__ = ["KERNEL_DTYPES", "LayerOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
+           "default_layer_ops", "fold_read_geometry_reference", "rotate_by_tables", "rotate_half",
+           "triton_kernels_enabled"]

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .common import rotate_half
+
 
 def add_rms_norm_reference(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,9 +41,7 @@ def add_rms_norm_reference(hidden: torch.Tensor, delta: torch.Tensor | None, wei
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + rotate_half(x) * sin
 
 
 def rope_write_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos_table: torch.Tensor,

@@ -387,9 +387,7 @@ def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: to
     """Defaults for the tuning knobs left None, and the even split of ``span`` context entries.
 
     Tiles of up to 64 x 128 (``block_m x block_d``) run with 4 warps, larger ones with 8: both reads are bound by
-    loading keys, and on the H200 (Triton 3.6, Llama-3.1-8B shapes, value-checked) 4 warps were faster for the
-    40 packed rows of a 10-token block: verify attention 57 vs 67 us per layer at 32K entries and 148 vs 199 us
-    at 128K (benchmarks/decode_attention_bench.py), FOLD read 193 vs 216 us at 128K (kernel_bench.py's sweep)."""
+    loading keys, and 4 warps measured faster for a 10-token block's packed rows (docs/design.md §6)."""
     block_m = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
     block_d, block_dv = _next_pow2(Dh), _next_pow2(Dv)
     if block_n is None:
@@ -478,9 +476,8 @@ def fold_read_triton(
             ``G * Lq`` packed rows per program.
         window_splits: extra programs given to the window region alone (the last ``W + B`` entries, where keys
             are rotated and masked per row), on top of ``num_splits`` for the far-only region; 0 splits the whole
-            context evenly, which leaves the window to one program per KV head. Default: 16 with a window, else 0.
-            (H200, Llama drafter shape, 128K entries, two runs of benchmarks/kernel_bench.py's sweep: 16 window
-            splits and 4 warps read at 0.67-0.73 of the memory floor vs 0.56 with even splits and 8 warps.)
+            context evenly, which leaves the window to one program per KV head. Default: 16 with a window, else 0
+            (measured in docs/design.md §6).
         merge_split_chunk: splits the merge pass loads at once (benchmarks; default all of them when
             ``splits x Dv <= 8192``).
 
@@ -544,8 +541,8 @@ def fold_read_triton(
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_L=_next_pow2(Lq), BLOCK_D=plan.block_d,
         BLOCK_DV=plan.block_dv,
         BLOCK_H=_next_pow2(half_rotary), BLOCK_X=_next_pow2(Dh - 2 * half_rotary), HAS_REST=Dh > 2 * half_rotary,
-        # the window loop is never software-pipelined: on the H200 (Triton 3.6) pipelining it with its conditional
-        # far update gave far-branch errors of 4-14% in every dtype, while one stage matches the oracle
+        # the window loop is never software-pipelined: pipelining it with its conditional far update gave wrong far
+        # branches on the H200 (docs/design.md §6), while one stage matches the oracle
         MIXED_STAGES=1, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     block_s, split_chunk, merge_warps = _merge_tiles(num_splits, plan.block_dv, merge_split_chunk)

@@ -74,7 +74,7 @@ def fold_attention_forward(
         raise ValueError("FOLD attention has no dropout (drafters run in inference)")
     if block_keys is None or block_values is None:
         raise ValueError("FOLD attention needs block_keys and block_values")
-    from ..kernels import fold_attention
+    from .fold_read import fold_attention
 
     read = fold_read if attention_mask is None else read_from_region(fold_read, attention_mask)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5

@@ -3,9 +3,10 @@
 FOLD reads far entries at a virtual position, so a rotated key would have to be un-rotated and
 re-rotated every round. Storing keys unrotated serves every reading mode from one copy: the window
 branch rotates its ``W + B`` keys on the fly (cheap), the far branch rotates the query instead of the
-keys. The paper's vLLM implementation keeps the rotated cache *and* an unrotated side copy (up to
-6 GiB); ``keep_rotated_copy=True`` reproduces that layout so its cost can be measured
-(:meth:`FoldCache.bytes_held`), but the default holds one copy.
+keys. The paper's vLLM implementation keeps its rotated KV cache *and* an unrotated K and V side cache
+(2x our bytes per entry; up to 6 GiB); ``keep_rotated_copy=True`` adds rotated keys beside the unrotated K and V
+(1.5x ours) so a two-copy layout's cost can be measured (:meth:`FoldCache.bytes_held`), but the default holds one
+copy (docs/design.md §2).
 
 Buffers are preallocated and grow by doubling; rollback rewinds a length (no copy).
 """

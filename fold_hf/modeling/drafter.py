@@ -1,6 +1,6 @@
 """`FoldDrafter`: a DFlash block-parallel drafter whose context read is set by a `FoldConfig`.
 
-Forward semantics of z-lab DFlash (DESIGN §4):
+Forward semantics of z-lab DFlash (docs/design.md §4):
 
 * context feature ``c_j = hidden_norm(fc(concat_l h_l[j]))``, ``h_l`` = output of target layer ``l``;
 * every layer derives context keys/values ``k_norm(k_proj(c))``, ``v_proj(c)`` (no input layernorm on
@@ -9,8 +9,10 @@ Forward semantics of z-lab DFlash (DESIGN §4):
   itself bidirectionally and to the context;
 * output: final norm, then the target's ``lm_head`` on slots ``1 .. B-1``.
 
-The drafter holds no embedding or ``lm_head`` of its own: :meth:`FoldDrafter.bind_target` borrows
-the target's.
+A z-lab drafter holds no embedding or ``lm_head`` of its own: :meth:`FoldDrafter.bind_target` borrows
+the target's. DeepSpec drafters (DFlash / DSpark, :mod:`fold_hf.modeling.families.deepspec`) bring their own,
+predict at every slot ``0 .. B-1`` and may carry a Markov head; the loops ask any drafter for its proposals through
+:meth:`FoldDrafter.propose`, so verification and rollback do not depend on the family.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from transformers.modeling_outputs import BaseModelOutput
 from .attention import FOLD_ATTENTION, drafter_read
 from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
+from .families import deepspec
 from .fold_config import FoldConfig
 from .read_plan import LayerRead, plan_layer_read
 from .retrieval import (RETRIEVAL_MODES, RetrievalParams, cmr_select_entries, plan_cmr_read, plan_infllm_read,
                         retrieval_state)
-from .rope import RotaryTables, yarn_factor, yarn_rope_parameters
+from .rope import RotaryTables, compute_dtype, yarn_factor, yarn_rope_parameters
 
 
 def execution_device(module: nn.Module) -> torch.device:
@@ -44,22 +47,26 @@ def execution_device(module: nn.Module) -> torch.device:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """RMS norm times a learned weight (``with_scale=False``: no weight, as DeepSpec Gemma-4's ``v_norm``)."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()
+        x = x.to(compute_dtype(dtype))  # fp32 (fp64 for fp64 inputs)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return x.to(dtype) if self.weight is None else self.weight * x.to(dtype)
 
 
 class DrafterMLP(nn.Module):
-    def __init__(self, config: FoldDrafterConfig) -> None:
+    def __init__(self, config: FoldDrafterConfig, layer_idx: int = 0) -> None:
         super().__init__()
-        h, i = config.hidden_size, config.intermediate_size
+        # a family may give each layer its own width (DeepSpec Gemma-4's double-wide MLPs)
+        per_layer = getattr(config, "layer_intermediate_sizes", None)
+        h, i = config.hidden_size, (per_layer[layer_idx] if per_layer else config.intermediate_size)
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
@@ -79,19 +86,24 @@ class DrafterAttention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
-        self.scaling = self.head_dim**-0.5
+        # a family may fix the logit scale (DeepSpec's Gemma-4 drafter: 1.0, its q/k norms carry the scale)
+        fixed_scale = getattr(config, "attention_logit_scale", None)
+        self.scaling = float(fixed_scale) if fixed_scale is not None else self.head_dim**-0.5
         self.num_key_value_groups = self.num_heads // self.num_kv_heads
         self.is_causal = False
         self.rope = None  # set by FoldDrafter: the drafter's base rotary tables
         self.sliding_window = config.sliding_window if config.is_sliding_layer(layer_idx) else None
         bias = bool(getattr(config, "attention_bias", False))
         h = config.hidden_size
+        # attention_k_eq_v (DeepSpec Gemma-4): no v_proj, values = v_norm(k_proj(x)) with a scale-free v_norm
+        self.k_eq_v = bool(getattr(config, "attention_k_eq_v", False))
         self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = None if self.k_eq_v else nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.v_norm = RMSNorm(self.head_dim, config.rms_norm_eps, with_scale=False) if self.k_eq_v else None
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int, norm: RMSNorm | None) -> torch.Tensor:
         b, L, _ = x.shape
@@ -99,6 +111,20 @@ class DrafterAttention(nn.Module):
         if norm is not None:
             y = norm(y)
         return y.transpose(1, 2)
+
+    def project_queries(self, x: torch.Tensor) -> torch.Tensor:
+        """``[b, L, H]`` normed block hidden -> unrotated queries ``[b, Hq, L, D]`` (after q_norm)."""
+        return self._heads(x, self.q_proj, self.num_heads, self.q_norm)
+
+    def project_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[b, L, H]`` (context features or normed block hidden) -> unrotated keys and values, each
+        ``[b, Hkv, L, D]``: ``k_norm(k_proj(x))`` and ``v_proj(x)``, or ``v_norm(k_proj(x))`` with k_eq_v."""
+        if not self.k_eq_v:
+            return (self._heads(x, self.k_proj, self.num_kv_heads, self.k_norm),
+                    self._heads(x, self.v_proj, self.num_kv_heads, None))
+        b, L, _ = x.shape
+        raw = self.k_proj(x).view(b, L, self.num_kv_heads, self.head_dim)
+        return self.k_norm(raw).transpose(1, 2), self.v_norm(raw).transpose(1, 2)
 
     def forward(
         self,
@@ -108,12 +134,10 @@ class DrafterAttention(nn.Module):
         read_for_layer,
     ) -> torch.Tensor:
         """hidden ``[b, Lq, H]`` (normed block), context ``[b, n, H]`` new context features or None."""
-        q = self._heads(hidden, self.q_proj, self.num_heads, self.q_norm)
-        k_blk = self._heads(hidden, self.k_proj, self.num_kv_heads, self.k_norm)
-        v_blk = self._heads(hidden, self.v_proj, self.num_kv_heads, None)
+        q = self.project_queries(hidden)
+        k_blk, v_blk = self.project_keys_values(hidden)
         if context is not None and context.shape[1]:
-            k_new = self._heads(context, self.k_proj, self.num_kv_heads, self.k_norm)
-            v_new = self._heads(context, self.v_proj, self.num_kv_heads, None)
+            k_new, v_new = self.project_keys_values(context)
         else:
             k_new = v_new = None
         k_ctx, v_ctx, k_ctx_rotated = cache_layer(k_new, v_new, k_blk, v_blk)
@@ -130,16 +154,46 @@ class DrafterAttention(nn.Module):
 
 
 class DrafterLayer(nn.Module):
+    """Pre-norm layer (z-lab, DeepSpec Qwen3): ``h += attn(in_norm(h))``, ``h += mlp(post_attn_norm(h))``.
+
+    ``config.sandwich_norms`` (DeepSpec Gemma-4): ``h += post_attn_norm(attn(in_norm(h)))``,
+    ``h += post_ff_norm(mlp(pre_ff_norm(h)))``, then ``h *= layer_scalar``. Every path (inference forward, static
+    step, training forward) goes through :meth:`attention_residual` and :meth:`mlp_residual`.
+    """
+
     def __init__(self, config: FoldDrafterConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = DrafterAttention(config, layer_idx)
-        self.mlp = DrafterMLP(config)
+        self.mlp = DrafterMLP(config, layer_idx)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.sandwich_norms = bool(getattr(config, "sandwich_norms", False))
+        if self.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.register_buffer("layer_scalar", torch.ones(1))
+
+    def attention_residual(self, hidden: torch.Tensor, attention_out: torch.Tensor) -> torch.Tensor:
+        """``hidden`` plus the layer's attention output ``[b, L, H]`` (o_proj already applied)."""
+        if self.sandwich_norms:
+            attention_out = self.post_attention_layernorm(attention_out)
+        return hidden + attention_out
+
+    def mlp_residual(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The MLP half of the layer on ``hidden [b, L, H]`` (and the layer scalar)."""
+        if self.sandwich_norms:
+            hidden = hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+            return hidden * self.layer_scalar.to(hidden.dtype)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
     def forward(self, hidden, context, cache_layer, read_for_layer) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, cache_layer, read_for_layer)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = self.attention_residual(
+            hidden, self.self_attn(self.input_layernorm(hidden), context, cache_layer, read_for_layer))
+        return self.mlp_residual(hidden)
+
+
+def _argmax_pick(logits: torch.Tensor, first_slot: int = 0):
+    return logits.argmax(-1), None
 
 
 class FoldDrafter(PreTrainedModel):
@@ -167,7 +221,12 @@ class FoldDrafter(PreTrainedModel):
         self.layers = nn.ModuleList([DrafterLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fold_config = fold_config if fold_config is not None else FoldConfig(mode="dflash")
-        self.rope = RotaryTables.from_config(config)
+        self.is_deepspec = deepspec.is_deepspec(config)
+        if self.is_deepspec:  # own embedding and lm_head, Markov and confidence heads
+            deepspec.build_modules(self, config)
+        # proposals of a DeepSpec drafter stop at the first slot whose confidence is below this (0: never)
+        self.confidence_threshold = 0.0
+        self.rope = (deepspec.rotary_tables(config) if self.is_deepspec else None) or RotaryTables.from_config(config)
         for layer in self.layers:
             layer.self_attn.rope = self.rope
         self._yarn_tables: dict[float, RotaryTables] = {}
@@ -193,7 +252,9 @@ class FoldDrafter(PreTrainedModel):
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm) and module.weight is not None:
             nn.init.ones_(module.weight)
 
     # ------------------------------------------------------------------ target binding
@@ -250,8 +311,10 @@ class FoldDrafter(PreTrainedModel):
             return self.rope
         tables = self._yarn_tables.get(factor)
         if tables is None:
-            params = yarn_rope_parameters(self.config.rope_parameters, factor, cfg.train_length)
-            tables = RotaryTables.from_config(self.config, params)
+            tables = deepspec.rotary_tables(self.config, (factor, cfg.train_length)) if self.is_deepspec else None
+            if tables is None:
+                params = yarn_rope_parameters(self.config.rope_parameters, factor, cfg.train_length)
+                tables = RotaryTables.from_config(self.config, params)
             self._yarn_tables[factor] = tables
         return tables
 
@@ -395,26 +458,120 @@ class FoldDrafter(PreTrainedModel):
             hidden = layer(hidden, context, cache_layer_for(idx), read_for)
         return BaseModelOutput(last_hidden_state=self.norm(hidden))
 
+    # ------------------------------------------------------------------ proposals (family-free interface)
+    @property
+    def family(self) -> str:
+        """``"deepspec"`` (DeepSpec DFlash / DSpark) or ``"zlab"`` (z-lab DFlash)."""
+        return deepspec.FAMILY if self.is_deepspec else "zlab"
+
+    @property
+    def first_proposal_slot(self) -> int:
+        """Block slot of the first prediction: 1 for z-lab (slot 0 only carries the anchor), 0 for DeepSpec."""
+        return 0 if self.is_deepspec else 1
+
+    @property
+    def num_proposals(self) -> int:
+        """Tokens one round drafts at most: B - 1 (z-lab) or B (DeepSpec); a round verifies one more."""
+        return self.config.block_size - self.first_proposal_slot
+
+    def set_confidence_threshold(self, threshold: float) -> "FoldDrafter":
+        """Cut DeepSpec proposals at the first slot whose confidence ``sigmoid(head)`` is below ``threshold``
+        (0, the default, keeps the whole block; DeepSpec's default too). Errors without a confidence head."""
+        threshold = float(threshold)
+        if threshold > 0 and getattr(self, "confidence_head", None) is None:
+            raise ValueError("this drafter has no confidence head (config.json 'enable_confidence_head' is false)")
+        if not 0.0 <= threshold < 1.0:
+            raise ValueError(f"confidence threshold must be in [0, 1), got {threshold}")
+        self.confidence_threshold = threshold
+        return self
+
+    def embed_block(self, ids: torch.Tensor) -> torch.Tensor:
+        """Block embeddings ``[b, B, H]`` of ``ids [b, B]``, on the drafter's device and dtype."""
+        if self.is_deepspec:
+            out = deepspec.embed(self, ids)
+        else:
+            embed = self.target_embedding
+            out = embed(ids.to(execution_device(embed)))
+        return out.to(self.fc.weight.device, self.fc.weight.dtype)
+
+    def block_ids(self, last_token: torch.Tensor) -> torch.Tensor:
+        """``[b, B]``: the anchor ``last_token [b]`` then mask tokens."""
+        B = self.config.block_size
+        ids = torch.full((last_token.shape[0], B), self.config.mask_token_id, dtype=torch.long,
+                         device=last_token.device)
+        ids[:, 0] = last_token
+        return ids
+
+    def proposal_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Base logits ``[..., V]`` of final-normed proposal slots ``hidden [..., H]`` (before any Markov bias)."""
+        if self.is_deepspec:
+            return deepspec.logits(self, hidden)
+        head = self.target_lm_head
+        return head(hidden.to(execution_device(head), head.weight.dtype))
+
+    def pick_proposals(self, base: torch.Tensor, last_token: torch.Tensor, pick=None):
+        """Tokens of one block from its base logits ``[n, V]``.
+
+        ``pick(logits [m, V], first_slot=0) -> (tokens [m], scores [m, V] or None)`` chooses tokens from the final
+        logits of slots ``first_slot ..`` (default: argmax, no scores); a sampler returns the distribution it drew
+        from as scores (q of speculative sampling; :meth:`fold_hf.generation.sampling.TokenChoice.picker`). Without
+        a Markov head every slot is picked at once; with one (DSpark), slot by slot, each slot's logits biased by the
+        token picked before it (``last_token [1]`` before slot 0). Device ops only.
+
+        Returns:
+            (tokens ``[n]`` long, scores ``[n, V]`` or None).
+        """
+        if pick is None:
+            pick = _argmax_pick
+        if getattr(self, "markov_head", None) is not None:
+            return deepspec.markov_chain(self, base, last_token, pick)
+        return pick(base)
+
+    @torch.no_grad()
+    def propose(self, last_token: torch.Tensor, context_hidden_states: torch.Tensor | None, cache: FoldCache,
+                block_start: int | None = None, count: int | None = None, pick=None):
+        """Draft one round: the family-free call every loop makes.
+
+        Args:
+            last_token: ``[1]`` the last committed token (the block's anchor).
+            context_hidden_states: ``[1, n, n_taps * H]`` taps of tokens committed since the last call, or None.
+            cache: the request's :class:`FoldCache` (receives the new context).
+            block_start: position of the anchor.
+            count: propose at most this many tokens (default :attr:`num_proposals`).
+            pick: token chooser (see :meth:`pick_proposals`); default greedy.
+
+        Returns:
+            (tokens ``[k]`` on the drafter's logits device, scores ``[k, V]`` or None) with ``k <= count``; fewer
+            when the confidence threshold cuts the proposal.
+        """
+        limit = self.num_proposals if count is None else min(count, self.num_proposals)
+        noise = self.embed_block(self.block_ids(last_token))
+        out = self(noise, context_hidden_states, cache=cache, block_start=block_start).last_hidden_state
+        start = self.first_proposal_slot
+        hidden = out[0, start : start + limit]
+        tokens, scores = self.pick_proposals(self.proposal_logits(hidden), last_token, pick)
+        if self.is_deepspec and self.confidence_threshold > 0:
+            keep = int(deepspec.confident_length(self, hidden, tokens, last_token, self.confidence_threshold))
+            tokens = tokens[:keep]
+            scores = scores[:keep] if scores is not None else None
+        return tokens, scores
+
     @torch.no_grad()
     def draft_logits(self, last_token: torch.Tensor, context_hidden_states: torch.Tensor | None,
                      cache: FoldCache, block_start: int | None = None) -> torch.Tensor:
-        """Logits ``[b, B-1, V]`` for block slots ``1 .. B-1`` given the last committed token ``[b]``."""
-        embed = self.target_embedding
-        mask_id = self.config.mask_token_id
-        B = self.config.block_size
-        ids = torch.full((last_token.shape[0], B), mask_id, dtype=torch.long, device=last_token.device)
-        ids[:, 0] = last_token
-        noise = embed(ids.to(execution_device(embed))).to(self.fc.weight.device)
+        """Base logits ``[b, n, V]`` of the proposal slots (z-lab: slots 1..B-1, DeepSpec: 0..B-1, before any
+        Markov bias) given the last committed token ``[b]``."""
+        noise = self.embed_block(self.block_ids(last_token))
         out = self(noise, context_hidden_states, cache=cache, block_start=block_start).last_hidden_state
-        head = self.target_lm_head
-        return head(out[:, 1:].to(execution_device(head), head.weight.dtype))
+        return self.proposal_logits(out[:, self.first_proposal_slot :])
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, fold_config: FoldConfig | None = None,
                         dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                         **kwargs) -> "FoldDrafter":
-        """Load a z-lab DFlash checkpoint (local dir or hub id). No code from the checkpoint runs.
+        """Load a z-lab DFlash or a DeepSpec DFlash/DSpark checkpoint (local dir or hub id), recognised by its
+        ``config.json``. No code from the checkpoint runs.
 
         A ``fold_config.json`` beside the weights is used when ``fold_config`` is not given.
         """
@@ -428,7 +585,8 @@ class FoldDrafter(PreTrainedModel):
         return load_drafter(cls, pretrained_model_name_or_path, fold_config=fold_config, dtype=dtype, device=device)
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
-        """Write the z-lab layout: ``config.json``, ``model.safetensors`` and ``fold_config.json``."""
+        """Write the layout the drafter was read in (z-lab or DeepSpec): ``config.json``, ``model.safetensors`` and
+        ``fold_config.json``."""
         from .loading import save_drafter
 
         save_drafter(self, save_directory)

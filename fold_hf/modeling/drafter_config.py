@@ -1,6 +1,6 @@
 """Configuration of a DFlash-style drafter, read from and written to the z-lab checkpoint layout.
 
-z-lab ``config.json`` (DESIGN §4) is a Qwen3 config with ``architectures: ["DFlashDraftModel"]`` and
+z-lab ``config.json`` (docs/design.md §4) is a Qwen3 config with ``architectures: ["DFlashDraftModel"]`` and
 DFlash fields either at the top level (older checkpoints: ``block_size``) or inside ``dflash_config``
 (newer: ``{mask_token_id, target_layer_ids, block_size?}``). ``num_target_layers`` is top level.
 """

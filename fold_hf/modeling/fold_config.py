@@ -1,7 +1,7 @@
 """`FoldConfig`: how a block-parallel drafter reads its context.
 
 Every reading mode is a setting of the same attention code path, so baselines and FOLD are compared
-on equal footing (DESIGN §3):
+on equal footing (docs/design.md §3):
 
 ==========  ===========================================================================================
 mode        what the drafter reads

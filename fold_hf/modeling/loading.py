@@ -1,4 +1,6 @@
-"""Read and write drafters in the z-lab DFlash checkpoint layout (no code from a checkpoint ever runs).
+"""Read and write drafters in the z-lab DFlash and DeepSpec checkpoint layouts (no code from a checkpoint ever runs).
+
+DeepSpec's layout and checks live in :mod:`fold_hf.modeling.families.deepspec`; the rest of this docstring is z-lab's.
 
 Layout: ``config.json`` (see :mod:`fold_hf.modeling.drafter_config`), weights in ``model.safetensors``
 or shards listed by ``model.safetensors.index.json``, optional ``fold_config.json``. Weight names:
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .drafter_config import FoldDrafterConfig
+from .families import deepspec
 from .fold_config import FOLD_CONFIG_NAME, FoldConfig, read_json_object
 
 CONFIG_NAME = "config.json"
@@ -49,9 +52,12 @@ def read_drafter_config(directory: Path) -> FoldDrafterConfig:
     if not file.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
     raw = read_json_object(file)
+    if deepspec.is_deepspec_dict(raw):
+        return deepspec.config_from_dict(raw, source=str(file))
     archs = raw.get("architectures") or []
     if archs and not any("DFlash" in a for a in archs):
-        raise ValueError(f"{file}: architectures {archs} is not a DFlash drafter (expected 'DFlashDraftModel')")
+        raise ValueError(f"{file}: architectures {archs} is not a DFlash drafter (expected 'DFlashDraftModel' "
+                         f"(z-lab) or one of {list(deepspec.ARCHITECTURES)} (DeepSpec))")
     # fields whose transformers default would load silently and draft wrongly (shape checks catch the rest)
     if "vocab_size" not in raw:
         raise ValueError(f"{file}: missing 'vocab_size' (the target's vocabulary the drafter predicts over)")
@@ -121,6 +127,8 @@ def load_drafter(cls, name_or_path, fold_config: FoldConfig | None = None, dtype
         fold_file = directory / FOLD_CONFIG_NAME
         fold_config = FoldConfig.from_pretrained(fold_file) if fold_file.is_file() else FoldConfig()
     state, origin = read_state_dict(directory)
+    if deepspec.is_deepspec(config):
+        deepspec.check_weights(config, state, origin, directory)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype) if dtype != "auto" else None
     if dtype is None:
@@ -153,7 +161,10 @@ def save_drafter(model, save_directory) -> None:
 
     directory = Path(save_directory)
     directory.mkdir(parents=True, exist_ok=True)
-    data = model.config.to_zlab_dict()
+    if deepspec.is_deepspec(model.config):  # DeepSpec layout: the config.json it was read from
+        data = dict(model.config.deepspec_source)
+    else:
+        data = model.config.to_zlab_dict()
     data["torch_dtype"] = str(model.fc.weight.dtype).replace("torch.", "")
     (directory / CONFIG_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     # copies: the fast loop's fused projections make parameters views of one buffer, which safetensors refuses

@@ -2,9 +2,9 @@
 
 A :class:`LayerRead` is the whole geometry of one drafter layer's attention for one forward: the
 reading mode (``FoldConfig``) reduced to index ranges, positions and a region mask. The attention
-reference (:mod:`fold_hf.kernels.reference`) and the Triton kernel consume it alike.
+reference and the Triton kernel consume it alike (:mod:`fold_hf.modeling.fold_read`).
 
-Notation (DESIGN §2): context entries ``j = 0 .. T-1`` sit at their absolute positions; the block
+Notation (docs/design.md §2): context entries ``j = 0 .. T-1`` sit at their absolute positions; the block
 rows sit at ``p = t + r`` (``r = 0 .. Lq-1``, ``t >= T``); ``D = W + B`` for full-attention layers and
 ``D = sliding_window`` for sliding layers. Entry ``j`` is in the window of row ``r`` iff
 ``p - j < D``; otherwise it belongs to the far memory (``fold``, ``rerope``) or is not read.

@@ -315,7 +315,7 @@ PROBE_ATTENTION = "fold_cmr_probe"
 
 def last_full_attention_layer(target: nn.Module) -> int:
     """Index of the target's last full-attention layer (``config.layer_types``; the last layer without it)."""
-    from ..generation.taps import _unwrap, decoder_layers
+    from .target_layers import decoder_layers, unwrap as _unwrap
 
     layers, _ = decoder_layers(target)
     config = getattr(_unwrap(target), "config", None)
@@ -361,7 +361,7 @@ class TargetAttentionProbe:
     """
 
     def __init__(self, target: nn.Module, runner=None) -> None:
-        from ..generation.taps import decoder_layers
+        from .target_layers import decoder_layers
 
         layers, _ = decoder_layers(target)
         self.layer_idx = last_full_attention_layer(target)

@@ -14,14 +14,13 @@ import math
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..kernels.common import compute_dtype, rotate_half
+
+__all__ = ["RotaryTables", "compute_dtype", "yarn_factor", "yarn_rope_parameters"]
+
 
 def _default_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype for inputs of ``dtype``: fp32, or fp64 for fp64 inputs."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class RotaryTables:
@@ -99,9 +98,7 @@ class RotaryTables:
         cos, sin = self.cos_sin(positions, scale, x.dtype)
         rd = self.rotary_dim
         rot, rest = x[..., :rd], x[..., rd:]
-        half = rd // 2
-        rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-        out = rot * cos + rotated_half * sin
+        out = rot * cos + rotate_half(rot) * sin
         return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 

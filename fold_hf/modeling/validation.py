@@ -35,6 +35,10 @@ def pair_checks(drafter, target: nn.Module) -> list[Check]:
     def add(name: str, ok: bool, good: str, bad: str) -> None:
         checks.append(Check(name, "ok" if ok else "error", good if ok else bad))
 
+    if getattr(drafter, "is_deepspec", False):
+        from .families.deepspec import target_family_check
+
+        add("target family", *target_family_check(drafter, tcfg))
     add("hidden size", t_hidden is None or dcfg.hidden_size == t_hidden, f"{dcfg.hidden_size} on both sides",
         f"drafter hidden_size {dcfg.hidden_size} does not match the target's {t_hidden}")
     add("target layers", t_layers is None or dcfg.num_target_layers == t_layers,

@@ -184,6 +184,10 @@ class Qwen35StaticTarget(StaticTarget):
             self.recurrent[i].copy_(states.index_select(0, n)[0])
         self._pending.clear()
 
+    def step_state(self) -> list[torch.Tensor]:
+        """The committed convolution and recurrent states: a verify reads them and :meth:`accept` overwrites them."""
+        return [t for t in self.conv + self.recurrent if t is not None]
+
     # ------------------------------------------------------------------ layers
     def _run_layers(self, input_ids, cos, sin, write_kv, attend, taps_out, last_only):
         hidden = self.embed(input_ids)

@@ -1,0 +1,109 @@
+"""Where a FOLD round's time goes on a CPU: verify vs drafter vs the rest, against one AR step (the demo's setting).
+
+The embedded pair (SmolLM2-135M fp32 + the committed drafter, ``W`` 512) at a ``--context``-token context, the
+fast loop's eager engine (the CPU default). Timed in one process, interleaved, median of ``--reps``:
+
+* ``ar_step``      the target's forward of 1 row at the context (what an AR token costs)
+* ``verify``       the target's forward of B rows (the block: last token + B-1 drafts)
+* ``draft``        the drafter's round (:meth:`FoldDrafter.draft_logits`: commit the accepted rows, read, B-1 logits)
+* ``draft_lm_head`` the part of ``draft`` that is the target's lm_head over the B-1 drafted rows
+* ``round``        a whole speculative round of :func:`~fold_hf.generation.fast.time_rounds` (greedy)
+* ``ar_round``     a whole AR round of the same function
+* ``overhead``     round - verify - draft (token choice, bookkeeping, Python)
+
+Prints each in ms and as a multiple of ``ar_step``, the break-even τ (round / ar_round: FOLD beats AR in tokens/s
+when τ exceeds it), and writes ``cpu_round_profile.json`` under ``--out``.
+
+  OMP_NUM_THREADS=2 python benchmarks/cpu_round_profile.py --out /tmp/cpu_profile   (about a minute, idle 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fold_hf import FoldConfig  # noqa: E402
+from fold_hf.generation.fast import _session, release_fast_state, time_rounds  # noqa: E402
+
+
+def median_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+@torch.no_grad()
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from fold_hf.cli import load_default_pair
+
+    target, _, drafter = load_default_pair(torch.device("cpu"))
+    drafter.set_fold_config(drafter.fold_config.replace(window=args.window) if drafter.fold_config.mode == "fold"
+                            else FoldConfig(window=args.window, alpha=2.0))
+    T, B = args.context, drafter.block_size
+    # caches of T entries (time_rounds fills nothing: timing on CPU does not depend on the values)
+    time_rounds(target, drafter, T, 2, engine="eager")
+    session = _session(target, T + 64, tuple(drafter.config.target_layer_ids), "eager")
+    runner = session.runner
+    dcache, _ = session.drafter_slot(drafter, T + 64)
+    for layer in dcache.layers:
+        layer.length = T
+    one = torch.zeros(1, 1, dtype=torch.long)
+    block = torch.zeros(1, B, dtype=torch.long)
+    taps = torch.zeros(1, B, runner.tap_width)
+    pending = torch.zeros(1, 4, runner.tap_width)
+    last = torch.zeros(1, dtype=torch.long)
+
+    def draft():
+        for layer in dcache.layers:
+            layer.length = T  # every call commits `pending` again at the same place
+        drafter.draft_logits(last, pending, dcache, block_start=T + 4)
+
+    head = drafter.target_lm_head
+    rows = torch.zeros(1, B - 1, head.weight.shape[1])
+    parts = {"ar_step": lambda: runner.forward(one, T), "verify": lambda: runner.forward(block, T, taps_out=taps),
+             "draft": draft, "draft_lm_head": lambda: head(rows)}
+    results = {k: [] for k in (*parts, "round", "ar_round")}
+    for _ in range(3):  # interleaved passes: a shared machine's load hits every part alike
+        for name, fn in parts.items():
+            results[name].append(median_ms(fn, args.reps))
+        res = time_rounds(target, drafter, T, args.reps, engine="eager")
+        results["round"].append(statistics.median(res.round_seconds) * 1e3)
+        res = time_rounds(target, None, T, args.reps, engine="eager")
+        results["ar_round"].append(statistics.median(res.round_seconds) * 1e3)
+    release_fast_state(target)
+    ms = {k: min(v) for k, v in results.items()}  # the least disturbed pass
+    ms["overhead"] = ms["round"] - ms["verify"] - ms["draft"]
+    report = {"context": T, "block": B, "window": args.window, "threads": torch.get_num_threads(), "ms": ms,
+              "x_ar_step": {k: v / ms["ar_step"] for k, v in ms.items()},
+              "break_even_tau": ms["round"] / ms["ar_round"], "passes": results}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu_round_profile.json").write_text(json.dumps(report, indent=1))
+    for k, v in ms.items():
+        print(f"{k:10s} {v:8.2f} ms  {v / ms['ar_step']:5.2f}x AR step")
+    print(f"break-even tau (round / AR round): {report['break_even_tau']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
