@@ -171,7 +171,7 @@ def test_what_the_fast_path_refuses_or_warns():
     assert fast_module.resolve_fused_drafter(False, None, "triton", runner, "eager") is False
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the captured verify over rings and global layers replays on a CUDA device")
 @pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"])
 def test_graphs_engine_on_gpu(arch):
     """The captured verify step over rings and global layers (bucket and decode-kernel attention) gives the target's

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.common import rotate_half
 from ..static_target import StaticTarget, UnsupportedTarget
 
 GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM")
@@ -61,11 +62,6 @@ def slices_before_taps(model: nn.Module, tap_layer_ids) -> bool:
         return False
     first_shared = config.num_hidden_layers - shared
     return any(lid >= first_shared for lid in tap_layer_ids)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
@@ -214,14 +210,14 @@ class GemmaStaticTarget(StaticTarget):
         cos, sin = cos[positions][None, None], sin[positions][None, None]  # [1, 1, L, D]
         shape = (*hidden.shape[:-1], -1, self.head_dims[i])
         q = attn.q_norm(attn.q_proj(hidden).view(shape)).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
+        q = q * cos + rotate_half(q) * sin
         if self.kv_source[i] != i:
             return q, None, None
         raw_k = attn.k_proj(hidden).view(shape)
         v_proj = getattr(attn, "v_proj", None)
         raw_v = v_proj(hidden).view(shape) if v_proj is not None else raw_k  # attention_k_eq_v
         k = attn.k_norm(raw_k).transpose(1, 2)
-        k = k * cos + _rotate_half(k) * sin
+        k = k * cos + rotate_half(k) * sin
         v_norm = getattr(attn, "v_norm", None)
         v = (v_norm(raw_v) if v_norm is not None else raw_v).transpose(1, 2)
         return q, k, v
