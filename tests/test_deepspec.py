@@ -417,7 +417,7 @@ def test_presets_name_the_six_pairs():
 
 
 # ------------------------------------------------------------------------------------------------ GPU
-@pytest.mark.gpu
+@pytest.mark.gpu(reason="CUDA graphs: the captured DeepSpec step (Markov argmax, confidence cut) replays on a CUDA device")
 @pytest.mark.parametrize("kind", KINDS)
 def test_graph_engine_captures_the_deepspec_step_on_gpu(drafters, kind):
     """The captured drafter step (Markov argmax slot by slot on the device, a confidence cut in the device state)
