@@ -47,6 +47,12 @@ def run_both_paths(target, drafter, ids, cfg):
     target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False, fold_fast=False)
 
 
+def run_every_path(target, drafter, ids, cfg):
+    """Both paths above and the default ``target.generate`` call, routed to the fast loop (which keeps a session)."""
+    run_both_paths(target, drafter, ids, cfg)
+    target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+
+
 def test_repeated_generate_calls_do_not_grow_live_tensors():
     target, drafter = trained_pair("llama")
     requests = [(prompt(1, 90), MODES[0]), (prompt(2, 30), MODES[1]), (prompt(3, 120), MODES[2]),
@@ -192,7 +198,7 @@ def test_repeated_generate_calls_do_not_grow_gpu_memory():
         # session sized for the 500-token request, the second builds every request's steps in that session
         for _ in range(2):
             for ids, cfg in requests:
-                run_both_paths(target, drafter, ids, cfg)
+                run_every_path(target, drafter, ids, cfg)
         torch.cuda.synchronize()
         gc.collect()
         session = target.__dict__[fast._SESSION_ATTR]
@@ -200,7 +206,7 @@ def test_repeated_generate_calls_do_not_grow_gpu_memory():
         before = torch.cuda.memory_allocated(device)
         for _ in range(3):
             for ids, cfg in requests:
-                run_both_paths(target, drafter, ids, cfg)
+                run_every_path(target, drafter, ids, cfg)
         torch.cuda.synchronize()
         gc.collect()
         after = torch.cuda.memory_allocated(device)

@@ -376,3 +376,23 @@ def test_streaming_and_custom_masks_use_the_reference_on_gpu():
     assert not triton_read_applies(q, kc, edited)
     torch.testing.assert_close(fold_attention(q, kc, vc, kb, vb, edited, 0.125),
                                fold_attention_reference(q, kc, vc, kb, vb, edited, 0.125))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [4, 12, 40, 64])
+def test_wide_heads_get_tiles_that_fit_shared_memory(dtype, rows):
+    """Head dim 512 (Gemma-4's global layers): the default tiles asked the H200 for 262,144-401,664 bytes of shared
+    memory (limit 232,448) and the launch failed; the plan now shrinks them under the budget, and head dims up to 256
+    keep their measured defaults."""
+    from fold_hf.kernels.triton_fold import WIDE_TILE_SMEM_BYTES, _launch_plan, wide_tile_smem_estimate
+
+    cuda = torch.device("cuda")  # only the defaults' device type is read; nothing is allocated
+    wide = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None)
+    assert wide_tile_smem_estimate(wide.block_m, wide.block_n, wide.block_d, wide.block_dv, wide.num_stages,
+                                   dtype) <= WIDE_TILE_SMEM_BYTES
+    # the estimate reproduces the failed request of the old bf16 defaults (64 x 512 queries, 3 stages of 32 keys)
+    assert wide_tile_smem_estimate(64, 32, 512, 512, 3, torch.bfloat16) == 262144
+    narrow = _launch_plan(64, 128, 128, 8, 32768, dtype, cuda, 8, None, None, None, None)
+    assert (narrow.block_m, narrow.block_n, narrow.num_stages) == (64, 64, 3)
+    pinned = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, 32, None, 3)
+    assert (pinned.block_n, pinned.num_stages) == (32, 3)  # knobs the caller set are kept

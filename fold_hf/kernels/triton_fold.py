@@ -381,6 +381,42 @@ class _LaunchPlan:
     dot_precision: str
 
 
+WIDE_TILE_SMEM_BYTES = 128 * 1024  # estimated shared memory of a wide-head tile (the H200 allows 227 KB a block;
+# Triton adds layout-conversion buffers beyond the estimate: at head dim 512 it asked for up to 1.5x of it)
+
+
+def wide_tile_smem_estimate(block_m: int, block_n: int, block_d: int, block_dv: int, num_stages: int,
+                            dtype: torch.dtype) -> int:
+    """Shared-memory bytes of one program's tiles: the query tile plus ``num_stages`` buffered key and value tiles
+    (matches what Triton asked for at head dim 512 in bf16: 262,144 bytes for 64 x 512 queries, 3 x 32 keys)."""
+    elem = torch.finfo(dtype).bits // 8
+    return elem * (block_m * block_d + num_stages * block_n * (block_d + block_dv))
+
+
+def _fit_wide_tiles(block_m: int, block_n: int, block_d: int, block_dv: int, num_stages: int, dtype: torch.dtype,
+                    fixed: tuple[bool, bool, bool]) -> tuple[int, int, int]:
+    """Shrink, in this order, the pipelining stages (to 2), the key tile (to 16), the row tile (to 16) and the
+    stages (to 1) until :func:`wide_tile_smem_estimate` fits :data:`WIDE_TILE_SMEM_BYTES`; knobs the caller set
+    (``fixed``: block_m, block_n, num_stages given) are kept."""
+    m_fixed, n_fixed, stages_fixed = fixed
+
+    def fits() -> bool:
+        return wide_tile_smem_estimate(block_m, block_n, block_d, block_dv, num_stages, dtype) <= WIDE_TILE_SMEM_BYTES
+
+    while not fits():
+        if not stages_fixed and num_stages > 2:
+            num_stages = 2
+        elif not n_fixed and block_n > 16:
+            block_n //= 2
+        elif not m_fixed and block_m > 16:
+            block_m //= 2
+        elif not stages_fixed and num_stages > 1:
+            num_stages = 1
+        else:
+            break
+    return block_m, block_n, num_stages
+
+
 def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: torch.dtype, device: torch.device,
                  num_splits: int | None, block_m: int | None, block_n: int | None, num_warps: int | None,
                  num_stages: int | None) -> _LaunchPlan:
@@ -388,6 +424,7 @@ def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: to
 
     Tiles of up to 64 x 128 (``block_m x block_d``) run with 4 warps, larger ones with 8: both reads are bound by
     loading keys, and 4 warps measured faster for a 10-token block's packed rows (docs/design.md §6)."""
+    given_m, given_n, given_stages = block_m is not None, block_n is not None, num_stages is not None
     block_m = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
     block_d, block_dv = _next_pow2(Dh), _next_pow2(Dv)
     if block_n is None:
@@ -396,6 +433,9 @@ def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: to
         num_warps = 4 if block_m * max(block_d, block_dv) <= 64 * 128 else 8
     if num_stages is None:
         num_stages = 3 if device.type == "cuda" else 1
+    if max(block_d, block_dv) > 256:  # wide heads (Gemma-4's global 512): shrink the tiles the caller left open
+        block_m, block_n, num_stages = _fit_wide_tiles(block_m, block_n, block_d, block_dv, num_stages, dtype,
+                                                       fixed=(given_m, given_n, given_stages))
     if num_splits is None:
         num_splits = default_num_splits(span, Hkv, block_n, device)
     num_splits = max(1, int(num_splits))
