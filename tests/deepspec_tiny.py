@@ -20,9 +20,9 @@ MASK_ID = VOCAB - 1
 
 
 def tiny_gemma4_target(seed: int = 0, layers: int = 4, sliding_window: int = 512, dtype=torch.float64):
-    """A Gemma-4 text target (sliding + full layers, k_eq_v full layer, soft-capped logits). Its sliding window
-    (512) exceeds every prompt + generation length of the tests, so the target's own cache rollback never has to
-    undo a sliding-window eviction (the `gemma` branch makes that case work)."""
+    """A Gemma-4 text target (sliding + full layers, k_eq_v full layer, soft-capped logits). Its default sliding
+    window (512) exceeds every prompt + generation length of the tests; tests/test_deepspec.py also builds it with
+    the Gemma tests' window of 8 for the fast loop."""
     torch.manual_seed(seed)
     types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
     cfg = Gemma4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,

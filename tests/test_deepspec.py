@@ -11,6 +11,7 @@ tiny checkpoints the tests write in DeepSpec's layout (tests/deepspec_tiny.py).
 
 import functools
 import json
+import warnings
 
 import pytest
 import torch
@@ -18,13 +19,16 @@ from safetensors.torch import load_file, save_file
 
 import fold_hf
 from fold_hf import FoldConfig, FoldDrafter
+from fold_hf.generation import fast as fast_module
 from fold_hf.generation import fast_generate
+from fold_hf.generation.fast import release_fast_state
 from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
 from fold_hf.generation.taps import HiddenTaps
+from fold_hf.generation.targets import gemma
 from fold_hf.kernels import default_layer_ops
 from deepspec_tiny import (MASK_ID, deepspec_config, deepspec_weights, markov_step_distributions, reference_block,
                            target_bigram, tiny_gemma4_target, write_checkpoint)
-from tiny import greedy_reference, mode_config, tiny_target
+from tiny import GEMMA_WINDOW, greedy_reference, mode_config, tiny_target
 
 MODES = ["fold", "dflash", "window", "streaming", "rerope", "yarn"]
 KINDS = ["dflash", "dspark"]
@@ -189,9 +193,9 @@ def test_static_step_with_a_confidence_threshold_matches_the_foundation_loop(dra
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", MODES)
 def test_greedy_lossless_gemma4_foundation_and_transformers_paths(drafters, kind, mode):
-    """Tiny Gemma-4 text target whose sliding window (512) exceeds every prompt + generation here. fast_generate
-    does not take Gemma-4 targets on this branch (the `gemma` branch adds them); the Gemma-4 drafter's static step is
-    checked against the foundation drafter in test_gemma4_static_step_matches_propose."""
+    """Tiny Gemma-4 text target whose sliding window (512) exceeds every prompt + generation here, every reading
+    mode. The fast engines and the routed call on a target with a short window (8) are in
+    test_greedy_lossless_gemma4_windowed_target_on_the_fast_loop."""
     drafter, cfg, _, _ = drafters["gemma4", kind]
     target = gemma4_target()
     rounds = []
@@ -206,6 +210,56 @@ def test_greedy_lossless_gemma4_foundation_and_transformers_paths(drafters, kind
         assert torch.equal(hf, ref), (kind, mode, seed)
         assert drafter.last_acceptance_lengths == res.acceptance_lengths
         assert drafter.last_proposals == res.proposals
+        rounds += res.acceptance_lengths
+    assert min(rounds) == 1, rounds
+    if kind == "dspark":
+        assert max(rounds) >= 3, rounds
+
+
+@pytest.fixture(scope="module")
+def windowed_gemma4(tmp_path_factory):
+    """The tiny Gemma-4 target of deepspec_tiny with test_gemma_targets' sliding window (8; no per-layer inputs,
+    which DeepSpec's Gemma-4 drafters refuse) and a DFlash and a DSpark drafter written for it, by kind."""
+    target = tiny_gemma4_target(seed=4, sliding_window=GEMMA_WINDOW)
+    out = {}
+    for kind in KINDS:
+        directory, cfg, _ = checkpoint(tmp_path_factory, "gemma4", kind, confidence=True, target=target)
+        out[kind] = (FoldDrafter.from_pretrained(directory), cfg)
+    return target, out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["fold", "dflash"])
+def test_greedy_lossless_gemma4_windowed_target_on_the_fast_loop(windowed_gemma4, monkeypatch, kind, mode):
+    """Prompts longer than the target's sliding window (8) and the drafter's window (16); the fast path's sliding
+    rings get a slack of 4 rows (a verify writes B + 1 = 5) so they wrap. Every path equals the target's own greedy output, and the fast engines
+    and the routed call make the same proposals and acceptances as ``fold_hf.generate``."""
+    monkeypatch.setattr(gemma, "RING_SLACK", cfg_block := 4)
+    target, by_kind = windowed_gemma4
+    drafter, cfg = by_kind[kind]
+    assert target.config.sliding_window == GEMMA_WINDOW and cfg["block_size"] == cfg_block
+    rounds = []
+    for seed, length in enumerate((20, 40)):
+        ids = prompt(40 + seed, length)
+        ref = greedy_reference(target, ids, 20)
+        res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=20, return_stats=True,
+                               fold_config=mode_config(mode))
+        assert torch.equal(res.sequences, ref), (kind, mode, seed)
+        drafter.set_fold_config(mode_config(mode))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # no fallback to transformers' loop
+            routed = target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=False)
+        assert fast_module._SESSION_ATTR in target.__dict__  # the fast loop ran
+        assert torch.equal(routed, ref), (kind, mode, seed)
+        assert drafter.last_acceptance_lengths == res.acceptance_lengths, (kind, mode, seed)
+        assert drafter.last_proposals == res.proposals, (kind, mode, seed)
+        for engine in ("eager", "static"):
+            fast = fast_generate(target, drafter, input_ids=ids, max_new_tokens=20, return_stats=True,
+                                 fold_config=mode_config(mode), engine=engine)
+            assert torch.equal(fast.sequences, ref), (kind, mode, engine, seed)
+            assert fast.acceptance_lengths == res.acceptance_lengths, (kind, mode, engine, seed)
+            assert fast.proposals == res.proposals, (kind, mode, engine, seed)
+        release_fast_state(target)
         rounds += res.acceptance_lengths
     assert min(rounds) == 1, rounds
     if kind == "dspark":
