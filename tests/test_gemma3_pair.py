@@ -25,7 +25,7 @@ gguf = pytest.importorskip("gguf")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # Gemma's first five ids, then a word-start marker, letters and word-start letters
 TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "\u2581"] + list(LETTERS) + ["\u2581" + c for c in LETTERS]
-HIDDEN, LAYERS, HEADS, HEAD_DIM, FFN = 32, 4, 2, 16, 64
+HIDDEN, LAYERS, HEADS, HEAD_DIM, FFN = 32, 6, 2, 16, 64  # 6 layers: the GGUF-loaded pattern (every 6th full) has a full layer
 
 
 def _tiny_hf_gemma3():
@@ -38,7 +38,7 @@ def _tiny_hf_gemma3():
         sliding_window=4096, query_pre_attn_scalar=HEAD_DIM, rms_norm_eps=1e-6,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
-        layer_types=["sliding_attention"] * 3 + ["full_attention"], bos_token_id=2, eos_token_id=1, pad_token_id=0)
+        layer_types=["sliding_attention"] * 5 + ["full_attention"], bos_token_id=2, eos_token_id=1, pad_token_id=0)
     model = Gemma3ForCausalLM(config).eval()
     with torch.no_grad():  # norms away from their zero init, so the stored 1 + w offset is visible
         for name, p in model.named_parameters():
@@ -341,7 +341,7 @@ def test_train_drafter_for_a_gemma3_target_then_bench_it_nested(tiny_pair, tmp_p
         assert short[1:] == long[-47:] and by_id[f"code-48-{k}"]["family"] == by_id[f"code-96-{k}"]["family"]
     summary = json.loads((out / "summary.json").read_text())
     assert {r["method"] for r in summary["rows"]} == {"fold-a1", "fold-a2", "fold-a4", "dflash", "window",
-                                                      "streaming", "rerope", "yarn"}
+                                                      "streaming", "rerope", "yarn", "infllm", "cmr"}
     assert all(r["differ_from_ar"] == 0 for r in summary["rows"])  # fp32: every output is the target's own
     assert {r["method"] for r in summary["length_retention"]} >= {"fold-a2", "dflash"}
     assert "tiny Gemma-3" in summary["title"]
