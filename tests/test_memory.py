@@ -113,10 +113,10 @@ def test_drafter_keeps_no_reference_to_per_call_caches(monkeypatch):
     fast.release_fast_state(target)
     with torch.no_grad():
         for _ in range(2):
-            run_both_paths(target, drafter, prompt(5, 70), MODES[0])
-    # one cache per foundation-loop call; target.generate routes to the fast loop, whose session (kept on the
-    # target, not the drafter) builds one and reuses it on the second call
-    assert len(made) == 3
+            run_every_path(target, drafter, prompt(5, 70), MODES[0])
+    # one cache per foundation-loop call and per call of transformers' assisted loop; the routed target.generate runs
+    # the fast loop, whose session (kept on the target, not the drafter) builds one and reuses it on the second call
+    assert len(made) == 5
     gc.collect()
     alive = [ref() for ref in made if ref() is not None]
     assert alive == [target.__dict__[fast._SESSION_ATTR].drafter_cache], "a FoldCache outlived its generate call"
