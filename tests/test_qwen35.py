@@ -81,17 +81,14 @@ def oracle(monkeypatch):
     cache commits happen as usual)."""
 
     def install(drafter, ref):
-        original = drafter.draft_logits
+        original = drafter.propose  # what every loop calls for a round's proposals
 
-        def draft_logits(last, context, cache, block_start):
-            logits = original(last, context, cache, block_start=block_start)
-            k = logits.shape[1]
-            forced = torch.full_like(logits, -10.0)
-            for slot, tok in enumerate(_oracle_tokens(ref, int(block_start), k)):
-                forced[0, slot, tok] = 10.0
-            return forced
+        def propose(last, context, cache, block_start=None, count=None, pick=None):
+            tokens, scores = original(last, context, cache, block_start=block_start, count=count, pick=pick)
+            forced = torch.tensor(_oracle_tokens(ref, int(block_start), tokens.shape[0]), device=tokens.device)
+            return forced, scores
 
-        monkeypatch.setattr(drafter, "draft_logits", draft_logits)
+        monkeypatch.setattr(drafter, "propose", propose)
         draft = static_drafter_module.StaticDrafter.draft
 
         def static_draft(self, taps, state, with_far, pick=None):
