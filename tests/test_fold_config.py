@@ -77,7 +77,7 @@ def test_paper_presets_by_short_name(name, window, train_length, drafter, monkey
 
 
 def test_embedded_drafter_config_matches_its_preset():
-    from fold_hf.cli import DEFAULT_DRAFTER
+    from fold_hf.embedded import DEFAULT_DRAFTER
 
     shipped = FoldConfig.from_pretrained(DEFAULT_DRAFTER)
     preset = FoldConfig.from_pretrained("smollm2-135m-dflash")

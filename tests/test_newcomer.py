@@ -75,9 +75,10 @@ def test_help_imports_neither_torch_nor_transformers():
 def test_bench_without_out_writes_under_fold_hf_bench_and_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "requests.jsonl").write_text("")
-    import fold_hf.cli as cli
+    import fold_hf.pairs
+    from fold_hf.cli import CliError
 
-    monkeypatch.setattr(cli, "load_default_pair", lambda *a, **k: (_ for _ in ()).throw(cli.CliError("stop here")))
+    monkeypatch.setattr(fold_hf.pairs, "load_pair", lambda *a, **k: (_ for _ in ()).throw(CliError("stop here")))
     assert main(["bench", "--device", "cpu", "--requests", str(tmp_path / "requests.jsonl")]) == 2
     out = capsys.readouterr().out
     assert "results go to" in out and "fold-hf-bench" in out and "--out" in out

@@ -10,7 +10,9 @@ import torch
 
 import fold_hf
 from fold_hf import FoldConfig
-from fold_hf.cli import DEFAULT_DRAFTER, load_default_pair, main
+from fold_hf.cli import main
+from fold_hf.embedded import DEFAULT_DRAFTER
+from fold_hf.pairs import load_pair
 
 
 def test_committed_drafter_fits_the_size_budget_and_names_its_recipe():
@@ -260,5 +262,5 @@ def test_default_pair_loads_in_the_dtype_asked_for():
     """`fold-hf bench --dtype bfloat16` on a CPU: target and drafter both in bf16 (auto keeps fp32 on CPU)."""
     from fold_hf.cli import DTYPES
 
-    target, _, drafter = load_default_pair(torch.device("cpu"), dtype=DTYPES["bfloat16"])
+    target, _, drafter = load_pair(device=torch.device("cpu"), dtype=DTYPES["bfloat16"])
     assert target.dtype == drafter.fc.weight.dtype == torch.bfloat16
