@@ -52,7 +52,11 @@ def test_unknown_field_in_file_is_rejected(tmp_path):
 def test_missing_directory_file_and_offline_hub_id(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="fold_config.json"):
         FoldConfig.from_pretrained(tmp_path)
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub read the variable when it was imported: offline now, not after ~20 s of network retries
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(FileNotFoundError, match="local directory"):
         FoldConfig.from_pretrained("nobody/not-a-real-repo-fold")
 
