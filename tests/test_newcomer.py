@@ -192,10 +192,20 @@ def readme_quick_start() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_quick_start_runs_on_a_cpu_as_written(capsys):
+def test_readme_quick_start_runs_on_a_cpu_as_written(capsys, monkeypatch, real_pair):
     code = readme_quick_start()
     assert len(code.strip().splitlines()) <= 12 and "load_embedded_pair" in code
-    exec(compile(code, "README.md (Quick start)", "exec"), {"__name__": "__readme__"})
+    # the session's pair stands in for loading it again (the fixture loads it with fold_hf.load_embedded_pair, fp32 on
+    # the CPU, what the quick start asks for)
+    import fold_hf
+
+    asked = []
+    monkeypatch.setattr(fold_hf, "load_embedded_pair", lambda *a, **kw: asked.append((a, kw)) or real_pair)
+    try:
+        exec(compile(code, "README.md (Quick start)", "exec"), {"__name__": "__readme__"})
+    finally:
+        fold_hf.generation.release_fast_state(real_pair[0])  # the shared target keeps no fast-loop session
+    assert asked == [((), {"device": "cpu", "dtype": "float32"})]
     assert "tau" in capsys.readouterr().out
 
 
