@@ -286,3 +286,20 @@ def test_two_level_draw_follows_the_distribution():
     exp = {int(c): float(expected[cells == c].sum()) for c in cells.unique()}
     stat, df = chi2_statistic(obs, exp, n)
     assert stat < chi2_threshold(df)
+
+
+@pytest.mark.gpu(reason="CUDA topk/cumsum at a real vocabulary: the device filter against the loop statement")
+def test_device_filter_at_llama3_vocabulary_matches_the_loop_statement():
+    """GPU only: bf16-quantised logits at V = 128256 (many exact ties) through the CUDA filter, float64, against the
+    loop statement of transformers' rule, with and without top-k."""
+    from fold_hf.generation.sampling import filter_top_k_top_p
+
+    g = torch.Generator().manual_seed(5)
+    scores = ((torch.randn(4, 128256, generator=g) * 3).to(torch.bfloat16).double() / 0.6)
+    for top_k, top_p in [(50, 0.9), (1000, 0.95), (None, 0.5)]:
+        got = (filter_top_k_top_p(scores.cuda(), top_k, top_p) != -math.inf).cpu()
+        for r in range(scores.shape[0]):
+            row = scores[r].tolist()
+            if top_p_margin(row, top_k, top_p) < 1e-9:
+                continue
+            assert got[r].tolist() == top_k_top_p_reference(row, top_k, top_p), (top_k, top_p, r)
