@@ -190,7 +190,7 @@ def _filter_candidates(scores: torch.Tensor, k: int, top_p: float | None) -> tor
     rank = at.cumsum(-1, dtype=torch.int32)  # members of the threshold group with index <= t
     members = rank[:, -1:]
     keep = (scores > threshold) | (at & (rank > members - count))  # the `count` highest-index members
-    return scores.masked_fill(~keep, -float("inf"))
+    return torch.where(keep, scores, -float("inf"))
 
 
 DRAW_CHUNK = 256
@@ -207,7 +207,7 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     pad = -vocab % DRAW_CHUNK
     if pad:
         probs = torch.nn.functional.pad(probs, (0, pad))
-    inner = probs.view(n, -1, DRAW_CHUNK).cumsum(-1)  # [n, chunks, C]
+    inner = probs.reshape(n, -1, DRAW_CHUNK).cumsum(-1)  # [n, chunks, C]
     chunk_cdf = inner[..., -1].to(torch.float64).cumsum(-1)  # [n, chunks]
     threshold = u.to(torch.float64)[:, None] * chunk_cdf[:, -1:]
     chunk = (chunk_cdf <= threshold).sum(-1, keepdim=True).clamp_max(chunk_cdf.shape[-1] - 1)  # [n, 1]
