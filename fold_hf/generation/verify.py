@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..modeling.rope import compute_dtype
+from .sampling import filter_top_k_top_p
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -20,16 +21,8 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
     scores = logits.to(compute_dtype(logits.dtype)) / temperature
-    if top_k is not None and top_k > 0 and top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, -float("inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
-        cum = sorted_scores.softmax(-1).cumsum(-1)
-        # drop a token once the mass before it already reaches top_p (the top token always stays)
-        drop_sorted = (cum - sorted_scores.softmax(-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, -float("inf"))
+    shape = scores.shape
+    scores = filter_top_k_top_p(scores.reshape(-1, shape[-1]), top_k, top_p).reshape(shape)
     return scores.softmax(-1)
 
 
