@@ -303,3 +303,28 @@ def test_device_filter_at_llama3_vocabulary_matches_the_loop_statement():
             if top_p_margin(row, top_k, top_p) < 1e-9:
                 continue
             assert got[r].tolist() == top_k_top_p_reference(row, top_k, top_p), (top_k, top_p, r)
+
+
+def test_the_default_sampled_processing_sorts_no_vocabulary():
+    """generate's default sampling (top-k 50 with top-p) decides its cut from one topk: no sort of a vocabulary
+    row, and the draws scan chunks, not whole rows (the profiler lists every aten op with its shapes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fold_hf.generation.sampling import Sampling, pick
+
+    vocab = 3000
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(2)) * 3
+    sampling = Sampling(do_sample=True, temperature=0.6, top_k=50, top_p=0.9)
+    u = torch.rand(6, dtype=torch.float64)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        pick(logits, sampling, u)
+    ops = [(e.name, e.input_shapes) for e in prof.events()]
+    sorts = [shapes for name, shapes in ops if name == "aten::sort"]
+    assert not any(s and s[0] and s[0][-1] >= vocab for s in sorts), sorts
+    row_scans = [shapes for name, shapes in ops if name == "aten::cumsum" and shapes and shapes[0]
+                   and shapes[0][-1] >= vocab and len(shapes[0]) == 2]
+    assert len(row_scans) <= 1, row_scans  # only the integer rank of the tie group at the cut
+    top_p_only = Sampling(do_sample=True, temperature=0.6, top_p=0.9)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        pick(logits, top_p_only, u)
+    assert any(e.name == "aten::sort" for e in prof.events())  # top-p alone sorts (the check above can fail)
