@@ -84,14 +84,12 @@ def round_breakdown(ar, fold, tau: float, block: int, device) -> list[str]:
              f"  FOLD beats AR in tokens/s when tau > {parts['round']:.2f} (tau here {tau:.2f})"]
     if parts["round"] <= 2:
         return lines + ["  a round costs at most 2 AR steps here: tau above 2 pays."]
+    cause = "a CPU's matrix products over several rows cost well over one row's, where a GPU pays about one step"
     if parts["verify"] >= 2:
-        why = (f"the verify of {block} rows alone costs {parts['verify']:.2f} AR steps: its matrix products are "
-               f"compute-bound here, so {block} rows cost several rows' work, where a GPU reads the weights once "
-               "for all of them at about one step's cost")
+        why = f"the verify of {block} rows alone costs {parts['verify']:.2f} AR steps ({cause})"
     elif parts["verify"] + parts["draft"] > 2:
-        why = (f"the verify of {block} rows ({parts['verify']:.2f} AR steps, compute-bound here, where a GPU pays "
-               f"about 1) plus the drafter's round ({parts['draft']:.2f}: its layers and its lm_head over "
-               f"{block - 1} rows) already exceed 2")
+        why = (f"the verify of {block} rows ({parts['verify']:.2f} AR steps: {cause}) plus the drafter's round "
+               f"({parts['draft']:.2f}: its layers and its lm_head over {block - 1} rows) already exceed 2")
     else:
         why = f"token choice, bookkeeping and Python take {parts['other']:.2f} AR steps"
     return lines + [f"  this device cannot bring a round under 2 AR steps: {why}."]
