@@ -29,8 +29,9 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
                                       f"{2 * int((rope.inv_freq != 0).sum())}/{rope.head_dim} rotary dims"))
     sliding = [i for i in range(len(drafter.layers)) if drafter.layers[i].self_attn.sliding_window is not None]
     if sliding:
-        applies = ("window + far memory" if cfg.layers == "all" and cfg.mode in ("fold", "rerope")
-                   else "the CMR selection" if cfg.mode == "cmr" else "as released")
+        geometry = drafter.read_geometry(sliding[0], cfg)  # the one planner's rules (modeling.read_plan)
+        applies = ("window + far memory" if geometry.far is not None
+                   else "the CMR selection" if geometry.selection == "cmr" else "as released")
         checks.append(Check("sliding layers", "ok", f"layers {sliding} (window {dcfg.sliding_window}) read {applies}"))
 
     B = dcfg.block_size

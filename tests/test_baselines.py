@@ -330,25 +330,89 @@ def test_retrieval_modes_are_lossless_on_every_path(mode, monkeypatch):
         assert drafter.last_acceptance_lengths == res.acceptance_lengths
         for engine in ("eager", "static"):
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # the one-time "not captured" warning
+                warnings.simplefilter("error")  # the static engine runs the capturable step: no "eagerly" warning
                 fast = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True,
                                      fold_config=mode_config(mode), engine=engine)
             assert torch.equal(fast.sequences, ref), engine
             assert fast.acceptance_lengths == res.acceptance_lengths, engine
+            assert fast.proposals == res.proposals, engine  # the same drafts, round by round
     if mode == "infllm":
         assert max(selected) == SMALL_RETRIEVAL["infllm_topk"]  # the long prompt had more blocks than it reads
     else:
         assert len(refreshes) >= 4  # refreshes ran on every path
 
 
-def test_fast_path_warns_why_a_retrieval_step_is_not_captured():
+@pytest.mark.parametrize("mode", ["infllm", "cmr"])
+def test_static_retrieval_step_with_the_fused_layer_ops_drafts_what_the_loop_drafts(mode, monkeypatch):
+    """The static step with the fused elementwise ops (their torch twins here; the graphs engine's path on CUDA)."""
     from fold_hf.generation import fast
 
     target, drafter = trained_pair("llama")
-    ids = torch.randint(0, MASK_ID, (1, 40), generator=torch.Generator().manual_seed(7))
+    monkeypatch.setattr(fast, "resolve_fused_drafter", lambda *args: True)
+    ids = torch.randint(0, MASK_ID, (1, 300), generator=torch.Generator().manual_seed(1001))
+    ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
+                           fold_config=mode_config(mode))
+    res = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
+                        engine="static")
+    assert torch.equal(res.sequences, ref.sequences) and res.proposals == ref.proposals
+
+
+def test_cmr_on_a_target_whose_verify_keeps_no_queries_warns_and_stays_lossless(monkeypatch):
+    from fold_hf.generation import fast
+    from fold_hf.generation.static_target import StaticTarget
+
+    target, drafter = trained_pair("llama")
+    monkeypatch.setattr(StaticTarget, "keep_queries_unsupported", lambda self: "no query tap (test)")
+    fast.release_fast_state(target)
+    ids = torch.randint(0, MASK_ID, (1, 120), generator=torch.Generator().manual_seed(7))
     fast._WARNED.clear()  # warnings come once per process
-    with pytest.warns(UserWarning, match="static drafting does not cover mode 'infllm': its selection keeps"):
-        fast_generate(target, drafter, ids, max_new_tokens=8, fold_config=mode_config("infllm"), engine="static")
+    with pytest.warns(UserWarning, match="mode 'cmr' on this target: no query tap"):
+        res = fast_generate(target, drafter, ids, max_new_tokens=16, fold_config=mode_config("cmr"),
+                            engine="static")
+    fast.release_fast_state(target)
+    assert torch.equal(res, greedy_reference(target, ids, 16))
+
+
+def test_static_infllm_statistics_and_selection_follow_the_loop():
+    """Round by round with uneven commits: the device statistics (window attention received, seen flags), the
+    block representatives and the proposals equal the loop's (fold_hf.modeling.retrieval) state."""
+    from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
+    from fold_hf.generation.taps import HiddenTaps
+    from fold_hf.modeling.retrieval import infllm_block_layout
+
+    target, drafter = trained_pair("llama")
+    drafter.set_fold_config(mode_config("infllm"))
+    P_ = RetrievalParams.of(drafter.fold_config)
+    ids = torch.randint(0, MASK_ID, (1, 200), generator=torch.Generator().manual_seed(21))
+    with HiddenTaps(target, drafter.config.target_layer_ids) as taps:
+        target(ids)
+    features = taps.features()
+    start, R = 120, drafter.num_proposals + 1
+    loop_cache = drafter.new_cache(request_length=256)
+    cache = preallocated_cache(drafter, 256, "cpu", 256)
+    static = StaticDrafter(drafter, cache)
+    static.start_request(256)
+    commit_context(drafter, cache, features[:, :start])
+    static.start_rounds(start)
+    state = torch.tensor([0, start, 0, int(ids[0, start]), 0, 0, 0, 0])
+    T = start
+    for k, n in enumerate([0, 3, 1, 4, 2, 4, 4, 1, 3, 4, 2, 4, 4, 3]):  # rows committed before each round
+        T += n
+        context = features[:, :start] if k == 0 else features[:, T - n:T]
+        want = drafter.draft_logits(ids[0, T:T + 1], context, loop_cache, block_start=T)[0].argmax(-1)
+        rows = torch.zeros(1, R, features.shape[-1], dtype=features.dtype)
+        rows[:, :n] = features[:, T - n:T]
+        state[1], state[2], state[3] = T - n, n, int(ids[0, T])
+        assert torch.equal(static.draft(rows, state, static.needs_far(T)), want), T
+    layers = loop_cache.retrieval.infllm
+    n_blocks, _ = infllm_block_layout(T, drafter.fold_config.window + drafter.block_size, P_)
+    assert n_blocks > P_.infllm_topk
+    for i, loop_layer in layers.items():
+        assert torch.allclose(static.infllm.received[i][:, :T], loop_layer.received[:, :T].to(torch.float64),
+                              rtol=1e-9, atol=1e-12), i
+        assert torch.equal(static.infllm.seen[i][:T] > 0, loop_layer.seen[:T]), i
+        assert torch.allclose(static.infllm.reprs[i][:, :n_blocks], loop_layer.reprs[:, :n_blocks], rtol=1e-9), i
+        assert float(loop_layer.received[:, :T].sum()) > 0
 
 
 def test_round_benchmark_dry_runs_on_the_cpu(tmp_path):
@@ -402,3 +466,32 @@ def test_native_dflash_cache_refuses_the_retrieval_modes():
     noise = torch.zeros(1, 4, target.config.hidden_size, dtype=torch.float64)
     with pytest.raises(ValueError, match="per-request state in a FoldCache"):
         drafter(noise, None, position_ids=torch.arange(4)[None], cache=DynamicCache())
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu(reason="CUDA graphs: the captured infllm/cmr draft steps replay on a CUDA device with the Triton read")
+@pytest.mark.parametrize("mode", ["infllm", "cmr"])
+def test_captured_retrieval_steps_equal_the_loop_on_gpu(mode):
+    from fold_hf.generation.fast import _SESSION_ATTR
+    from fold_hf.generation.graphs import CapturedStep
+    from tiny import pair_on_gpu
+
+    with pair_on_gpu("llama") as (target, drafter):
+        for seed, length in enumerate([37, 300, 700]):
+            ids = torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(1000 + seed)).cuda()
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
+                                   fold_config=mode_config(mode))
+            assert torch.equal(ref.sequences, greedy_reference(target, ids, 40)), length
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UserWarning)
+                res = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True,
+                                    fold_config=mode_config(mode), engine="graphs")
+            assert not [w for w in caught if "uncaptured" in str(w.message) or "host-length" in str(w.message)]
+            assert torch.equal(res.sequences, ref.sequences), length
+            assert res.acceptance_lengths == ref.acceptance_lengths, length
+            assert res.proposals == ref.proposals, length
+        steps = target.__dict__[_SESSION_ATTR].steps
+        drafts = {k: v for k, v in steps.items() if k[0] == "draft"}
+        assert drafts and all(isinstance(v, CapturedStep) for v in drafts.values())
+        if mode == "cmr":  # initial, refresh and grow rounds each replay their own captured step
+            assert {k[3] for k in drafts} == {"initial", "refresh", "grow"}
