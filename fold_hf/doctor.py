@@ -53,8 +53,9 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
         checks.append(Check("train_length", "ok", f"{cfg.mode} uses train_length={cfg.train_length} as R"))
 
     T = context_length if context_length is not None else 4 * D
-    if cfg.mode in ("infllm", "cmr"):  # per-request selections: no read to plan without a request
-        what = (f"window {cfg.window} + retrieved blocks at distance {D - 1}" if cfg.mode == "infllm"
+    geometry = drafter.read_geometry(len(drafter.layers) - 1, cfg)
+    if geometry.selection in ("infllm", "cmr"):  # per-request selections: no read to plan without a request
+        what = (f"window {cfg.window} + retrieved blocks at distance {geometry.far}" if geometry.selection == "infllm"
                 else f"{cfg.retrieval_budget} entries chosen from the target's attention, renumbered")
         checks.append(Check("plan", "ok", f"mode {cfg.mode}, block {B}: reads {what} (docs/baselines.md)"))
         return checks + [_cache_check(drafter, dcfg)]

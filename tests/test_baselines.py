@@ -14,6 +14,7 @@ from fold_hf import FoldConfig
 from fold_hf.generation.fast import fast_generate
 from fold_hf.modeling.fold_read import fold_attention_reference
 from fold_hf.modeling import plan_layer_read
+from fold_hf.modeling.read_plan import read_geometry
 from fold_hf.modeling import drafter as drafter_module
 from fold_hf.modeling.retrieval import (RetrievalParams, RetrievalState, TargetAttentionProbe, cmr_select_entries,
                                         plan_cmr_read, plan_infllm_read, target_attention_probe)
@@ -166,8 +167,10 @@ def test_infllm_read_matches_its_rule(seed):
     layer.received[:, :T] = torch.rand(4, T, generator=g, dtype=torch.float64)
     layer.seen[:T] = torch.rand(T, generator=g) < 0.3  # some blocks were seen, others never
     received, seen = layer.received.clone(), layer.seen.clone()
-    read = plan_infllm_read(state, 0, query=q, context_keys=kc, block_start=T, window=W, block_size=B,
-                            rope=tables(), params=P)
+    geometry = read_geometry(FoldConfig(mode="infllm", window=W), B)
+    assert (geometry.window, geometry.far, geometry.alpha) == (D, D - 1, 1.0)
+    read = plan_infllm_read(state, 0, query=q, context_keys=kc, block_start=T, geometry=geometry, rope=tables(),
+                            params=P)
     chosen, old = infllm_rule(q[0], kc[0], received, seen, t=T, D=D, P=P)
     assert len(chosen) == P.infllm_topk and state.last_selection[0].tolist() == chosen
     assert read.far_distance.tolist() == [D - 1] * B
@@ -344,16 +347,24 @@ def test_retrieval_modes_are_lossless_on_every_path(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["infllm", "cmr"])
 def test_static_retrieval_step_with_the_fused_layer_ops_drafts_what_the_loop_drafts(mode, monkeypatch):
-    """The static step with the fused elementwise ops (their torch twins here; the graphs engine's path on CUDA)."""
+    """The static step with the fused elementwise ops (their torch twins here; the graphs engine's path on CUDA),
+    each step run twice more when it is made, as the graphs engine's warm-up before capture does: the retrieval
+    state those runs advance (InfLLM's statistics) is put back."""
+    import functools
+
     from fold_hf.generation import fast
+    from fold_hf.generation.graphs import EagerStep
 
     target, drafter = trained_pair("llama")
+    fast.release_fast_state(target)
     monkeypatch.setattr(fast, "resolve_fused_drafter", lambda *args: True)
+    monkeypatch.setattr(fast, "EagerStep", functools.partial(EagerStep, warmup=2))
     ids = torch.randint(0, MASK_ID, (1, 300), generator=torch.Generator().manual_seed(1001))
     ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
                            fold_config=mode_config(mode))
     res = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
                         engine="static")
+    fast.release_fast_state(target)
     assert torch.equal(res.sequences, ref.sequences) and res.proposals == ref.proposals
 
 
@@ -477,7 +488,8 @@ def test_captured_retrieval_steps_equal_the_loop_on_gpu(mode):
     from tiny import pair_on_gpu
 
     with pair_on_gpu("llama") as (target, drafter):
-        for seed, length in enumerate([37, 300, 700]):
+        # 600 after 700: a second request on the same session replays the steps captured for the first
+        for seed, length in enumerate([37, 300, 700, 600]):
             ids = torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(1000 + seed)).cuda()
             ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
                                    fold_config=mode_config(mode))

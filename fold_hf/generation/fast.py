@@ -99,7 +99,7 @@ from .tracker import StopStrings, Tracker, clock, eos_ids
 ENGINES = ("eager", "static", "graphs")
 _SESSION_ATTR = "_fold_fast_session"
 CAPACITY_ROUNDING = 256
-KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured (a benchmark sweep has 8)
+KEPT_DRAFT_MODES = 12  # reading modes whose draft steps a session keeps captured (fold-hf bench runs 10)
 
 # state vector slots (long, on device): target length, drafter length, drafter rows to commit, last token, proposals
 # that may be accepted this round, tokens generated so far
@@ -243,6 +243,8 @@ class _Session:
             # a recurrent target's verify commits the accepted state into the buffer it reads: its warm-up runs
             # must leave that state as the loop left it
             preserve = self.runner.step_state()
+            if key[0] == "draft" and self.static_drafter is not None:  # infllm/cmr: their selection state
+                preserve = preserve + self.static_drafter.step_state()
             step = (CapturedStep(fn, pool=self.pool, preserve=preserve) if self.engine == "graphs"
                     else EagerStep(fn, preserve=preserve))
             self.steps[key] = step

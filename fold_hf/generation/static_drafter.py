@@ -161,7 +161,8 @@ class StaticDrafter:
         thresholds = [g.window - self.block for g in self.geometry if g.far is not None]
         self.far_threshold = min(thresholds) if thresholds else None
         self.log_rerope_base = math.log(RERoPE_LOG_BASE) if any(g.rerope_scale for g in self.geometry) else None
-        if cfg.mode == "streaming":
+        self.selections = {g.selection for g in self.geometry} - {None}
+        if "streaming" in self.selections:
             self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
             self.budget_slots = torch.arange(self.budget, device=self.device)
         self.block_offsets = torch.arange(self.block, device=self.device)
@@ -171,18 +172,18 @@ class StaticDrafter:
         self.row_offsets = torch.arange(self.verify_rows, device=self.device)
         self.mask_id = drafter.config.mask_token_id
         self.infllm = self.cmr = None
-        if cfg.mode in ("infllm", "cmr"):
+        if self.selections & {"infllm", "cmr"}:
             from ..modeling.retrieval import RetrievalParams
             from .static_retrieval import CMRRounds, InfLLMRounds
 
             params = RetrievalParams.of(cfg)
             attn = drafter.layers[0].self_attn
-            if cfg.mode == "infllm":
-                layers = [i for i, g in enumerate(self.geometry) if g.selection == "infllm"]
-                D = self.geometry[layers[0]].window if layers else cfg.window + self.block
+            layers = [i for i, g in enumerate(self.geometry) if g.selection == "infllm"]
+            if layers:
                 self.infllm = InfLLMRounds(params, layers, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                                           self.capacity, D, self.block, self.verify_rows, self.cos, self.sin)
-            else:
+                                           self.capacity, self.geometry[layers[0]].window, self.block,
+                                           self.verify_rows, self.cos, self.sin)
+            if "cmr" in self.selections:
                 self.cmr = CMRRounds(params, self.capacity, self.verify_rows, self.device, acc)
         if layer_ops is not None:
             reason = fused_drafter_unsupported(drafter)
@@ -214,6 +215,17 @@ class StaticDrafter:
             self.infllm.reset(lambda i: self.cache.layers[i].keys, context_length)
         if self.cmr is not None:
             self.cmr.reset()
+
+    def step_state(self) -> list[torch.Tensor]:
+        """Buffers a drafting round both reads and overwrites (the retrieval modes' per-request state: InfLLM's
+        statistics and representatives, CMR's selection), which a captured step's warm-up runs must leave as they
+        found them (:class:`fold_hf.generation.graphs.CapturedStep`); empty for the other modes."""
+        state = []
+        if self.infllm is not None:
+            state += [*self.infllm.received.values(), *self.infllm.seen.values(), *self.infllm.reprs.values()]
+        if self.cmr is not None:
+            state += [self.cmr.chosen, self.cmr.chunks_then]
+        return state
 
     def attach_target_attention(self, queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> None:
         """CMR: where its refreshes read the target's attention: the verify's kept queries ``[1, Hq, R, Dh]`` of the
@@ -276,7 +288,7 @@ class StaticDrafter:
             views["yarn"] = _View((self.cos[true_positions], self.sin[true_positions]), context_length,
                                   (self.cos, self.sin))
         kept = None
-        if self.mode == "streaming":
+        if "streaming" in self.selections:
             # slot i holds sink i, or recent entry T - budget + i once the context outgrows the budget; slots past
             # the context (short contexts) are gathered but never read
             shift = (context_length - self.budget).clamp_min(0)

@@ -198,10 +198,12 @@ class StaticTarget:
         reason = self.keep_queries_unsupported()
         if reason is not None:
             raise UnsupportedTarget(reason)
-        held = self.query_keep
-        if held is None or held[0] != layer_idx or held[1].shape[2] != rows:
-            buffer = torch.zeros(1, self.num_heads, rows, self.head_dim, device=self.device, dtype=self.dtype)
-            self.query_keep = (layer_idx, buffer)
+        # one buffer per (layer, rows) for the runner's lifetime: captured steps of earlier requests read it
+        buffers = self.__dict__.setdefault("_kept_queries", {})
+        if (layer_idx, rows) not in buffers:
+            buffers[(layer_idx, rows)] = torch.zeros(1, self.num_heads, rows, self.head_dim, device=self.device,
+                                                     dtype=self.dtype)
+        self.query_keep = (layer_idx, buffers[(layer_idx, rows)])
         return self.query_keep[1]
 
     def _keeping_queries(self, attend):

@@ -447,10 +447,10 @@ class FoldDrafter(PreTrainedModel):
                                              RetrievalParams.of(self.fold_config))
 
         def read_for(attn: DrafterAttention, T: int, query=None, context_keys=None) -> LayerRead:
-            if self.read_geometry(attn.layer_idx).selection == "infllm":  # its own keys and queries select
+            geometry = self.read_geometry(attn.layer_idx)
+            if geometry.selection == "infllm":  # per layer: its own keys and queries select
                 return plan_infllm_read(retrieval_state(cache), attn.layer_idx, query=query, context_keys=context_keys,
-                                        block_start=block_start, window=self.fold_config.window,
-                                        block_size=self.config.block_size, rope=self.rope,
+                                        block_start=block_start, geometry=geometry, rope=self.rope,
                                         params=RetrievalParams.of(self.fold_config))
             # other layers differ in their read only through their sliding window: plan once per kind of layer
             key = (attn.sliding_window, T)
