@@ -384,41 +384,51 @@ def test_cmr_on_a_target_whose_verify_keeps_no_queries_warns_and_stays_lossless(
     assert torch.equal(res, greedy_reference(target, ids, 16))
 
 
-def test_static_infllm_statistics_and_selection_follow_the_loop():
-    """Round by round with uneven commits: the device statistics (window attention received, seen flags), the
-    block representatives and the proposals equal the loop's (fold_hf.modeling.retrieval) state."""
+def static_rounds_against_the_loop(drafter, commits, read_function=None, prompt_length=120, dtype=None):
+    """Drive the static drafting step and the loop drafter (``draft_logits``) through the same rounds: the prompt's
+    taps, then ``commits[k]`` rows before round k (round 0 commits none); asserts the same proposals every round.
+    Returns (static step, loop cache, context length)."""
     from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
     from fold_hf.generation.taps import HiddenTaps
-    from fold_hf.modeling.retrieval import infllm_block_layout
 
-    target, drafter = trained_pair("llama")
-    drafter.set_fold_config(mode_config("infllm"))
-    P_ = RetrievalParams.of(drafter.fold_config)
-    ids = torch.randint(0, MASK_ID, (1, 200), generator=torch.Generator().manual_seed(21))
+    target, _ = trained_pair("llama")
+    ids = torch.randint(0, MASK_ID, (1, prompt_length + sum(commits) + 1), generator=torch.Generator().manual_seed(21))
     with HiddenTaps(target, drafter.config.target_layer_ids) as taps:
         target(ids)
-    features = taps.features()
-    start, R = 120, drafter.num_proposals + 1
+    features = taps.features().to(dtype or drafter.fc.weight.dtype)
+    R = drafter.num_proposals + 1
     loop_cache = drafter.new_cache(request_length=256)
     cache = preallocated_cache(drafter, 256, "cpu", 256)
-    static = StaticDrafter(drafter, cache)
+    static = StaticDrafter(drafter, cache, read_function)
     static.start_request(256)
-    commit_context(drafter, cache, features[:, :start])
-    static.start_rounds(start)
-    state = torch.tensor([0, start, 0, int(ids[0, start]), 0, 0, 0, 0])
-    T = start
-    for k, n in enumerate([0, 3, 1, 4, 2, 4, 4, 1, 3, 4, 2, 4, 4, 3]):  # rows committed before each round
+    commit_context(drafter, cache, features[:, :prompt_length])
+    static.start_rounds(prompt_length)
+    state = torch.zeros(8, dtype=torch.long)
+    T = prompt_length
+    for k, n in enumerate(commits):
         T += n
-        context = features[:, :start] if k == 0 else features[:, T - n:T]
+        context = features[:, :prompt_length] if k == 0 else features[:, T - n:T]
         want = drafter.draft_logits(ids[0, T:T + 1], context, loop_cache, block_start=T)[0].argmax(-1)
         rows = torch.zeros(1, R, features.shape[-1], dtype=features.dtype)
         rows[:, :n] = features[:, T - n:T]
         state[1], state[2], state[3] = T - n, n, int(ids[0, T])
-        assert torch.equal(static.draft(rows, state, static.needs_far(T)), want), T
-    layers = loop_cache.retrieval.infllm
+        got = static.draft(rows, state, static.needs_far(T), phase=static.next_phase())
+        assert torch.equal(got, want), (k, T)
+    return static, loop_cache, T
+
+
+def test_static_infllm_statistics_and_selection_follow_the_loop():
+    """Round by round with uneven commits: the device statistics (window attention received, seen flags), the
+    block representatives and the proposals equal the loop's (fold_hf.modeling.retrieval) state."""
+    from fold_hf.modeling.retrieval import infllm_block_layout
+
+    _, drafter = trained_pair("llama")
+    drafter.set_fold_config(mode_config("infllm"))
+    P_ = RetrievalParams.of(drafter.fold_config)
+    static, loop_cache, T = static_rounds_against_the_loop(drafter, [0, 3, 1, 4, 2, 4, 4, 1, 3, 4, 2, 4, 4, 3])
     n_blocks, _ = infllm_block_layout(T, drafter.fold_config.window + drafter.block_size, P_)
     assert n_blocks > P_.infllm_topk
-    for i, loop_layer in layers.items():
+    for i, loop_layer in loop_cache.retrieval.infllm.items():
         assert torch.allclose(static.infllm.received[i][:, :T], loop_layer.received[:, :T].to(torch.float64),
                               rtol=1e-9, atol=1e-12), i
         assert torch.equal(static.infllm.seen[i][:T] > 0, loop_layer.seen[:T]), i
@@ -426,57 +436,19 @@ def test_static_infllm_statistics_and_selection_follow_the_loop():
         assert float(loop_layer.received[:, :T].sum()) > 0
 
 
-def test_round_benchmark_dry_runs_on_the_cpu(tmp_path):
-    import json
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import baseline_rounds_bench
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        assert baseline_rounds_bench.main(["--tiny", "--out", str(tmp_path), "--contexts", "300", "--rounds", "10",
-                                           "--repeats", "1", "--methods", "dflash,infllm,cmr"]) == 0
-    rows = json.loads((tmp_path / "baseline_rounds.json").read_text())["rows"]
-    assert [r["method"] for r in rows] == ["dflash", "infllm", "cmr"] and all(r["n"] == 9 for r in rows)
-    assert (tmp_path / "baseline_rounds.md").read_text().count("|") > 8
-
-
 @pytest.mark.parametrize("mode", ["infllm", "cmr"])
-def test_retrieval_modes_on_a_sliding_drafter_are_lossless(mode):
-    """A Qwen3.5-style drafter (sliding + full layers): InfLLM retrieves in the full layer only, CMR's selection is
-    read by both."""
-    from tiny import tiny_drafter, tiny_target
+def test_static_retrieval_steps_through_the_triton_read_in_the_interpreter(interpreter, mode):
+    """The FOLD read kernel (Triton's interpreter, fp32) on InfLLM's compact context (per-slot rope rows, the far
+    branch at D - 1) and CMR's renumbered selection drafts what the loop drafts (rounds before CMR's first
+    refresh: the loop's refresh needs the target)."""
+    import copy
 
-    target = tiny_target("qwen3", seed=11)
-    drafter = tiny_drafter(target, fold_config=mode_config(mode), layer_types=["sliding_attention", "full_attention"],
-                           sliding_window=12)
-    ids = torch.randint(0, MASK_ID, (1, 150), generator=torch.Generator().manual_seed(5))
-    res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24)
-    assert torch.equal(res, greedy_reference(target, ids, 24))
+    from fold_hf.kernels.triton_fold import fold_read_triton
 
-
-def test_retrieval_settings_are_checked_and_budgets_default_to_the_papers():
-    assert FoldConfig(mode="cmr").retrieval_budget == 2048 and FoldConfig(mode="streaming").streaming_budget == 2048
-    with pytest.raises(ValueError, match="multiple of its 32-entry chunk"):
-        FoldConfig(mode="cmr", budget=100)
-    with pytest.raises(ValueError, match="infllm_topk"):
-        FoldConfig(mode="infllm", extra={"infllm_topk": 0})
-    preset = FoldConfig.from_pretrained("llama3.1-8b-dflash", mode="cmr")
-    assert preset.retrieval_budget == 2048 and preset.window == 2048
-    assert RetrievalParams.of(preset) == RetrievalParams()  # the paper's settings
-    assert RetrievalParams.of(FoldConfig.from_dict(mode_config("infllm").to_dict())).infllm_topk == 2  # round trip
-
-
-def test_native_dflash_cache_refuses_the_retrieval_modes():
-    from transformers import DynamicCache
-
-    target, drafter = trained_pair("llama")
-    drafter.set_fold_config(mode_config("cmr"))
-    noise = torch.zeros(1, 4, target.config.hidden_size, dtype=torch.float64)
-    with pytest.raises(ValueError, match="per-request state in a FoldCache"):
-        drafter(noise, None, position_ids=torch.arange(4)[None], cache=DynamicCache())
+    _, base = trained_pair("llama")
+    drafter = copy.deepcopy(base).float().set_fold_config(mode_config(mode))
+    commits = [0, 4, 3]  # blocks form and selections change (InfLLM); initial and grow phases (CMR)
+    static_rounds_against_the_loop(drafter, commits, fold_read_triton, prompt_length=60)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
