@@ -11,16 +11,20 @@ in a device tensor, so a round can be captured once and replayed:
   start as device tensors: ``fold_read_triton`` when Triton is there (no host read: capturable), else its torch
   twin :func:`~fold_hf.kernels.reference.fold_read_geometry_reference` (reads the lengths on the host: the
   ``static`` engine's uncaptured path);
-* every reading mode, each as a case of that one geometry, so the baselines run as fast as FOLD and a
-  comparison of modes compares reading, not engines: ``fold`` (window + far memory), ``window`` (no far
-  memory), ``dflash`` (every entry near), ``rerope`` (``fold`` at α = 1, every far entry at distance D from
-  every row, each row's queries scaled by max(1, log(p + 1) / log 4096)), ``yarn`` (``dflash`` with the request's
-  rescaled rope tables, refilled in place
-  by :meth:`StaticDrafter.start_request`, so captured graphs stay valid) and ``streaming`` (the sinks and the
-  most recent entries gathered into a ``[1, Hkv, budget, Dh]`` buffer by device-side indices, then read as
-  ``dflash`` at their renumbered positions 0 .. kept-1, the block right after them). Before the context
-  exceeds W the far memory is empty, and the caller picks the window-only variant (``with_far=False``), which
-  skips the far branch entirely (length dispatch).
+* every reading mode, each as a case of that one geometry (its rules: :func:`~fold_hf.modeling.read_plan.
+  read_geometry`, the planner the loop's reads use too), so the baselines run as fast as FOLD and a comparison of
+  modes compares reading, not engines: ``fold`` (window + far memory), ``window`` (no far memory), ``dflash``
+  (every entry near), ``rerope`` (``fold`` at α = 1, every far entry at distance D from every row, each row's
+  queries scaled by max(1, log(p + 1) / log 4096)), ``yarn`` (``dflash`` with the request's rescaled rope tables,
+  refilled in place by :meth:`StaticDrafter.start_request`, so captured graphs stay valid), ``streaming`` (the
+  sinks and the most recent entries gathered into a ``[1, Hkv, budget, Dh]`` buffer by device-side indices, then
+  read as ``dflash`` at their renumbered positions 0 .. kept-1, the block right after them), ``infllm`` (a
+  compact context of the initial entries, the retrieved blocks and the window, selected on the device each round
+  and layer, read with the far branch at D - 1 and α = 1) and ``cmr`` (its chunk selection gathered and read
+  renumbered, refreshed on the device from the target's attention; the host picks the round's captured step by
+  :meth:`StaticDrafter.next_phase`); :mod:`~fold_hf.generation.static_retrieval` holds the last two. Before the
+  context exceeds W the far memory is empty, and the caller picks the window-only variant (``with_far=False``),
+  which skips the far branch entirely (length dispatch).
 
 Numerics: queries and block keys are rotated in fp32 (fp64 for fp64 models) and cast to the model dtype, as
 the kernel contract asks; the foundation loop keeps them in fp32, so drafts may rarely differ in bf16 at a
