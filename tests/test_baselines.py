@@ -384,6 +384,23 @@ def test_cmr_on_a_target_whose_verify_keeps_no_queries_warns_and_stays_lossless(
     assert torch.equal(res, greedy_reference(target, ids, 16))
 
 
+def test_only_cmr_requests_keep_the_verify_queries():
+    """cmr's verify copies the target's queries of one layer (its refreshes read them); every other request's verify
+    keeps none and replays its own steps (keyed without the copy)."""
+    from fold_hf.generation.fast import _SESSION_ATTR
+
+    target, drafter = trained_pair("llama")
+    ids = torch.randint(0, MASK_ID, (1, 60), generator=torch.Generator().manual_seed(3))
+    fold_hf.generation.release_fast_state(target)
+    for mode in ("cmr", "fold"):
+        fast_generate(target, drafter, ids, max_new_tokens=12, fold_config=mode_config(mode), engine="static")
+    session = target.__dict__[_SESSION_ATTR]
+    assert session.runner.query_keep is None  # the cmr request turned it off again
+    verify_keys = [k for k in session.steps if k[0] == "verify"]
+    assert sorted(k[6] for k in verify_keys) == [False, True]  # one verify step with the copy (cmr), one without
+    fold_hf.generation.release_fast_state(target)
+
+
 def static_rounds_against_the_loop(drafter, commits, read_function=None, prompt_length=120, dtype=None):
     """Drive the static drafting step and the loop drafter (``draft_logits``) through the same rounds: the prompt's
     taps, then ``commits[k]`` rows before round k (round 0 commits none); asserts the same proposals every round.
