@@ -338,8 +338,8 @@ class StaticDrafter:
             keys, values = keys.index_select(2, gather), values.index_select(2, gather)
         out = self.read(query_near, query_far, keys, values, block_keys, v_blk, *view.tables, view.length,
                         view.length, g.window, g.alpha)
-        if g.selection == "infllm":
-            self.infllm.record(i, heads(q), keys, heads(k_blk), rnd["infllm"], view.rows, far_rows, attn.scaling)
+        if g.selection == "infllm":  # the window attention this read gave, from the read's own queries
+            self.infllm.record(i, query_near, query_far, block_keys, keys, rnd["infllm"])
         return out
 
     def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor, pick=None):

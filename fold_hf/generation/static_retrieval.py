@@ -116,8 +116,14 @@ class InfLLMRounds:
         # true entry of compact slot c >= far_only (the tail keeps its distance to the block)
         tail_entry = grouped_end + self.slots - far_only
         rows = tail_entry.clamp(0, self.cos.shape[0] - 1)
+        # the newest blocks (their representatives are built again each round) and the masks every layer applies
+        blocks = n_blocks - self.new_blocks + self.fresh  # [k]; negative: not a block (yet)
+        fresh_entries = P.infllm_init + blocks.clamp_min(0)[:, None] * P.infllm_block + self.block_entries
         return dict(n_blocks=n_blocks, far_only=far_only, read_length=read_length, tail_entry=tail_entry,
-                    key_tables=(self.cos[rows], self.sin[rows]))
+                    key_tables=(self.cos[rows], self.sin[rows]),
+                    fresh_entries=fresh_entries.clamp_max(self.capacity - 1),  # [k, block]
+                    fresh_slots=torch.where(blocks >= 0, blocks, self.num_blocks),  # absent ones: the dummy slot
+                    absent=self.block_slots >= n_blocks, ranked=self.ranks < n_blocks)
 
     def select(self, i: int, query: torch.Tensor, keys: torch.Tensor, layout: dict) -> torch.Tensor:
         """Layer ``i``'s compact context ``[size]`` (cache entries, valid ones first; slots past the round's read
@@ -129,13 +135,9 @@ class InfLLMRounds:
         Hq, Hkv = self.heads, self.kv_heads
         G = Hq // Hkv
         received, seen, reprs = self.received[i], self.seen[i], self.reprs[i]
-        n_blocks = layout["n_blocks"]
         # representatives of the newest blocks: the mean key of the entries with the most window attention per
         # query head (ties: the earlier entry), or of all entries for a block never read in a window
-        blocks = n_blocks - self.new_blocks + self.fresh  # [k]
-        exists = blocks >= 0
-        entries = (P.infllm_init + blocks.clamp_min(0)[:, None] * P.infllm_block + self.block_entries)
-        entries = entries.clamp_max(self.capacity - 1)  # [k, block]
+        entries = layout["fresh_entries"]  # [k, block]
         block_keys = keys[0][:, entries].to(acc)  # [Hkv, k, block, Dh]
         k = self.new_blocks
         score = received[:, entries].reshape(Hkv, G, k, P.infllm_block)
@@ -145,13 +147,13 @@ class InfLLMRounds:
         mean = block_keys.mean(2).repeat_interleave(G, dim=0)
         was_seen = (seen[entries] > 0).any(-1)
         fresh = torch.where(was_seen[None, :, None], top, mean)
-        reprs.index_copy_(1, torch.where(exists, blocks, self.num_blocks), fresh)
+        reprs.index_copy_(1, layout["fresh_slots"], fresh)
         # the blocks whose representatives best match the block-averaged query (every block when no more exist)
         block_query = query[0].to(acc).mean(1)  # [Hq, Dh]
         scores = torch.einsum("hd,hbd->b", block_query, reprs[:, : self.num_blocks])
-        scores = scores.masked_fill(self.block_slots >= n_blocks, -math.inf)
+        scores = scores.masked_fill(layout["absent"], -math.inf)
         best = torch.sort(scores, descending=True, stable=True).indices[: P.infllm_topk]
-        chosen = torch.where(self.ranks < n_blocks, best, _FAR_AWAY).sort().values
+        chosen = torch.where(layout["ranked"], best, _FAR_AWAY).sort().values
         selected = (P.infllm_init + chosen.clamp_max(self.num_blocks)[:, None] * P.infllm_block
                     + self.block_entries).reshape(-1)
         far_only = torch.cat((self.init_entries, selected, self.pad))
@@ -159,21 +161,21 @@ class InfLLMRounds:
         return gather.clamp(0, self.capacity - 1)
 
     @torch.no_grad()
-    def record(self, i: int, query: torch.Tensor, keys: torch.Tensor, block_keys: torch.Tensor, layout: dict,
-               rows: tuple, far_rows: tuple | None, scaling: float) -> None:
+    def record(self, i: int, query_near: torch.Tensor, query_far: torch.Tensor | None, block_keys: torch.Tensor,
+               keys: torch.Tensor, layout: dict) -> None:
         """Add the attention each window entry received in this round's read (one softmax over window, block and
-        far entries, as read) to layer ``i``'s statistics.
+        far entries, as read; fp32) to layer ``i``'s statistics.
 
         Args:
-            query: ``[1, Hq, B, Dh]`` unrotated queries; block_keys ``[1, Hkv, B, Dh]`` unrotated.
+            query_near: ``[1, Hq, B, Dh]`` the read's queries (rotated at the rows' true positions, logit scale in).
+            query_far: ``[1, Hq, B, Dh]`` the read's far queries (at D - 1), or None (no far memory this round).
+            block_keys: ``[1, Hkv, B, Dh]`` rotated block keys.
             keys: ``[1, Hkv, size, Dh]`` the compact context the layer read.
-            rows: the block rows' ``(cos, sin)`` at their true positions; far_rows: the far rows' tables or None
-                (no far memory this round).
         """
         acc = self.acc
         Hkv, G, B = self.kv_heads, self.heads // self.kv_heads, self.block
         T = layout["read_length"]
-        q = rotate_by_tables(query[0], *rows).reshape(Hkv, G, B, -1) * scaling
+        q = query_near[0].to(acc).reshape(Hkv, G, B, -1)
         window = T - (self.D - 1) + self.window_slots  # compact slots of the widest window (row 0's)
         valid = window >= 0
         slot = window.clamp_min(0)
@@ -182,10 +184,9 @@ class InfLLMRounds:
         distance = (T + self.row_offsets)[:, None] - window[None, :]
         near_mask = (distance < self.D) & valid
         s_near = grouped_logits(q[None], near_keys[None])[0].masked_fill(~near_mask, -math.inf)
-        parts = [s_near, grouped_logits(q[None], rotate_by_tables(block_keys[0], *rows)[None])[0]]
-        if far_rows is not None:
-            q_far = rotate_by_tables(query[0], *far_rows).reshape(Hkv, G, B, -1) * scaling
-            s_far = grouped_logits(q_far[None], keys.to(acc))[0]
+        parts = [s_near, grouped_logits(q[None], block_keys.to(acc))[0]]
+        if query_far is not None:
+            s_far = grouped_logits(query_far.to(acc).reshape(1, Hkv, G, B, -1), keys.to(acc))[0]
             far_mask = ((T + self.row_offsets)[:, None] - self.slots[None, :] >= self.D) & (self.slots < T)
             parts.append(s_far.masked_fill(~far_mask, -math.inf))
         lse = torch.logsumexp(torch.cat(parts, -1), -1, keepdim=True)
