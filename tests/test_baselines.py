@@ -347,8 +347,8 @@ def test_retrieval_modes_are_lossless_on_every_path(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["infllm", "cmr"])
 def test_static_retrieval_step_with_the_fused_layer_ops_drafts_what_the_loop_drafts(mode, monkeypatch):
-    """The static step with the fused elementwise ops (their torch twins here; the graphs engine's path on CUDA),
-    each step run twice more when it is made, as the graphs engine's warm-up before capture does: the retrieval
+    """The static step with the fused elementwise ops and the target's fused layers (their torch twins here; the
+    graphs engine's path on CUDA), each step run twice more when it is made, as the graphs engine's warm-up before capture does: the retrieval
     state those runs advance (InfLLM's statistics) is put back."""
     import functools
 
@@ -362,8 +362,9 @@ def test_static_retrieval_step_with_the_fused_layer_ops_drafts_what_the_loop_dra
     ids = torch.randint(0, MASK_ID, (1, 300), generator=torch.Generator().manual_seed(1001))
     ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
                            fold_config=mode_config(mode))
+    # the target's fused layers with the decode kernel's twin: cmr's verify keeps its queries on that path too
     res = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
-                        engine="static")
+                        engine="static", target_attention="triton", fused_layers=True)
     fast.release_fast_state(target)
     assert torch.equal(res.sequences, ref.sequences) and res.proposals == ref.proposals
 
