@@ -91,8 +91,8 @@ def oracle(monkeypatch):
         monkeypatch.setattr(drafter, "propose", propose)
         draft = static_drafter_module.StaticDrafter.draft
 
-        def static_draft(self, taps, state, with_far, pick=None):
-            drafts = draft(self, taps, state, with_far)  # greedy [B - 1]
+        def static_draft(self, taps, state, with_far, pick=None, phase=None):
+            drafts = draft(self, taps, state, with_far, phase=phase)  # greedy [B - 1]
             position = int(state[0])  # the fast loop's state[_T_LEN]: position of the last committed token
             forced = torch.tensor(_oracle_tokens(ref, position, drafts.shape[0]), device=drafts.device)
             return forced if pick is None else (forced, None)
