@@ -17,6 +17,9 @@ pair and context, AR / floor and SD round / AR (the issue's goals: AR <= 1.5x th
 ``hybrid.json`` under ``--out``.
 
 GPU (repo root; about 5-7 minutes on an H200):   python benchmarks/hybrid_bench.py --out $OUT/hybrid
+Quick re-measure of Qwen3.5 at 32K with the fused layers, the module path's AR step and a top-kernel table
+(about a minute):   python benchmarks/hybrid_bench.py --pairs qwen35_9b --contexts 32768 --rounds 24 --repeats 2
+                        --modules-row --profile --out $OUT/hybrid
 CPU dry run (tiny shapes, static engine, no timing meaning; seconds):   python benchmarks/hybrid_bench.py --dry-run
 """
 
@@ -109,11 +112,12 @@ def floor_bytes(target, context: int) -> int:
     return weights + kv + state
 
 
-def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str) -> list[float]:
-    time_rounds(target, drafter, context, rounds, engine=engine)  # captures this length's graphs
+def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str, fused_layers=None) -> list[float]:
+    time_rounds(target, drafter, context, rounds, engine=engine, fused_layers=fused_layers)  # captures the graphs
     seconds: list[float] = []
     for _ in range(repeats):
-        seconds += time_rounds(target, drafter, context, rounds, engine=engine).round_seconds[1:]
+        seconds += time_rounds(target, drafter, context, rounds, engine=engine,
+                               fused_layers=fused_layers).round_seconds[1:]
     return seconds
 
 
@@ -124,6 +128,7 @@ def run(args) -> dict:
     bandwidth = copy_bandwidth() if device == "cuda" else float("nan")
     log(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows: list[dict] = []
+    result_profiles: list[dict] = []
     max_positions = max(contexts) + 4096
     pairs = [p for p in args.pairs.split(",") if p]
     for pair in pairs:
@@ -158,11 +163,23 @@ def run(args) -> dict:
                 drafter.set_fold_config(cfg)
                 add(f"our_sd_{mode}", context, timed(target, drafter, context, args.rounds, args.repeats, engine))
             add("our_ar", context, timed(target, None, context, args.rounds, args.repeats, engine))
+            if args.modules_row and pair == "qwen35_9b":  # the same AR step through the model's modules
+                release_fast_state(target)
+                add("our_ar_modules", context, timed(target, None, context, args.rounds, args.repeats, engine,
+                                                     fused_layers=False))
+            if args.profile:
+                from step_profile import profile_rounds
+
+                release_fast_state(target)
+                drafter.set_fold_config(modes["dflash"])
+                for label, d in ((f"{pair}_ar", None), (f"{pair}_sd_dflash", drafter)):
+                    result_profiles.append(profile_rounds(target, d, context, Path(args.out) / "profile", label))
             release_fast_state(target)
         del target, drafter
         if device == "cuda":
             torch.cuda.empty_cache()
-    return {"rows": rows, "bandwidth_tb_s": bandwidth / 1e12, "headline": headline(rows)}
+    return {"rows": rows, "bandwidth_tb_s": bandwidth / 1e12, "headline": headline(rows),
+            "profiles": [{k: v for k, v in p.items() if k != "top"} for p in result_profiles]}
 
 
 def headline(rows: list[dict]) -> dict:
@@ -173,6 +190,9 @@ def headline(rows: list[dict]) -> dict:
             continue
         floor = p50.get((pair, "floor", context))
         out[f"{pair}_ar_over_floor_{context}"] = value / floor if floor else None
+        modules = p50.get((pair, "our_ar_modules", context))
+        if modules:
+            out[f"{pair}_ar_modules_over_floor_{context}"] = modules / floor if floor else None
         for mode in ("dflash", "fold"):
             sd = p50.get((pair, f"our_sd_{mode}", context))
             out[f"{pair}_sd_{mode}_over_ar_{context}"] = sd / value if sd else None
@@ -207,6 +227,11 @@ def main(argv=None) -> int:
     parser.add_argument("--qwen-window", type=int, default=None, help="FOLD W for Qwen3.5 (default 4096)")
     parser.add_argument("--llama-window", type=int, default=2048)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (static engine)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write a torch.profiler top-kernel table of the AR step and the dflash round "
+                             "(static engine) per context under OUT/profile/")
+    parser.add_argument("--modules-row", action="store_true",
+                        help="also time Qwen3.5's AR step through the model's modules (fused_layers=False)")
     args = parser.parse_args(argv)
     dry = args.dry_run
     args.contexts = args.contexts or ("64,160" if dry else "8192,32768,131072")
