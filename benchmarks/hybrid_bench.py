@@ -182,6 +182,73 @@ def run(args) -> dict:
             "profiles": [{k: v for k, v in p.items() if k != "top"} for p in result_profiles]}
 
 
+def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
+    """Time the fused Gated DeltaNet verify and commit at the Qwen3.5-9B layer shape (16 key / 32 value heads of
+    128, conv 4) for 1 and 16 rows over launch configurations (``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS``), next
+    to the per-position-state kernel they replace; each configuration is checked against the torch twin first."""
+    import os
+
+    from fold_hf.kernels import hybrid_reference as ref
+    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+
+    HK, HV, DK, DV, K = 16, 32, 128, 128, 4
+    C = 2 * HK * DK + HV * DV
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape, dtype=torch.bfloat16, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+    def event_us(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / repeats
+
+    rows = []
+    state = rnd(HV, DK, DV, dtype=torch.float32, scale=0.1)
+    conv, weight = rnd(C, K - 1), rnd(C, K, scale=0.5)
+    a_log, dt_bias = rnd(HV, scale=0.3), rnd(HV, scale=0.3)
+    for L in (1, 16):
+        qkv, b, a = rnd(L, C), rnd(L, HV), rnd(L, HV)
+        pending = ref.gated_delta_pending(24, 64, HK, DK, HV, DV, C, torch.bfloat16, torch.float32, "cuda")
+        want = ref.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK,
+                                                ref.gated_delta_pending(24, 64, HK, DK, HV, DV, C, torch.bfloat16,
+                                                                        torch.float32, "cuda"), 0)
+        states = state.expand(24, HV, DK, DV).contiguous()
+        convs = conv.expand(24, C, K - 1).contiguous()
+        n = torch.tensor([L - 1], device="cuda")
+        q, k, v, gg, beta = ref.gated_delta_prepare_reference(qkv, b, a, conv, weight, a_log, dt_bias, HK, DK,
+                                                               torch.float32)
+        rows.append({"kernel": "per_position_states (before)", "rows": L,
+                     "us": event_us(lambda: gated_delta_states_triton(q, k, v, gg, beta, state))})
+        for bv, warps in ((16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)):
+            os.environ["FOLD_HF_GDN_BV"], os.environ["FOLD_HF_GDN_WARPS"] = str(bv), str(warps)
+            try:
+                got = tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pending, 0)
+                error = float((got - want).abs().max())
+                verify = event_us(lambda: tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias,
+                                                                        state, HK, DK, pending, 0))
+                commit = event_us(lambda: tri.gated_delta_commit_triton(n, pending, L, states, convs))
+            except Exception as exc:  # a configuration that does not compile is a result too
+                rows.append({"kernel": f"fused BV={bv} warps={warps}", "rows": L, "error": repr(exc)[:200]})
+                continue
+            rows.append({"kernel": f"fused BV={bv} warps={warps}", "rows": L, "verify_us": verify,
+                         "commit_24_layers_us": commit, "max_abs_err_vs_twin": error})
+    os.environ.pop("FOLD_HF_GDN_BV", None)
+    os.environ.pop("FOLD_HF_GDN_WARPS", None)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel_sweep.json").write_text(json.dumps(rows, indent=2))
+    for row in rows:
+        log("sweep " + json.dumps(row))
+    return rows
+
+
 def headline(rows: list[dict]) -> dict:
     p50 = {(r["pair"], r["row"], r["context"]): r["p50_ms"] for r in rows}
     out = {}
@@ -230,6 +297,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also write a torch.profiler top-kernel table of the AR step and the dflash round "
                              "(static engine) per context under OUT/profile/")
+    parser.add_argument("--kernel-sweep", action="store_true",
+                        help="first time the fused Gated DeltaNet kernels' launch configurations (GPU only)")
     parser.add_argument("--modules-row", action="store_true",
                         help="also time Qwen3.5's AR step through the model's modules (fused_layers=False)")
     args = parser.parse_args(argv)
@@ -241,6 +310,8 @@ def main(argv=None) -> int:
     args.qwen_window = args.qwen_window or (32 if dry else 4096)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
+        if args.kernel_sweep and not dry:
+            kernel_sweep(Path(args.out))
         write(args, run(args))
     return 0
 

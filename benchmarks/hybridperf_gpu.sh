@@ -15,7 +15,7 @@ timeout 75 python -m pytest -q -m gpu -n 4 -rf tests/test_hybrid_kernels.py \
     tests/test_gemma_targets.py::test_graphs_engine_on_gpu > "$OUT_DIR/gpu_tests.log" 2>&1
 echo "pytest rc=$?" >> "$OUT_DIR/gpu_tests.log"; tail -3 "$OUT_DIR/gpu_tests.log"; stamp tests
 timeout 100 python benchmarks/hybrid_bench.py --pairs qwen35_9b --contexts 32768 --rounds 24 --repeats 2 \
-    --modules-row --profile --out "$OUT_DIR/hybrid" > "$OUT_DIR/hybrid.log" 2>&1
+    --modules-row --profile --kernel-sweep --out "$OUT_DIR/hybrid" > "$OUT_DIR/hybrid.log" 2>&1
 echo "rc=$?" >> "$OUT_DIR/hybrid.log"; grep -v "^\s*$" "$OUT_DIR/hybrid.log" | tail -12; stamp hybrid
 timeout 90 python benchmarks/gemma_bench.py --contexts 32768 --rounds 16 --repeats 2 --modules-row --profile \
     --out "$OUT_DIR/gemma" > "$OUT_DIR/gemma.log" 2>&1

@@ -317,19 +317,21 @@ def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Ten
 
 # ---------------------------------------------------------------------------------------------- Gated DeltaNet
 @triton.jit
-def _conv_silu(QKV, CONV, CW, chan, mask, t, qkv_stride, KS: tl.constexpr, LIB: tl.constexpr):
-    """Causal depthwise conv of channels ``chan`` at block token ``t`` over [conv state | block rows], then silu,
-    rounded as the model dtype (returned in fp32)."""
-    acc = tl.zeros(chan.shape, tl.float32)
+def _conv_silu_rows(QKV, CONV, CW, chan, cmask, rows, rmask, qkv_stride, KS: tl.constexpr, LIB: tl.constexpr):
+    """Causal depthwise conv of channels ``chan [BC]`` at block tokens ``rows [LP]`` over [conv state | block rows],
+    then silu, rounded as the model dtype: ``[LP, BC]`` in fp32."""
+    acc = tl.zeros((rows.shape[0], chan.shape[0]), tl.float32)
+    m2 = rmask[:, None] & cmask[None, :]
     for j in tl.static_range(KS):
-        m = tl.zeros(chan.shape, tl.int32) + (t + j)  # column of the window [C, K - 1 + L], per channel
-        w = tl.load(CW + chan * KS + j, mask=mask, other=0.0).to(tl.float32)
-        in_state = m < KS - 1
-        row = tl.maximum(m - (KS - 1), 0)
-        from_state = tl.load(CONV + chan * (KS - 1) + tl.minimum(m, KS - 2), mask=mask & in_state, other=0.0)
-        from_block = tl.load(QKV + row * qkv_stride + chan, mask=mask & (m >= KS - 1), other=0.0)
+        m = rows + j  # column of the window [C, K - 1 + L]
+        w = tl.load(CW + chan * KS + j, mask=cmask, other=0.0).to(tl.float32)
+        in_state = (m < KS - 1)[:, None]
+        col = tl.minimum(m, KS - 2)[:, None]
+        row = tl.maximum(m - (KS - 1), 0)[:, None]
+        from_state = tl.load(CONV + chan[None, :] * (KS - 1) + col, mask=m2 & in_state, other=0.0)
+        from_block = tl.load(QKV + row * qkv_stride + chan[None, :], mask=m2 & (m >= KS - 1)[:, None], other=0.0)
         x = tl.where(in_state, from_state.to(tl.float32), from_block.to(tl.float32))
-        acc = acc + w * x
+        acc = acc + w[None, :] * x
     dtype = QKV.dtype.element_ty
     acc = _round_to(acc, dtype)
     return _round_to(_silu(acc, LIB), dtype)
@@ -338,7 +340,7 @@ def _conv_silu(QKV, CONV, CW, chan, mask, t, qkv_stride, KS: tl.constexpr, LIB: 
 @triton.jit
 def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, PB, PR, L, qkv_stride, b_stride,
                        a_stride, scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr):
+                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, LIB: tl.constexpr):
     h = tl.program_id(0)
     vb = tl.program_id(1)
     GROUP: tl.constexpr = HV // HK
@@ -347,52 +349,73 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, P
     C: tl.constexpr = 2 * HK * DK + HV * DV
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
+    rl = tl.arange(0, LP)
     mk = rk < DK
     mv = rv < DV
-    m2 = mk[:, None] & mv[None, :]
+    ml = rl < L
     qc = hk * DK + rk
     kc = KD + hk * DK + rk
     vc = 2 * KD + h * DV + rv
-    leader = (vb == 0) & (h % GROUP == 0)
+    # prologue, all block tokens at once: conv + silu, L2 norms, gates; written to the commit's buffers. Every
+    # program sharing a key head writes the same q/k bits, so each may read back its own writes after the barrier.
+    q = _conv_silu_rows(QKV, CONV, CW, qc, mk, rl, ml, qkv_stride, KS, LIB)
+    k = _conv_silu_rows(QKV, CONV, CW, kc, mk, rl, ml, qkv_stride, KS, LIB)
+    v = _conv_silu_rows(QKV, CONV, CW, vc, mv, rl, ml, qkv_stride, KS, LIB)
+    q = q * tl.math.rsqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
+    k = k * tl.math.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+    braw = tl.load(B + rl * b_stride + h, mask=ml, other=0.0)
+    beta = _round_to(_sigmoid(braw.to(tl.float32), LIB), braw.dtype)
+    x = tl.load(A + rl * a_stride + h, mask=ml, other=0.0).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
+    if LIB:
+        soft = tl.where(x > 20.0, x, libdevice.log1p(libdevice.exp(x)))
+    else:
+        soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+    g = -_exp(tl.load(ALOG + h).to(tl.float32), LIB) * soft
+    lk = ml[:, None] & mk[None, :]
+    lv = ml[:, None] & mv[None, :]
+    tl.store(PQ + (rl[:, None] * HK + hk) * DK + rk[None, :], q, mask=lk)
+    tl.store(PK + (rl[:, None] * HK + hk) * DK + rk[None, :], k, mask=lk)
+    tl.store(PV + (rl[:, None] * HV + h) * DV + rv[None, :], v, mask=lv)
+    tl.store(PG + rl * HV + h, g, mask=ml)
+    tl.store(PB + rl * HV + h, beta, mask=ml)
+    # raw projections, for the commit's convolution window
+    tl.store(PR + rl[:, None] * C + vc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + vc[None, :], mask=lv,
+                                                         other=0.0), mask=lv)
+    if (vb == 0) & (h % GROUP == 0):
+        tl.store(PR + rl[:, None] * C + qc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + qc[None, :], mask=lk,
+                                                             other=0.0), mask=lk)
+        tl.store(PR + rl[:, None] * C + kc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + kc[None, :], mask=lk,
+                                                             other=0.0), mask=lk)
+    tl.debug_barrier()
+    # the recurrence: one token after another, the next token's inputs loaded while this one computes
+    m2 = mk[:, None] & mv[None, :]
     s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
     S_ = tl.load(S + s_off, mask=m2, other=0.0).to(tl.float32)
-    rate = -_exp(tl.load(ALOG + h).to(tl.float32), LIB)
-    dtb = tl.load(DTB + h).to(tl.float32)
+    kt = tl.load(PK + hk * DK + rk, mask=mk, other=0.0)
+    qt = tl.load(PQ + hk * DK + rk, mask=mk, other=0.0)
+    vt = tl.load(PV + h * DV + rv, mask=mv, other=0.0)
+    gt = tl.load(PG + h)
+    bt = tl.load(PB + h)
     for t in range(0, L):
-        q = _conv_silu(QKV, CONV, CW, qc, mk, t, qkv_stride, KS, LIB)
-        k = _conv_silu(QKV, CONV, CW, kc, mk, t, qkv_stride, KS, LIB)
-        v = _conv_silu(QKV, CONV, CW, vc, mv, t, qkv_stride, KS, LIB)
-        q = q * tl.math.rsqrt(tl.sum(q * q, 0) + 1e-6) * scale
-        k = k * tl.math.rsqrt(tl.sum(k * k, 0) + 1e-6)
-        braw = tl.load(B + t * b_stride + h)
-        beta = _round_to(_sigmoid(braw.to(tl.float32), LIB), braw.dtype)
-        x = tl.load(A + t * a_stride + h).to(tl.float32) + dtb
-        if LIB:
-            soft = tl.where(x > 20.0, x, libdevice.log1p(libdevice.exp(x)))
-        else:
-            soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-        g = rate * soft
-        S_ = S_ * _exp(g, LIB)
-        read = tl.sum(S_ * k[:, None], axis=0)
-        S_ = S_ + k[:, None] * ((v - read) * beta)[None, :]
-        out = tl.sum(S_ * q[:, None], axis=0)
-        tl.store(OUT + (t * HV + h) * DV + rv, out, mask=mv)
-        # the commit's inputs (and the raw projections, for the convolution window)
-        tl.store(PV + (t * HV + h) * DV + rv, v, mask=mv)
-        tl.store(PR + t * C + vc, tl.load(QKV + t * qkv_stride + vc, mask=mv, other=0.0), mask=mv)
-        if vb == 0:
-            tl.store(PG + t * HV + h, g)
-            tl.store(PB + t * HV + h, beta)
-        if leader:
-            tl.store(PQ + (t * HK + hk) * DK + rk, q, mask=mk)
-            tl.store(PK + (t * HK + hk) * DK + rk, k, mask=mk)
-            tl.store(PR + t * C + qc, tl.load(QKV + t * qkv_stride + qc, mask=mk, other=0.0), mask=mk)
-            tl.store(PR + t * C + kc, tl.load(QKV + t * qkv_stride + kc, mask=mk, other=0.0), mask=mk)
+        nxt = tl.minimum(t + 1, L - 1)  # (the last token loads itself again, unused)
+        kn = tl.load(PK + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
+        qn = tl.load(PQ + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
+        vn = tl.load(PV + (nxt * HV + h) * DV + rv, mask=mv, other=0.0)
+        gn = tl.load(PG + nxt * HV + h)
+        bn = tl.load(PB + nxt * HV + h)
+        S_ = S_ * _exp(gt, LIB)
+        read = tl.sum(S_ * kt[:, None], axis=0)
+        S_ = S_ + kt[:, None] * ((vt - read) * bt)[None, :]
+        tl.store(OUT + (t * HV + h) * DV + rv, tl.sum(S_ * qt[:, None], axis=0), mask=mv)
+        kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
 
 
-def _blocks(DK: int, DV: int) -> tuple[int, int]:
+def _blocks(DK: int, DV: int) -> tuple[int, int, int]:
+    """(BK, BV, num_warps) of the Gated DeltaNet kernels; ``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS`` override
+    (benchmarks/hybrid_bench.py ``--kernel-sweep`` times the choices)."""
     BK = _next_pow2(DK)
-    return BK, min(_next_pow2(DV), max(16, 4096 // BK))
+    BV = int(os.environ.get("FOLD_HF_GDN_BV") or min(_next_pow2(DV), max(16, 4096 // BK)))
+    return BK, BV, int(os.environ.get("FOLD_HF_GDN_WARPS") or 4)
 
 
 def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
@@ -405,7 +428,7 @@ def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias
     HV, DK, DV = state.shape
     HK = num_k_heads
     KS = conv_weight.shape[-1]
-    if DK != k_dim or HV % HK or C != 2 * HK * DK + HV * DV or conv_state.shape != (C, KS - 1):
+    if DK != k_dim or HV % HK or C != 2 * HK * DK + HV * DV or conv_state.shape != (C, KS - 1) or KS < 2:
         raise ValueError(f"shapes do not match: qkv {tuple(qkv.shape)}, state {tuple(state.shape)}, conv "
                          f"{tuple(conv_state.shape)}, {HK} key heads of {k_dim}")
     if L > pending["q"].shape[1]:
@@ -414,17 +437,17 @@ def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias
     b = b if b.stride(-1) == 1 else b.contiguous()
     a = a if a.stride(-1) == 1 else a.contiguous()
     out = torch.empty(L, HV, DV, device=state.device, dtype=torch.float32)
-    BK, BV = _blocks(DK, DV)
+    BK, BV, warps = _blocks(DK, DV)
     _gdn_verify_kernel[(HV, triton.cdiv(DV, BV))](
         qkv, b, a, conv_state.contiguous(), conv_weight.reshape(C, KS).contiguous(), a_log, dt_bias, state, out,
         pending["q"][layer], pending["k"][layer], pending["v"][layer], pending["g"][layer], pending["beta"][layer],
         pending["qkv"][layer], L, qkv.stride(0), b.stride(0), a.stride(0), float(k_dim ** -0.5), HK=HK, HV=HV, DK=DK,
-        DV=DV, KS=KS, BK=BK, BV=BV, LIB=_libdevice(), num_warps=4, **_EXACT)
+        DV=DV, KS=KS, BK=BK, BV=BV, LP=_next_pow2(L), LIB=_libdevice(), num_warps=warps, **_EXACT)
     return out
 
 
 @triton.jit
-def _gdn_commit_kernel(N, PQ, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                        DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr):
     pid = tl.program_id(0)
     vb = tl.program_id(1)
@@ -440,15 +463,20 @@ def _gdn_commit_kernel(N, PQ, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.
     S_ = tl.load(S + s_off, mask=m2, other=0.0)
     n = tl.load(N)
     base = layer.to(tl.int64) * rows
-    for t in range(0, n + 1):
-        r = base + t
-        k = tl.load(PK + (r * HK + hk) * DK + rk, mask=mk, other=0.0)
-        v = tl.load(PV + (r * HV + h) * DV + rv, mask=mv, other=0.0)
-        g = tl.load(PG + r * HV + h)
-        beta = tl.load(PB + r * HV + h)
-        S_ = S_ * _exp(g, LIB)
-        read = tl.sum(S_ * k[:, None], axis=0)
-        S_ = S_ + k[:, None] * ((v - read) * beta)[None, :]
+    kt = tl.load(PK + (base * HK + hk) * DK + rk, mask=mk, other=0.0)
+    vt = tl.load(PV + (base * HV + h) * DV + rv, mask=mv, other=0.0)
+    gt = tl.load(PG + base * HV + h)
+    bt = tl.load(PB + base * HV + h)
+    for t in range(0, n + 1):  # the same steps as the verify's, one token after another
+        r = base + tl.minimum(t + 1, n)  # (the last token loads itself again, unused)
+        kn = tl.load(PK + (r * HK + hk) * DK + rk, mask=mk, other=0.0)
+        vn = tl.load(PV + (r * HV + h) * DV + rv, mask=mv, other=0.0)
+        gn = tl.load(PG + r * HV + h)
+        bn = tl.load(PB + r * HV + h)
+        S_ = S_ * _exp(gt, LIB)
+        read = tl.sum(S_ * kt[:, None], axis=0)
+        S_ = S_ + kt[:, None] * ((vt - read) * bt)[None, :]
+        kt, vt, gt, bt = kn, vn, gn, bn
     tl.store(S + s_off, S_, mask=m2)
 
 
@@ -458,10 +486,10 @@ def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, state
     for every layer's state; the convolution windows shift by a gather."""
     NL, HV, DK, DV = states.shape
     HK = pending["q"].shape[2]
-    BK, BV = _blocks(DK, DV)
+    BK, BV, warps = _blocks(DK, DV)
     _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV))](
-        n, pending["q"], pending["k"], pending["v"], pending["g"], pending["beta"], states, pending["q"].shape[1],
-        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=4, **_EXACT)
+        n, pending["k"], pending["v"], pending["g"], pending["beta"], states, pending["q"].shape[1],
+        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=warps, **_EXACT)
     K1 = conv_states.shape[2]
     window = torch.cat((conv_states, pending["qkv"][:, :length].transpose(1, 2)), 2)
     columns = n.reshape(1) + 1 + torch.arange(K1, device=n.device)
