@@ -149,6 +149,18 @@ def _check_kernels(device, dtype, H, heads, D, R, ring, L):
     up = _randn(L, 3, 2 * H, seed=12, dtype=dtype, device=device)
     torch.testing.assert_close(tri.gelu_tanh_mul_triton(up[..., :H], up[..., H:]),
                                ref.gelu_tanh_mul_reference(up[..., :H], up[..., H:]), **tol)
+    # ring attention: a ring of `ring` slots holding the last positions (top = 40 + L - 1), window 5 / 9
+    rq = _randn(1, heads, L, D, seed=15, dtype=dtype, device=device)
+    kr = _randn(1, heads // 2 or 1, ring, D, seed=16, dtype=dtype, device=device)
+    vr = _randn(1, heads // 2 or 1, ring, D, seed=17, dtype=dtype, device=device)
+    if heads % kr.shape[1] == 0:
+        for window in (5, 9):
+            torch.testing.assert_close(tri.ring_attention_triton(rq, kr, vr, positions, window, D ** -0.5),
+                                       ref.ring_attention_reference(rq, kr, vr, positions, window, D ** -0.5),
+                                       **tol)
+        early = torch.arange(0, L, device=device)  # a ring not yet wrapped: slots past the top are empty
+        torch.testing.assert_close(tri.ring_attention_triton(rq, kr, vr, early, 4, 1.0),
+                                   ref.ring_attention_reference(rq, kr, vr, early, 4, 1.0), **tol)
     o = _randn(L, heads, D, seed=13, device=device)
     z = _randn(L, heads, D, seed=14, dtype=dtype, device=device)
     torch.testing.assert_close(tri.gated_rms_norm_triton(o, z, qw, 1e-6), ref.gated_rms_norm_reference(o, z, qw, 1e-6),

@@ -80,8 +80,8 @@ def default_layer_ops(device: torch.device) -> LayerOps:
                     "torch")
 
 
-HYBRID_OPS = ("residual_norm", "head_norm_rope_write", "gelu_tanh_mul", "sigmoid_mul", "gated_rms_norm",
-              "gated_delta_verify", "gated_delta_commit")
+HYBRID_OPS = ("residual_norm", "head_norm_rope_write", "ring_attention", "gelu_tanh_mul", "sigmoid_mul",
+              "gated_rms_norm", "gated_delta_verify", "gated_delta_commit")
 
 
 class HybridOps:

@@ -141,6 +141,38 @@ def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.
     return (out * F.silu(gate.to(xf.dtype))).to(dtype)
 
 
+def ring_attention_reference(query: torch.Tensor, key_ring: torch.Tensor, value_ring: torch.Tensor,
+                             positions: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+    """Sliding-window attention of a block over a ring cache (Gemma's sliding layers on the fast loop).
+
+    Slot ``s`` of the ring (``R`` slots) holds position ``top - ((top - s) mod R)`` with ``top = positions[-1]`` (the
+    block's own rows are already written); query row ``r`` sees the slots whose position ``p`` has ``p >= 0``,
+    ``p <= positions[r]`` and ``positions[r] - p < window``. Scores in fp32 (fp64 for fp64), probabilities cast to
+    the values' dtype before the second product, as the module path's ``masked_attention``.
+
+    Args:
+        query: ``[1, Hq, L, D]`` rotated queries.
+        key_ring, value_ring: ``[1, Hkv, R, D]``.
+        positions: ``[L]`` long, consecutive.
+
+    Returns:
+        ``[1, L, Hq, D]`` in the values' dtype.
+    """
+    R = key_ring.shape[2]
+    top = positions[-1]
+    slot_pos = top - torch.remainder(top - torch.arange(R, device=positions.device), R)
+    delta = positions[:, None] - slot_pos[None, :]
+    visible = (slot_pos[None, :] >= 0) & (delta >= 0) & (delta < window)
+    _, hq, L, D = query.shape
+    hkv = key_ring.shape[1]
+    group = hq // hkv
+    rows = query.reshape(1, hkv, group * L, D)
+    scores = torch.matmul(rows, key_ring.transpose(-1, -2)).to(torch.promote_types(query.dtype, torch.float32))
+    scores = (scores * scaling).masked_fill(~visible.repeat(group, 1), float("-inf"))
+    probs = scores.softmax(-1).to(value_ring.dtype)
+    return torch.matmul(probs, value_ring).reshape(1, hq, L, D).transpose(1, 2).contiguous()
+
+
 # ---------------------------------------------------------------------------------------------- Gated DeltaNet
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -258,4 +290,5 @@ def gated_delta_commit_reference(n: torch.Tensor, pending: dict, length: int, st
 
 __all__ = ["gated_delta_commit_reference", "gated_delta_pending", "gated_delta_prepare_reference",
            "gated_delta_verify_reference", "gated_rms_norm_reference", "gelu_tanh_mul_reference",
-           "head_norm_rope_write_reference", "residual_norm_reference", "sigmoid_mul_reference"]
+           "head_norm_rope_write_reference", "residual_norm_reference", "ring_attention_reference",
+           "sigmoid_mul_reference"]

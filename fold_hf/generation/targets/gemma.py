@@ -404,6 +404,8 @@ class GemmaStaticTarget(StaticTarget):
             from ...kernels import default_decode_attention
 
             self._decode_attention = default_decode_attention(self.device)
+        if fused:
+            return self._forward_static_fused(input_ids, positions, bucket, taps_out)
         key_index = torch.arange(bucket, device=positions.device)
         global_visible = key_index[None, :] <= positions[:, None]
         top = positions[-1]
@@ -440,15 +442,14 @@ class GemmaStaticTarget(StaticTarget):
             return masked_attention(q, self.keys[src][:, :, :bucket], self.values[src][:, :, :bucket],
                                     global_visible, self.scalings[i])
 
-        if fused:
-            return self._forward_static_fused(input_ids, positions, bucket, taps_out, attend, block_kv)
         return self._run_layers(input_ids, positions, write_kv, attend, taps_out, last_only=False)
 
-    def _forward_static_fused(self, input_ids, positions, bucket: int, taps_out, attend, block_kv) -> torch.Tensor:
+    def _forward_static_fused(self, input_ids, positions, bucket: int, taps_out) -> torch.Tensor:
         """The device-length forward with fused layers: per layer the projections, one kernel for the q/k/v norms,
-        rope and the (ring) cache write, the attention of :meth:`forward_static`, one kernel for the sandwich norm
-        + residual + next norm after the attention and one after the MLP (with ``layer_scalar``), GELU-tanh fused
-        with ``up``. Per-layer inputs (PLE) keep their gate and projection on the modules."""
+        rope and the (ring) cache write, the ring attention kernel (sliding layers, two launches) or the decode
+        kernel (global layers), one kernel for the sandwich norm + residual + next norm after the attention and one
+        after the MLP (with ``layer_scalar``), GELU-tanh fused with ``up``. Per-layer inputs (PLE) keep their gate
+        and projection on the modules."""
         if self._hybrid_ops is None:
             from ...kernels import default_hybrid_ops
 
@@ -456,8 +457,10 @@ class GemmaStaticTarget(StaticTarget):
             if reason is not None:
                 raise UnsupportedTarget(f"fused layers: {reason}")
             self._hybrid_ops = default_hybrid_ops(self.device)
-        ops = self._hybrid_ops
+        ops, decode = self._hybrid_ops, self._decode_attention
         offset = self._norm_offset
+        context_length = positions[:1].to(torch.int32)
+        block_kv = {}
         L = input_ids.shape[1]
         H = self.model.config.hidden_size
         hidden = self.embed(input_ids)
@@ -489,7 +492,15 @@ class GemmaStaticTarget(StaticTarget):
             else:
                 q, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None, attn.q_norm.eps, offset,
                                                    cos, sin, positions, None, None)
-            out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
+            src = self.kv_source[i]
+            if self.windows[i] is not None:
+                out = ops.ring_attention(q, self.keys[src], self.values[src], positions, self.windows[i],
+                                         self.scalings[i])
+            else:
+                k, v = block_kv[src]
+                out = decode(q, self.keys[src], self.values[src], k, v, context_length, scaling=self.scalings[i],
+                             max_context_length=bucket)
+            out = out.reshape(1, L, -1)  # [1, L, Hq, D] from both kernels
             post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
             hidden, normed = ops.residual_norm(hidden, attn.o_proj(out), weight(pre), pre.eps, offset,
                                                delta_weight=weight(post), delta_eps=post.eps, norm_delta=True)
