@@ -586,17 +586,41 @@ def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.cons
 def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
                               conv_states: torch.Tensor) -> None:
     """:func:`~fold_hf.kernels.hybrid_reference.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
-    for every layer's state; the convolution windows shift by a gather."""
+    for every layer's state, one shifts every layer's convolution window."""
     NL, HV, DK, DV = states.shape
     HK = pending["q"].shape[2]
     BK, BV, warps = _blocks(DK, DV)
     _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV))](
         n, pending["k"], pending["v"], pending["g"], pending["beta"], states, pending["q"].shape[1],
         HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=warps, **_EXACT)
-    K1 = conv_states.shape[2]
-    window = torch.cat((conv_states, pending["qkv"][:, :length].transpose(1, 2)), 2)
-    columns = n.reshape(1) + 1 + torch.arange(K1, device=n.device)
-    conv_states.copy_(window.index_select(2, columns))
+    C, K1 = conv_states.shape[1], conv_states.shape[2]
+    block = min(1024, _next_pow2(C))
+    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, pending["q"].shape[1],
+                                                     K1=K1, BK1=_next_pow2(K1), BLOCK=block, num_warps=4)
+
+
+@triton.jit
+def _conv_commit_kernel(N, RAW, CONV, C, rows, K1: tl.constexpr, BK1: tl.constexpr, BLOCK: tl.constexpr):
+    """Window column ``n + 1 + j`` of [conv state | the block's raw projections] into conv state column ``j``, for
+    every layer's channels (each program reads all its old columns before writing them)."""
+    layer = tl.program_id(0)
+    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mc = chan < C
+    cols = tl.arange(0, BK1)
+    mj = cols < K1
+    n = tl.load(N)
+    src = (n + 1 + cols).to(tl.int32)  # window column of each new column
+    in_state = (src < K1)[None, :]
+    m2 = mc[:, None] & mj[None, :]
+    base = layer.to(tl.int64) * C * K1
+    old = tl.load(CONV + base + chan[:, None] * K1 + tl.minimum(src, K1 - 1)[None, :], mask=m2 & in_state,
+                  other=0.0)
+    row = tl.maximum(src - K1, 0)[None, :]
+    new = tl.load(RAW + (layer.to(tl.int64) * rows + row) * C + chan[:, None], mask=m2 & (src >= K1)[None, :],
+                  other=0.0)
+    value = tl.where(in_state, old, new)
+    tl.debug_barrier()  # a column one thread writes may be another thread's old column: every load first
+    tl.store(CONV + base + chan[:, None] * K1 + cols[None, :], value, mask=m2)
 
 
 __all__ = ["gated_delta_commit_triton", "gated_delta_verify_triton", "gated_rms_norm_triton", "gelu_tanh_mul_triton",
