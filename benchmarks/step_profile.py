@@ -57,7 +57,8 @@ def profile_rounds(target, drafter, context: int, out: Path, label: str, rounds:
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"{label} @ {context}: {summary['launches_per_round']:.0f} launches / round, "
              f"{summary['device_us_per_round']:.0f} us device time / round, static-engine wall "
-             f"{summary['wall_ms_per_round_static']:.2f} ms / round", f"{'us/round':>10} {'calls':>7} {'share':>6}  kernel"]
+             f"{summary['wall_ms_per_round_static']:.2f} ms / round",
+             f"{'us/round':>10} {'calls':>7} {'share':>6}  kernel"]
     for r in rows:
         lines.append(f"{r['us_per_round']:10.1f} {r['calls_per_round']:7.1f} {100 * (r['share'] or 0):5.1f}%  "
                      f"{r['kernel']}")

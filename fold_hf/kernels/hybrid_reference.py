@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .common import rotate_half
+
 
 def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, dtype: torch.dtype) -> torch.Tensor:
     """``(x.float() * rsqrt(mean(x^2) + eps)) * (offset + w.float())`` cast to ``dtype`` (no weight: no scale)."""
@@ -70,8 +72,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """transformers' (partial) rope: the first ``R = cos.shape[-1]`` dims rotate (rotate_half pairs), the rest pass."""
     R = cos.shape[-1]
     rot, rest = x[..., :R], x[..., R:]
-    half = R // 2
-    rotated = rot * cos + torch.cat((-rot[..., half:], rot[..., :half]), -1) * sin
+    rotated = rot * cos + rotate_half(rot) * sin
     return torch.cat((rotated, rest), -1) if rest.shape[-1] else rotated
 
 
@@ -262,7 +263,8 @@ def gated_delta_pending(num_layers: int, rows: int, num_k_heads: int, k_dim: int
     return {"q": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
             "k": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
             "v": torch.zeros(num_layers, rows, num_v_heads, v_dim, **z),
-            "g": torch.zeros(num_layers, rows, num_v_heads, **z), "beta": torch.zeros(num_layers, rows, num_v_heads, **z),
+            "g": torch.zeros(num_layers, rows, num_v_heads, **z),
+            "beta": torch.zeros(num_layers, rows, num_v_heads, **z),
             "qkv": torch.zeros(num_layers, rows, conv_dim, device=device, dtype=dtype)}
 
 

@@ -1,5 +1,5 @@
-"""Triton kernels of the Qwen3.5 and Gemma target layers on the fast loop (twins: :mod:`fold_hf.kernels.hybrid_reference`,
-same signatures). Imported only when Triton is usable.
+"""Triton kernels of the Qwen3.5 and Gemma target layers on the fast loop (twins with the same signatures:
+:mod:`fold_hf.kernels.hybrid_reference`). Imported only when Triton is usable.
 
 Through the model's modules a Qwen3.5 Gated DeltaNet layer is ~75 small kernels per step and a Gemma layer ~100 (a
 Gemma RMSNorm alone is eight, six norms a layer); at one query per step each costs a few microseconds of launch and
@@ -410,7 +410,8 @@ def ring_attention_triton(query, key_ring, value_ring, positions, window: int, s
     part_l = torch.empty_like(part_m)
     _ring_split_kernel[(HKV, splits)](query, key_ring, value_ring, positions, part_acc, part_m, part_l, L, R,
                                       int(window), float(scaling), key_ring.stride(1), key_ring.stride(2), per_split,
-                                      G=G, D=D, BD=BD, BM=BM, BN=BN, IEEE=query.dtype == torch.float32 or not _libdevice(),
+                                      G=G, D=D, BD=BD, BM=BM, BN=BN,
+                                      IEEE=query.dtype == torch.float32 or not _libdevice(),
                                       num_warps=4)
     out = torch.empty(1, L, HQ, D, device=query.device, dtype=value_ring.dtype)
     _ring_merge_kernel[(HKV, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, G=G, D=D, BD=BD, BM=BM,

@@ -30,9 +30,10 @@ later query). Global layers keep the default family's full cache (the bucket att
 
 Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): the MoE block
 (``enable_moe_block``, data-dependent expert routing), bidirectional attention (``use_bidirectional_attention``),
-length-dependent rope types. The fused layer kernels (:mod:`fold_hf.kernels.triton_layer`) are Llama-shaped
-(``x * w`` norms without sandwich norms, SiLU, full rope): :meth:`GemmaStaticTarget.fused_unsupported` says so and
-the fast loop warns once and runs the layers on the model's modules.
+length-dependent rope types. Fused layers (the fast loop's default on CUDA): the projections stay the model's
+modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
+(:mod:`fold_hf.kernels.triton_hybrid`; :meth:`GemmaStaticTarget.fused_unsupported` names what they do not cover,
+and the fast loop then warns once and runs the layers on the modules).
 """
 
 from __future__ import annotations

@@ -27,8 +27,14 @@ out of the kernel) and :meth:`Qwen35StaticTarget.accept` copies the accepted pos
 inside the captured verify graph: a rejection costs no replay and no host read. The prompt is prefilled through
 the model's own forward (transformers' cache and kernels, chunked) and its states copied in.
 
+Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
+projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.triton_hybrid`,
+torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
+:meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer
+in one launch (docs/targets-qwen35.md).
+
 Not covered (``check`` says so): the MoE variant (``Qwen3_5MoeForCausalLM``, routed experts), the multimodal
-``Qwen3_5ForConditionalGeneration`` wrapper, activations other than silu, fused layers.
+``Qwen3_5ForConditionalGeneration`` wrapper, activations other than silu.
 """
 
 from __future__ import annotations
