@@ -185,20 +185,23 @@ def _check_delta(device, dtype, L, HK, HV, DK, DV, K):
         nt = torch.tensor([n], device=device)
         tri.gated_delta_commit_triton(nt, pend[1], L, states[0], convs[0])
         ref.gated_delta_commit_reference(nt, pend[1], L, states[1], convs[1])
-        torch.testing.assert_close(states[0], states[1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(states[0], states[1], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(convs[0], convs[1], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(24, 3, 16, 6, 5, 1), (40, 2, 10, 10, 16, 3)])
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (24, 3, 16, 6, 5, 1)), (torch.bfloat16, (24, 3, 16, 6, 5, 1)),
+                                         (torch.float16, (40, 2, 10, 10, 16, 3)),
+                                         (torch.float32, (40, 2, 10, 10, 16, 3))])
 def test_layer_kernels_in_interpreter(interpreter, dtype, shape):
+    """(hidden, heads, head dim, rotary dims, ring slots, rows): odd sizes, partial rope, rings that wrap."""
     H, heads, D, R, ring, L = shape
     _check_kernels("cpu", dtype, H, heads, D, R, ring, L)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(1, 1, 1, 8, 8, 4), (5, 2, 6, 12, 20, 4), (3, 1, 2, 16, 9, 2)])
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (1, 1, 1, 8, 8, 4)), (torch.bfloat16, (5, 2, 6, 12, 20, 4)),
+                                         (torch.float32, (3, 1, 2, 16, 9, 2))])
 def test_gated_delta_kernels_in_interpreter(interpreter, dtype, shape):
+    """(rows, key heads, value heads, Dk, Dv, conv kernel): one row, odd dims, a conv of 2."""
     _check_delta("cpu", dtype, *shape)
 
 
