@@ -133,6 +133,7 @@ class Qwen35StaticTarget(StaticTarget):
         self._fused_pending = None  # rows of the last fused verify whose inputs wait for accept()
         self._delta_pending = None  # the fused path's buffers (built on its first use)
         self._hybrid_ops = None
+        self._ba_weights = {}
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         with torch.no_grad():
             # text positions: the same in the three mrope sections ([3, 1, capacity], as 5.17 and 5.24 both take)
@@ -252,6 +253,7 @@ class Qwen35StaticTarget(StaticTarget):
             self._hybrid_ops = default_hybrid_ops(self.device)
             self._layer_ops = default_layer_ops(self.device)
             self._decode_attention = self._decode_attention or default_decode_attention(self.device)
+            self._ba_weights = self._concat_gate_projections()
             self._delta_pending = gated_delta_pending(
                 len(self.linear_ids), FUSED_MAX_ROWS, self.num_k_heads, self.k_dim, self.num_v_heads, self.v_dim,
                 self.conv_dim, self.dtype, self.state_dtype, self.device)
@@ -284,8 +286,13 @@ class Qwen35StaticTarget(StaticTarget):
                 lin = layer.linear_attn
                 qkv = lin.in_proj_qkv(normed)[0]  # [L, C]
                 z = lin.in_proj_z(normed).reshape(L, self.num_v_heads, self.v_dim)
-                b = lin.in_proj_b(normed)[0]
-                a = lin.in_proj_a(normed)[0]
+                ba = self._ba_weights.get(i)
+                if ba is not None:  # one GEMM for the two tiny gate projections (strided halves, read in place)
+                    both = F.linear(normed, ba)[0]
+                    b, a = both[:, : self.num_v_heads], both[:, self.num_v_heads :]
+                else:
+                    b = lin.in_proj_b(normed)[0]
+                    a = lin.in_proj_a(normed)[0]
                 out = ops.gated_delta_verify(qkv, b, a, self.conv[i], lin.conv1d.weight.reshape(self.conv_dim, -1),
                                              lin.A_log, lin.dt_bias, self.recurrent[i], self.num_k_heads, self.k_dim,
                                              self._delta_pending, linear_slot[i])
@@ -311,6 +318,19 @@ class Qwen35StaticTarget(StaticTarget):
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         self._fused_pending = L
         return self.lm_head(normed)[0]
+
+    def _concat_gate_projections(self) -> dict:
+        """``{layer: [2 Hv, H] weight}``: ``in_proj_b`` and ``in_proj_a`` of each linear layer stacked into one
+        GEMM (copies, 2 Hv x H each: 0.5 MB per layer at the 9B shape), made when the fused path first runs.
+        Only for plain bias-free ``nn.Linear`` pairs in the model dtype; a wrapped (PEFT) or quantized projection
+        runs as its module."""
+        out = {}
+        for i in self.linear_ids:
+            lin = self.layers[i].linear_attn
+            pair = (lin.in_proj_b, lin.in_proj_a)
+            if all(type(m) is torch.nn.Linear and m.bias is None and m.weight.dtype == self.dtype for m in pair):
+                out[i] = torch.cat([m.weight.detach() for m in pair])
+        return out
 
     # ------------------------------------------------------------------ layers
     def _run_layers(self, input_ids, cos, sin, write_kv, attend, taps_out, last_only):
