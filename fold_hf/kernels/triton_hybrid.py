@@ -11,8 +11,10 @@ latency, more than reading the layer's weights. These kernels leave a layer its 
   one program per (token, head);
 * :func:`gelu_tanh_mul_triton`, :func:`sigmoid_mul_triton`, :func:`gated_rms_norm_triton`: the activations;
 * :func:`gated_delta_verify_triton`: a whole Gated DeltaNet step after the projections: causal conv + silu, L2 norms,
-  ``beta``/``g`` from ``b``/``a`` and the delta rule over the block, one program per (value head, ``BV`` value
-  columns) holding ``S[:, cols]`` in registers; it reads the committed state once and writes *no* state: the block's
+  ``beta``/``g`` from ``b``/``a`` for all rows at once, then the delta rule token after token, one program per
+  (value head, ``BV`` value columns) holding ``S[:, cols]`` in registers (the step is written
+  ``S' = e S + k d^T``, ``d = (v - e S^T k) beta``, ``o = e S^T q + d (k . q)``: its two reductions read the same
+  state, so they do not wait for each other); it reads the committed state once and writes *no* state: the block's
   inputs go to small pending buffers and :func:`gated_delta_commit_triton` re-runs the accepted prefix
   ``0 .. n`` from the committed state for every linear layer in one launch (``n`` read on the device). A verify of
   16 rows at the Qwen3.5-9B shape thus moves 2 MB of state per layer and direction instead of writing 16 x 2 MB.
@@ -507,10 +509,15 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, P
         vn = tl.load(PV + (nxt * HV + h) * DV + rv, mask=mv, other=0.0)
         gn = tl.load(PG + nxt * HV + h)
         bn = tl.load(PB + nxt * HV + h)
-        S_ = S_ * _exp(gt, LIB)
+        # S_t = e S + k delta^T, delta = (v - e S^T k) beta, o_t = S_t^T q = e S^T q + delta (k . q): both
+        # reductions read the previous state, so they run side by side instead of one after the other
+        e = _exp(gt, LIB)
         read = tl.sum(S_ * kt[:, None], axis=0)
-        S_ = S_ + kt[:, None] * ((vt - read) * bt)[None, :]
-        tl.store(OUT + (t * HV + h) * DV + rv, tl.sum(S_ * qt[:, None], axis=0), mask=mv)
+        seen = tl.sum(S_ * qt[:, None], axis=0)
+        kq = tl.sum(kt * qt, axis=0)
+        delta = (vt - e * read) * bt
+        tl.store(OUT + (t * HV + h) * DV + rv, e * seen + delta * kq, mask=mv)
+        S_ = S_ * e + kt[:, None] * delta[None, :]
         kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
 
 
@@ -577,9 +584,9 @@ def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.cons
         vn = tl.load(PV + (r * HV + h) * DV + rv, mask=mv, other=0.0)
         gn = tl.load(PG + r * HV + h)
         bn = tl.load(PB + r * HV + h)
-        S_ = S_ * _exp(gt, LIB)
-        read = tl.sum(S_ * kt[:, None], axis=0)
-        S_ = S_ + kt[:, None] * ((vt - read) * bt)[None, :]
+        e = _exp(gt, LIB)
+        delta = (vt - e * tl.sum(S_ * kt[:, None], axis=0)) * bt
+        S_ = S_ * e + kt[:, None] * delta[None, :]
         kt, vt, gt, bt = kn, vn, gn, bn
     tl.store(S + s_off, S_, mask=m2)
 
