@@ -212,3 +212,41 @@ def test_hybrid_kernels_on_gpu(dtype):
     _check_kernels("cuda", dtype, 4096, 8, 512, 512, 4096, 7)
     _check_delta("cuda", dtype if dtype != torch.float16 else torch.bfloat16, 16, 16, 32, 128, 128, 4)
     _check_delta("cuda", torch.float32, 1, 16, 32, 128, 128, 4)
+
+
+@pytest.mark.gpu(reason="bf16 fused layers of whole targets on CUDA against their module path")
+@pytest.mark.parametrize("arch", ["qwen35", "gemma3", "gemma4"])
+def test_fused_step_matches_the_module_step_in_bf16_on_gpu(arch):
+    """One verify of 7 rows after a prefill: the fused step's logits and (Qwen3.5) committed states after accept(n)
+    agree with the module step's in bf16 (the fp32 tests check exactness; this catches bf16-only kernel paths)."""
+    from fold_hf.generation.static_target import build_static_target
+    from tiny import tiny_target
+
+    if arch == "qwen35":
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        torch.manual_seed(0)
+        target = Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+            vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None))
+    else:
+        target = tiny_target(arch, seed=1, dtype=torch.float32)
+    target = target.to(torch.bfloat16).cuda().eval()
+    ids = torch.randint(0, 10, (1, 40), generator=_gen(0)).cuda()
+    positions = torch.arange(33, 40, device="cuda")
+    outs = []
+    for fused in (False, True):
+        runner = build_static_target(target, capacity=64)
+        runner.prefill(ids[:, :33])
+        logits = runner.forward_static(ids[:, 33:], positions, 64, attention="triton", fused=fused).float()
+        runner.accept(torch.tensor([3], device="cuda"))
+        states = [t.float().clone() for t in runner.step_state()]
+        outs.append((logits, states))
+    (want, want_states), (got, got_states) = outs
+    scale = want.abs().max()
+    torch.testing.assert_close(got, want, atol=0.05 * scale, rtol=0.05)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.85
+    for g_, w_ in zip(got_states, want_states):
+        torch.testing.assert_close(g_, w_, atol=0.05 * (w_.abs().max() + 1e-3), rtol=0.05)
