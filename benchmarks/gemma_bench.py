@@ -110,6 +110,19 @@ def copy_bandwidth(gib: float = 4.0) -> float:
 
 
 def rounds_ms(target, drafter, context: int, args, engine: str, fused_layers=None) -> list[float]:
+    """Round wall times (ms); [float("nan")] (and the traceback logged) if the rows fail, so that one broken
+    configuration does not hide the others' numbers."""
+    try:
+        return _rounds_ms(target, drafter, context, args, engine, fused_layers)
+    except Exception:
+        import traceback
+
+        log("FAILED row:\n" + traceback.format_exc())
+        release_fast_state(target)
+        return [float("nan")]
+
+
+def _rounds_ms(target, drafter, context: int, args, engine: str, fused_layers=None) -> list[float]:
     time_rounds(target, drafter, context, args.rounds, engine=engine, fused_layers=fused_layers)  # captures
     seconds: list[float] = []
     for _ in range(args.repeats):
@@ -192,7 +205,13 @@ def main(argv=None) -> int:
                 release_fast_state(target)
                 drafter.set_fold_config(modes["dflash"])
                 for label, d in (("gemma4_ar", None), ("gemma4_sd_dflash", drafter)):
-                    summary = profile_rounds(target, d, context, Path(args.out) / "profile", label)
+                    try:
+                        summary = profile_rounds(target, d, context, Path(args.out) / "profile", label)
+                    except Exception:
+                        import traceback
+
+                        log(f"FAILED profile {label}:\n" + traceback.format_exc())
+                        continue
                     profiles.append({k: v for k, v in summary.items() if k != "top"})
             release_fast_state(target)
             if device == "cuda":

@@ -113,6 +113,19 @@ def floor_bytes(target, context: int) -> int:
 
 
 def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str, fused_layers=None) -> list[float]:
+    """Round wall times (s) after a capturing call; [] (and the traceback logged) if the rows fail, so that one
+    broken configuration does not hide the others' numbers."""
+    try:
+        return _timed(target, drafter, context, rounds, repeats, engine, fused_layers)
+    except Exception:
+        import traceback
+
+        log("FAILED row:\n" + traceback.format_exc())
+        release_fast_state(target)
+        return []
+
+
+def _timed(target, drafter, context: int, rounds: int, repeats: int, engine: str, fused_layers=None) -> list[float]:
     time_rounds(target, drafter, context, rounds, engine=engine, fused_layers=fused_layers)  # captures the graphs
     seconds: list[float] = []
     for _ in range(repeats):
@@ -173,7 +186,12 @@ def run(args) -> dict:
                 release_fast_state(target)
                 drafter.set_fold_config(modes["dflash"])
                 for label, d in ((f"{pair}_ar", None), (f"{pair}_sd_dflash", drafter)):
-                    result_profiles.append(profile_rounds(target, d, context, Path(args.out) / "profile", label))
+                    try:
+                        result_profiles.append(profile_rounds(target, d, context, Path(args.out) / "profile", label))
+                    except Exception:
+                        import traceback
+
+                        log(f"FAILED profile {label}:\n" + traceback.format_exc())
             release_fast_state(target)
         del target, drafter
         if device == "cuda":

@@ -159,6 +159,8 @@ class Qwen35StaticTarget(StaticTarget):
                     return f"layer {i}: q_norm and k_norm have different eps"
             else:
                 gated = layer.linear_attn.norm
+                if type(gated).__name__ != "Qwen3_5RMSNormGated" or not hasattr(gated, "variance_epsilon"):
+                    return f"layer {i}: gated norm {type(gated).__name__} is not transformers' Qwen3_5RMSNormGated"
                 if gated.weight.dtype != self.dtype or getattr(gated, "activation", "silu") != "silu":
                     return f"layer {i}: gated norm in {gated.weight.dtype} / {getattr(gated, 'activation', None)}"
             mlp = layer.mlp
