@@ -41,7 +41,7 @@ def prompt(seed: int, length: int) -> torch.Tensor:
 
 
 def all_paths(target, drafter, ids, mode):
-    """Sequences from the four ways of decoding with ``drafter`` plus their acceptance lengths."""
+    """Sequences from every way of decoding with ``drafter`` plus their acceptance lengths."""
     cfg = mode_config(mode)
     res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
                            fold_config=cfg)
@@ -50,8 +50,9 @@ def all_paths(target, drafter, ids, mode):
             "assisted": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False,
                                         fold_fast=False),  # transformers' assisted loop, our candidate generator
             "routed": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)}
-    for engine in ("eager", "static", "fused"):
-        # "fused": the static engine with the fused Gemma layers (kernels' torch twins here)
+    # "fused": the static engine with the fused Gemma layers (kernels' torch twins here); the target's layers do not
+    # depend on the drafter's mode, so two modes cover them
+    for engine in ("eager", "static", "fused") if mode in ("fold", "dflash") else ("eager", "static"):
         extra = dict(target_attention="triton", fused_layers=True) if engine == "fused" else dict(
             target_attention="bucket")
         fast = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine=engine.replace("fused", "static"),
