@@ -5,7 +5,7 @@
 # Writes under the folder: gpu_tests.log (the gpu-marked tests of the fused kernels and of both families' captured
 # loops: fp32 greedy equality with the model's own generate), hybrid/ (Qwen3.5-9B at 32K: fused AR, module AR, SD
 # rounds, profile/ top-kernel tables, kernel_sweep.json), gemma/ (Gemma-4-like at 32K: the same rows and tables),
-# *.log and timing.log. Each part runs even if an earlier one failed.
+# *.log, timing.log and SUMMARY.md (everything above in one page). Each part runs even if an earlier one failed.
 set -u
 OUT_DIR=${1:?usage: hybridperf_gpu.sh OUT_DIR}
 mkdir -p "$OUT_DIR"
@@ -23,3 +23,4 @@ timeout 100 python benchmarks/hybrid_bench.py --pairs qwen35_9b --contexts 32768
     --modules-row --profile --kernel-sweep --out "$OUT_DIR/hybrid" > "$OUT_DIR/hybrid.log" 2>&1
 echo "rc=$?" >> "$OUT_DIR/hybrid.log"; grep -E "our_|floor|launches|sweep|rc=|Error" "$OUT_DIR/hybrid.log" | tail -20
 stamp hybrid
+python benchmarks/hybridperf_summary.py "$OUT_DIR" > "$OUT_DIR/SUMMARY.md" 2>&1; cat "$OUT_DIR/SUMMARY.md"
