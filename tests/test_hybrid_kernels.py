@@ -198,6 +198,17 @@ def test_layer_kernels_in_interpreter(interpreter, dtype, shape):
     _check_kernels("cpu", dtype, H, heads, D, R, ring, L)
 
 
+def test_ring_attention_row_blocks_in_interpreter(interpreter):
+    """More query rows (4 heads per KV head x 20 rows) than one program takes: two row blocks, a wrapped ring."""
+    from fold_hf.kernels import triton_hybrid as tri
+
+    q = _randn(1, 4, 20, 8, seed=1)
+    kr, vr = _randn(1, 1, 24, 8, seed=2), _randn(1, 1, 24, 8, seed=3)
+    positions = torch.arange(50, 70)
+    torch.testing.assert_close(tri.ring_attention_triton(q, kr, vr, positions, 4, 0.5),
+                               ref.ring_attention_reference(q, kr, vr, positions, 4, 0.5), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype,shape", [(torch.float32, (1, 1, 1, 8, 8, 4)), (torch.bfloat16, (5, 2, 6, 12, 20, 4)),
                                          (torch.float32, (3, 1, 2, 16, 9, 2))])
 def test_gated_delta_kernels_in_interpreter(interpreter, dtype, shape):

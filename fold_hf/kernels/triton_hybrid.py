@@ -325,7 +325,8 @@ def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_hea
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     nsp = tl.num_programs(1)
-    rm = tl.arange(0, BM)  # row m = g * L + r: query head kvh * G + g, block row r
+    rows_total = tl.num_programs(2) * BM
+    rm = tl.program_id(2) * BM + tl.arange(0, BM)  # row m = g * L + r: query head kvh * G + g, block row r
     rd = tl.arange(0, BD)
     md = rd < D
     mm = rm < G * L
@@ -363,14 +364,14 @@ def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_hea
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m_i = m_new
     base = kvh * nsp + sp
-    tl.store(PACC + (base * BM + rm)[:, None] * BD + rd[None, :], acc)
-    tl.store(PM + base * BM + rm, m_i)
-    tl.store(PL + base * BM + rm, l_i)
+    tl.store(PACC + (base * rows_total + rm)[:, None] * BD + rd[None, :], acc)
+    tl.store(PM + base * rows_total + rm, m_i)
+    tl.store(PL + base * rows_total + rm, l_i)
 
 
 @triton.jit
-def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                       BM: tl.constexpr, BS: tl.constexpr):
+def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                       BS: tl.constexpr):
     kvh = tl.program_id(0)
     m = tl.program_id(1)  # row g * L + r
     r = m % L
@@ -402,22 +403,23 @@ def ring_attention_triton(query, key_ring, value_ring, positions, window: int, s
     G = HQ // HKV
     query = query.contiguous()
     BD = max(16, _next_pow2(D))
-    BM = max(16, _next_pow2(G * L))
+    BM = min(64, max(16, _next_pow2(G * L)))  # query rows per program (more rows: more programs)
+    row_blocks = triton.cdiv(G * L, BM)
     BN = 64 if BD <= 128 else (32 if BD <= 256 else 16)
     chunks = triton.cdiv(R, BN)
     per_split = triton.cdiv(chunks, max(1, 128 // HKV))
     splits = triton.cdiv(chunks, per_split)
-    part_acc = torch.empty(HKV, splits, BM, BD, device=query.device, dtype=torch.float32)
-    part_m = torch.empty(HKV, splits, BM, device=query.device, dtype=torch.float32)
+    part_acc = torch.empty(HKV, splits, row_blocks * BM, BD, device=query.device, dtype=torch.float32)
+    part_m = torch.empty(HKV, splits, row_blocks * BM, device=query.device, dtype=torch.float32)
     part_l = torch.empty_like(part_m)
-    _ring_split_kernel[(HKV, splits)](query, key_ring, value_ring, positions, part_acc, part_m, part_l, L, R,
+    _ring_split_kernel[(HKV, splits, row_blocks)](query, key_ring, value_ring, positions, part_acc, part_m, part_l, L, R,
                                       int(window), float(scaling), key_ring.stride(1), key_ring.stride(2), per_split,
                                       G=G, D=D, BD=BD, BM=BM, BN=BN,
                                       IEEE=query.dtype == torch.float32 or not _libdevice(),
                                       num_warps=4)
     out = torch.empty(1, L, HQ, D, device=query.device, dtype=value_ring.dtype)
-    _ring_merge_kernel[(HKV, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, G=G, D=D, BD=BD, BM=BM,
-                                     BS=_next_pow2(splits), num_warps=4)
+    _ring_merge_kernel[(HKV, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, row_blocks * BM, G=G, D=D,
+                                     BD=BD, BS=_next_pow2(splits), num_warps=4)
     return out
 
 
