@@ -116,13 +116,19 @@ def _run(path: str, target, drafter, ids, new):
         # fold_fast=False: transformers' assisted loop (a FoldDrafter assistant is routed to the fast loop otherwise)
         out = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False, fold_fast=False)
         return out, list(drafter.last_acceptance_lengths)
+    if path == "fast-fused":
+        # the fused layers (kernels' torch twins here): the Gated DeltaNet verify keeps the block's inputs and
+        # accept(n) re-runs the accepted prefix from the committed state
+        res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine="static",
+                                    target_attention="triton", fused_layers=True, return_stats=True)
+        return res.sequences, res.acceptance_lengths
     engine = path.split("-")[1]
     res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine=engine, return_stats=True)
     return res.sequences, res.acceptance_lengths
 
 
 # ---------------------------------------------------------------------------------------------- lossless
-@pytest.mark.parametrize("path", ["generate", "assisted", "fast-eager", "fast-static"])
+@pytest.mark.parametrize("path", ["generate", "assisted", "fast-eager", "fast-static", "fast-fused"])
 @pytest.mark.parametrize("mode", ["fold", "dflash"])
 def test_lossless_with_forced_rejections(path, mode, oracle):
     target = qwen35_target()

@@ -35,7 +35,8 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   their residual adds, the rope with the cache write and the MLP's ``silu(gate) * up`` run as three fused
   kernels per layer (:mod:`fold_hf.kernels.triton_layer`; torch twins off CUDA) instead of ~30 small module
   kernels. Default: on when the attention is ``"triton"`` on CUDA and the target's layers allow it
-  (:meth:`StaticTarget.fused_unsupported`); ``$FOLD_HF_FUSED_LAYERS`` (``0``/``1``) overrides.
+  (:meth:`StaticTarget.fused_unsupported`); ``$FOLD_HF_FUSED_LAYERS`` (``0``/``1``) overrides. Qwen3.5 and Gemma
+  targets have their own fused layers (:mod:`fold_hf.kernels.triton_hybrid`, in their family modules).
 
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
@@ -43,8 +44,8 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 Targets: the Llama family (see :data:`SUPPORTED_ARCHITECTURES`) and the families registered in
 :data:`~fold_hf.generation.static_target.TARGET_FAMILIES` (Gemma-3 / Gemma-4 text: :mod:`fold_hf.generation.targets.gemma`, with ring caches
 for sliding layers; Qwen3.5: :mod:`fold_hf.generation.targets.qwen35`, whose
-verify keeps the linear-attention state of every block position and ``accept(n)`` selects the accepted one on the
-device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
+verify keeps the linear-attention state of every block position (fused layers: the block's inputs) and
+``accept(n)`` selects (re-runs) the accepted one on the device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
 :func:`fold_hf.generate` for those). The round loop of the eager engine is
 :func:`fold_hf.generation.rounds.eager_rounds`, the one :func:`fold_hf.generate` runs; EOS, stop strings, streamers
 and the returned :class:`GenerationResult` come from :class:`~fold_hf.generation.tracker.Tracker`.
