@@ -9,6 +9,7 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
   ``our_ar[separate_proj]`` the same with ``$FOLD_HF_CONCAT_PROJECTIONS=0`` (q, k, v, gate and up as five GEMMs,
   the layout before this issue) at ``--ab-context``;
 * ``our_sd_fold`` / ``our_sd_dflash``: the speculative round (block 10, W 2048, α 2) at ``--sd-context``;
+  ``[one_at_a_time]`` rows (``$FOLD_HF_PIPELINE_ROUNDS=0``): each round's result read before the next is queued;
 * prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``,
   a warm session, so the cache is allocated already; the 128K row releases it first to count the cache in the peak)
   and transformers' ``generate`` (sdpa), against the compute floor: bf16 FLOPs of the layer weights over every
@@ -288,12 +289,19 @@ def main(argv=None) -> int:
                 add("our_ar[separate_proj]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
             release_fast_state(target)
+            with env_var("FOLD_HF_PIPELINE_ROUNDS", "0"):  # read at every call: no new session needed
+                add("our_ar[one_at_a_time]", context,
+                    our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
         if context == args.sd_context:
             for mode, cfg in (("fold", FoldConfig(mode="fold", window=2048, alpha=2.0)),
                               ("dflash", FoldConfig(mode="dflash"))):
                 drafter.set_fold_config(cfg)
                 add(f"our_sd_{mode}", context,
                     our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
+            if context == args.ab_context:
+                with env_var("FOLD_HF_PIPELINE_ROUNDS", "0"):
+                    add("our_sd_fold[one_at_a_time]", context,
+                        our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
         release_fast_state(target)
         save()
 
@@ -373,6 +381,9 @@ def headline(report: dict) -> dict:
     out["peak_gib_128k_hf"] = pre("hf", 131072, "peak_gib")
     # context for the headline: the A/B of this issue's projection layout, HF's prefill, the chunk sweep
     out["our_ar_separate_proj_over_concat_8b_32k"] = ratio(p50("our_ar[separate_proj]", 32768), p50("our_ar", 32768))
+    out["our_ar_one_at_a_time_over_queued_8b_32k"] = ratio(p50("our_ar[one_at_a_time]", 32768), p50("our_ar", 32768))
+    out["sd_fold_one_at_a_time_over_queued_8b_32k"] = ratio(p50("our_sd_fold[one_at_a_time]", 32768),
+                                                            p50("our_sd_fold", 32768))
     out["hf_prefill_fraction_of_compute_floor_8b_32k"] = pre("hf", 32768, "fraction_of_floor")
     for P, tag in ((8192, "8k"), (131072, "128k")):
         out[f"prefill_fraction_of_compute_floor_8b_{tag}"] = pre("ours", P, "fraction_of_floor")

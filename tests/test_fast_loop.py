@@ -128,6 +128,47 @@ def test_eos_stop_strings_and_streamer_match_the_foundation_loop(engine, char_to
             assert fast_stream.chunks == ref_stream.chunks and fast_stream.ended
 
 
+def test_rounds_queued_ahead_give_the_one_at_a_time_rounds(monkeypatch):
+    """The static engine queues a round before reading the previous one's result (one step per round: draft, verify,
+    acceptance, state); tokens, acceptance lengths, proposals and finish reasons equal the one-round-at-a-time loop
+    (``FOLD_HF_PIPELINE_ROUNDS=0``), through an EOS mid-request and the budget's end, speculative and AR."""
+    from fold_hf.generation import fast as fast_module
+
+    events = []
+    init, read = fast_module._Launched.__init__, fast_module._Launched.read
+
+    def launched(self, result, k, host):
+        events.append("L")
+        init(self, result, k, host)
+
+    def reading(self):
+        events.append("R")
+        return read(self)
+
+    monkeypatch.setattr(fast_module._Launched, "__init__", launched)
+    monkeypatch.setattr(fast_module._Launched, "read", reading)
+    target, drafter = trained_pair("llama")
+    ids = prompt(20, 50)
+    expected = greedy_reference(target, ids, 36)
+    free = expected[0, ids.shape[1]:].tolist()
+    eos = next(t for i, t in enumerate(free) if i >= 8 and t not in free[:i])  # first seen mid-request
+    for kw in (dict(max_new_tokens=36), dict(max_new_tokens=36, eos_token_id=[eos])):
+        for draft in (drafter, None):
+            results = {}
+            for setting in ("1", "0"):
+                monkeypatch.setenv("FOLD_HF_PIPELINE_ROUNDS", setting)
+                events.clear()
+                results[setting] = fast_generate(target, draft, input_ids=ids, return_stats=True, engine="static",
+                                                 fold_config=mode_config("fold") if draft else None, **kw)
+                pattern = "".join(events)
+                assert ("LL" in pattern) == (setting == "1"), (setting, pattern)  # queued ahead, or never
+            a, b = results["1"], results["0"]
+            assert torch.equal(a.sequences, b.sequences) and a.acceptance_lengths == b.acceptance_lengths, kw
+            assert a.proposals == b.proposals and a.finish_reason == b.finish_reason, kw
+            assert torch.equal(a.sequences, expected[:, : a.sequences.shape[1]]), kw
+            assert a.finish_reason == ("eos" if "eos_token_id" in kw else "length"), kw
+
+
 def test_target_generate_routes_to_the_fast_loop_when_it_can():
     target, drafter = trained_pair("llama")
     drafter.set_fold_config(mode_config("fold"))
