@@ -581,7 +581,9 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
     pipelined = pipelined_rounds_enabled() and not host_drafting
     # the round's processing is baked into its captured steps: one step per setting
     choice_key = (sampling, choice.masks_eos)
-    preserve = [state] + ([choice.seen] if sampling.penalized else [])
+    # a round step reads what it overwrites: the state (updated at its end), the verify's tapped features (the next
+    # round's draft commits them) and the tokens seen (repetition penalty); the graph engine's warm-up restores them
+    preserve = [state] + ([taps] if with_taps else []) + ([choice.seen] if sampling.penalized else [])
 
     def verify(bucket: int):
         def run():
