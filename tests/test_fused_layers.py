@@ -413,7 +413,7 @@ def test_target_projections_laid_out_once_equal_the_modules(arch, bias, monkeypa
 def test_wrapped_target_projection_runs_as_its_module(monkeypatch):
     """A target projection wrapped by an adapter (a Linear subclass adding a delta, as LoRA does) runs as its module,
     with a warning naming it; the other layers keep the concatenated GEMMs; tokens = HF greedy."""
-    from fold_hf.generation import fast as fast_module
+    from fold_hf.generation import weight_layout
 
     class WithDelta(nn.Linear):
         def forward(self, x):
@@ -424,7 +424,7 @@ def test_wrapped_target_projection_runs_as_its_module(monkeypatch):
     wrapped = WithDelta(old.in_features, old.out_features, bias=False, dtype=old.weight.dtype)
     wrapped.weight.data.copy_(old.weight.data)
     target.model.layers[0].self_attn.k_proj = wrapped
-    monkeypatch.setattr(fast_module, "_WARNED", set())
+    monkeypatch.setattr(weight_layout, "_WARNED", set())
     monkeypatch.delenv("FOLD_HF_CONCAT_PROJECTIONS", raising=False)
     ids = prompt(61, 9)
     expected = greedy_reference(target, ids, 8)

@@ -48,7 +48,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .taps import _unwrap
-from .weight_layout import DecodeProjections, concat_projections_enabled, decode_projections_unsupported
+from .weight_layout import (
+    DecodeProjections,
+    concat_projections_enabled,
+    decode_projections_unsupported,
+    warn_separate_once,
+)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 PREFILL_CHUNK = 8192
@@ -213,9 +218,7 @@ class StaticTarget:
             return None
         reason = decode_projections_unsupported(layer.self_attn, layer.mlp, self.dtype)
         if reason is not None:
-            from .fast import warn_once
-
-            warn_once(f"static target: a layer runs q/k/v and gate/up as separate modules ({reason})")
+            warn_separate_once(f"static target: {reason}")
             return None
         return DecodeProjections(layer.self_attn, layer.mlp)
 

@@ -20,6 +20,7 @@ share a buffer without overlapping (safetensors itself refuses shared buffers).
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from torch import nn
@@ -34,6 +35,17 @@ def concat_projections_enabled() -> bool:
     if value not in ("0", "1", ""):
         raise ValueError(f"{CONCAT_ENV} must be 0 or 1, got {value!r}")
     return value != "0"
+
+
+_WARNED: set[str] = set()
+
+
+def warn_separate_once(reason: str) -> None:
+    """A UserWarning, once per process and reason, that a layer runs its projections as separate modules."""
+    message = f"a layer runs q/k/v and gate/up as separate modules ({reason})"
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def rows_of_one_buffer(parts: list[torch.Tensor]) -> torch.Tensor | None:
@@ -141,6 +153,6 @@ def decode_projections(attn: nn.Module, mlp: nn.Module, dtype: torch.dtype) -> D
     return DecodeProjections(attn, mlp)
 
 
-__all__ = ["CONCAT_ENV", "DecodeProjections", "concat_projections_enabled", "concatenated_rows",
+__all__ = ["CONCAT_ENV", "warn_separate_once", "DecodeProjections", "concat_projections_enabled", "concatenated_rows",
            "decode_projections", "decode_projections_unsupported", "plain_linears_unsupported",
            "rows_of_one_buffer"]
