@@ -91,8 +91,9 @@ def plain_linears_unsupported(named: dict[str, nn.Module], dtype: torch.dtype) -
     for name, module in named.items():
         if type(module) is not nn.Linear or module.weight.dtype != dtype:
             weight = getattr(module, "weight", None)
-            return (f"{name} is a {type(module).__name__} in {getattr(weight, 'dtype', None)}, not a plain "
-                    f"Linear in {dtype}")
+            kind = type(module)
+            kind = kind.__name__ if kind.__module__.startswith("torch.") else f"{kind.__module__}.{kind.__qualname__}"
+            return f"{name} is a {kind} in {getattr(weight, 'dtype', None)}, not a plain torch Linear in {dtype}"
     if len({m.bias is None for m in named.values()}) > 1:
         return f"{', '.join(named)} have biases on some and not others"
     return None
