@@ -71,9 +71,9 @@ def test_switching_modes_within_a_session_keeps_each_mode_exact():
     fold = mode_config("fold")
     # yarn first: its rope tables are its own (refilled per request), the modes built after it must not share them
     configs = [mode_config("yarn"), fold, mode_config("dflash"), mode_config("window"), mode_config("streaming"),
-               mode_config("rerope")]
+               mode_config("rerope"), mode_config("infllm"), mode_config("cmr")]
     configs += [fold.replace(alpha=a) for a in (1.0, 3.0, 4.0, 8.0)] + [fold.replace(window=w) for w in (8, 32)]
-    configs += [fold, mode_config("dflash")]  # back to modes the session has dropped by now
+    configs += [fold, mode_config("dflash"), mode_config("infllm")]  # back to modes the session has dropped by now
     assert len({repr(c) for c in configs}) > KEPT_DRAFT_MODES
     expected = {}
     for cfg in configs:
@@ -133,7 +133,8 @@ def test_eos_stop_strings_and_streamer_match_the_foundation_loop(engine, char_to
 def test_rounds_queued_ahead_give_the_one_at_a_time_rounds(monkeypatch):
     """The static engine queues a round before reading the previous one's result (one step per round: draft, verify,
     acceptance, state); tokens, acceptance lengths, proposals and finish reasons equal the one-round-at-a-time loop
-    (``FOLD_HF_PIPELINE_ROUNDS=0``), through an EOS mid-request and the budget's end, speculative and AR."""
+    (``FOLD_HF_PIPELINE_ROUNDS=0``) and the foundation loop's, through an EOS mid-request, the budget's end and the
+    window's crossing, speculative (``fold``, ``infllm``, ``cmr``) and AR."""
     from fold_hf.generation import fast as fast_module
 
     events = []
@@ -160,7 +161,11 @@ def test_rounds_queued_ahead_give_the_one_at_a_time_rounds(monkeypatch):
     for ids, kw in ((ids, dict(max_new_tokens=36)), (ids, dict(max_new_tokens=36, eos_token_id=[eos])),
                     (short, dict(max_new_tokens=30))):
         expected = greedy_reference(target, ids, kw["max_new_tokens"])
-        for draft in (drafter, None):
+        # infllm / cmr: device-side selection state read and rewritten every round, cmr's phases (a host round
+        # count) and its refreshes reading the last verify's kept queries
+        cases = [(drafter, "fold"), (None, None)] + ([(drafter, "infllm"), (drafter, "cmr")] if kw == dict(
+            max_new_tokens=36) else [])
+        for draft, mode in cases:
             results = {}
             caches = {}
             for setting in ("1", "0"):
@@ -173,22 +178,22 @@ def test_rounds_queued_ahead_give_the_one_at_a_time_rounds(monkeypatch):
                 fold_hf.generation.release_fast_state(target)
                 events.clear()
                 results[setting] = fast_generate(target, draft, input_ids=ids, return_stats=True, engine="static",
-                                                 fold_config=mode_config("fold") if draft else None, **kw)
+                                                 fold_config=mode_config(mode) if draft else None, **kw)
                 pattern = "".join(events)
-                assert ("LL" in pattern) == (setting == "1"), (setting, pattern)  # queued ahead, or never
+                assert ("LL" in pattern) == (setting == "1"), (setting, mode, pattern)  # queued ahead, or never
                 if draft is not None:  # the drafter's committed context entries
                     cache = target.__dict__["_fold_fast_session"].drafter_cache.layers[0]
                     caches[setting] = cache.keys[:, :, : cache.length].clone()
             if draft is not None:
-                assert torch.equal(caches["1"], caches["0"]), kw
+                assert torch.equal(caches["1"], caches["0"]), (mode, kw)
             a, b = results["1"], results["0"]
-            assert torch.equal(a.sequences, b.sequences) and a.acceptance_lengths == b.acceptance_lengths, kw
-            assert a.proposals == b.proposals and a.finish_reason == b.finish_reason, kw
-            assert torch.equal(a.sequences, expected[:, : a.sequences.shape[1]]), kw
-            assert a.finish_reason == ("eos" if "eos_token_id" in kw else "length"), kw
+            assert torch.equal(a.sequences, b.sequences) and a.acceptance_lengths == b.acceptance_lengths, (mode, kw)
+            assert a.proposals == b.proposals and a.finish_reason == b.finish_reason, (mode, kw)
+            assert torch.equal(a.sequences, expected[:, : a.sequences.shape[1]]), (mode, kw)
+            assert a.finish_reason == ("eos" if "eos_token_id" in kw else "length"), (mode, kw)
             reference = fold_hf.generate(target, draft, input_ids=ids, return_stats=True,
-                                         fold_config=mode_config("fold") if draft else None, **kw)
-            assert a.acceptance_lengths == reference.acceptance_lengths, kw
+                                         fold_config=mode_config(mode) if draft else None, **kw)
+            assert a.acceptance_lengths == reference.acceptance_lengths, (mode, kw)
     fold_hf.generation.release_fast_state(target)
 
 
