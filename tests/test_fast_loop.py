@@ -1,6 +1,8 @@
 """The fast loop (fold_hf.generation.fast_generate) computes what the foundation loop computes: same tokens, same
 acceptance lengths, same stopping, on both CPU engines; the graph engine is checked on a GPU."""
 
+import functools
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -126,6 +128,73 @@ def test_eos_stop_strings_and_streamer_match_the_foundation_loop(engine, char_to
             assert torch.equal(res.sequences, ref.sequences), kw
             assert res.acceptance_lengths == ref.acceptance_lengths and res.finish_reason == ref.finish_reason
             assert fast_stream.chunks == ref_stream.chunks and fast_stream.ended
+
+
+def test_rounds_queued_ahead_give_the_one_at_a_time_rounds(monkeypatch):
+    """The static engine queues a round before reading the previous one's result (one step per round: draft, verify,
+    acceptance, state); tokens, acceptance lengths, proposals and finish reasons equal the one-round-at-a-time loop
+    (``FOLD_HF_PIPELINE_ROUNDS=0``) and the foundation loop's, through an EOS mid-request, the budget's end and the
+    window's crossing, speculative (``fold``, ``infllm``, ``cmr``) and AR."""
+    from fold_hf.generation import fast as fast_module
+
+    events = []
+    init, read = fast_module._Launched.__init__, fast_module._Launched.read
+    eager_step = fast_module.EagerStep
+
+    def launched(self, result, k, host):
+        events.append("L")
+        init(self, result, k, host)
+
+    def reading(self):
+        events.append("R")
+        return read(self)
+
+    monkeypatch.setattr(fast_module._Launched, "__init__", launched)
+    monkeypatch.setattr(fast_module._Launched, "read", reading)
+    target, drafter = trained_pair("llama")
+    fold_hf.generation.release_fast_state(target)
+    ids = prompt(20, 50)
+    expected = greedy_reference(target, ids, 36)
+    free = expected[0, ids.shape[1]:].tolist()
+    eos = next(t for i, t in enumerate(free) if i >= 8 and t not in free[:i])  # first seen mid-request
+    short = prompt(21, 6)  # crosses the window (16) mid-request: a new round step (far memory read) is built then
+    for ids, kw in ((ids, dict(max_new_tokens=36)), (ids, dict(max_new_tokens=36, eos_token_id=[eos])),
+                    (short, dict(max_new_tokens=30))):
+        expected = greedy_reference(target, ids, kw["max_new_tokens"])
+        # infllm / cmr: device-side selection state read and rewritten every round, cmr's phases (a host round
+        # count) and its refreshes reading the last verify's kept queries
+        cases = [(drafter, "fold"), (None, None)] + ([(drafter, "infllm"), (drafter, "cmr")] if kw == dict(
+            max_new_tokens=36) else [])
+        for draft, mode in cases:
+            results = {}
+            caches = {}
+            for setting in ("1", "0"):
+                monkeypatch.setenv("FOLD_HF_PIPELINE_ROUNDS", setting)
+                # queued rounds: each step runs twice when built, as the graphs engine's warm-up does before
+                # capture; a round step reads what it overwrites (the state, the tapped features the next draft
+                # commits), which must survive that
+                monkeypatch.setattr(fast_module, "EagerStep",
+                                    functools.partial(eager_step, warmup=2 if setting == "1" else 0))
+                fold_hf.generation.release_fast_state(target)
+                events.clear()
+                results[setting] = fast_generate(target, draft, input_ids=ids, return_stats=True, engine="static",
+                                                 fold_config=mode_config(mode) if draft else None, **kw)
+                pattern = "".join(events)
+                assert ("LL" in pattern) == (setting == "1"), (setting, mode, pattern)  # queued ahead, or never
+                if draft is not None:  # the drafter's committed context entries
+                    cache = target.__dict__["_fold_fast_session"].drafter_cache.layers[0]
+                    caches[setting] = cache.keys[:, :, : cache.length].clone()
+            if draft is not None:
+                assert torch.equal(caches["1"], caches["0"]), (mode, kw)
+            a, b = results["1"], results["0"]
+            assert torch.equal(a.sequences, b.sequences) and a.acceptance_lengths == b.acceptance_lengths, (mode, kw)
+            assert a.proposals == b.proposals and a.finish_reason == b.finish_reason, (mode, kw)
+            assert torch.equal(a.sequences, expected[:, : a.sequences.shape[1]]), (mode, kw)
+            assert a.finish_reason == ("eos" if "eos_token_id" in kw else "length"), (mode, kw)
+            reference = fold_hf.generate(target, draft, input_ids=ids, return_stats=True,
+                                         fold_config=mode_config(mode) if draft else None, **kw)
+            assert a.acceptance_lengths == reference.acceptance_lengths, (mode, kw)
+    fold_hf.generation.release_fast_state(target)
 
 
 def test_target_generate_routes_to_the_fast_loop_when_it_can():

@@ -236,6 +236,13 @@ def check_kernels(device, dtype, norm_shapes, rope_shapes, silu_shapes, exact_ro
             assert normed.is_contiguous() and torch.equal(normed,
                                                           add_rms_norm_triton(view.contiguous(), None, weight, 1e-6)[1])
             assert rel_err(normed, add_rms_norm_reference(view, None, weight, 1e-6)[1]) < tol, (L, start, heads)
+        # the rope reads the heads of a q|k|v output in place, as from contiguous copies
+        inputs = rope_inputs(L, Hq, Hkv, D, 3 * L + 4, 2, dtype, device=device, seed=L + D)
+        q, k, v = fused.split((Hq * D, Hkv * D, Hkv * D), -1)
+        inputs.update(query=q.view(1, L, Hq, D), key=k.view(1, L, Hkv, D), value=v.view(1, L, Hkv, D))
+        got = run_rope(rope_write_triton, inputs)
+        want = run_rope(rope_write_triton, {k: v.contiguous() for k, v in inputs.items()})
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (L, Hq, Hkv, D)
     for L, width in ((1, 100), (10, 1030), (3, 64)):
         gate, up = randn(1, L, 2 * width, dtype=dtype, device=device, seed=L + width, scale=4).split(width, -1)
         out = silu_mul_triton(gate, up)
@@ -353,3 +360,108 @@ def test_wrapped_drafter_projection_runs_as_its_module(monkeypatch):
     session = target.__dict__["_fold_fast_session"]
     assert all(d is not None and d.ops is None for d in session.static_drafters.values())
     fold_hf.generation.release_fast_state(target)
+
+
+# ------------------------------------------------------------------------------ target projections laid out
+def static_logits(target, ids: torch.Tensor, concat: str, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(host-length forward logits, fused static verify logits) of a fresh StaticTarget, with
+    ``$FOLD_HF_CONCAT_PROJECTIONS=concat``: the prompt but its last 3 tokens, then those 3 as one verify block."""
+    from fold_hf.generation.static_target import StaticTarget
+
+    monkeypatch.setenv("FOLD_HF_CONCAT_PROJECTIONS", concat)
+    runner = StaticTarget(target, 64)
+    P = ids.shape[1]
+    prefill = runner.forward(ids[:, : P - 3], 0)
+    verify = runner.forward_static(ids[:, P - 3 :], torch.arange(P - 3, P), 64, attention="triton", fused=True)
+    return prefill, verify
+
+
+@pytest.mark.parametrize("arch,bias", [("llama", False), ("llama", True), ("qwen3", False)])
+def test_target_projections_laid_out_once_equal_the_modules(arch, bias, monkeypatch, tmp_path):
+    """The static target's q|k|v and gate|up as one GEMM each (fp32, CPU): its parameters become views of the
+    concatenated buffers (held once, same values, saved as before), and both its host-length forward and its fused
+    verify give the logits of the module-by-module path."""
+    from fold_hf.generation.weight_layout import DecodeProjections
+
+    target = tiny_target(arch, seed=5, layers=2, dtype=torch.float32)
+    if bias:  # biases on q/k/v and gate/up/down too: concatenated with their weights
+        cfg = target.config
+        cfg.attention_bias = cfg.mlp_bias = True
+        target = type(target)(cfg).eval()
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    ids = prompt(60, 12)
+    separate = static_logits(target, ids, "0", monkeypatch)
+    attn, mlp = target.model.layers[1].self_attn, target.model.layers[1].mlp
+    fused = static_logits(target, ids, "1", monkeypatch)
+    for a, b in zip(fused, separate):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
+    layout = DecodeProjections(attn, mlp)
+    q_rows, kv_rows = attn.q_proj.out_features, attn.k_proj.out_features
+    assert attn.q_proj.weight.data_ptr() == layout.qkv_weight.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == layout.qkv_weight[q_rows + kv_rows:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == layout.gate_up_weight[mlp.gate_proj.out_features:].data_ptr()
+    assert (layout.qkv_bias is not None) == bias and (layout.gate_up_bias is not None) == bias
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+    target.save_pretrained(tmp_path / "saved")  # views of one buffer save as separate tensors
+    reloaded = type(target).from_pretrained(tmp_path / "saved", dtype=torch.float32)
+    assert all(torch.equal(v, before[k]) for k, v in reloaded.state_dict().items())
+    with torch.no_grad():  # a write through a module reaches the buffer the GEMM reads
+        attn.k_proj.weight.mul_(2)
+    assert torch.equal(layout.qkv_weight[q_rows:q_rows + kv_rows], attn.k_proj.weight)
+
+
+def test_wrapped_target_projection_runs_as_its_module(monkeypatch):
+    """A target projection wrapped by an adapter (a Linear subclass adding a delta, as LoRA does) runs as its module,
+    with a warning naming it; the other layers keep the concatenated GEMMs; tokens = HF greedy."""
+    from fold_hf.generation import weight_layout
+
+    class WithDelta(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 0.5 * x[..., : self.out_features].flip(-1)
+
+    target = tiny_target("llama", seed=6, layers=2)
+    old = target.model.layers[0].self_attn.k_proj
+    wrapped = WithDelta(old.in_features, old.out_features, bias=False, dtype=old.weight.dtype)
+    wrapped.weight.data.copy_(old.weight.data)
+    target.model.layers[0].self_attn.k_proj = wrapped
+    monkeypatch.setattr(weight_layout, "_WARNED", set())
+    monkeypatch.delenv("FOLD_HF_CONCAT_PROJECTIONS", raising=False)
+    ids = prompt(61, 9)
+    expected = greedy_reference(target, ids, 8)
+    with pytest.warns(UserWarning, match="k_proj is a .*WithDelta"):
+        got = fast_generate(target, None, input_ids=ids, max_new_tokens=8, **FUSED_STATIC)
+    assert torch.equal(got, expected)
+    attn = target.model.layers[1].self_attn
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.numel() * 8
+    fold_hf.generation.release_fast_state(target)
+
+
+def test_concat_setting_is_checked(monkeypatch):
+    from fold_hf.generation.weight_layout import concat_projections_enabled
+
+    monkeypatch.setenv("FOLD_HF_CONCAT_PROJECTIONS", "yes")
+    with pytest.raises(ValueError, match="FOLD_HF_CONCAT_PROJECTIONS"):
+        concat_projections_enabled()
+
+
+@pytest.mark.gpu(reason="CUDA graphs and cuBLAS: the captured steps with concatenated target projections")
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_graph_engine_with_concatenated_projections_matches_separate_on_gpu(arch, monkeypatch):
+    """Graphs engine, fused layers, fp32 on the GPU: q|k|v and gate|up as one GEMM each give HF greedy's tokens and
+    the acceptance lengths of the module-by-module projections, AR and speculative."""
+    with pair_on_gpu(arch) as (target, drafter):
+        for seed, length in enumerate([1, 300, 700]):
+            ids = prompt(70 + seed, length).cuda()
+            expected = greedy_reference(target, ids, 40)
+            runs = {}
+            for concat in ("1", "0"):
+                monkeypatch.setenv("FOLD_HF_CONCAT_PROJECTIONS", concat)
+                fold_hf.generation.release_fast_state(target)
+                kw = dict(input_ids=ids, max_new_tokens=40, engine="graphs", target_attention="triton",
+                          fused_layers=True)
+                assert torch.equal(fast_generate(target, None, **kw), expected), (arch, length, concat)
+                runs[concat] = fast_generate(target, drafter, **kw, return_stats=True,
+                                             fold_config=mode_config("fold"))
+                assert torch.equal(runs[concat].sequences, expected), (arch, length, concat)
+            assert runs["1"].acceptance_lengths == runs["0"].acceptance_lengths, (arch, length)
+        fold_hf.generation.release_fast_state(target)

@@ -15,14 +15,16 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
               :meth:`FoldDrafter.draft_logits` exactly as the foundation loop calls it. Default on CPU.
   ``static``  every length lives in a device state tensor and every step has fixed shapes (what ``graphs``
               captures), run without capture: the graph path's logic, testable on CPU.
-  ``graphs``  ``static`` with each step captured once in a CUDA graph and replayed. The verify step has one
-              graph per (query length, attention bucket): the bucket grows with the context (length
-              dispatch), so a short context does not read the whole capacity. The drafter step is captured
+  ``graphs``  ``static`` with each step captured once in a CUDA graph and replayed. A round (the drafter's
+              static step, the verify, the acceptance and the state update) is one step, with one graph per
+              (query length, attention bucket, drafter variant): the bucket grows with the context (length
+              dispatch), so a short context does not read the whole capacity. The drafter's part is captured
               when the FOLD Triton kernel (``fold_hf.kernels.triton_fold``) imports, in every reading mode
-              (the baselines too, :mod:`~fold_hf.generation.static_drafter`), with a window-only variant until
-              the context exceeds W; sliding-window drafter layers included, the window-only variant runs
-              until some layer's far memory is non-empty (a sliding layer's: past sliding_window - B entries).
-              Default on CUDA.
+              (the baselines too, :mod:`~fold_hf.generation.static_drafter`; cmr's phases each a variant),
+              with a window-only variant until the context exceeds W; sliding-window drafter layers included,
+              the window-only variant runs until some layer's far memory is non-empty (a sliding layer's: past
+              sliding_window - B entries). The next round is queued before the previous one's result is read
+              whenever its variant does not depend on that result (:func:`_static_rounds`). Default on CUDA.
 
 * ``target_attention`` (static and graphs engines): ``"triton"`` (default on CUDA with Triton) runs the verify
   step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
@@ -226,6 +228,15 @@ class _Session:
             self.offsets[block] = torch.arange(block, device=self.device)
         return self.ids[block], self.taps[block], self.offsets[block]
 
+    def host_results(self, numel: int) -> list[torch.Tensor]:
+        """Two host buffers (pinned on CUDA) receiving a round's result ``[numel]`` (long): one for the round in
+        flight, one for the round queued behind it."""
+        key = ("host", numel)
+        if key not in self.ids:
+            pinned = self.device.type == "cuda"
+            self.ids[key] = [torch.zeros(numel, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        return self.ids[key]
+
     def choice_buffers(self, slots: int) -> dict:
         """Persistent buffers of :class:`TokenChoice` for ``slots`` proposal slots (captured steps read them)."""
         key = ("choice", slots)
@@ -238,14 +249,14 @@ class _Session:
                 q=torch.zeros(slots, vocab, dtype=compute_dtype(self.runner.dtype), device=self.device))
         return self.ids[key]
 
-    def step(self, key: tuple, fn):
+    def step(self, key: tuple, fn, preserve=()):
+        """The step of ``key`` (built from ``fn`` the first time); ``preserve``: buffers ``fn`` reads and
+        overwrites, restored after the graph engine's warm-up runs."""
         step = self.steps.get(key)
         if step is None:
             # a recurrent target's verify commits the accepted state into the buffer it reads: its warm-up runs
             # must leave that state as the loop left it
-            preserve = self.runner.step_state()
-            if key[0] == "draft" and self.static_drafter is not None:  # infllm/cmr: their selection state
-                preserve = preserve + self.static_drafter.step_state()
+            preserve = self.runner.step_state() + list(preserve)
             step = (CapturedStep(fn, pool=self.pool, preserve=preserve) if self.engine == "graphs"
                     else EagerStep(fn, preserve=preserve))
             self.steps[key] = step
@@ -262,7 +273,7 @@ class _Session:
         fused = fused and fused_drafter_unsupported(drafter) is None
         key = (id(drafter), self.engine)
         if key != self.drafter_key:
-            for k in [k for k in self.steps if k[0] == "draft"]:
+            for k in [k for k in self.steps if k[0] == "round" and k[1] is not None]:
                 del self.steps[k]
             self.drafter_cache = preallocated_cache(drafter, self.capacity, self.device, request_length)
             self.static_drafters = {}
@@ -296,7 +307,7 @@ class _Session:
             while len(self.static_drafters) > KEPT_DRAFT_MODES:
                 oldest = next(iter(self.static_drafters))
                 del self.static_drafters[oldest]
-                for k in [k for k in self.steps if k[0] == "draft" and k[1] == oldest]:
+                for k in [k for k in self.steps if k[0] == "round" and k[1] == oldest]:
                     del self.steps[k]
         else:
             self.static_drafters[tag] = self.static_drafters.pop(tag)  # most recently used last
@@ -514,9 +525,49 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: Tracker, sa
     return decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk, on_taps, session.device)
 
 
+def pipelined_rounds_enabled() -> bool:
+    """Whether the static and graphs engines queue a round before reading the previous one's result (default yes;
+    ``$FOLD_HF_PIPELINE_ROUNDS=0`` reads each round's result before the next is launched, for A/B timings)."""
+    value = os.environ.get("FOLD_HF_PIPELINE_ROUNDS", "1")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"FOLD_HF_PIPELINE_ROUNDS must be 0 or 1, got {value!r}")
+    return value != "0"
+
+
+class _Launched:
+    """A round queued on the device: its result copied (asynchronously) to a host buffer, the event that says the
+    copy is done, and the host facts it was launched with (``k``: proposals that may be accepted)."""
+
+    __slots__ = ("values", "event", "k")
+
+    def __init__(self, result: torch.Tensor, k: int, host: torch.Tensor) -> None:
+        self.k, self.values = k, host
+        if result.device.type == "cuda":
+            host.copy_(result, non_blocking=True)  # pinned: the copy is queued after the round
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            host.copy_(result)
+            self.event = None
+
+    def read(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.values.tolist()
+
+
 def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, position: int, budget: int,
                    out: Tracker, choice: TokenChoice, target_attention: str = "bucket", fused: bool = False) -> None:
-    """Device-length rounds (engines ``static`` and ``graphs``); one host read per round."""
+    """Device-length rounds (engines ``static`` and ``graphs``); one host read per round.
+
+    A round is one step (one CUDA graph in the ``graphs`` engine): the drafter's static step, the verify, the
+    acceptance and the state update. Its host inputs are the attention bucket, whether the drafter reads far memory
+    and the proposals the budget allows; when those follow from what the host already knows whatever the round in
+    flight accepts (nearly always), the next round is queued before that round's result is read, so the host's
+    work overlaps the device's (``$FOLD_HF_PIPELINE_ROUNDS=0`` turns this off). When they do not (a bucket or the
+    far-memory threshold may be crossed, the budget may end), or when the drafter drafts on the host, the loop
+    reads the round first: every round runs the step the one-round-at-a-time loop would run, so the tokens are the
+    same. A round queued past an EOS or stop string is dropped (its cache writes lie past the committed length)."""
     runner = session.runner
     slots = num_proposals(drafter)
     rows = slots + 1
@@ -536,9 +587,19 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
     limit = slots
     new_rows = 0  # host copy of state[_D_NEW]
     pending = None
+    host_drafting = drafter is not None and static_drafter is None
+    pipelined = pipelined_rounds_enabled() and not host_drafting
     # the round's processing is baked into its captured steps: one step per setting
     choice_key = (sampling, choice.masks_eos)
     keeps_queries = _start_retrieval(runner, static_drafter, drafter_length, rows)
+    # a round step reads what it overwrites: the state (updated at its end), the verify's tapped features (the next
+    # round's draft commits them), cmr's kept target queries (its refreshes read the last verify's), the tokens seen
+    # (repetition penalty) and infllm/cmr's selection state; the graph engine's warm-up restores them
+    preserve = [state] + ([taps] if with_taps else []) + ([choice.seen] if sampling.penalized else [])
+    if keeps_queries:
+        preserve.append(runner.query_keep[1])
+    if static_drafter is not None:
+        preserve += static_drafter.step_state()
 
     def verify(bucket: int):
         def run():
@@ -574,43 +635,101 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
 
         return run
 
-    while out.running(budget):
-        k = min(slots, budget - len(out.tokens) - 1)
+    def round_step(drafts: bool, with_far: bool, phase, bucket: int):
+        """Draft (when ``drafts``), verify, accept, update the state: one step, the round's result returned."""
+        drafting = draft(with_far, phase) if drafts else None
+        verifying = verify(bucket)
+
+        def run():
+            if drafting is not None:
+                drafting()
+            outputs = verifying()
+            state.copy_(outputs[0])
+            if sampling.penalized:
+                choice.seen.copy_(outputs[2])
+            return outputs[1]
+
+        return run
+
+    def plan(position: int, d_context: int, generated: int, spread: int):
+        """(k, drafts, with_far, bucket, d_context) of the next round when the round in flight may accept 0 .. ``spread``
+        proposals (0: nothing in flight, exact) and every outcome gives the same; None when they differ or the budget
+        may end (then the in-flight round is read first). ``position``, ``d_context`` (entries the drafter's cache
+        holds once it commits the last verify's rows) and ``generated`` count the in-flight round's one sure token."""
+        lo_tokens, hi_tokens = generated, generated + spread
+        if hi_tokens >= budget:  # (never with nothing in flight: the loop runs while tokens < budget)
+            return None
+        k = min(slots, budget - lo_tokens - 1)
+        if min(slots, budget - hi_tokens - 1) != k:
+            return None
+        bucket = bucket_length(position + rows, runner.capacity)
+        if bucket_length(min(position + spread + rows, runner.capacity), runner.capacity) != bucket:
+            return None
+        drafts = static_drafter is not None and k > 0
+        with_far = drafts and static_drafter.needs_far(d_context)
+        if drafts and static_drafter.needs_far(d_context + spread) != with_far:
+            return None
+        if drafts and spread and not static_drafter.same_phase(d_context, d_context + spread):
+            return None  # infllm: whether blocks form this round depends on the round in flight
+        return k, drafts, with_far, bucket, d_context
+
+    def launch(k: int, drafts: bool, with_far: bool, bucket: int, d_context: int) -> _Launched:
+        nonlocal limit, pending
         if k != limit:
             state[_LIMIT : _LIMIT + 1].fill_(k)
             limit = k
         choice.refill()
-        if drafter is not None and k > 0:
-            if static_drafter is not None:
-                with_far = static_drafter.needs_far(drafter_length + new_rows)
-                # cmr: initial / refresh / grow; infllm: form / steady; each its own captured step
-                phase = static_drafter.next_phase(drafter_length + new_rows)
-                session.step(("draft", session.draft_tag, with_far, phase) + choice_key,
-                             draft(with_far, phase)).replay()
-            else:
-                proposals, q = propose(drafter, state[_LAST : _LAST + 1], pending, dcache, position, slots,
-                                       choice.picker())
-                ids[0, 1 : 1 + proposals.shape[0]] = proposals
-                state[CUT_SLOT] = proposals.shape[0]  # fewer when a confidence threshold cut the proposal
-                if q is not None:
-                    q_buffer[: q.shape[0]].copy_(q)
-                pending = None
-        bucket = bucket_length(position + rows, runner.capacity)
-        key = ("verify", rows, bucket, with_taps, target_attention, fused, keeps_queries) + choice_key
-        outputs = session.step(key, verify(bucket)).replay()
-        state.copy_(outputs[0])
-        if sampling.penalized:
-            choice.seen.copy_(outputs[2])
-        values = outputs[1].tolist()  # the round's one device-to-host read
+        if host_drafting and k > 0:
+            proposals, q = propose(drafter, state[_LAST : _LAST + 1], pending, dcache, position, slots,
+                                   choice.picker())
+            ids[0, 1 : 1 + proposals.shape[0]] = proposals
+            state[CUT_SLOT] = proposals.shape[0]  # fewer when a confidence threshold cut the proposal
+            if q is not None:
+                q_buffer[: q.shape[0]].copy_(q)
+            pending = None
+        # cmr: initial / refresh / grow (a host round count, whatever the rounds accept); infllm: form / steady (from
+        # the context length, which plan() saw the same for every outcome of the round in flight); each its own step
+        phase = static_drafter.next_phase(d_context) if drafts else None
+        key = ("round", session.draft_tag if drafts else None, drafts, with_far, phase, rows, bucket, with_taps,
+               target_attention, fused, keeps_queries) + choice_key
+        result = session.step(key, round_step(drafts, with_far, phase, bucket), preserve=preserve).replay()
+        host_slot[0] ^= 1  # the other buffer: the round in flight (if any) still owns this one's twin
+        return _Launched(result, k, host_buffers[host_slot[0]])
+
+    def process(launched: _Launched) -> None:
+        nonlocal drafter_length, new_rows, position, pending
+        values = launched.read()  # the round's one device-to-host read
         n, final, kept, proposals = values[0], values[1], values[2], values[3:]
-        out.proposals.append(proposals[: min(k, kept)] if drafter is not None else [])
-        if drafter is not None and static_drafter is None:
+        out.proposals.append(proposals[: min(launched.k, kept)] if drafter is not None else [])
+        if host_drafting:
             accepted = taps[:, : n + 1].clone()
             pending = accepted if pending is None else torch.cat((pending, accepted), 1)
         drafter_length += new_rows
         new_rows = n + 1
         position += n + 1
         out.commit(proposals[:n] + [final])
+
+    host_buffers, host_slot = session.host_results(3 + slots), [0]
+    in_flight = None
+    while True:
+        if in_flight is None:
+            if not out.running(budget):
+                break
+            step = plan(position, drafter_length + new_rows, len(out.tokens), 0)
+        elif not pipelined:
+            step = None
+        else:  # the round in flight commits 1 .. k + 1 tokens
+            step = plan(position + 1, drafter_length + new_rows + 1, len(out.tokens) + 1, in_flight.k)
+        if step is None:
+            process(in_flight)
+            in_flight = None
+            continue
+        launched = launch(*step)
+        if in_flight is not None:
+            process(in_flight)  # while the device runs the round just queued
+            if not out.running(budget):
+                break  # an EOS or stop string: the queued round is dropped
+        in_flight = launched
     if static_drafter is not None:
         for layer in dcache.layers:  # keep the cache's host length truthful for bytes_used() and later reads
             layer.length = drafter_length

@@ -43,6 +43,7 @@ from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.read_plan import RERoPE_LOG_BASE
 from ..modeling.rope import compute_dtype
+from .weight_layout import concatenated_rows as _fuse_rows
 
 STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming", "infllm", "cmr")
 CUT_SLOT = 6  # state slot receiving the proposals a DeepSpec confidence threshold keeps (the fast loop reads it)
@@ -249,6 +250,14 @@ class StaticDrafter:
             return self.infllm.next_phase(context_length)
         return None
 
+    def same_phase(self, context_length: int, other_length: int) -> bool:
+        """Whether rounds whose contexts hold ``context_length`` or ``other_length`` entries take the same phase
+        (:meth:`next_phase`; host-side, changes nothing): InfLLM's depends on the blocks formed, CMR's on the round
+        count only."""
+        if self.infllm is not None:
+            return self.infllm.n_blocks(context_length) == self.infllm.n_blocks(other_length)
+        return True
+
     def needs_far(self, context_length: int) -> bool:
         """Whether a round whose context holds ``context_length`` entries reads a non-empty far memory."""
         return self.far_threshold is not None and context_length > self.far_threshold
@@ -422,40 +431,6 @@ class StaticDrafter:
             gate, up = F.linear(normed, gate_up_weight).chunk(2, -1)
             delta = layer.mlp.down_proj(ops.silu_mul(gate, up))
         return ops.add_rms_norm(hidden, delta, drafter.norm.weight, drafter.norm.eps)[1]
-
-
-def _rows_of_one_buffer(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """The ``[sum(rows), ...]`` tensor whose consecutive row blocks ``parts`` are (one storage, contiguous, no
-    gaps), or None when they are not laid out so."""
-    first = parts[0]
-    if not all(p.is_contiguous() and p.dtype == first.dtype and p.device == first.device
-               and p.shape[1:] == first.shape[1:] for p in parts):
-        return None
-    storage = first.untyped_storage()
-    offset = first.storage_offset()
-    for part in parts:
-        if part.untyped_storage().data_ptr() != storage.data_ptr() or part.storage_offset() != offset:
-            return None
-        offset += part.numel()
-    rows = sum(p.shape[0] for p in parts)
-    return first.new_empty(0).set_(storage, first.storage_offset(), (rows, *first.shape[1:]))
-
-
-def _fuse_rows(modules: list[torch.nn.Linear], name: str) -> torch.Tensor | None:
-    """One buffer holding the modules' ``name`` tensors (weight or bias) as consecutive row blocks; the modules'
-    parameters become views of it, so the weights are not held twice."""
-    params = [getattr(m, name) for m in modules]
-    if params[0] is None:
-        return None
-    whole = _rows_of_one_buffer([p.data for p in params])
-    if whole is not None:
-        return whole
-    whole = torch.cat([p.data for p in params])
-    offset = 0
-    for param in params:
-        param.data = whole[offset:offset + param.shape[0]]
-        offset += param.shape[0]
-    return whole
 
 
 @torch.no_grad()

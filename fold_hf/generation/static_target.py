@@ -25,6 +25,11 @@ model's; only the cache and the attention are ours:
   write and the MLP's ``silu(gate) * up`` run as three fused launches (:mod:`fold_hf.kernels.triton_layer`,
   torch twins off CUDA) instead of ~30 small module kernels per layer; projections stay the model's modules
   (PEFT included). Llama-style RMSNorm, SiLU MLP and full rotary only (:meth:`StaticTarget.fused_unsupported`).
+* Projections laid out for decode (every forward, default on; ``$FOLD_HF_CONCAT_PROJECTIONS=0`` turns it off): q|k|v
+  and gate|up run as one GEMM each over buffers the model's own q/k/v and gate/up parameters become views of
+  (:mod:`fold_hf.generation.weight_layout`: nothing held twice, writes through the modules reach them). A layer
+  whose projections are not plain ``nn.Linear`` in the model dtype (LoRA, quantized) runs them as modules, with a
+  warning naming why (:meth:`StaticTarget.decode_projections`).
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.generation.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 
@@ -43,6 +48,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .taps import _unwrap
+from .weight_layout import (
+    DecodeProjections,
+    concat_projections_enabled,
+    decode_projections_unsupported,
+    warn_separate_once,
+)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 PREFILL_CHUNK = 8192
@@ -123,6 +134,8 @@ def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
 
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+# MLPs computing down_proj(act_fn(gate_proj(x)) * up_proj(x)), which the host-length forward may run as gate|up
+_GATED_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 
 
 class StaticTarget:
@@ -241,6 +254,18 @@ class StaticTarget:
                 return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
         return None
 
+    def decode_projections(self, layer) -> DecodeProjections | None:
+        """Layer ``layer``'s q|k|v and gate|up as one GEMM each (:mod:`~fold_hf.generation.weight_layout`; the first
+        call lays the weights out, later calls find them so), or None: off by ``$FOLD_HF_CONCAT_PROJECTIONS=0``, or
+        the layer's projections are not plain Linears in the model dtype (warned once, naming why)."""
+        if not concat_projections_enabled():
+            return None
+        reason = decode_projections_unsupported(layer.self_attn, layer.mlp, self.dtype)
+        if reason is not None:
+            warn_separate_once(f"static target: {reason}")
+            return None
+        return DecodeProjections(layer.self_attn, layer.mlp)
+
     # ------------------------------------------------------------------ sizes
     @property
     def num_taps(self) -> int:
@@ -254,17 +279,20 @@ class StaticTarget:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     # ------------------------------------------------------------------ one layer
-    def _qkv(self, layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _qkv(self, layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             projections: DecodeProjections | None = None):
         """Normed hidden ``[1, L, H]`` -> rotated q ``[1, Hq, L, D]``, rotated k and v ``[1, Hkv, L, D]``."""
         attn = layer.self_attn
         shape = (*hidden.shape[:-1], -1, self.head_dim)
-        q = attn.q_proj(hidden).view(shape)
-        k = attn.k_proj(hidden).view(shape)
+        if projections is not None:
+            q, k, v = (x.view(shape) for x in projections.qkv(hidden))
+        else:
+            q, k, v = attn.q_proj(hidden).view(shape), attn.k_proj(hidden).view(shape), attn.v_proj(hidden).view(shape)
         if getattr(attn, "q_norm", None) is not None:
             q = attn.q_norm(q)
         if getattr(attn, "k_norm", None) is not None:
             k = attn.k_norm(k)
-        v = attn.v_proj(hidden).view(shape).transpose(1, 2)
+        v = v.transpose(1, 2)
         q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None])
         return q, k, v
 
@@ -279,11 +307,17 @@ class StaticTarget:
         last_layer = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             residual = hidden
-            q, k, v = self._qkv(layer, layer.input_layernorm(hidden), cos, sin)
+            projections = self.decode_projections(layer)
+            q, k, v = self._qkv(layer, layer.input_layernorm(hidden), cos, sin, projections)
             write_kv(i, k, v)
             out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
             hidden = residual + layer.self_attn.o_proj(out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            mlp, normed = layer.mlp, layer.post_attention_layernorm(hidden)
+            if projections is not None and type(mlp).__name__ in _GATED_MLPS:
+                gate, up = projections.gate_up(normed)
+                hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+            else:
+                hidden = hidden + mlp(normed)
             if taps_out is not None and i in taps:
                 tapped = self.final_norm(hidden) if i == last_layer else hidden
                 for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
@@ -442,13 +476,15 @@ class StaticTarget:
             if i > 0:
                 tap(i - 1, hidden)
             attn = layer.self_attn
-            q = attn.q_proj(normed).view(1, L, self.num_heads, self.head_dim)
-            k = attn.k_proj(normed).view(1, L, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(normed).view(1, L, self.num_kv_heads, self.head_dim)
-            if getattr(attn, "q_norm", None) is not None:
-                q = attn.q_norm(q)
-            if getattr(attn, "k_norm", None) is not None:
-                k = attn.k_norm(k)
+            projections = self.decode_projections(layer)
+            if projections is not None:  # one GEMM; the heads are read in place by the norms and the rope
+                q, k, v = projections.qkv(normed)
+            else:
+                q, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
+            q = q.view(1, L, self.num_heads, self.head_dim)
+            k = k.view(1, L, self.num_kv_heads, self.head_dim)
+            v = v.view(1, L, self.num_kv_heads, self.head_dim)
+            q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
             q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
             if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                 self.query_keep[1][:, :, :L].copy_(q)
@@ -458,10 +494,23 @@ class StaticTarget:
             hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, L, -1)), norm.weight,
                                               norm.variance_epsilon)
             mlp = layer.mlp
-            delta = mlp.down_proj(ops.silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            gate, up = projections.gate_up(normed) if projections is not None else (mlp.gate_proj(normed),
+                                                                                    mlp.up_proj(normed))
+            delta = mlp.down_proj(ops.silu_mul(gate, up))
         hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, self.final_norm.variance_epsilon)
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         return self.lm_head(normed)[0]
+
+    def _head_norm(self, ops, attn, name: str, heads: torch.Tensor) -> torch.Tensor:
+        """Qwen3's per-head q/k RMSNorm of ``heads [1, L, h, D]`` (read in place from a q|k|v output): the fused
+        norm when it is a Llama-style RMSNorm in the model dtype, else the module; no norm: ``heads`` as given."""
+        norm = getattr(attn, name, None)
+        if norm is None:
+            return heads
+        if (type(norm).__name__ in _RMS_NORMS and hasattr(norm, "variance_epsilon")
+                and norm.weight.dtype == heads.dtype):
+            return ops.add_rms_norm(heads, None, norm.weight, norm.variance_epsilon)[1]
+        return norm(heads)
 
     def _forward_static_decode(self, input_ids, positions, bucket: int, cos, sin, taps_out) -> torch.Tensor:
         """``forward_static`` with the decode kernel: the new entries go into the cache as usual, and the kernel

@@ -121,6 +121,7 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
 @triton.jit
 def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_OUT, V_OUT,
                        num_tokens, num_heads, num_kv_heads, cache_head_stride, cache_row_stride,
+                       q_token_stride, k_token_stride, v_token_stride,
                        HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
     token = tl.program_id(0)
     head = tl.program_id(1)  # [0, Hq) queries, [Hq, Hq + Hkv) keys, then values
@@ -130,10 +131,10 @@ def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_
     pos = tl.load(POS + token)
     if head < num_heads + num_kv_heads:
         if head < num_heads:
-            src = Q + (token * num_heads + head) * D
+            src = Q + token * q_token_stride + head * D
             dst = Q_OUT + (head * num_tokens + token) * D
         else:
-            src = K + (token * num_kv_heads + head - num_heads) * D
+            src = K + token * k_token_stride + (head - num_heads) * D
             dst = K_OUT + ((head - num_heads) * num_tokens + token) * D
         x1 = tl.load(src + offs, mask=ok, other=0.0)
         x2 = tl.load(src + HALF + offs, mask=ok, other=0.0)
@@ -155,7 +156,7 @@ def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_
             tl.store(cache + HALF + offs, out2, mask=ok)
     else:
         kv_head = head - num_heads - num_kv_heads
-        src = V + (token * num_kv_heads + kv_head) * D
+        src = V + token * v_token_stride + kv_head * D
         dst = V_OUT + (kv_head * num_tokens + token) * D
         cache = VALUE_CACHE + kv_head * cache_head_stride + pos * cache_row_stride
         for start in tl.static_range(0, 2):
@@ -164,12 +165,21 @@ def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_
             tl.store(cache + start * HALF + offs, v, mask=ok)
 
 
+def _heads_in_place(x: torch.Tensor) -> torch.Tensor:
+    """``x [1, L, H, D]`` itself when its heads are contiguous within a token (a token stride of its own: heads
+    sliced out of a q|k|v projection are read in place), else a contiguous copy."""
+    if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:
+        return x
+    return x.contiguous()
+
+
 def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos_table: torch.Tensor,
                       sin_table: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
                       value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rotary embedding of the block's queries and keys, keys and values written into the cache; shapes and
     semantics of :func:`~fold_hf.kernels.layer_reference.rope_write_reference`. The cache buffers must have a
-    contiguous head dim and equal strides (``[1, Hkv, capacity, D]`` as :class:`StaticTarget` allocates)."""
+    contiguous head dim and equal strides (``[1, Hkv, capacity, D]`` as :class:`StaticTarget` allocates). The
+    inputs may have a token stride of their own (heads of a fused q|k|v projection, read in place)."""
     _, L, Hq, D = query.shape
     Hkv = key.shape[2]
     if key.shape != (1, L, Hkv, D) or value.shape != key.shape:
@@ -179,7 +189,7 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         raise ValueError(f"rope tables {tuple(cos_table.shape)} do not rotate head dim {D} (full rotary only)")
     if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
         raise ValueError("key and value caches must share strides with a contiguous head dim")
-    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    query, key, value = _heads_in_place(query), _heads_in_place(key), _heads_in_place(value)
     cos_table, sin_table = cos_table.contiguous(), sin_table.contiguous()
     q_out = query.new_empty(1, Hq, L, D)
     k_out = key.new_empty(1, Hkv, L, D)
@@ -187,7 +197,8 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     half = D // 2
     _rope_write_kernel[(L, Hq + 2 * Hkv)](
         query, key, value, cos_table, sin_table, positions, key_cache, value_cache, q_out, k_out, v_out,
-        L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), HALF=half, BLOCK_HALF=_next_pow2(half),
+        L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), query.stride(1), key.stride(1), value.stride(1),
+        HALF=half, BLOCK_HALF=_next_pow2(half),
         num_warps=1, **_EXACT)
     return q_out, k_out, v_out
 
