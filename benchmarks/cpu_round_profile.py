@@ -54,9 +54,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from fold_hf.cli import load_default_pair
+    from fold_hf import load_embedded_pair
 
-    target, _, drafter = load_default_pair(torch.device("cpu"))
+    target, _, drafter = load_embedded_pair(torch.device("cpu"))
     drafter.set_fold_config(drafter.fold_config.replace(window=args.window) if drafter.fold_config.mode == "fold"
                             else FoldConfig(window=args.window, alpha=2.0))
     T, B = args.context, drafter.block_size

@@ -91,9 +91,9 @@ class TimingStreamer:
 def build_pair(args, device):
     if args.pair == "smollm2":
         from fold_hf.bench import build_suite
-        from fold_hf.cli import load_default_pair
+        from fold_hf import load_embedded_pair
 
-        target, tokenizer, drafter = load_default_pair(device)
+        target, tokenizer, drafter = load_embedded_pair(device)
         tiers = [int(t) for t in args.tiers.split(",")]
         requests = build_suite(tokenizer, args.suite, tiers, per_tier=args.per_tier, new_tokens=args.new_tokens)
         return target, drafter, [(r["id"], r["tier"], torch.tensor([r["input_ids"]])) for r in requests]

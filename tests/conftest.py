@@ -68,10 +68,16 @@ def pytest_runtest_logreport(report):
             fh.write(report.nodeid + "\n")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+            # one worker loads the real pair (a minute each) and runs every test that takes it
+            item.add_marker(pytest.mark.xdist_group("real-pair"))
+    # the slow tier first (stable order otherwise): with pytest-xdist its long tests start at once and the quick
+    # ones fill the workers around them, instead of one long test starting last and running alone
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     done = _passed_before()
     dropped = [item for item in items if item.nodeid in done]
     if not torch.cuda.is_available():

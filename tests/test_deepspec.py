@@ -348,6 +348,7 @@ def test_a_seed_reproduces_a_dspark_sampled_run_on_every_engine(drafters, mode):
         assert max(runs[0].acceptance_lengths) >= 2  # proposals were accepted under sampling
 
 
+@pytest.mark.slow
 def test_speculative_sampling_with_the_markov_head_keeps_the_target_distribution(tmp_path):
     from test_sampling import chi2_statistic, chi2_threshold, exact_distribution, PROMPT, VOCAB as SV
 

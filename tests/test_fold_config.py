@@ -52,7 +52,11 @@ def test_unknown_field_in_file_is_rejected(tmp_path):
 def test_missing_directory_file_and_offline_hub_id(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="fold_config.json"):
         FoldConfig.from_pretrained(tmp_path)
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub read the variable when it was imported: offline now, not after ~20 s of network retries
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(FileNotFoundError, match="local directory"):
         FoldConfig.from_pretrained("nobody/not-a-real-repo-fold")
 
@@ -77,7 +81,7 @@ def test_paper_presets_by_short_name(name, window, train_length, drafter, monkey
 
 
 def test_embedded_drafter_config_matches_its_preset():
-    from fold_hf.cli import DEFAULT_DRAFTER
+    from fold_hf.embedded import DEFAULT_DRAFTER
 
     shipped = FoldConfig.from_pretrained(DEFAULT_DRAFTER)
     preset = FoldConfig.from_pretrained("smollm2-135m-dflash")

@@ -3,7 +3,7 @@ no cycle between modules, no cycle between the package's parts, and no arrow fro
 
 Layers, lowest first: ``import_utils``; ``kernels`` (takes tensors, imports nothing from ``modeling``);
 ``modeling``; ``generation`` / ``training`` / ``data`` / ``doctor``; the package root; ``bench`` /
-``train_drafter``; ``cli``. A part not listed here (a new module) must still not close a cycle.
+``train_drafter``; ``commands`` (what each CLI command does); ``cli`` (argparse and dispatch). A part not listed here (a new module) must still not close a cycle.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ LAYER = {
     "fold_hf": 4,
     "fold_hf.bench": 5,
     "fold_hf.train_drafter": 5,
-    "fold_hf.cli": 6,
+    "fold_hf.commands": 6,
+    "fold_hf.cli": 7,
 }
 
 

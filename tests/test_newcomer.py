@@ -75,9 +75,10 @@ def test_help_imports_neither_torch_nor_transformers():
 def test_bench_without_out_writes_under_fold_hf_bench_and_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "requests.jsonl").write_text("")
-    import fold_hf.cli as cli
+    import fold_hf.pairs
+    from fold_hf.cli import CliError
 
-    monkeypatch.setattr(cli, "load_default_pair", lambda *a, **k: (_ for _ in ()).throw(cli.CliError("stop here")))
+    monkeypatch.setattr(fold_hf.pairs, "load_pair", lambda *a, **k: (_ for _ in ()).throw(CliError("stop here")))
     assert main(["bench", "--device", "cpu", "--requests", str(tmp_path / "requests.jsonl")]) == 2
     out = capsys.readouterr().out
     assert "results go to" in out and "fold-hf-bench" in out and "--out" in out
@@ -191,10 +192,20 @@ def readme_quick_start() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_quick_start_runs_on_a_cpu_as_written(capsys):
+def test_readme_quick_start_runs_on_a_cpu_as_written(capsys, monkeypatch, real_pair):
     code = readme_quick_start()
     assert len(code.strip().splitlines()) <= 12 and "load_embedded_pair" in code
-    exec(compile(code, "README.md (Quick start)", "exec"), {"__name__": "__readme__"})
+    # the session's pair stands in for loading it again (the fixture loads it with fold_hf.load_embedded_pair, fp32 on
+    # the CPU, what the quick start asks for)
+    import fold_hf
+
+    asked = []
+    monkeypatch.setattr(fold_hf, "load_embedded_pair", lambda *a, **kw: asked.append((a, kw)) or real_pair)
+    try:
+        exec(compile(code, "README.md (Quick start)", "exec"), {"__name__": "__readme__"})
+    finally:
+        fold_hf.generation.release_fast_state(real_pair[0])  # the shared target keeps no fast-loop session
+    assert asked == [((), {"device": "cpu", "dtype": "float32"})]
     assert "tau" in capsys.readouterr().out
 
 

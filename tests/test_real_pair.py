@@ -10,7 +10,9 @@ import torch
 
 import fold_hf
 from fold_hf import FoldConfig
-from fold_hf.cli import DEFAULT_DRAFTER, load_default_pair, main
+from fold_hf.cli import main
+from fold_hf.embedded import DEFAULT_DRAFTER
+from fold_hf.pairs import load_pair
 
 
 def test_committed_drafter_fits_the_size_budget_and_names_its_recipe():
@@ -43,10 +45,28 @@ def test_gguf_target_loads_and_drafter_is_lossless_on_real_text(real_pair):
     assert torch.equal(hf, target.generate(ids, max_new_tokens=48, do_sample=False))
 
 
-def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, real_pair):
+def reuse_the_session_pair(monkeypatch, real_pair):
+    """The CLI's pair loader hands out the session's pair (loading it again costs a minute; the loader itself is what
+    the ``real_pair`` fixture runs)."""
+    import fold_hf.pairs
+
+    asked = []
+
+    def load_pair(key=None, device="cpu", dtype=None, drafter_dir=None):
+        asked.append((key, str(device), dtype, drafter_dir))
+        return real_pair
+
+    monkeypatch.setattr(fold_hf.pairs, "load_pair", load_pair)
+    return asked
+
+
+def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, real_pair, monkeypatch):
+    asked = reuse_the_session_pair(monkeypatch, real_pair)
     out = tmp_path / "bench"
-    code = main(["bench", "--out", str(out), "--device", "cpu", "--suites", "books", "retrieval", "--tiers", "1024",
+    # 320-token inputs: past W + B = 72, so every mode reads a far memory (infllm/cmr select from it)
+    code = main(["bench", "--out", str(out), "--device", "cpu", "--suites", "books", "retrieval", "--tiers", "320",
                  "--per-tier", "1", "--new-tokens", "8", "--window", "64", "--train-length", "128"])
+    assert asked == [("smollm2-135m", "cpu", None, None)]  # the default pair, fp32 on the CPU (dtype auto)
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     methods = {r["method"] for r in summary["rows"]}
@@ -61,9 +81,10 @@ def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, real_pair):
     assert (out / "run" / "runs.jsonl").read_text() == runs
 
 
-@pytest.mark.slow
-def test_demo_runs(capsys):
+def test_demo_runs(capsys, real_pair, monkeypatch):
+    asked = reuse_the_session_pair(monkeypatch, real_pair)
     assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16", "--window", "128"]) == 0
+    assert [a[0] for a in asked] == [None]  # the embedded pair
     printed = capsys.readouterr().out
     assert "FOLD" in printed and "original drafter" in printed and "same as AR" in printed
     # progress per method, τ defined in one line, a speedup column (AR is 1.00x by definition)
@@ -269,5 +290,5 @@ def test_default_pair_loads_in_the_dtype_asked_for():
     """`fold-hf bench --dtype bfloat16` on a CPU: target and drafter both in bf16 (auto keeps fp32 on CPU)."""
     from fold_hf.cli import DTYPES
 
-    target, _, drafter = load_default_pair(torch.device("cpu"), dtype=DTYPES["bfloat16"])
+    target, _, drafter = load_pair(device=torch.device("cpu"), dtype=DTYPES["bfloat16"])
     assert target.dtype == drafter.fc.weight.dtype == torch.bfloat16

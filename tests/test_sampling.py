@@ -58,27 +58,6 @@ def pair():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.slow
-def test_first_tokens_follow_the_target_distribution(pair):
-    target, drafter = pair
-    warp = dict(temperature=0.8, top_k=3, top_p=0.95)
-    n = 10_000
-    gen = torch.Generator().manual_seed(1234)
-    counts: dict = {}
-    accepted = 0
-    for _ in range(n):
-        res = fold_hf.generate(target, drafter, input_ids=PROMPT, max_new_tokens=NEW, do_sample=True,
-                               generator=gen, return_stats=True, **warp)
-        key = tuple(res.new_tokens[0].tolist())
-        counts[key] = counts.get(key, 0) + 1
-        accepted += res.acceptance_lengths[0] - 1
-    probs = exact_distribution(target, warp)
-    assert abs(sum(probs.values()) - 1) < 1e-9
-    stat, df = chi2_statistic(counts, probs, n)
-    assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"
-    assert accepted > n * 0.2, "drafts were rarely accepted: the test would not exercise speculative acceptance"
-
-
 def test_rejection_step_alone_preserves_the_target_marginal():
     """speculative_accept over many draws: the first committed token follows p_1 whatever q is."""
     g = torch.Generator().manual_seed(0)
@@ -129,28 +108,56 @@ def transformers_distribution(target, settings: dict) -> dict:
     return {tuple(s.tolist()): float(pi) for s, pi in zip(seqs, prob)}
 
 
-@pytest.mark.parametrize("engine", ["eager", "static"])
-def test_fast_loop_samples_the_target_distribution(pair, engine):
-    """The fast loop's device-side speculative sampling (min-p and the repetition penalty included) against
-    transformers' processors, on both CPU engines (the graphs engine: the gpu test in test_front_door)."""
-    from fold_hf.generation import fast_generate
+# One χ² test, on the foundation loop: every engine runs the same sampling rule (fold_hf.generation.sampling) on the
+# same uniforms, so the fast engines are held to it draw by draw (test_engines_draw_what_the_loop_draws) instead of
+# by χ² tests of their own; the graphs engine has its own χ² test on the GPU below.
+CHI2_DRAWS = 4_000
+REPLAYED_DRAWS = 120
 
+
+def draw_generator(i: int) -> torch.Generator:
+    """The random source of draw ``i`` (one per draw, so any engine can replay any draw)."""
+    return torch.Generator().manual_seed(10_000 + i)
+
+
+@pytest.mark.slow
+def test_speculative_sampling_keeps_the_target_distribution(pair):
+    """fold_hf.generate's speculative sampling (temperature, top-k, top-p, min-p and the repetition penalty) against
+    the exact distribution under transformers' processors: the first token from the prefill, then a round of two
+    proposals and the target's token. A mutant that samples a rejection from p instead of the residual fails it."""
     target, drafter = pair
-    n = 3_000
-    gen = torch.Generator().manual_seed(4321)
     counts: dict = {}
     accepted = 0
-    for _ in range(n):
-        res = fast_generate(target, drafter, input_ids=PROMPT, max_new_tokens=NEW, do_sample=True, generator=gen,
-                            return_stats=True, engine=engine, **FULL_WARP)
+    for i in range(CHI2_DRAWS):
+        res = fold_hf.generate(target, drafter, input_ids=PROMPT, max_new_tokens=NEW, do_sample=True,
+                               generator=draw_generator(i), return_stats=True, **FULL_WARP)
         key = tuple(res.new_tokens[0].tolist())
         counts[key] = counts.get(key, 0) + 1
         accepted += res.acceptance_lengths[0] - 1
     probs = transformers_distribution(target, FULL_WARP)
     assert abs(sum(probs.values()) - 1) < 1e-9
-    stat, df = chi2_statistic(counts, probs, n)
+    stat, df = chi2_statistic(counts, probs, CHI2_DRAWS)
     assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"
-    assert accepted > n * 0.2, "drafts were rarely accepted: the test would not exercise speculative acceptance"
+    assert accepted > CHI2_DRAWS * 0.2, "drafts were rarely accepted: the test would not exercise speculative acceptance"
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_engines_draw_what_the_loop_draws(pair, engine):
+    """With the same random source, the fast loop's CPU engines commit the foundation loop's tokens with its
+    acceptance lengths, draw by draw (rejections at every slot and whole acceptances among them), so the χ² test of
+    the loop holds for them too."""
+    from fold_hf.generation import fast_generate
+
+    target, drafter = pair
+    seen_acceptances = set()
+    for i in range(REPLAYED_DRAWS):
+        kw = dict(input_ids=PROMPT, max_new_tokens=NEW, do_sample=True, return_stats=True, **FULL_WARP)
+        loop = fold_hf.generate(target, drafter, generator=draw_generator(i), **kw)
+        fast = fast_generate(target, drafter, generator=draw_generator(i), engine=engine, **kw)
+        assert torch.equal(fast.sequences, loop.sequences), (engine, i)
+        assert fast.acceptance_lengths == loop.acceptance_lengths, (engine, i)
+        seen_acceptances.add(loop.acceptance_lengths[0])
+    assert seen_acceptances == {1, 2, 3}, seen_acceptances  # rejected at the first or second slot, or none
 
 
 @pytest.mark.gpu(reason="CUDA graphs: the captured round's speculative sampling")

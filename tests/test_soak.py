@@ -60,17 +60,18 @@ def test_soak_subset_every_mode_both_paths_identical_to_ar(real_pair, prompts, t
     runs.mkdir()
     with (runs / "shard-0of1.jsonl").open("w") as fh:
         for k, prompt in enumerate(prompts):
-            # a CPU verifies a block at the cost of reading every weight once (~0.25 s here), so each prompt runs
-            # half the modes (both paths): every mode and path still meets three prompts of different kinds
-            half = {name: configs[name] for name in names[(k % 2) * 4 : (k % 2) * 4 + 4]}
-            record = soak.run_prompt(target, tokenizer, drafter, prompt, half, new_tokens=6)
+            # a CPU verifies a block at the cost of reading every weight once (~0.25 s here), so the modes take turns:
+            # prompt k runs modes k and k + 6 on every path, each prompt kind meets every path, each mode one kind
+            # (every mode's losslessness on many prompts is the tiny grids' job: test_lossless, test_fast_loop)
+            turn = {name: configs[name] for name in names[k :: len(prompts)]}
+            record = soak.run_prompt(target, tokenizer, drafter, prompt, turn, new_tokens=6)
             fh.write(json.dumps(record) + "\n")
             different = {k: v["divergence"] for k, v in record["runs"].items() if not v["same"]}
             assert not different, f"{prompt['id']}: {different}"
     summary = soak.summarize(tmp_path, "float32", tie_gap=1e-3, planned=len(prompts))
     assert summary["prompts_done"] == 6 and summary["different"] == 0
     assert set(summary["by_mode_path"]) == {f"{m}/{p}" for m in soak.MODES for p in soak.PATHS}
-    assert all(c["identical"] == 3 for c in summary["by_mode_path"].values())
+    assert all(c["identical"] == 1 for c in summary["by_mode_path"].values())
     assert any(c["tau"] > 1 for c in summary["by_mode_path"].values())  # the drafter did contribute
 
 

@@ -1,33 +1,33 @@
-"""Verification of a drafted block: greedy prefix match and speculative sampling.
+"""Verification of one drafted block on the host, for callers holding a block's tensors: greedy prefix match and
+speculative sampling.
 
-Speculative sampling (Leviathan et al., Chen et al.) keeps the target's distribution exactly: draft
-token ``d_i`` drawn from the drafter's processed distribution ``q_i`` is accepted with probability
-``min(1, p_i(d_i) / q_i(d_i))``; the first rejection is replaced by a draw from
-``normalize(max(0, p_i - q_i))``; when every draft is accepted, one more token is drawn from ``p_{k+1}``.
-Block-parallel drafts are drawn independently per slot, which is one valid choice of ``q``.
+The rules live in one place, :mod:`fold_hf.generation.sampling` (what every decode loop runs, on the device);
+these functions are that module's rules with a host-friendly signature (a Python int for the accepted count,
+probabilities instead of processed scores, a ``torch.Generator`` instead of a uniforms buffer).
+
+Speculative sampling (Leviathan et al., Chen et al.) keeps the target's distribution exactly: draft token ``d_i``
+drawn from the drafter's processed distribution ``q_i`` is accepted with probability ``min(1, p_i(d_i) / q_i(d_i))``;
+the first rejection is replaced by a draw from ``normalize(max(0, p_i - q_i))``; when every draft is accepted, one
+more token is drawn from ``p_{k+1}``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..modeling.rope import compute_dtype
-from .sampling import filter_top_k_top_p
+from .sampling import Sampling, process, verify_greedy, verify_sampled
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None) -> torch.Tensor:
-    """Probabilities ``[..., V]`` after temperature, top-k and top-p (fp32), as target-only sampling applies them."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
-    scores = logits.to(compute_dtype(logits.dtype)) / temperature
-    shape = scores.shape
-    scores = filter_top_k_top_p(scores.reshape(-1, shape[-1]), top_k, top_p).reshape(shape)
-    return scores.softmax(-1)
+    """Probabilities ``[..., V]`` (fp32; fp64 for fp64 logits) after temperature, top-k and top-p, as sampling
+    applies them (:func:`fold_hf.generation.sampling.process`)."""
+    sampling = Sampling(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
+    return process(logits, sampling).softmax(-1)
 
 
 def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Greedy verification.
+    """Greedy verification (:func:`fold_hf.generation.sampling.verify_greedy`).
 
     Args:
         draft_tokens: ``[k]`` drafted tokens.
@@ -36,10 +36,9 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     Returns:
         (number of accepted drafts n, ``[n + 1]`` tokens to commit: accepted drafts then the target's token).
     """
-    posterior = target_logits.argmax(-1)
     k = draft_tokens.shape[0]
-    matches = (draft_tokens == posterior[:k]).int().cumprod(0)
-    n = int(matches.sum())
+    n, posterior = verify_greedy(target_logits, draft_tokens, k)
+    n = int(n)
     return n, torch.cat((draft_tokens[:n], posterior[n : n + 1]))
 
 
@@ -49,29 +48,21 @@ def speculative_accept(
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> tuple[int, torch.Tensor]:
-    """Speculative sampling of one block.
+    """Speculative sampling of one block (:func:`fold_hf.generation.sampling.verify_sampled`).
 
     Args:
         draft_tokens: ``[k]`` tokens drawn from ``draft_probs``.
         draft_probs: ``[k, V]`` the drafter's processed distributions.
         target_probs: ``[k + 1, V]`` the target's processed distributions.
-        generator: random source (on the probabilities' device).
+        generator: random source (on the probabilities' device; torch's default generator when None).
 
     Returns:
         (accepted drafts n, ``[n + 1]`` tokens to commit).
     """
     k = draft_tokens.shape[0]
-    idx = torch.arange(k, device=draft_tokens.device)
-    p = target_probs[idx, draft_tokens]
-    q = draft_probs[idx, draft_tokens]
-    u = torch.rand(k, generator=generator, device=draft_probs.device)
-    accepted = (u * q <= p).int().cumprod(0)  # u < p/q without dividing by a zero q
-    n = int(accepted.sum())
-    if n < k:
-        residual = (target_probs[n] - draft_probs[n]).clamp_min(0)
-        total = residual.sum()
-        dist = residual / total if total > 0 else target_probs[n]
-    else:
-        dist = target_probs[k]
-    last = torch.multinomial(dist, 1, generator=generator)
+    source = generator.device if generator is not None else draft_probs.device
+    u = torch.rand(2 * k + 1, generator=generator, device=source, dtype=torch.float64).to(draft_probs.device)
+    # verify_sampled takes processed scores: log p gives back p under its softmax (zeros stay zeros)
+    n, last = verify_sampled(target_probs.log(), draft_tokens, draft_probs, u, k)
+    n = int(n)
     return n, torch.cat((draft_tokens[:n], last))

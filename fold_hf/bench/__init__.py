@@ -1,0 +1,68 @@
+"""`fold-hf bench`: τ and speedup of every reading mode against AR, by input length, on real long inputs.
+
+Parts (each importable on its own; this package imports them on first use of a name, so reading the method or
+suite names, e.g. for ``fold-hf bench --help``, imports neither torch nor transformers):
+
+* :mod:`.methods`: the methods a run compares (AR, FOLD at each α, the baselines) and the decode engines.
+* :mod:`.suites`: the request suites, built from evaluation sources only (:mod:`fold_hf.data`):
+
+  - ``code``: an installed package's source arranged like Long Code Arena: other files first, files of the cut
+    file's directory nearest, the cut file's prefix last; the target continues the file.
+  - ``books``: spans of held-out Gutenberg plays; the target continues the text.
+  - ``retrieval``: a span whose end restarts a passage from its first quarter, so the continuation copies
+    content thousands of tokens back (where the far memory matters).
+
+* :mod:`.run`: every request runs AR and every method in the same process, one after the other, so each method
+  is paired with an AR run of the same request on the same machine. Results are appended per request to
+  ``runs.jsonl`` (a run resumes where it stopped; runs from several jobs merge by request id).
+* :mod:`.summary`: τ, speedup = mean over requests of TPOT_AR / TPOT_method with 95% bootstrap CIs (2,000
+  paired resamples, fixed seed), the number of outputs differing from AR, paired comparisons and length
+  retention; writes JSON and CSV, and the plots of :mod:`.plots`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the part that defines it
+_EXPORTS = {
+    "BENCH_ENGINES": ".methods",
+    "Method": ".methods",
+    "default_methods": ".methods",
+    "method_names": ".methods",
+    "window_sweep_methods": ".methods",
+    "DEFAULT_TIERS": ".suites",
+    "SUITES": ".suites",
+    "build_suite": ".suites",
+    "load_requests": ".suites",
+    "save_requests": ".suites",
+    "machine_info": ".run",
+    "run_bench": ".run",
+    "length_retention": ".summary",
+    "paired_comparison": ".summary",
+    "summarize": ".summary",
+    "PLOT_METRICS": ".plots",
+    "plot_figure": ".plots",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .methods import BENCH_ENGINES, Method, default_methods, method_names, window_sweep_methods
+    from .plots import PLOT_METRICS, plot_figure
+    from .run import machine_info, run_bench
+    from .suites import DEFAULT_TIERS, SUITES, build_suite, load_requests, save_requests
+    from .summary import length_retention, paired_comparison, summarize
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
