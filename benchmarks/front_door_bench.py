@@ -363,8 +363,9 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for s in payload["table"]:
         per_round = f"{s['ms_per_round']:.3f}" if s["ms_per_round"] else "-"
+        speedup = f"{s['speedup_vs_generate']:.2f}x" if s["speedup_vs_generate"] else "-"
         print(f"| {s['mode']} | {s['path']} | {s['tau']:.2f} | {s['ms_per_token']:.3f} | {per_round} | "
-              f"{s['speedup_vs_generate']:.2f}x | {s['same_as_generate'] if s['mode'] == 'greedy' else '-'} |")
+              f"{speedup} | {s['same_as_generate'] if s['mode'] == 'greedy' else '-'} |")
     for r in rounds:
         print(f"round {r['context']} {r['mode']}: {r['p50_ms']:.3f} ms")
     print("\n| op (one round's token choice) | rows x V | us |")
