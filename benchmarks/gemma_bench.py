@@ -24,6 +24,8 @@ is another branch).
 
 Run on an H200 from the repo root:  python benchmarks/gemma_bench.py --out $OUT       (about 4-6 minutes)
 CPU dry run (tiny shapes, static engine, no floor bandwidth):  python benchmarks/gemma_bench.py --dry-run --out /tmp/g
+Quick re-measure at 32K with the fused layers, the module path's AR step and a top-kernel table (about a minute):
+    python benchmarks/gemma_bench.py --contexts 32768 --rounds 16 --repeats 2 --modules-row --profile --out $OUT/gemma
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig  # noqa: E402
 from fold_hf.generation.fast import release_fast_state, time_rounds  # noqa: E402
@@ -106,11 +109,25 @@ def copy_bandwidth(gib: float = 4.0) -> float:
     return 2 * n * 2 * 10 / (start.elapsed_time(end) / 1e3)
 
 
-def rounds_ms(target, drafter, context: int, args, engine: str) -> list[float]:
-    time_rounds(target, drafter, context, args.rounds, engine=engine)  # warm-up (captures the graphs)
+def rounds_ms(target, drafter, context: int, args, engine: str, fused_layers=None) -> list[float]:
+    """Round wall times (ms); [float("nan")] (and the traceback logged) if the rows fail, so that one broken
+    configuration does not hide the others' numbers."""
+    try:
+        return _rounds_ms(target, drafter, context, args, engine, fused_layers)
+    except Exception:
+        import traceback
+
+        log("FAILED row:\n" + traceback.format_exc())
+        release_fast_state(target)
+        return [float("nan")]
+
+
+def _rounds_ms(target, drafter, context: int, args, engine: str, fused_layers=None) -> list[float]:
+    time_rounds(target, drafter, context, args.rounds, engine=engine, fused_layers=fused_layers)  # captures
     seconds: list[float] = []
     for _ in range(args.repeats):
-        seconds += time_rounds(target, drafter, context, args.rounds, engine=engine).round_seconds[1:]
+        seconds += time_rounds(target, drafter, context, args.rounds, engine=engine,
+                               fused_layers=fused_layers).round_seconds[1:]
     return [s * 1e3 for s in seconds]
 
 
@@ -127,6 +144,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--fold-window", type=int, default=4096, help="FOLD W (the paper's for this pair)")
     parser.add_argument("--alpha", type=float, default=2.0)
+    parser.add_argument("--profile", action="store_true",
+                        help="also write a torch.profiler top-kernel table of the AR step and the dflash round "
+                             "(static engine) per context under OUT/profile/")
+    parser.add_argument("--modules-row", action="store_true",
+                        help="also time the AR step through the model's modules (fused_layers=False)")
     for name, default in (("layers", 48), ("hidden", 3840), ("mlp", 15360), ("heads", 16), ("kv-heads", 8),
                           ("head-dim", 256), ("global-head-dim", 512), ("global-kv-heads", 4),
                           ("window-target", 1024), ("global-every", 6), ("vocab", 262144), ("drafter-heads", 32),
@@ -137,7 +159,8 @@ def main(argv=None) -> int:
         args.layers, args.hidden, args.mlp, args.heads, args.kv_heads, args.head_dim = 8, 64, 128, 4, 2, 16
         args.global_head_dim, args.global_kv_heads, args.window_target, args.global_every = 32, 1, 16, 4
         args.vocab, args.drafter_heads, args.drafter_kv_heads, args.drafter_head_dim = 64, 4, 2, 16
-        args.contexts, args.rounds, args.repeats, args.fold_window = "64,160", 3, 1, 32
+        args.contexts = "64" if args.contexts == "64" else "64,160"
+        args.rounds, args.repeats, args.fold_window = 3, 1, 32
         device, dtype, engine = "cpu", torch.float32, "static"
     else:
         if not torch.cuda.is_available():
@@ -149,7 +172,7 @@ def main(argv=None) -> int:
     target, drafter = build_pair(args, device, dtype)
     log(f"random Gemma-4 target ({args.layers} layers, hidden {args.hidden}) and 5-layer drafter on {device}")
     bandwidth = copy_bandwidth() if device == "cuda" else None
-    rows, ratios = [], {}
+    rows, ratios, profiles = [], {}, []
     modes = {"dflash": FoldConfig(mode="dflash"), "fold": FoldConfig(mode="fold", window=args.fold_window,
                                                                      alpha=args.alpha)}
     with warnings.catch_warnings(record=True) as caught:
@@ -169,6 +192,27 @@ def main(argv=None) -> int:
                 rows.append({"row": "floor", "context": context, "p50_ms": floor})
                 ratios[f"ar_over_floor_{context}"] = ar / floor
                 log(f"floor @ {context}: {floor:.2f} ms (AR {ar / floor:.2f}x)")
+            if args.modules_row:  # the same AR step through the model's modules
+                release_fast_state(target)
+                modules = median(rounds_ms(target, None, context, args, engine, fused_layers=False))
+                rows.append({"row": "our_ar_modules", "context": context, "p50_ms": modules})
+                if bandwidth is not None:
+                    ratios[f"ar_modules_over_floor_{context}"] = modules / floor
+                log(f"our_ar_modules @ {context}: {modules:.2f} ms")
+            if args.profile:
+                from step_profile import profile_rounds
+
+                release_fast_state(target)
+                drafter.set_fold_config(modes["dflash"])
+                for label, d in (("gemma4_ar", None), ("gemma4_sd_dflash", drafter)):
+                    try:
+                        summary = profile_rounds(target, d, context, Path(args.out) / "profile", label)
+                    except Exception:
+                        import traceback
+
+                        log(f"FAILED profile {label}:\n" + traceback.format_exc())
+                        continue
+                    profiles.append({k: v for k, v in summary.items() if k != "top"})
             release_fast_state(target)
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -181,7 +225,8 @@ def main(argv=None) -> int:
             "transformers": transformers.__version__, "engine": engine, "dry_run": args.dry_run,
             "bandwidth_tb_s": bandwidth / 1e12 if bandwidth else None}
     (out / "gemma.json").write_text(json.dumps({"machine": info, "args": vars(args), "ratios": ratios,
-                                                "rows": rows, "fold_hf_warnings": notes}, indent=2))
+                                                "rows": rows, "profiles": profiles, "fold_hf_warnings": notes},
+                                               indent=2))
     log("ratios: " + json.dumps(ratios, indent=2))
     for note in notes:
         log(f"warning seen: {note}")

@@ -17,6 +17,9 @@ pair and context, AR / floor and SD round / AR (the issue's goals: AR <= 1.5x th
 ``hybrid.json`` under ``--out``.
 
 GPU (repo root; about 5-7 minutes on an H200):   python benchmarks/hybrid_bench.py --out $OUT/hybrid
+Quick re-measure of Qwen3.5 at 32K with the fused layers, the module path's AR step and a top-kernel table
+(about a minute):   python benchmarks/hybrid_bench.py --pairs qwen35_9b --contexts 32768 --rounds 24 --repeats 2
+                        --modules-row --profile --out $OUT/hybrid
 CPU dry run (tiny shapes, static engine, no timing meaning; seconds):   python benchmarks/hybrid_bench.py --dry-run
 """
 
@@ -109,11 +112,25 @@ def floor_bytes(target, context: int) -> int:
     return weights + kv + state
 
 
-def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str) -> list[float]:
-    time_rounds(target, drafter, context, rounds, engine=engine)  # captures this length's graphs
+def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str, fused_layers=None) -> list[float]:
+    """Round wall times (s) after a capturing call; [] (and the traceback logged) if the rows fail, so that one
+    broken configuration does not hide the others' numbers."""
+    try:
+        return _timed(target, drafter, context, rounds, repeats, engine, fused_layers)
+    except Exception:
+        import traceback
+
+        log("FAILED row:\n" + traceback.format_exc())
+        release_fast_state(target)
+        return []
+
+
+def _timed(target, drafter, context: int, rounds: int, repeats: int, engine: str, fused_layers=None) -> list[float]:
+    time_rounds(target, drafter, context, rounds, engine=engine, fused_layers=fused_layers)  # captures the graphs
     seconds: list[float] = []
     for _ in range(repeats):
-        seconds += time_rounds(target, drafter, context, rounds, engine=engine).round_seconds[1:]
+        seconds += time_rounds(target, drafter, context, rounds, engine=engine,
+                               fused_layers=fused_layers).round_seconds[1:]
     return seconds
 
 
@@ -124,6 +141,7 @@ def run(args) -> dict:
     bandwidth = copy_bandwidth() if device == "cuda" else float("nan")
     log(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows: list[dict] = []
+    result_profiles: list[dict] = []
     max_positions = max(contexts) + 4096
     pairs = [p for p in args.pairs.split(",") if p]
     for pair in pairs:
@@ -158,11 +176,95 @@ def run(args) -> dict:
                 drafter.set_fold_config(cfg)
                 add(f"our_sd_{mode}", context, timed(target, drafter, context, args.rounds, args.repeats, engine))
             add("our_ar", context, timed(target, None, context, args.rounds, args.repeats, engine))
+            if args.modules_row and pair == "qwen35_9b":  # the same AR step through the model's modules
+                release_fast_state(target)
+                add("our_ar_modules", context, timed(target, None, context, args.rounds, args.repeats, engine,
+                                                     fused_layers=False))
+            if args.profile:
+                from step_profile import profile_rounds
+
+                release_fast_state(target)
+                drafter.set_fold_config(modes["dflash"])
+                for label, d in ((f"{pair}_ar", None), (f"{pair}_sd_dflash", drafter)):
+                    try:
+                        result_profiles.append(profile_rounds(target, d, context, Path(args.out) / "profile", label))
+                    except Exception:
+                        import traceback
+
+                        log(f"FAILED profile {label}:\n" + traceback.format_exc())
             release_fast_state(target)
         del target, drafter
         if device == "cuda":
             torch.cuda.empty_cache()
-    return {"rows": rows, "bandwidth_tb_s": bandwidth / 1e12, "headline": headline(rows)}
+    return {"rows": rows, "bandwidth_tb_s": bandwidth / 1e12, "headline": headline(rows),
+            "profiles": [{k: v for k, v in p.items() if k != "top"} for p in result_profiles]}
+
+
+def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
+    """Time the fused Gated DeltaNet verify and commit at the Qwen3.5-9B layer shape (16 key / 32 value heads of
+    128, conv 4) for 1 and 16 rows over launch configurations (``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS``), next
+    to the per-position-state kernel they replace; each configuration is checked against the torch twin first."""
+    import os
+
+    from fold_hf.kernels import hybrid_reference as ref
+    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+
+    HK, HV, DK, DV, K = 16, 32, 128, 128, 4
+    C = 2 * HK * DK + HV * DV
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape, dtype=torch.bfloat16, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+    def event_us(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / repeats
+
+    rows = []
+    state = rnd(HV, DK, DV, dtype=torch.float32, scale=0.1)
+    conv, weight = rnd(C, K - 1), rnd(C, K, scale=0.5)
+    a_log, dt_bias = rnd(HV, scale=0.3), rnd(HV, scale=0.3)
+    for L in (1, 16):
+        qkv, b, a = rnd(L, C), rnd(L, HV), rnd(L, HV)
+        pending = ref.gated_delta_pending(24, 64, HK, DK, HV, DV, C, torch.bfloat16, torch.float32, "cuda")
+        want = ref.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK,
+                                                ref.gated_delta_pending(24, 64, HK, DK, HV, DV, C, torch.bfloat16,
+                                                                        torch.float32, "cuda"), 0)
+        states = state.expand(24, HV, DK, DV).contiguous()
+        convs = conv.expand(24, C, K - 1).contiguous()
+        n = torch.tensor([L - 1], device="cuda")
+        q, k, v, gg, beta = ref.gated_delta_prepare_reference(qkv, b, a, conv, weight, a_log, dt_bias, HK, DK,
+                                                               torch.float32)
+        rows.append({"kernel": "per_position_states (before)", "rows": L,
+                     "us": event_us(lambda: gated_delta_states_triton(q, k, v, gg, beta, state))})
+        for bv, warps in ((16, 2), (32, 4), (64, 4), (128, 8)):
+            os.environ["FOLD_HF_GDN_BV"], os.environ["FOLD_HF_GDN_WARPS"] = str(bv), str(warps)
+            try:
+                got = tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pending, 0)
+                error = float((got - want).abs().max())
+                verify = event_us(lambda: tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias,
+                                                                        state, HK, DK, pending, 0))
+                commit = event_us(lambda: tri.gated_delta_commit_triton(n, pending, L, states, convs))
+            except Exception as exc:  # a configuration that does not compile is a result too
+                rows.append({"kernel": f"fused BV={bv} warps={warps}", "rows": L, "error": repr(exc)[:200]})
+                continue
+            rows.append({"kernel": f"fused BV={bv} warps={warps}", "rows": L, "verify_us": verify,
+                         "commit_24_layers_us": commit, "max_abs_err_vs_twin": error})
+    os.environ.pop("FOLD_HF_GDN_BV", None)
+    os.environ.pop("FOLD_HF_GDN_WARPS", None)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel_sweep.json").write_text(json.dumps(rows, indent=2))
+    for row in rows:
+        log("sweep " + json.dumps(row))
+    return rows
 
 
 def headline(rows: list[dict]) -> dict:
@@ -173,6 +275,9 @@ def headline(rows: list[dict]) -> dict:
             continue
         floor = p50.get((pair, "floor", context))
         out[f"{pair}_ar_over_floor_{context}"] = value / floor if floor else None
+        modules = p50.get((pair, "our_ar_modules", context))
+        if modules:
+            out[f"{pair}_ar_modules_over_floor_{context}"] = modules / floor if floor else None
         for mode in ("dflash", "fold"):
             sd = p50.get((pair, f"our_sd_{mode}", context))
             out[f"{pair}_sd_{mode}_over_ar_{context}"] = sd / value if sd else None
@@ -207,6 +312,13 @@ def main(argv=None) -> int:
     parser.add_argument("--qwen-window", type=int, default=None, help="FOLD W for Qwen3.5 (default 4096)")
     parser.add_argument("--llama-window", type=int, default=2048)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (static engine)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write a torch.profiler top-kernel table of the AR step and the dflash round "
+                             "(static engine) per context under OUT/profile/")
+    parser.add_argument("--kernel-sweep", action="store_true",
+                        help="then time the fused Gated DeltaNet kernels' launch configurations (GPU only)")
+    parser.add_argument("--modules-row", action="store_true",
+                        help="also time Qwen3.5's AR step through the model's modules (fused_layers=False)")
     args = parser.parse_args(argv)
     dry = args.dry_run
     args.contexts = args.contexts or ("64,160" if dry else "8192,32768,131072")
@@ -217,6 +329,8 @@ def main(argv=None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         write(args, run(args))
+        if args.kernel_sweep and not dry:
+            kernel_sweep(Path(args.out))
     return 0
 
 

@@ -61,10 +61,34 @@ class _TokenProgress:
             print("\r" + " " * (len(self.label) + 30) + "\r", end="", file=self.stream, flush=True)
 
 
+def round_breakdown(ar, fold, tau: float, block: int, device) -> list[str]:
+    """The demo's lines on where a FOLD round's time goes against an AR step, from the :class:`RoundPhases` of the
+    AR run and the FOLD run of this process (nothing here is a constant)."""
+    step = ar.per_round_ms()["round"]
+    parts = {k: v / step for k, v in fold.per_round_ms().items()}
+    lines = [f"where the time goes (measured in this run on {device}; 1 AR step = {step:.1f} ms, "
+             f"its forward {ar.per_round_ms()['verify'] / step:.2f} of it):",
+             f"  a FOLD round = {parts['round']:.2f} AR steps: verify of {block} rows {parts['verify']:.2f}, "
+             f"drafter {parts['draft']:.2f}, token choice and the rest {parts['other']:.2f}",
+             f"  FOLD beats AR in tokens/s when tau > {parts['round']:.2f} (tau here {tau:.2f})"]
+    if parts["round"] <= 2:
+        return lines + ["  a round costs at most 2 AR steps here: tau above 2 pays."]
+    cause = "a CPU's matrix products over several rows cost well over one row's, where a GPU pays about one step"
+    if parts["verify"] >= 2:
+        why = f"the verify of {block} rows alone costs {parts['verify']:.2f} AR steps ({cause})"
+    elif parts["verify"] + parts["draft"] > 2:
+        why = (f"the verify of {block} rows ({parts['verify']:.2f} AR steps: {cause}) plus the drafter's round "
+               f"({parts['draft']:.2f}: its layers and its lm_head over {block - 1} rows) already exceed 2")
+    else:
+        why = f"token choice, bookkeeping and Python take {parts['other']:.2f} AR steps"
+    return lines + [f"  this device cannot bring a round under 2 AR steps: {why}."]
+
+
 def cmd_demo(args) -> int:
     import torch
 
     from . import FoldConfig, generate
+    from .generation.rounds import round_phases
 
     device = _device(args.device)
     torch.manual_seed(0)
@@ -81,13 +105,14 @@ def cmd_demo(args) -> int:
         "original drafter (dflash)": FoldConfig(mode="dflash", window=args.window),
         f"FOLD (W={args.window}, alpha=2)": FoldConfig(mode="fold", window=args.window, alpha=2.0),
     }
-    results = {}
+    results, phases = {}, {}
     for k, (name, cfg) in enumerate(runs.items(), 1):
         print(f"[{k}/{len(runs)}] {name} ...", end="", flush=True)
         start = time.time()
-        res = generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
-                       fold_config=cfg, return_stats=True, eos_token_id=[],
-                       streamer=_TokenProgress(name, args.new_tokens))
+        with round_phases() as phases[name]:
+            res = generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
+                           fold_config=cfg, return_stats=True, eos_token_id=[],
+                           streamer=_TokenProgress(name, args.new_tokens))
         results[name] = res
         print(f" {time.time() - start:.0f}s" + (f", tau {res.tau:.2f}" if cfg else ""), flush=True)
     ar = results["AR (target alone)"]
@@ -101,10 +126,9 @@ def cmd_demo(args) -> int:
         same = torch.equal(res.sequences, reference)
         tau = res.tau if res.acceptance_lengths else 1.0
         print(f"{name:34s} {tau:6.2f} {tps:8.1f} {speedup:7.2f}x {str(same):>11s}")
-    if device.type == "cpu":
-        print("\nnote: on a CPU the target verifies a block of B tokens at about B times the cost of one AR step\n"
-              "(compute-bound), so the speedup column can fall below 1 here; tau is the device-independent measure.\n"
-              "On a GPU a verification costs about one AR step: see benchmarks/results/ for GPU speedups.")
+    fold_name = list(runs)[-1]
+    print("\n" + "\n".join(round_breakdown(phases["AR (target alone)"], phases[fold_name], results[fold_name].tau,
+                                           drafter.block_size, device)))
     text = tokenizer.decode(reference[0, ids.shape[1]:])
     print("\ncontinuation (AR):\n" + text)
     if not all(torch.equal(r.sequences, reference) for r in results.values()):

@@ -29,8 +29,9 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
                                       f"{2 * int((rope.inv_freq != 0).sum())}/{rope.head_dim} rotary dims"))
     sliding = [i for i in range(len(drafter.layers)) if drafter.layers[i].self_attn.sliding_window is not None]
     if sliding:
-        applies = ("window + far memory" if cfg.layers == "all" and cfg.mode in ("fold", "rerope")
-                   else "the CMR selection" if cfg.mode == "cmr" else "as released")
+        geometry = drafter.read_geometry(sliding[0], cfg)  # the one planner's rules (modeling.read_plan)
+        applies = ("window + far memory" if geometry.far is not None
+                   else "the CMR selection" if geometry.selection == "cmr" else "as released")
         checks.append(Check("sliding layers", "ok", f"layers {sliding} (window {dcfg.sliding_window}) read {applies}"))
 
     B = dcfg.block_size
@@ -52,8 +53,9 @@ def diagnose(target, drafter: FoldDrafter, fold_config: FoldConfig | None = None
         checks.append(Check("train_length", "ok", f"{cfg.mode} uses train_length={cfg.train_length} as R"))
 
     T = context_length if context_length is not None else 4 * D
-    if cfg.mode in ("infllm", "cmr"):  # per-request selections: no read to plan without a request
-        what = (f"window {cfg.window} + retrieved blocks at distance {D - 1}" if cfg.mode == "infllm"
+    geometry = drafter.read_geometry(len(drafter.layers) - 1, cfg)
+    if geometry.selection in ("infllm", "cmr"):  # per-request selections: no read to plan without a request
+        what = (f"window {cfg.window} + retrieved blocks at distance {geometry.far}" if geometry.selection == "infllm"
                 else f"{cfg.retrieval_budget} entries chosen from the target's attention, renumbered")
         checks.append(Check("plan", "ok", f"mode {cfg.mode}, block {B}: reads {what} (docs/baselines.md)"))
         return checks + [_cache_check(drafter, dcfg)]

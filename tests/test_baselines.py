@@ -14,6 +14,7 @@ from fold_hf import FoldConfig
 from fold_hf.generation.fast import fast_generate
 from fold_hf.modeling.fold_read import fold_attention_reference
 from fold_hf.modeling import plan_layer_read
+from fold_hf.modeling.read_plan import read_geometry
 from fold_hf.modeling import drafter as drafter_module
 from fold_hf.modeling.retrieval import (RetrievalParams, RetrievalState, TargetAttentionProbe, cmr_select_entries,
                                         plan_cmr_read, plan_infllm_read, target_attention_probe)
@@ -166,8 +167,10 @@ def test_infllm_read_matches_its_rule(seed):
     layer.received[:, :T] = torch.rand(4, T, generator=g, dtype=torch.float64)
     layer.seen[:T] = torch.rand(T, generator=g) < 0.3  # some blocks were seen, others never
     received, seen = layer.received.clone(), layer.seen.clone()
-    read = plan_infllm_read(state, 0, query=q, context_keys=kc, block_start=T, window=W, block_size=B,
-                            rope=tables(), params=P)
+    geometry = read_geometry(FoldConfig(mode="infllm", window=W), B)
+    assert (geometry.window, geometry.far, geometry.alpha) == (D, D - 1, 1.0)
+    read = plan_infllm_read(state, 0, query=q, context_keys=kc, block_start=T, geometry=geometry, rope=tables(),
+                            params=P)
     chosen, old = infllm_rule(q[0], kc[0], received, seen, t=T, D=D, P=P)
     assert len(chosen) == P.infllm_topk and state.last_selection[0].tolist() == chosen
     assert read.far_distance.tolist() == [D - 1] * B
@@ -330,75 +333,167 @@ def test_retrieval_modes_are_lossless_on_every_path(mode, monkeypatch):
         assert drafter.last_acceptance_lengths == res.acceptance_lengths
         for engine in ("eager", "static"):
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # the one-time "not captured" warning
+                warnings.simplefilter("error")  # the static engine runs the capturable step: no "eagerly" warning
                 fast = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True,
                                      fold_config=mode_config(mode), engine=engine)
             assert torch.equal(fast.sequences, ref), engine
             assert fast.acceptance_lengths == res.acceptance_lengths, engine
+            assert fast.proposals == res.proposals, engine  # the same drafts, round by round
     if mode == "infllm":
         assert max(selected) == SMALL_RETRIEVAL["infllm_topk"]  # the long prompt had more blocks than it reads
     else:
         assert len(refreshes) >= 4  # refreshes ran on every path
 
 
-def test_fast_path_warns_why_a_retrieval_step_is_not_captured():
+@pytest.mark.parametrize("mode", ["infllm", "cmr"])
+def test_static_retrieval_step_with_the_fused_layer_ops_drafts_what_the_loop_drafts(mode, monkeypatch):
+    """The static step with the fused elementwise ops and the target's fused layers (their torch twins here; the
+    graphs engine's path on CUDA), each step run twice more when it is made, as the graphs engine's warm-up before capture does: the retrieval
+    state those runs advance (InfLLM's statistics) is put back."""
+    import functools
+
     from fold_hf.generation import fast
+    from fold_hf.generation.graphs import EagerStep
 
     target, drafter = trained_pair("llama")
-    ids = torch.randint(0, MASK_ID, (1, 40), generator=torch.Generator().manual_seed(7))
+    fast.release_fast_state(target)
+    monkeypatch.setattr(fast, "resolve_fused_drafter", lambda *args: True)
+    monkeypatch.setattr(fast, "EagerStep", functools.partial(EagerStep, warmup=2))
+    ids = torch.randint(0, MASK_ID, (1, 300), generator=torch.Generator().manual_seed(1001))
+    ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
+                           fold_config=mode_config(mode))
+    # the target's fused layers with the decode kernel's twin: cmr's verify keeps its queries on that path too
+    res = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True, fold_config=mode_config(mode),
+                        engine="static", target_attention="triton", fused_layers=True)
+    fast.release_fast_state(target)
+    assert torch.equal(res.sequences, ref.sequences) and res.proposals == ref.proposals
+
+
+def test_cmr_on_a_target_whose_verify_keeps_no_queries_warns_and_stays_lossless(monkeypatch):
+    from fold_hf.generation import fast
+    from fold_hf.generation.static_target import StaticTarget
+
+    target, drafter = trained_pair("llama")
+    monkeypatch.setattr(StaticTarget, "keep_queries_unsupported", lambda self: "no query tap (test)")
+    fast.release_fast_state(target)
+    ids = torch.randint(0, MASK_ID, (1, 120), generator=torch.Generator().manual_seed(7))
     fast._WARNED.clear()  # warnings come once per process
-    with pytest.warns(UserWarning, match="static drafting does not cover mode 'infllm': its selection keeps"):
-        fast_generate(target, drafter, ids, max_new_tokens=8, fold_config=mode_config("infllm"), engine="static")
+    with pytest.warns(UserWarning, match="mode 'cmr' on this target: no query tap"):
+        res = fast_generate(target, drafter, ids, max_new_tokens=16, fold_config=mode_config("cmr"),
+                            engine="static")
+    fast.release_fast_state(target)
+    assert torch.equal(res, greedy_reference(target, ids, 16))
 
 
-def test_round_benchmark_dry_runs_on_the_cpu(tmp_path):
-    import json
-    import sys
-    from pathlib import Path
+def test_only_cmr_requests_keep_the_verify_queries():
+    """cmr's verify copies the target's queries of one layer (its refreshes read them); every other request's verify
+    keeps none and replays its own steps (keyed without the copy)."""
+    from fold_hf.generation.fast import _SESSION_ATTR
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import baseline_rounds_bench
+    target, drafter = trained_pair("llama")
+    ids = torch.randint(0, MASK_ID, (1, 60), generator=torch.Generator().manual_seed(3))
+    fold_hf.generation.release_fast_state(target)
+    for mode in ("cmr", "fold"):
+        fast_generate(target, drafter, ids, max_new_tokens=12, fold_config=mode_config(mode), engine="static")
+    session = target.__dict__[_SESSION_ATTR]
+    assert session.runner.query_keep is None  # the cmr request turned it off again
+    verify_keys = [k for k in session.steps if k[0] == "verify"]
+    assert sorted(k[6] for k in verify_keys) == [False, True]  # one verify step with the copy (cmr), one without
+    fold_hf.generation.release_fast_state(target)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        assert baseline_rounds_bench.main(["--tiny", "--out", str(tmp_path), "--contexts", "300", "--rounds", "10",
-                                           "--repeats", "1", "--methods", "dflash,infllm,cmr"]) == 0
-    rows = json.loads((tmp_path / "baseline_rounds.json").read_text())["rows"]
-    assert [r["method"] for r in rows] == ["dflash", "infllm", "cmr"] and all(r["n"] == 9 for r in rows)
-    assert (tmp_path / "baseline_rounds.md").read_text().count("|") > 8
+
+def static_rounds_against_the_loop(drafter, commits, read_function=None, prompt_length=120, dtype=None):
+    """Drive the static drafting step and the loop drafter (``draft_logits``) through the same rounds: the prompt's
+    taps, then ``commits[k]`` rows before round k (round 0 commits none); asserts the same proposals every round.
+    Returns (static step, loop cache, context length)."""
+    from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
+    from fold_hf.generation.taps import HiddenTaps
+
+    target, _ = trained_pair("llama")
+    ids = torch.randint(0, MASK_ID, (1, prompt_length + sum(commits) + 1), generator=torch.Generator().manual_seed(21))
+    with HiddenTaps(target, drafter.config.target_layer_ids) as taps:
+        target(ids)
+    features = taps.features().to(dtype or drafter.fc.weight.dtype)
+    R = drafter.num_proposals + 1
+    loop_cache = drafter.new_cache(request_length=256)
+    cache = preallocated_cache(drafter, 256, "cpu", 256)
+    static = StaticDrafter(drafter, cache, read_function)
+    static.start_request(256)
+    commit_context(drafter, cache, features[:, :prompt_length])
+    static.start_rounds(prompt_length)
+    state = torch.zeros(8, dtype=torch.long)
+    T = prompt_length
+    for k, n in enumerate(commits):
+        T += n
+        context = features[:, :prompt_length] if k == 0 else features[:, T - n:T]
+        want = drafter.draft_logits(ids[0, T:T + 1], context, loop_cache, block_start=T)[0].argmax(-1)
+        rows = torch.zeros(1, R, features.shape[-1], dtype=features.dtype)
+        rows[:, :n] = features[:, T - n:T]
+        state[1], state[2], state[3] = T - n, n, int(ids[0, T])
+        got = static.draft(rows, state, static.needs_far(T), phase=static.next_phase())
+        assert torch.equal(got, want), (k, T)
+    return static, loop_cache, T
+
+
+def test_static_infllm_statistics_and_selection_follow_the_loop():
+    """Round by round with uneven commits: the device statistics (window attention received, seen flags), the
+    block representatives and the proposals equal the loop's (fold_hf.modeling.retrieval) state."""
+    from fold_hf.modeling.retrieval import infllm_block_layout
+
+    _, drafter = trained_pair("llama")
+    drafter.set_fold_config(mode_config("infllm"))
+    P_ = RetrievalParams.of(drafter.fold_config)
+    static, loop_cache, T = static_rounds_against_the_loop(drafter, [0, 3, 1, 4, 2, 4, 4, 1, 3, 4, 2, 4, 4, 3])
+    n_blocks, _ = infllm_block_layout(T, drafter.fold_config.window + drafter.block_size, P_)
+    assert n_blocks > P_.infllm_topk
+    for i, loop_layer in loop_cache.retrieval.infllm.items():
+        assert torch.allclose(static.infllm.received[i][:, :T], loop_layer.received[:, :T].to(torch.float64),
+                              rtol=1e-9, atol=1e-12), i
+        assert torch.equal(static.infllm.seen[i][:T] > 0, loop_layer.seen[:T]), i
+        assert torch.allclose(static.infllm.reprs[i][:, :n_blocks], loop_layer.reprs[:, :n_blocks], rtol=1e-9), i
+        assert float(loop_layer.received[:, :T].sum()) > 0
 
 
 @pytest.mark.parametrize("mode", ["infllm", "cmr"])
-def test_retrieval_modes_on_a_sliding_drafter_are_lossless(mode):
-    """A Qwen3.5-style drafter (sliding + full layers): InfLLM retrieves in the full layer only, CMR's selection is
-    read by both."""
-    from tiny import tiny_drafter, tiny_target
+def test_static_retrieval_steps_through_the_triton_read_in_the_interpreter(interpreter, mode):
+    """The FOLD read kernel (Triton's interpreter, fp32) on InfLLM's compact context (per-slot rope rows, the far
+    branch at D - 1) and CMR's renumbered selection drafts what the loop drafts (rounds before CMR's first
+    refresh: the loop's refresh needs the target)."""
+    import copy
 
-    target = tiny_target("qwen3", seed=11)
-    drafter = tiny_drafter(target, fold_config=mode_config(mode), layer_types=["sliding_attention", "full_attention"],
-                           sliding_window=12)
-    ids = torch.randint(0, MASK_ID, (1, 150), generator=torch.Generator().manual_seed(5))
-    res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24)
-    assert torch.equal(res, greedy_reference(target, ids, 24))
+    from fold_hf.kernels.triton_fold import fold_read_triton
 
-
-def test_retrieval_settings_are_checked_and_budgets_default_to_the_papers():
-    assert FoldConfig(mode="cmr").retrieval_budget == 2048 and FoldConfig(mode="streaming").streaming_budget == 2048
-    with pytest.raises(ValueError, match="multiple of its 32-entry chunk"):
-        FoldConfig(mode="cmr", budget=100)
-    with pytest.raises(ValueError, match="infllm_topk"):
-        FoldConfig(mode="infllm", extra={"infllm_topk": 0})
-    preset = FoldConfig.from_pretrained("llama3.1-8b-dflash", mode="cmr")
-    assert preset.retrieval_budget == 2048 and preset.window == 2048
-    assert RetrievalParams.of(preset) == RetrievalParams()  # the paper's settings
-    assert RetrievalParams.of(FoldConfig.from_dict(mode_config("infllm").to_dict())).infllm_topk == 2  # round trip
+    _, base = trained_pair("llama")
+    drafter = copy.deepcopy(base).float().set_fold_config(mode_config(mode))
+    commits = [0, 4, 3]  # blocks form and selections change (InfLLM); initial and grow phases (CMR)
+    static_rounds_against_the_loop(drafter, commits, fold_read_triton, prompt_length=60)
 
 
-def test_native_dflash_cache_refuses_the_retrieval_modes():
-    from transformers import DynamicCache
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu(reason="CUDA graphs: the captured infllm/cmr draft steps replay on a CUDA device with the Triton read")
+@pytest.mark.parametrize("mode", ["infllm", "cmr"])
+def test_captured_retrieval_steps_equal_the_loop_on_gpu(mode):
+    from fold_hf.generation.fast import _SESSION_ATTR
+    from fold_hf.generation.graphs import CapturedStep
+    from tiny import pair_on_gpu
 
-    target, drafter = trained_pair("llama")
-    drafter.set_fold_config(mode_config("cmr"))
-    noise = torch.zeros(1, 4, target.config.hidden_size, dtype=torch.float64)
-    with pytest.raises(ValueError, match="per-request state in a FoldCache"):
-        drafter(noise, None, position_ids=torch.arange(4)[None], cache=DynamicCache())
+    with pair_on_gpu("llama") as (target, drafter):
+        # 600 after 700: a second request on the same session replays the steps captured for the first
+        for seed, length in enumerate([37, 300, 700, 600]):
+            ids = torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(1000 + seed)).cuda()
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
+                                   fold_config=mode_config(mode))
+            assert torch.equal(ref.sequences, greedy_reference(target, ids, 40)), length
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UserWarning)
+                res = fast_generate(target, drafter, ids, max_new_tokens=40, return_stats=True,
+                                    fold_config=mode_config(mode), engine="graphs")
+            assert not [w for w in caught if "uncaptured" in str(w.message) or "host-length" in str(w.message)]
+            assert torch.equal(res.sequences, ref.sequences), length
+            assert res.acceptance_lengths == ref.acceptance_lengths, length
+            assert res.proposals == ref.proposals, length
+        steps = target.__dict__[_SESSION_ATTR].steps
+        drafts = {k: v for k, v in steps.items() if k[0] == "draft"}
+        assert drafts and all(isinstance(v, CapturedStep) for v in drafts.values())
+        if mode == "cmr":  # initial, refresh and grow rounds each replay their own captured step
+            assert {k[3] for k in drafts} == {"initial", "refresh", "grow"}

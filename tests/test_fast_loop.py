@@ -69,9 +69,9 @@ def test_switching_modes_within_a_session_keeps_each_mode_exact():
     fold = mode_config("fold")
     # yarn first: its rope tables are its own (refilled per request), the modes built after it must not share them
     configs = [mode_config("yarn"), fold, mode_config("dflash"), mode_config("window"), mode_config("streaming"),
-               mode_config("rerope")]
+               mode_config("rerope"), mode_config("infllm"), mode_config("cmr")]
     configs += [fold.replace(alpha=a) for a in (1.0, 3.0, 4.0, 8.0)] + [fold.replace(window=w) for w in (8, 32)]
-    configs += [fold, mode_config("dflash")]  # back to modes the session has dropped by now
+    configs += [fold, mode_config("dflash"), mode_config("infllm")]  # back to modes the session has dropped by now
     assert len({repr(c) for c in configs}) > KEPT_DRAFT_MODES
     expected = {}
     for cfg in configs:

@@ -191,3 +191,35 @@ def test_graphs_engine_reproduces_the_static_engine_when_sampling():
             torch.manual_seed(seed)
             direct = fast_generate(target, drafter, ids, max_new_tokens=NEW, **SAMPLED)
             assert torch.equal(routed_out, direct)
+
+
+def test_the_routed_call_runs_what_fast_generate_runs(pair, monkeypatch):
+    """A routed sampled call decodes on the session fast_generate built (no rebuild, so no new capture) with the same
+    Sampling (transformers' default top-k 50 included: the captured steps are keyed by it), and its routing reads the
+    request without rebuilding transformers' default configs per call."""
+    from transformers import GenerationConfig
+
+    from fold_hf.generation import fast
+
+    target, drafter = pair
+    calls = []
+    decode = fast._decode
+
+    def spy(session, *args, **kwargs):
+        calls.append((session, args[4], len(session.steps)))  # args: drafter, ids, budget, out, sampling, ...
+        return decode(session, *args, **kwargs)
+
+    monkeypatch.setattr(fast, "_decode", spy)
+    ids = prompt(50)
+    release_fast_state(target)
+    fast_generate(target, drafter, ids, max_new_tokens=NEW, do_sample=True, temperature=0.6, top_p=0.9, top_k=50)
+    target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=True, temperature=0.6, top_p=0.9)
+    to_dict = GenerationConfig.to_dict
+    built = []
+    monkeypatch.setattr(GenerationConfig, "to_dict", lambda self, *a, **k: built.append(1) or to_dict(self, *a, **k))
+    target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=True, temperature=0.6, top_p=0.9)
+    (direct, sampling, steps), *routed_calls = calls
+    for session, routed_sampling, routed_steps in routed_calls:
+        assert session is direct and routed_sampling == sampling and routed_steps == steps
+    assert len(built) <= 2, f"{len(built)} GenerationConfig.to_dict calls in one routed call"
+    release_fast_state(target)

@@ -41,7 +41,7 @@ def prompt(seed: int, length: int) -> torch.Tensor:
 
 
 def all_paths(target, drafter, ids, mode):
-    """Sequences from the four ways of decoding with ``drafter`` plus their acceptance lengths."""
+    """Sequences from every way of decoding with ``drafter`` plus their acceptance lengths."""
     cfg = mode_config(mode)
     res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
                            fold_config=cfg)
@@ -50,9 +50,13 @@ def all_paths(target, drafter, ids, mode):
             "assisted": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False,
                                         fold_fast=False),  # transformers' assisted loop, our candidate generator
             "routed": target.generate(ids, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False)}
-    for engine in ("eager", "static"):
-        fast = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine=engine, fold_config=cfg,
-                             target_attention="bucket", return_stats=True)
+    # "fused": the static engine with the fused Gemma layers (kernels' torch twins here); the target's layers do not
+    # depend on the drafter's mode, so two modes cover them
+    for engine in ("eager", "static", "fused") if mode in ("fold", "dflash") else ("eager", "static"):
+        extra = dict(target_attention="triton", fused_layers=True) if engine == "fused" else dict(
+            target_attention="bucket")
+        fast = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine=engine.replace("fused", "static"),
+                             fold_config=cfg, return_stats=True, **extra)
         outs[f"fast {engine}"] = fast.sequences
         assert fast.acceptance_lengths == res.acceptance_lengths, engine  # same drafts, same verification
     release_fast_state(target)
@@ -132,10 +136,10 @@ def test_static_forwards_match_the_model_fp32(arch):
     logits = runner.forward(ids[:, P : P + L], P, taps_out=out)
     torch.testing.assert_close(logits, want_logits[P : P + L], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out[0], want_taps[P : P + L], rtol=1e-4, atol=1e-4)
-    for attention in ("bucket", "triton"):
-        runner.forward_static(garbage, torch.arange(P + L, P + 2 * L), 64, attention=attention)
+    for attention, fused in (("bucket", False), ("triton", False), ("triton", True)):
+        runner.forward_static(garbage, torch.arange(P + L, P + 2 * L), 64, attention=attention, fused=fused)
         logits = runner.forward_static(ids[:, P + L : P + 2 * L], torch.arange(P + L, P + 2 * L), 64,
-                                       taps_out=out, attention=attention)
+                                       taps_out=out, attention=attention, fused=fused)
         torch.testing.assert_close(logits, want_logits[P + L :], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out[0], want_taps[P + L :], rtol=1e-4, atol=1e-4)
     # the sliding rings hold window + slack entries, the global layers the capacity
@@ -143,7 +147,7 @@ def test_static_forwards_match_the_model_fp32(arch):
         assert runner.keys[i].shape[2] == (64 if window is None else GEMMA_WINDOW + 3)
 
 
-def test_what_the_fast_path_refuses_or_warns():
+def test_what_the_fast_path_refuses_or_warns(monkeypatch):
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     moe = Gemma4ForCausalLM(Gemma4TextConfig(
@@ -154,10 +158,13 @@ def test_what_the_fast_path_refuses_or_warns():
     target = tiny_target("gemma4")
     assert fast_unsupported(target) is None
     runner = build_static_target(target, capacity=32)
-    assert "fused" in runner.fused_unsupported()
+    assert runner.fused_unsupported() is None  # the fused Gemma layers cover it
+    monkeypatch.setattr(target.model.layers[0].mlp, "act_fn", torch.nn.SiLU())
+    runner = build_static_target(target, capacity=32)
+    assert "not GELU-tanh" in runner.fused_unsupported()
     runner.device = torch.device("cuda")  # only the device type is read: the GPU default warns once with the reason
     fast_module._WARNED.clear()
-    with pytest.warns(UserWarning, match="fused target layers are off: Gemma layers"):
+    with pytest.warns(UserWarning, match="fused target layers are off: layer 0: MLP activation SiLU"):
         assert fast_module.resolve_fused_layers(None, "triton", runner, "static") is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -91,8 +91,8 @@ def oracle(monkeypatch):
         monkeypatch.setattr(drafter, "propose", propose)
         draft = static_drafter_module.StaticDrafter.draft
 
-        def static_draft(self, taps, state, with_far, pick=None):
-            drafts = draft(self, taps, state, with_far)  # greedy [B - 1]
+        def static_draft(self, taps, state, with_far, pick=None, phase=None):
+            drafts = draft(self, taps, state, with_far, phase=phase)  # greedy [B - 1]
             position = int(state[0])  # the fast loop's state[_T_LEN]: position of the last committed token
             forced = torch.tensor(_oracle_tokens(ref, position, drafts.shape[0]), device=drafts.device)
             return forced if pick is None else (forced, None)
@@ -116,13 +116,19 @@ def _run(path: str, target, drafter, ids, new):
         # fold_fast=False: transformers' assisted loop (a FoldDrafter assistant is routed to the fast loop otherwise)
         out = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False, fold_fast=False)
         return out, list(drafter.last_acceptance_lengths)
+    if path == "fast-fused":
+        # the fused layers (kernels' torch twins here): the Gated DeltaNet verify keeps the block's inputs and
+        # accept(n) re-runs the accepted prefix from the committed state
+        res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine="static",
+                                    target_attention="triton", fused_layers=True, return_stats=True)
+        return res.sequences, res.acceptance_lengths
     engine = path.split("-")[1]
     res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine=engine, return_stats=True)
     return res.sequences, res.acceptance_lengths
 
 
 # ---------------------------------------------------------------------------------------------- lossless
-@pytest.mark.parametrize("path", ["generate", "assisted", "fast-eager", "fast-static"])
+@pytest.mark.parametrize("path", ["generate", "assisted", "fast-eager", "fast-static", "fast-fused"])
 @pytest.mark.parametrize("mode", ["fold", "dflash"])
 def test_lossless_with_forced_rejections(path, mode, oracle):
     target = qwen35_target()

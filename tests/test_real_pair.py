@@ -92,6 +92,15 @@ def test_demo_runs(capsys, real_pair, monkeypatch):
     assert "tau = tokens committed per target forward" in printed
     ar_row = next(line for line in printed.splitlines() if line.startswith("AR (target alone)") and "x" in line)
     assert " 1.00x " in ar_row and "speedup" in printed
+    # the measured breakdown of a FOLD round in AR steps: its parts add up to the round
+    import re
+
+    parts = re.search(r"a FOLD round = ([\d.]+) AR steps: verify of \d+ rows ([\d.]+), drafter ([\d.]+), "
+                      r"token choice and the rest (-?[\d.]+)", printed)
+    assert parts is not None, printed
+    whole, verify, draft, rest = map(float, parts.groups())
+    assert verify > 0 and draft > 0 and abs(verify + draft + rest - whole) < 0.02
+    assert "FOLD beats AR in tokens/s when tau >" in printed
 
 
 class _CharTokenizer:

@@ -183,3 +183,155 @@ def test_graphs_engine_samples_the_target_distribution(pair):
     probs = transformers_distribution(target, FULL_WARP)
     stat, df = chi2_statistic(counts, probs, n)
     assert stat < chi2_threshold(df), f"chi2 {stat:.1f} with {df} dof exceeds the p=1e-4 bound {chi2_threshold(df):.1f}"
+
+
+def top_k_top_p_reference(row: list, top_k, top_p) -> list:
+    """transformers' top-k then top-p rule for one row, as a float64 loop: top-k keeps every score >= the k-th
+    largest (ties included); top-p ranks the kept tokens by (score, index) descending (its stable ascending sort,
+    dropped from the bottom), keeps a token while the mass ranked strictly above it is < top_p, and keeps the top
+    token. Returns the kept mask."""
+    keep = [s != -math.inf for s in row]
+    if top_k:
+        kth = sorted(row, reverse=True)[top_k - 1]
+        keep = [k and s >= kth for k, s in zip(keep, row)]
+    if top_p is not None and top_p < 1:
+        top = max(row)
+        weight = [math.exp(s - top) if k else 0.0 for s, k in zip(row, keep)]
+        total = sum(weight)
+        order = sorted((i for i in range(len(row)) if keep[i]), key=lambda i: (row[i], i), reverse=True)
+        above = 0.0
+        for rank, i in enumerate(order):
+            keep[i] = rank == 0 or above < top_p
+            above += weight[i] / total
+    return keep
+
+
+def top_p_margin(row: list, top_k, top_p) -> float:
+    """Distance of the closest mass-above value to top_p (rounding decides cases closer than ~1e-6)."""
+    keep = top_k_top_p_reference(row, top_k, None)
+    top = max(row)
+    weight = [math.exp(s - top) if k else 0.0 for s, k in zip(row, keep)]
+    total = sum(weight)
+    order = sorted((i for i in range(len(row)) if keep[i]), key=lambda i: (row[i], i), reverse=True)
+    above, margin = 0.0, math.inf
+    for i in order:
+        margin = min(margin, abs(above - top_p))
+        above += weight[i] / total
+    return margin
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_k_top_p_mask_matches_the_loop_statement(ties):
+    """The device filters (candidates from one topk when top-k is set, the sorted vocabulary otherwise) keep
+    exactly the tokens of transformers' rule, tied scores (at the k-th score and at the top-p cut) included."""
+    from fold_hf.generation.sampling import _filter_candidates, _filter_sorted, filter_top_k_top_p
+
+    g = torch.Generator().manual_seed(7 + ties)
+    rows, vocab = 64, 40
+    if ties:  # few distinct values: tie groups straddle the k-th score and the top-p cut
+        scores = torch.randint(-4, 3, (rows, vocab), generator=g).float() * 0.7
+    else:
+        scores = torch.randn(rows, vocab, generator=g) * 2
+    scores[::5, ::7] = -math.inf  # masked entries (min_new_tokens' EOS mask)
+    compared = 0
+    for top_k, top_p in [(5, 0.5), (12, 0.9), (3, 0.99), (20, 0.3), (7, None), (None, 0.6), (None, 0.95)]:
+        got = filter_top_k_top_p(scores, top_k, top_p) != -math.inf
+        if top_k is not None and top_p is not None:
+            sorted_way = _filter_sorted(scores.masked_fill(scores < torch.topk(scores, top_k).values[:, -1:],
+                                                           -math.inf), top_p) != -math.inf
+        else:
+            sorted_way = None
+        for r in range(rows):
+            row = scores[r].double().tolist()
+            if top_p is not None and top_p_margin(row, top_k, top_p) < 1e-5:
+                continue  # fp32 rounding decides it
+            want = top_k_top_p_reference(row, top_k, top_p)
+            assert got[r].tolist() == want, (top_k, top_p, r)
+            if sorted_way is not None:
+                assert sorted_way[r].tolist() == want, ("sorted", top_k, top_p, r)
+            compared += 1
+        if top_k is not None and top_p is not None:
+            assert torch.equal(got, _filter_candidates(scores, top_k, top_p) != -math.inf)
+    assert compared > 0.9 * rows * 7
+
+
+def test_reference_rule_is_transformers_rule():
+    """The loop statement above agrees with transformers' TopK/TopP warpers (float64, no ties: their sort order
+    among ties is the implementation's)."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(32, 30, generator=g, dtype=torch.float64) * 2
+    for top_k, top_p in [(5, 0.5), (12, 0.9), (25, 0.3)]:
+        hf = TopPLogitsWarper(top_p)(None, TopKLogitsWarper(top_k)(None, scores.clone())) != -math.inf
+        for r in range(scores.shape[0]):
+            assert hf[r].tolist() == top_k_top_p_reference(scores[r].tolist(), top_k, top_p)
+
+
+def test_two_level_draw_follows_the_distribution():
+    """draw(): chunked inverse CDF, never a zero-probability entry (padding of a vocabulary that is not a
+    multiple of the chunk included), frequencies match (chi-square)."""
+    from fold_hf.generation.sampling import DRAW_CHUNK, draw
+
+    g = torch.Generator().manual_seed(11)
+    vocab = 3 * DRAW_CHUNK + 37
+    probs = torch.rand(vocab, generator=g) ** 4
+    probs[: DRAW_CHUNK + 5] = 0  # a whole empty chunk, then zeros inside the next
+    probs[-3:] = 0
+    edges = torch.tensor([0.0, 1e-12, 0.5, 1 - 2**-53], dtype=torch.float64)
+    picked = draw(probs.expand(len(edges), -1), edges)
+    assert bool((probs[picked] > 0).all())
+    n = 40_000
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    idx = draw(probs.expand(n, -1), u)
+    assert bool((probs[idx] > 0).all())
+    counts = torch.bincount(idx, minlength=vocab)
+    expected = (probs / probs.sum()).double()
+    # pool the vocabulary into 40 cells of equal expected mass
+    cells = torch.bucketize(expected.cumsum(0), torch.linspace(0, 1, 41, dtype=torch.float64)[1:-1])
+    obs = {int(c): int(counts[cells == c].sum()) for c in cells.unique()}
+    exp = {int(c): float(expected[cells == c].sum()) for c in cells.unique()}
+    stat, df = chi2_statistic(obs, exp, n)
+    assert stat < chi2_threshold(df)
+
+
+@pytest.mark.gpu(reason="CUDA topk/cumsum at a real vocabulary: the device filter against the loop statement")
+def test_device_filter_at_llama3_vocabulary_matches_the_loop_statement():
+    """GPU only: bf16-quantised logits at V = 128256 (many exact ties) through the CUDA filter, float64, against the
+    loop statement of transformers' rule, with and without top-k."""
+    from fold_hf.generation.sampling import filter_top_k_top_p
+
+    g = torch.Generator().manual_seed(5)
+    scores = ((torch.randn(4, 128256, generator=g) * 3).to(torch.bfloat16).double() / 0.6)
+    for top_k, top_p in [(50, 0.9), (1000, 0.95), (None, 0.5)]:
+        got = (filter_top_k_top_p(scores.cuda(), top_k, top_p) != -math.inf).cpu()
+        for r in range(scores.shape[0]):
+            row = scores[r].tolist()
+            if top_p_margin(row, top_k, top_p) < 1e-9:
+                continue
+            assert got[r].tolist() == top_k_top_p_reference(row, top_k, top_p), (top_k, top_p, r)
+
+
+def test_the_default_sampled_processing_sorts_no_vocabulary():
+    """generate's default sampling (top-k 50 with top-p) decides its cut from one topk: no sort of a vocabulary
+    row, and the draws scan chunks, not whole rows (the profiler lists every aten op with its shapes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fold_hf.generation.sampling import Sampling, pick
+
+    vocab = 3000
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(2)) * 3
+    sampling = Sampling(do_sample=True, temperature=0.6, top_k=50, top_p=0.9)
+    u = torch.rand(6, dtype=torch.float64)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        pick(logits, sampling, u)
+    ops = [(e.name, e.input_shapes) for e in prof.events()]
+    sorts = [shapes for name, shapes in ops if name == "aten::sort"]
+    assert not any(s and s[0] and s[0][-1] >= vocab for s in sorts), sorts
+    row_scans = [shapes for name, shapes in ops if name == "aten::cumsum" and shapes and shapes[0]
+                   and shapes[0][-1] >= vocab and len(shapes[0]) == 2]
+    assert len(row_scans) <= 1, row_scans  # only the integer rank of the tie group at the cut
+    top_p_only = Sampling(do_sample=True, temperature=0.6, top_p=0.9)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        pick(logits, top_p_only, u)
+    assert any(e.name == "aten::sort" for e in prof.events())  # top-p alone sorts (the check above can fail)

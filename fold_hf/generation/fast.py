@@ -35,7 +35,8 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
   their residual adds, the rope with the cache write and the MLP's ``silu(gate) * up`` run as three fused
   kernels per layer (:mod:`fold_hf.kernels.triton_layer`; torch twins off CUDA) instead of ~30 small module
   kernels. Default: on when the attention is ``"triton"`` on CUDA and the target's layers allow it
-  (:meth:`StaticTarget.fused_unsupported`); ``$FOLD_HF_FUSED_LAYERS`` (``0``/``1``) overrides.
+  (:meth:`StaticTarget.fused_unsupported`); ``$FOLD_HF_FUSED_LAYERS`` (``0``/``1``) overrides. Qwen3.5 and Gemma
+  targets have their own fused layers (:mod:`fold_hf.kernels.triton_hybrid`, in their family modules).
 
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
@@ -43,8 +44,8 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 Targets: the Llama family (see :data:`SUPPORTED_ARCHITECTURES`) and the families registered in
 :data:`~fold_hf.generation.static_target.TARGET_FAMILIES` (Gemma-3 / Gemma-4 text: :mod:`fold_hf.generation.targets.gemma`, with ring caches
 for sliding layers; Qwen3.5: :mod:`fold_hf.generation.targets.qwen35`, whose
-verify keeps the linear-attention state of every block position and ``accept(n)`` selects the accepted one on the
-device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
+verify keeps the linear-attention state of every block position (fused layers: the block's inputs) and
+``accept(n)`` selects (re-runs) the accepted one on the device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
 :func:`fold_hf.generate` for those). The round loop of the eager engine is
 :func:`fold_hf.generation.rounds.eager_rounds`, the one :func:`fold_hf.generate` runs; EOS, stop strings, streamers
 and the returned :class:`GenerationResult` come from :class:`~fold_hf.generation.tracker.Tracker`.
@@ -99,7 +100,7 @@ from .tracker import StopStrings, Tracker, clock, eos_ids
 ENGINES = ("eager", "static", "graphs")
 _SESSION_ATTR = "_fold_fast_session"
 CAPACITY_ROUNDING = 256
-KEPT_DRAFT_MODES = 8  # reading modes whose draft steps a session keeps captured (a benchmark sweep has 8)
+KEPT_DRAFT_MODES = 12  # reading modes whose draft steps a session keeps captured (fold-hf bench runs 10)
 
 # state vector slots (long, on device): target length, drafter length, drafter rows to commit, last token, proposals
 # that may be accepted this round, tokens generated so far
@@ -243,6 +244,8 @@ class _Session:
             # a recurrent target's verify commits the accepted state into the buffer it reads: its warm-up runs
             # must leave that state as the loop left it
             preserve = self.runner.step_state()
+            if key[0] == "draft" and self.static_drafter is not None:  # infllm/cmr: their selection state
+                preserve = preserve + self.static_drafter.step_state()
             step = (CapturedStep(fn, pool=self.pool, preserve=preserve) if self.engine == "graphs"
                     else EagerStep(fn, preserve=preserve))
             self.steps[key] = step
@@ -270,6 +273,10 @@ class _Session:
         if tag not in self.static_drafters:
             static = None
             reason = static_drafter_unsupported(drafter) if self.engine != "eager" else None
+            if reason is None and self.engine != "eager" and cfg.mode == "cmr":
+                why = self.runner.keep_queries_unsupported()  # cmr's refreshes read the verify's queries
+                if why is not None:
+                    reason = f"mode 'cmr' on this target: {why}"
             if self.engine != "eager" and reason is None:
                 read = default_read_function(self.device)
                 if read is None and self.engine == "static":
@@ -457,15 +464,18 @@ class _StaticRunner:
 
 
 @contextlib.contextmanager
-def _cmr_probe(session: _Session, drafter, dcache):
-    """``cmr`` only: the target attention probe on the static target's host-length verify (its refreshes read those
-    weights), yielded while the rounds run; None for every other mode. ``cmr`` then runs host-length rounds."""
-    if drafter is None or drafter.fold_config.mode != "cmr":
+def _cmr_probe(session: _Session, drafter, dcache, static_drafter):
+    """``cmr`` with host-length rounds (the eager engine, or no static drafting step here): the target attention
+    probe on the static target's host-length verify (its refreshes read those weights), yielded while the rounds
+    run; None otherwise (every other mode, and cmr's static step, which reads the verify's kept queries)."""
+    if drafter is None or drafter.fold_config.mode != "cmr" or (session.engine != "eager"
+                                                                and static_drafter is not None):
         yield None
         return
     if session.engine != "eager":
-        warn_once("fast loop: mode 'cmr' runs host-length (eager) rounds: its refreshes read the target's "
-                  "attention weights, which the captured verify step does not expose")
+        warn_once("fast loop: mode 'cmr' runs host-length (eager) rounds: its static drafting step is not available "
+                  "here (the warning above says why), so its refreshes read the target's attention from the "
+                  "host-length verify")
     with TargetAttentionProbe(session.runner.model, runner=session.runner) as probe:
         retrieval_state(dcache).probe = probe
         yield probe
@@ -494,7 +504,7 @@ def _decode(session: _Session, drafter, input_ids, budget: int, out: Tracker, sa
                            buffers=session.choice_buffers(slots))
 
     def rounds(last, position, pending, choice):
-        with _cmr_probe(session, drafter, dcache) as probe:
+        with _cmr_probe(session, drafter, dcache, static_drafter) as probe:
             if session.engine == "eager" or probe is not None:
                 eager_rounds(runner, drafter, dcache, budget, out, last, position, pending, choice)
             else:
@@ -528,6 +538,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
     pending = None
     # the round's processing is baked into its captured steps: one step per setting
     choice_key = (sampling, choice.masks_eos)
+    keeps_queries = _start_retrieval(runner, static_drafter, drafter_length, rows)
 
     def verify(bucket: int):
         def run():
@@ -551,11 +562,11 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
 
         return run
 
-    def draft(with_far: bool):
+    def draft(with_far: bool, phase):
         pick = choice.picker()
 
         def run():
-            proposals, q = static_drafter.draft(taps, state, with_far, pick=pick)
+            proposals, q = static_drafter.draft(taps, state, with_far, pick=pick, phase=phase)
             ids[0, 1:] = proposals
             if q is not None:
                 q_buffer.copy_(q)
@@ -572,7 +583,9 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
         if drafter is not None and k > 0:
             if static_drafter is not None:
                 with_far = static_drafter.needs_far(drafter_length + new_rows)
-                session.step(("draft", session.draft_tag, with_far) + choice_key, draft(with_far)).replay()
+                phase = static_drafter.next_phase()  # cmr: initial / refresh / grow, each its own captured step
+                session.step(("draft", session.draft_tag, with_far, phase) + choice_key,
+                             draft(with_far, phase)).replay()
             else:
                 proposals, q = propose(drafter, state[_LAST : _LAST + 1], pending, dcache, position, slots,
                                        choice.picker())
@@ -582,7 +595,7 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
                     q_buffer[: q.shape[0]].copy_(q)
                 pending = None
         bucket = bucket_length(position + rows, runner.capacity)
-        key = ("verify", rows, bucket, with_taps, target_attention, fused) + choice_key
+        key = ("verify", rows, bucket, with_taps, target_attention, fused, keeps_queries) + choice_key
         outputs = session.step(key, verify(bucket)).replay()
         state.copy_(outputs[0])
         if sampling.penalized:
@@ -600,6 +613,25 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
     if static_drafter is not None:
         for layer in dcache.layers:  # keep the cache's host length truthful for bytes_used() and later reads
             layer.length = drafter_length
+    if keeps_queries:
+        runner.keep_queries(None)
+
+
+def _start_retrieval(runner: StaticTarget, static_drafter, drafter_length: int, rows: int) -> bool:
+    """Before a request's static rounds: the retrieval modes' device state (:meth:`StaticDrafter.start_rounds`);
+    for ``cmr`` the verify keeps the queries of the target's last full-attention layer, which its refreshes read,
+    and every other request's verify keeps none. Returns whether the verify keeps queries (a key of its steps)."""
+    runner.keep_queries(None)
+    if static_drafter is None:
+        return False
+    static_drafter.start_rounds(drafter_length)
+    if static_drafter.cmr is None:
+        return False
+    from ..modeling.retrieval import last_full_attention_layer
+
+    layer = last_full_attention_layer(runner.model)
+    static_drafter.attach_target_attention(runner.keep_queries(layer, rows), runner.keys[layer], runner.scaling)
+    return True
 
 
 @torch.no_grad()
@@ -639,7 +671,7 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     choice = TokenChoice(sampling, generator, session.runner.lm_head.weight.shape[0], session.device, last, set(),
                          slots, buffers=session.choice_buffers(slots))
     start = clock(session.device)
-    with _cmr_probe(session, drafter, dcache) as probe:
+    with _cmr_probe(session, drafter, dcache, static_drafter) as probe:
         if engine == "eager" or probe is not None:
             taps = session.buffers(rows)[1] if drafter is not None else None
             eager_rounds(_StaticRunner(session.runner, taps), drafter, dcache, budget, out, last, context_length,

@@ -25,10 +25,49 @@ so a drafter that proposes step by step calls it once per slot and a block-paral
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from dataclasses import dataclass
+
 import torch
 
 from .stats import GenerationResult
 from .tracker import Tracker, clock
+
+
+@dataclass
+class RoundPhases:
+    """Where the eager rounds' time went (seconds, summed over ``rounds``): the drafter's proposals, the target's
+    verify forward, and the whole rounds (token choice, commits and Python are the rest)."""
+
+    rounds: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    round_s: float = 0.0
+
+    @property
+    def other_s(self) -> float:
+        return self.round_s - self.draft_s - self.verify_s
+
+    def per_round_ms(self) -> dict:
+        n = max(self.rounds, 1)
+        return {"round": self.round_s / n * 1e3, "draft": self.draft_s / n * 1e3,
+                "verify": self.verify_s / n * 1e3, "other": self.other_s / n * 1e3}
+
+
+_PHASES: contextvars.ContextVar = contextvars.ContextVar("fold_hf_round_phases", default=None)
+
+
+@contextlib.contextmanager
+def round_phases():
+    """Times the parts of every host-length round (:func:`eager_rounds`) run inside; yields a :class:`RoundPhases`.
+    Each part ends with a device synchronisation (CUDA), so use it to measure, not in a timed benchmark's loop."""
+    phases = RoundPhases()
+    token = _PHASES.set(phases)
+    try:
+        yield phases
+    finally:
+        _PHASES.reset(token)
 
 
 def num_proposals(drafter) -> int:
@@ -58,7 +97,10 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
         pending: tapped features the drafter has not committed yet.
     """
     slots = num_proposals(drafter)
+    phases = _PHASES.get()
     while out.running(budget):
+        if phases is not None:
+            started = clock(last.device)
         k = min(slots, budget - len(out.tokens) - 1)
         generated = len(out.tokens)
         choice.refill()
@@ -70,8 +112,12 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
             k = proposals.shape[0]  # a drafter may propose fewer (a DeepSpec confidence threshold)
         else:
             proposals = last.new_empty(0)
+        if phases is not None:
+            drafted = clock(last.device)
         out.proposals.append(proposals.tolist())
         logits, features = runner.verify(torch.cat((last, proposals))[None], position)
+        if phases is not None:
+            verified = clock(logits.device)
         # a target split across devices gives its logits on the lm_head's device
         there = proposals.to(logits.device)
         n, final = choice.verify(logits, there, q.to(logits.device) if q is not None else None, k, generated)
@@ -84,6 +130,11 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
         position += n + 1
         out.commit(commit.tolist())
         last = commit[-1:].to(last.device)
+        if phases is not None:
+            phases.rounds += 1
+            phases.draft_s += drafted - started
+            phases.verify_s += verified - drafted
+            phases.round_s += clock(last.device) - started
 
 
 def decode(runner, drafter, input_ids: torch.Tensor, out: Tracker, make_choice, rounds, prefill_chunk: int | None,

@@ -14,6 +14,7 @@ default (top-k 50 when sampling) are applied too.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -55,13 +56,24 @@ class FoldGenerateOutput(GenerateDecoderOnlyOutput):
     finish_reason: str | None = None
 
 
-def _defaults(model) -> dict:
-    """What every setting is when nobody sets it (transformers' library defaults)."""
+@functools.lru_cache(maxsize=None)
+def _setting_names() -> frozenset:
+    """The names of every generation setting (built once: a GenerationConfig's to_dict deep-copies)."""
+    return frozenset(GenerationConfig().to_dict())
+
+
+@functools.lru_cache(maxsize=8)
+def _library_defaults(config_class) -> dict:
+    """What every setting is when nobody sets it (transformers' library defaults), once per config class."""
     config = GenerationConfig()
-    defaults = getattr(model.generation_config, "_get_default_generation_params", None)
+    defaults = getattr(config_class, "_get_default_generation_params", None)
     if defaults is not None:
         config.update(**defaults(), defaults_only=True)
     return config.to_dict()
+
+
+def _defaults(model) -> dict:
+    return _library_defaults(type(model.generation_config))
 
 
 def _inputs(args: tuple, kwargs: dict):
@@ -75,7 +87,7 @@ def _reason_not_to_route(model, args: tuple, kwargs: dict, config) -> str | None
 
     if len(args) > 1:
         return "positional arguments after the inputs"
-    settings = set(GenerationConfig().to_dict())
+    settings = _setting_names()
     extra = sorted(k for k, v in kwargs.items() if k not in GENERATE_ARGUMENTS and k not in settings
                    and v is not None)
     if extra:
@@ -120,7 +132,8 @@ def route_generate(model, args: tuple, kwargs: dict):
     """
     from .fast import fast_generate
 
-    settings = {k: v for k, v in kwargs.items() if k in set(GenerationConfig().to_dict())}
+    names = _setting_names()
+    settings = {k: v for k, v in kwargs.items() if k in names}
     config, _ = model._prepare_generation_config(kwargs.get("generation_config"), **settings)
     reason = _reason_not_to_route(model, args, kwargs, config)
     if reason is not None:

@@ -58,6 +58,12 @@ class Sampling:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.top_k is not None and self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        # one spelling per behaviour (captured steps are keyed by the Sampling): settings that change nothing are None
+        for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, name) == off:
+                object.__setattr__(self, name, None)
+        if not self.do_sample and self.temperature != 1.0:
+            object.__setattr__(self, "temperature", 1.0)
 
     @classmethod
     def from_settings(cls, do_sample=False, temperature=None, top_k=None, top_p=None, min_p=None,
@@ -100,28 +106,116 @@ def process(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None 
         scores = scores.masked_fill(eos_rows, -float("inf"))
     if not sampling.do_sample:
         return scores
-    scores = scores / sampling.temperature
-    if sampling.top_k is not None and 0 < sampling.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, -float("inf"))
-    if sampling.top_p is not None and sampling.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
-        probs = sorted_scores.softmax(-1)
-        drop_sorted = (probs.cumsum(-1) - probs) >= sampling.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, -float("inf"))
+    if sampling.temperature != 1.0:
+        scores = scores / sampling.temperature
+    scores = filter_top_k_top_p(scores, sampling.top_k, sampling.top_p)
     if sampling.min_p is not None and sampling.min_p > 0:
         probs = scores.softmax(-1)
         scores = scores.masked_fill(probs < sampling.min_p * probs.amax(-1, keepdim=True), -float("inf"))
     return scores
 
 
+def filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Scores ``[n, V]`` with the tokens top-k and top-p drop set to ``-inf`` (transformers' rules, in its order).
+
+    Top-k keeps every token scoring at least the k-th largest score (ties with it included). Top-p then ranks the
+    remaining tokens by score, ties by token index (a higher index ranks higher: transformers' stable ascending
+    sort puts the lower index first and drops from the bottom), and drops a token when the probability mass ranked
+    strictly above it reaches ``top_p``; the top token stays.
+
+    With top-k the rule is decided from the k candidates of one ``topk`` (:func:`_filter_candidates`: no sort
+    of the vocabulary); top-p alone sorts the vocabulary (:func:`_filter_sorted`). Both are fixed-shape and
+    capturable.
+    """
+    vocab = scores.shape[-1]
+    k = top_k if top_k is not None and 0 < top_k < vocab else None
+    p = top_p if top_p is not None and top_p < 1.0 else None
+    if k is not None:
+        return _filter_candidates(scores, k, p)
+    if p is not None:
+        return _filter_sorted(scores, p)
+    return scores
+
+
+def _filter_sorted(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p over the whole vocabulary ``[n, V]``, as transformers states it (stable ascending sort, cumulative
+    mass, drop while it is <= 1 - top_p, keep the last)."""
+    ordered, order = torch.sort(scores, dim=-1, stable=True)
+    cumulative = ordered.softmax(-1).cumsum(-1)
+    drop_sorted = cumulative <= 1 - top_p
+    drop_sorted[..., -1] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return scores.masked_fill(drop, -float("inf"))
+
+
+def _filter_candidates(scores: torch.Tensor, k: int, top_p: float | None) -> torch.Tensor:
+    """Top-k then top-p ``[n, V]`` decided on the ``k`` candidates of ``torch.topk`` (``k < V``).
+
+    Every token scoring above the k-th score s_k is a candidate; tokens tied with s_k may lie outside the
+    candidates, so their group is handled by counting (one pass over the vocabulary): with probability pi each,
+    mass M ranked above the group and m members, the group keeps its c = ceil((top_p - M) / pi) highest-index
+    members (clamped to [0, m]; at least one when it is the top group). When the cut falls above s_k, it falls
+    inside the candidates: the group of the last kept candidate keeps its kept members (the higher indices).
+    Either way the kept set is {score > t} plus the c highest-index tokens scoring exactly t, applied in a few
+    elementwise passes and one integer cumsum (so which tied tokens ``topk`` returned does not matter).
+    """
+    values = torch.topk(scores, k, dim=-1).values  # [n, k], descending (which tied tokens: unspecified)
+    kth = values[:, -1:]
+    if top_p is None:
+        return scores.masked_fill(scores < kth, -float("inf"))
+    top = values[:, :1]
+    weights = (values - top).exp()  # [n, k]
+    tied_kth = (scores == kth).sum(-1, keepdim=True)  # the k-th group over the whole vocabulary
+    outside = tied_kth - (values == kth).sum(-1, keepdim=True)  # its members that are not candidates
+    total = weights.sum(-1, keepdim=True) + outside * (kth - top).exp()
+    probs = weights / total
+    above = torch.cat((probs.new_zeros(probs.shape[0], 1), probs.cumsum(-1)[:, :-1]), -1)  # mass ranked above
+    high = values > kth  # a prefix: the candidates above the k-th group
+    kept = (above < top_p) & high  # a prefix too (above is non-decreasing)
+    n_high, n_kept = high.sum(-1, keepdim=True), kept.sum(-1, keepdim=True)
+    # cut inside the candidates above s_k: the last kept candidate's group keeps its kept members
+    last = (n_kept - 1).clamp_min(0)
+    t_in = values.gather(-1, last)
+    c_in = ((values == t_in) & kept).sum(-1, keepdim=True)
+    # otherwise the cut falls in the k-th group
+    mass_high = (probs * high).sum(-1, keepdim=True)
+    pi = ((kth - top).exp() / total).clamp_min(torch.finfo(probs.dtype).tiny)
+    c_kth = torch.ceil((top_p - mass_high) / pi).clamp(0, None)
+    c_kth = torch.minimum(c_kth, tied_kth.to(c_kth.dtype)).long()
+    c_kth = torch.where(n_high == 0, c_kth.clamp_min(1), c_kth)  # the top token stays
+    inside = n_kept < n_high
+    threshold = torch.where(inside, t_in, kth)
+    count = torch.where(inside, c_in, c_kth)
+    at = scores == threshold
+    rank = at.cumsum(-1, dtype=torch.int32)  # members of the threshold group with index <= t
+    members = rank[:, -1:]
+    keep = (scores > threshold) | (at & (rank > members - count))  # the `count` highest-index members
+    return torch.where(keep, scores, -float("inf"))
+
+
+DRAW_CHUNK = 256
+
+
 def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draws ``[n]`` from unnormalised probabilities ``[n, V]`` with uniforms ``u`` ``[n]``; never
-    returns a zero-probability entry (the threshold stays below the total mass)."""
-    cdf = probs.cumsum(-1)
-    threshold = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    return (cdf <= threshold).sum(-1).clamp_max(probs.shape[-1] - 1)
+    """Inverse-CDF draws ``[n]`` from unnormalised probabilities ``[n, V]`` with uniforms ``u`` ``[n]``.
+
+    Two levels, so no scan runs along a whole vocabulary row: cumulative sums inside chunks of
+    :data:`DRAW_CHUNK` entries, then over the chunk totals; the chunk whose cumulative total first exceeds
+    ``u * total``, then the entry inside it. The threshold stays below the total mass, so a zero-probability
+    entry is never returned (up to rounding between the two levels, where the entry is clamped to the chunk)."""
+    n, vocab = probs.shape
+    pad = -vocab % DRAW_CHUNK
+    if pad:
+        probs = torch.nn.functional.pad(probs, (0, pad))
+    inner = probs.reshape(n, -1, DRAW_CHUNK).cumsum(-1)  # [n, chunks, C]
+    chunk_cdf = inner[..., -1].to(torch.float64).cumsum(-1)  # [n, chunks]
+    threshold = u.to(torch.float64)[:, None] * chunk_cdf[:, -1:]
+    chunk = (chunk_cdf <= threshold).sum(-1, keepdim=True).clamp_max(chunk_cdf.shape[-1] - 1)  # [n, 1]
+    before = torch.cat((chunk_cdf.new_zeros(n, 1), chunk_cdf[:, :-1]), -1).gather(-1, chunk)  # mass of earlier chunks
+    rest = threshold - before  # [n, 1]
+    row = inner.gather(1, chunk[:, :, None].expand(n, 1, DRAW_CHUNK))[:, 0]  # [n, C]
+    offset = (row.to(torch.float64) <= rest).sum(-1).clamp_max(DRAW_CHUNK - 1)
+    return (chunk[:, 0] * DRAW_CHUNK + offset).clamp_max(vocab - 1)
 
 
 def pick(logits: torch.Tensor, sampling: Sampling, u: torch.Tensor | None = None, seen=None, eos_rows=None):
@@ -172,22 +266,24 @@ def verify_sampled(target_scores: torch.Tensor, proposals: torch.Tensor, q: torc
     """
     k = proposals.shape[0]
     p = target_scores.softmax(-1)
+    limit = torch.as_tensor(limit, device=p.device).view(1)
     if k:
         index = proposals[:, None]
         q_d = q.gather(-1, index).squeeze(-1).to(p.dtype)
-        accept = u[k : 2 * k].to(p.dtype) * q_d <= p[:k].gather(-1, index).squeeze(-1)  # u < p/q, no division
+        accept = u[k : 2 * k].to(p.dtype) * q_d < p[:k].gather(-1, index).squeeze(-1)  # u < p/q, no division
         matched = accept.long().cumprod(0).sum().view(1)
     else:
         matched = torch.zeros(1, dtype=torch.long, device=p.device)
-        q = p.new_zeros(0, p.shape[-1])
-    limit = torch.as_tensor(limit, device=p.device).view(1)
     n = torch.minimum(matched, limit)
-    q_pad = torch.cat((q.to(p.dtype), p.new_zeros(1, p.shape[-1])))  # q of "no proposal" = 0: residual = p
-    rejected = (matched < limit).to(p.dtype)
-    p_n = p.index_select(0, n)
-    residual = (p_n - q_pad.index_select(0, n) * rejected).clamp_min(0)
-    dist = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
-    return n, draw(dist, u[2 * k :])
+    p_n = p.index_select(0, n)  # [1, V]
+    if k:
+        # a rejection at slot n (< K) resamples from max(0, p_n - q_n); otherwise (all accepted, or the budget
+        # ended the block) the last token comes from p_n itself
+        rejected = (matched < limit).to(p.dtype)
+        q_n = q.index_select(0, n.clamp_max(k - 1)).to(p.dtype)
+        residual = (p_n - q_n * rejected).clamp_min(0)
+        p_n = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
+    return n, draw(p_n, u[2 * k :])
 
 
 def verify_greedy(target_scores: torch.Tensor, proposals: torch.Tensor, limit: torch.Tensor | int):

@@ -11,16 +11,20 @@ in a device tensor, so a round can be captured once and replayed:
   start as device tensors: ``fold_read_triton`` when Triton is there (no host read: capturable), else its torch
   twin :func:`~fold_hf.kernels.reference.fold_read_geometry_reference` (reads the lengths on the host: the
   ``static`` engine's uncaptured path);
-* every reading mode, each as a case of that one geometry, so the baselines run as fast as FOLD and a
-  comparison of modes compares reading, not engines: ``fold`` (window + far memory), ``window`` (no far
-  memory), ``dflash`` (every entry near), ``rerope`` (``fold`` at α = 1, every far entry at distance D from
-  every row, each row's queries scaled by max(1, log(p + 1) / log 4096)), ``yarn`` (``dflash`` with the request's
-  rescaled rope tables, refilled in place
-  by :meth:`StaticDrafter.start_request`, so captured graphs stay valid) and ``streaming`` (the sinks and the
-  most recent entries gathered into a ``[1, Hkv, budget, Dh]`` buffer by device-side indices, then read as
-  ``dflash`` at their renumbered positions 0 .. kept-1, the block right after them). Before the context
-  exceeds W the far memory is empty, and the caller picks the window-only variant (``with_far=False``), which
-  skips the far branch entirely (length dispatch).
+* every reading mode, each as a case of that one geometry (its rules: :func:`~fold_hf.modeling.read_plan.
+  read_geometry`, the planner the loop's reads use too), so the baselines run as fast as FOLD and a comparison of
+  modes compares reading, not engines: ``fold`` (window + far memory), ``window`` (no far memory), ``dflash``
+  (every entry near), ``rerope`` (``fold`` at α = 1, every far entry at distance D from every row, each row's
+  queries scaled by max(1, log(p + 1) / log 4096)), ``yarn`` (``dflash`` with the request's rescaled rope tables,
+  refilled in place by :meth:`StaticDrafter.start_request`, so captured graphs stay valid), ``streaming`` (the
+  sinks and the most recent entries gathered into a ``[1, Hkv, budget, Dh]`` buffer by device-side indices, then
+  read as ``dflash`` at their renumbered positions 0 .. kept-1, the block right after them), ``infllm`` (a
+  compact context of the initial entries, the retrieved blocks and the window, selected on the device each round
+  and layer, read with the far branch at D - 1 and α = 1) and ``cmr`` (its chunk selection gathered and read
+  renumbered, refreshed on the device from the target's attention; the host picks the round's captured step by
+  :meth:`StaticDrafter.next_phase`); :mod:`~fold_hf.generation.static_retrieval` holds the last two. Before the
+  context exceeds W the far memory is empty, and the caller picks the window-only variant (``with_far=False``),
+  which skips the far branch entirely (length dispatch).
 
 Numerics: queries and block keys are rotated in fp32 (fp64 for fp64 models) and cast to the model dtype, as
 the kernel contract asks; the foundation loop keeps them in fp32, so drafts may rarely differ in bf16 at a
@@ -40,7 +44,7 @@ from ..modeling.drafter import FoldDrafter
 from ..modeling.read_plan import RERoPE_LOG_BASE
 from ..modeling.rope import compute_dtype
 
-STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming")
+STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming", "infllm", "cmr")
 CUT_SLOT = 6  # state slot receiving the proposals a DeepSpec confidence threshold keeps (the fast loop reads it)
 
 
@@ -48,10 +52,6 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     """Why :class:`StaticDrafter` cannot run ``drafter`` as configured, or None when it can."""
     mode = drafter.fold_config.mode
     if mode not in STATIC_MODES:
-        if mode in ("infllm", "cmr"):
-            return (f"mode {mode!r}: its selection keeps per-request host state (InfLLM: per-layer block "
-                    "representatives from window attention; CMR: a refresh every 8 rounds from the target's "
-                    "attention), so its rounds draft on the host, uncaptured")
         return f"mode {mode!r} (static drafting covers {', '.join(STATIC_MODES)})"
     return None
 
@@ -91,8 +91,24 @@ def commit_context(drafter: FoldDrafter, cache: FoldCache, target_hidden: torch.
         cache_layer.update(*layer.self_attn.project_keys_values(context))
 
 
+class _View:
+    """What a layer reads in one round: its block rows' rope rows ``(cos, sin) [B, rd]``, the read length (= the
+    block start t of the read's positions), the keys' rope tables and the cache entries it gathers (None: the cache
+    as it is)."""
+
+    __slots__ = ("rows", "length", "tables", "gather")
+
+    def __init__(self, rows, length, tables, gather=None) -> None:
+        self.rows, self.length, self.tables, self.gather = rows, length, tables, gather
+
+
 class StaticDrafter:
     """Drafting rounds of ``drafter`` over a preallocated ``cache`` with device-side lengths.
+
+    Every layer's geometry comes from the one planner, :func:`fold_hf.modeling.read_plan.read_geometry` (the same
+    rules the reference read and the Triton read of the loop path follow); this class only turns it into device
+    tensors: true positions, a renumbered selection (``streaming``, ``cmr``) or InfLLM's compact context
+    (:mod:`~fold_hf.generation.static_retrieval`).
 
     Args:
         drafter: a bound :class:`FoldDrafter` whose mode is in :data:`STATIC_MODES`.
@@ -114,7 +130,7 @@ class StaticDrafter:
         self.drafter = drafter
         self.cache = cache
         self.read = read_function or fold_read_geometry_reference
-        cfg = drafter.fold_config
+        cfg = self.fold_config = drafter.fold_config
         self.block = drafter.block_size
         layer0 = cache.layers[0]
         self.capacity = layer0.keys.shape[2]
@@ -123,54 +139,34 @@ class StaticDrafter:
         acc = compute_dtype(self.dtype)
         rope = drafter.rope
         self.mode = cfg.mode
+        self.geometry = [drafter.read_geometry(i, cfg) for i in range(len(drafter.layers))]
         # yarn's tables depend on the request (its length sets the factor): this drafter keeps its own and
         # refills them per request; every other mode reads the drafter's plain tables, which may be shared
-        self.owns_tables = cfg.mode == "yarn"
+        self.owns_tables = any(g.yarn for g in self.geometry)
         self.acc = acc
         self.yarn_rope = None
         if tables is None or self.owns_tables:
             positions = torch.arange(self.capacity + self.block, device=self.device)
             tables = rope.cos_sin(positions, dtype=acc)
-        self.cos, self.sin = tables  # [capacity + B, rotary_dim]
-        self.window = cfg.window + self.block if cfg.mode in ("fold", "window", "rerope") else None
-        self.alpha = float(cfg.alpha) if cfg.mode == "fold" else 1.0
-        self.has_far_mode = cfg.mode in ("fold", "rerope")
-        if self.window is not None:
-            # fold reads its far memory from row r at distance D + r, rerope at D from every row (B.3)
-            rows = torch.arange(self.block, device=self.device) if cfg.mode == "fold" else torch.zeros(
-                self.block, dtype=torch.long, device=self.device)
-            self.cos_far, self.sin_far = rope.cos_sin(self.window + rows, scale=rope.attention_scaling**2, dtype=acc)
-        # per layer: (D, far rope tables or None, reads the renumbered streaming selection). A sliding-window layer
-        # keeps its native window D = sliding_window at true positions in every mode, and with FoldConfig.layers ==
-        # "all" reads the far memory of fold / rerope at the pair's shared distance (W + B, + r for fold), as
-        # read_plan.plan_layer_read does; ``layer_scaled``: rerope scales the layer's queries (layers in scope only)
-        self.layer_geometry = []
-        self.layer_scaled = []
-        thresholds = []
-        for layer in drafter.layers:
-            sw = layer.self_attn.sliding_window
-            if sw is None:
-                far = self.has_far_mode
-                self.layer_geometry.append((self.window, (self.cos_far, self.sin_far) if far else None,
-                                            cfg.mode == "streaming"))
-                self.layer_scaled.append(cfg.mode == "rerope")
-                if far:
-                    thresholds.append(cfg.window)
-                continue
-            far = self.has_far_mode and cfg.layers == "all"
-            self.layer_geometry.append((int(sw), (self.cos_far, self.sin_far) if far else None, False))
-            self.layer_scaled.append(cfg.mode == "rerope" and far)
-            if far:
-                thresholds.append(int(sw) - self.block)
-        self.has_sliding = any(layer.self_attn.sliding_window is not None for layer in drafter.layers)
-        # yarn rescales the full-attention layers' rope only: sliding layers keep the plain tables
-        self.plain_tables = None
-        if self.owns_tables and self.has_sliding:
+        self.cos, self.sin = tables  # [capacity + B, rotary_dim]: the tables of the layers with yarn=True if any
+        # layers reading the plain rope while others read yarn's (sliding layers under yarn)
+        self.plain_tables = (self.cos, self.sin)
+        if self.owns_tables and not all(g.yarn for g in self.geometry):
             self.plain_tables = rope.cos_sin(torch.arange(self.capacity + self.block, device=self.device), dtype=acc)
-        # the far memory of some layer is non-empty once the context exceeds this (W for full-attention layers)
+        # far rows' tables per (distance, per row): fold at D + r, rerope at D, InfLLM's retrieved entries at D - 1
+        self.far_tables = {}
+        for g in self.geometry:
+            if g.far is not None and (g.far, g.far_per_row) not in self.far_tables:
+                rows = torch.arange(self.block, device=self.device)
+                distance = g.far + rows if g.far_per_row else torch.full_like(rows, g.far)
+                self.far_tables[(g.far, g.far_per_row)] = rope.cos_sin(distance, scale=rope.attention_scaling**2,
+                                                                       dtype=acc)
+        # the far memory of some layer is non-empty once the context exceeds its window minus the block
+        thresholds = [g.window - self.block for g in self.geometry if g.far is not None]
         self.far_threshold = min(thresholds) if thresholds else None
-        self.log_rerope_base = math.log(RERoPE_LOG_BASE) if cfg.mode == "rerope" else None
-        if cfg.mode == "streaming":
+        self.log_rerope_base = math.log(RERoPE_LOG_BASE) if any(g.rerope_scale for g in self.geometry) else None
+        self.selections = {g.selection for g in self.geometry} - {None}
+        if "streaming" in self.selections:
             self.budget, self.sinks = cfg.streaming_budget, cfg.sinks
             self.budget_slots = torch.arange(self.budget, device=self.device)
         self.block_offsets = torch.arange(self.block, device=self.device)
@@ -179,6 +175,20 @@ class StaticDrafter:
         self.verify_rows = drafter.num_proposals + 1
         self.row_offsets = torch.arange(self.verify_rows, device=self.device)
         self.mask_id = drafter.config.mask_token_id
+        self.infllm = self.cmr = None
+        if self.selections & {"infllm", "cmr"}:
+            from ..modeling.retrieval import RetrievalParams
+            from .static_retrieval import CMRRounds, InfLLMRounds
+
+            params = RetrievalParams.of(cfg)
+            attn = drafter.layers[0].self_attn
+            layers = [i for i, g in enumerate(self.geometry) if g.selection == "infllm"]
+            if layers:
+                self.infllm = InfLLMRounds(params, layers, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                           self.capacity, self.geometry[layers[0]].window, self.block,
+                                           self.verify_rows, self.cos, self.sin)
+            if "cmr" in self.selections:
+                self.cmr = CMRRounds(params, self.capacity, self.verify_rows, self.device, acc)
         if layer_ops is not None:
             reason = fused_drafter_unsupported(drafter)
             if reason is not None:
@@ -191,7 +201,8 @@ class StaticDrafter:
         if not self.owns_tables:
             return
         self.cache.request_length = request_length
-        rope = self.drafter._rope_for(False, 0, self.block, self.cache, self.drafter.fold_config)
+        geometry = next(g for g in self.geometry if g.yarn)
+        rope = self.drafter.read_rope(geometry, request_length or 0, self.block, self.fold_config)
         if rope is self.yarn_rope:
             return
         positions = torch.arange(self.cos.shape[0], device=self.device)
@@ -200,12 +211,45 @@ class StaticDrafter:
         self.sin.copy_(sin)
         self.yarn_rope = rope
 
+    def start_rounds(self, context_length: int) -> None:
+        """Before a request's first round (host-side, uncaptured), with ``context_length`` entries committed: the
+        retrieval modes clear their per-request device state (InfLLM: statistics and the representatives of the
+        blocks that exist; CMR: the selection and the round count)."""
+        if self.infllm is not None:
+            self.infllm.reset(lambda i: self.cache.layers[i].keys, context_length)
+        if self.cmr is not None:
+            self.cmr.reset()
+
+    def step_state(self) -> list[torch.Tensor]:
+        """Buffers a drafting round both reads and overwrites (the retrieval modes' per-request state: InfLLM's
+        statistics and representatives, CMR's selection), which a captured step's warm-up runs must leave as they
+        found them (:class:`fold_hf.generation.graphs.CapturedStep`); empty for the other modes."""
+        state = []
+        if self.infllm is not None:
+            state += [*self.infllm.received.values(), *self.infllm.seen.values(), *self.infllm.reprs.values()]
+        if self.cmr is not None:
+            state += [self.cmr.chosen, self.cmr.chunks_then]
+        return state
+
+    def attach_target_attention(self, queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> None:
+        """CMR: where its refreshes read the target's attention: the verify's kept queries ``[1, Hq, R, Dh]`` of the
+        target's last full-attention layer (rotated), that layer's key cache ``[1, Hkv, capacity, Dh]`` and its
+        logit scale (:meth:`fold_hf.generation.static_target.StaticTarget.keep_queries`)."""
+        if self.cmr is None:
+            raise ValueError(f"mode {self.mode!r} reads no target attention")
+        self.cmr.target = (queries, keys, float(scaling))
+
+    def next_phase(self):
+        """The phase of the next drafting round, a key of its captured step (host-side): CMR's ``initial`` /
+        ``refresh`` / ``grow``; None for every other mode (one step for every round)."""
+        return self.cmr.next_phase() if self.cmr is not None else None
+
     def needs_far(self, context_length: int) -> bool:
         """Whether a round whose context holds ``context_length`` entries reads a non-empty far memory."""
         return self.far_threshold is not None and context_length > self.far_threshold
 
     @torch.no_grad()
-    def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool, pick=None):
+    def draft(self, new_features: torch.Tensor, state: torch.Tensor, with_far: bool, pick=None, phase=None):
         """Commit the accepted context rows and draft one block; graph-capturable.
 
         Args:
@@ -217,6 +261,7 @@ class StaticDrafter:
             with_far: run the far branch (use :meth:`needs_far` on the host-known length).
             pick: the loop's picker (:meth:`fold_hf.generation.sampling.TokenChoice.picker`), called once on the
                 slots' logits (a Markov head: once per slot); None takes the argmax.
+            phase: :meth:`next_phase`'s answer for this round (CMR); None otherwise.
 
         Returns:
             ``[R - 1]`` proposals (long): slots 1 .. B-1 (z-lab) or 0 .. B-1 (DeepSpec, its Markov head applied slot
@@ -225,59 +270,77 @@ class StaticDrafter:
         """
         if self.owns_tables and self.yarn_rope is None:
             raise RuntimeError("yarn reads the request's rope tables: call start_request(request_length) first")
+        if (phase is not None) != (self.cmr is not None):
+            raise ValueError("phase= is CMR's round phase (StaticDrafter.next_phase); other modes take None")
         layers = self._layers if self.ops is None else self._layers_fused
-        return self._draft_tokens(layers(*self._block_inputs(new_features, state), with_far), state, pick)
+        return self._draft_tokens(layers(self._round(new_features, state, phase), with_far), state, pick)
 
-    def _block_inputs(self, new_features: torch.Tensor, state: torch.Tensor):
-        """What every layer of a round needs (device tensors): entry positions of the new context rows, the new
-        context features, the block's embeddings, the block rows' rope tables, and the read: how many entries it
-        reads (``streaming``: the kept ones), which cache entries those are (``streaming``; None = the cache as it
-        is) and each row's logit scale (``rerope``; else None)."""
+    def _round(self, new_features: torch.Tensor, state: torch.Tensor, phase) -> dict:
+        """What every layer of a round needs (device tensors): the new context rows' entry positions and features,
+        the block's embeddings, ReRoPE's row scale (or None), and the views layers read (``_View``)."""
         drafter, B = self.drafter, self.block
         d_len, d_new, last = state[1:2], state[2:3], state[3:4]
-        entry_positions = d_len + self.row_offsets
         context_length = d_len + d_new
-        read_length, kept_index, row_scale = context_length, None, None
-        if self.mode == "streaming":
+        true_positions = context_length + self.block_offsets  # block_start = end of the context
+        row_scale = None
+        if self.log_rerope_base is not None:
+            row_scale = (torch.log((true_positions + 1).to(self.acc)) / self.log_rerope_base).clamp_min(1.0)
+        ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
+        plain = self.plain_tables
+        views = {"true": _View((plain[0][true_positions], plain[1][true_positions]), context_length, plain)}
+        if self.owns_tables:
+            views["yarn"] = _View((self.cos[true_positions], self.sin[true_positions]), context_length,
+                                  (self.cos, self.sin))
+        kept = None
+        if "streaming" in self.selections:
             # slot i holds sink i, or recent entry T - budget + i once the context outgrows the budget; slots past
             # the context (short contexts) are gathered but never read
-            read_length = context_length.clamp_max(self.budget)
             shift = (context_length - self.budget).clamp_min(0)
-            kept_index = torch.where(self.budget_slots < self.sinks, self.budget_slots, self.budget_slots + shift)
-            kept_index = kept_index.clamp_max(self.capacity - 1)
-        query_positions = read_length + self.block_offsets  # block_start = end of the (kept) context
-        if self.log_rerope_base is not None:
-            row_scale = (torch.log((query_positions + 1).to(self.acc)) / self.log_rerope_base).clamp_min(1.0)
-        context = drafter.context_features(new_features)
-        ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
-        hidden = drafter.embed_block(ids[None]).to(self.dtype)
-        # sliding layers read at true positions under streaming and with the plain rope under yarn:
-        # (their rows' cos, sin, read length, context tables)
-        true_rows = None
-        if self.has_sliding and self.mode in ("streaming", "yarn"):
-            cos, sin = self.plain_tables if self.plain_tables is not None else (self.cos, self.sin)
-            true_positions = context_length + self.block_offsets
-            true_rows = (cos[true_positions], sin[true_positions], context_length, (cos, sin))
-        return (entry_positions, context, hidden, self.cos[query_positions], self.sin[query_positions],
-                read_length, kept_index, row_scale, true_rows)
+            kept = torch.where(self.budget_slots < self.sinks, self.budget_slots, self.budget_slots + shift)
+            kept, kept_length = kept.clamp_max(self.capacity - 1), context_length.clamp_max(self.budget)
+        elif self.cmr is not None:
+            kept, kept_length = self.cmr.select(context_length, d_new, phase)
+        if kept is not None:  # the selection renumbered 0 .. K-1, the block right after it
+            rows = kept_length + self.block_offsets
+            views["renumbered"] = _View((self.cos[rows], self.sin[rows]), kept_length, (self.cos, self.sin), kept)
+        infllm = None
+        if self.infllm is not None:
+            infllm = self.infllm.round(context_length)
+            views["infllm"] = _View(views["true"].rows, infllm["read_length"], infllm["key_tables"])
+        return dict(entry_positions=d_len + self.row_offsets, context=drafter.context_features(new_features),
+                    hidden=drafter.embed_block(ids[None]).to(self.dtype), row_scale=row_scale, views=views,
+                    infllm=infllm)
 
-    def _layer_read(self, i: int, cos_q, sin_q, read_length, kept_index, true_rows):
-        """Layer ``i``'s (D, far tables, rows' cos, rows' sin, read length, kept index, context rope tables)."""
-        window, far_tables, _ = self.layer_geometry[i]
-        tables = (self.cos, self.sin)
-        if true_rows is not None and self.drafter.layers[i].self_attn.sliding_window is not None:
-            cos_q, sin_q, read_length, tables = true_rows
-            kept_index = None
-        return window, far_tables, cos_q, sin_q, read_length, kept_index, tables
+    def _view(self, geometry, rnd: dict) -> _View:
+        if geometry.selection == "infllm":
+            return rnd["views"]["infllm"]
+        if geometry.renumbered:
+            return rnd["views"]["renumbered"]
+        return rnd["views"]["yarn" if geometry.yarn else "true"]
 
-    def _read(self, cache_layer, query_near, query_far, block_keys, block_values, read_length, kept_index,
-              window, tables):
-        """The layer's attention over its cache (or the kept entries gathered from it) and the block."""
+    def _attend(self, i: int, cache_layer, q, k_blk, v_blk, rnd: dict, with_far: bool, rotate, heads):
+        """Layer ``i``'s read of its cache (or the entries it gathers) and the block; ``rotate(x, (cos, sin),
+        row_scale, scale)`` rotates queries / block keys into the read's layout, ``heads(x)`` gives ``[1, H, B,
+        Dh]`` views of them (InfLLM's selection and statistics)."""
+        g = self.geometry[i]
+        attn = self.drafter.layers[i].self_attn
+        view = self._view(g, rnd)
+        row_scale = rnd["row_scale"] if g.rerope_scale else None
+        query_near = rotate(q, view.rows, row_scale, attn.scaling)
+        far_rows = self.far_tables[(g.far, g.far_per_row)] if with_far and g.far is not None else None
+        query_far = rotate(q, far_rows, row_scale, attn.scaling) if far_rows is not None else None
+        block_keys = rotate(k_blk, view.rows, None, 1.0)
         keys, values = cache_layer.keys, cache_layer.values
-        if kept_index is not None:
-            keys, values = keys.index_select(2, kept_index), values.index_select(2, kept_index)
-        return self.read(query_near, query_far, keys, values, block_keys, block_values, *tables,
-                         read_length, read_length, window, self.alpha)
+        gather = view.gather
+        if g.selection == "infllm":
+            gather = self.infllm.select(i, heads(q), keys, rnd["infllm"])
+        if gather is not None:
+            keys, values = keys.index_select(2, gather), values.index_select(2, gather)
+        out = self.read(query_near, query_far, keys, values, block_keys, v_blk, *view.tables, view.length,
+                        view.length, g.window, g.alpha)
+        if g.selection == "infllm":  # the window attention this read gave, from the read's own queries
+            self.infllm.record(i, query_near, query_far, block_keys, keys, rnd["infllm"])
+        return out
 
     def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor, pick=None):
         """Proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` (device ops only): greedy, or ``pick``'s
@@ -293,13 +356,18 @@ class StaticDrafter:
                                                                  drafter.confidence_threshold))
         return tokens if pick is None else (tokens, q)
 
-    def _layers(self, entry_positions, context, hidden, cos_rows, sin_rows, read_rows, kept_rows, row_scale,
-                true_rows, with_far: bool) -> torch.Tensor:
+    def _rotate(self, x, rows, row_scale, scale):
+        """Module path: ``x [1, H, B, Dh]`` rotated by ``rows`` in fp32, times the logit scale (per row with
+        ReRoPE), in the model dtype."""
+        if row_scale is not None:
+            scale = scale * row_scale[:, None]  # [B, 1]: rows
+        return (rotate_by_tables(x, *rows) * scale).to(self.dtype)
+
+    def _layers(self, rnd: dict, with_far: bool) -> torch.Tensor:
         """The drafter's layers through its modules; returns the final-normed block ``[1, B, H]``."""
         drafter, B = self.drafter, self.block
+        hidden, context, entry_positions = rnd["hidden"], rnd["context"], rnd["entry_positions"]
         for i, (layer, cache_layer) in enumerate(zip(drafter.layers, self.cache.layers)):
-            window, far_tables, cos_q, sin_q, read_length, kept_index, tables = self._layer_read(
-                i, cos_rows, sin_rows, read_rows, kept_rows, true_rows)
             attn = layer.self_attn
             k_new, v_new = attn.project_keys_values(context)
             cache_layer.keys.index_copy_(2, entry_positions, k_new)
@@ -307,27 +375,23 @@ class StaticDrafter:
             normed = layer.input_layernorm(hidden)
             q = attn.project_queries(normed)
             k_blk, v_blk = attn.project_keys_values(normed)
-            scaled = row_scale is not None and self.layer_scaled[i]
-            scale = attn.scaling * row_scale[:, None] if scaled else attn.scaling  # [B, 1]: rows
-            query_near = (rotate_by_tables(q, cos_q, sin_q) * scale).to(self.dtype)
-            query_far = None
-            if with_far and far_tables is not None:
-                query_far = (rotate_by_tables(q, *far_tables) * scale).to(self.dtype)
-            block_keys = rotate_by_tables(k_blk, cos_q, sin_q).to(self.dtype)
-            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index,
-                             window, tables)
+            out = self._attend(i, cache_layer, q, k_blk, v_blk, rnd, with_far, self._rotate, lambda x: x)
             hidden = layer.attention_residual(hidden, attn.o_proj(out.reshape(1, B, -1)))
             hidden = layer.mlp_residual(hidden)
         return drafter.norm(hidden)
 
-    def _layers_fused(self, entry_positions, context, hidden, cos_rows, sin_rows, read_rows, kept_rows, row_scale,
-                      true_rows, with_far: bool) -> torch.Tensor:
+    def _layers_fused(self, rnd: dict, with_far: bool) -> torch.Tensor:
         """:meth:`_layers` with the fused elementwise ops: each residual add happens inside the next norm."""
         drafter, B, ops = self.drafter, self.block, self.ops
+        hidden, context, entry_positions = rnd["hidden"], rnd["context"], rnd["entry_positions"]
+
+        def rotate(x, rows, row_scale, scale):  # x [1, B, H, Dh] -> [1, H, B, Dh]
+            if row_scale is not None:  # rerope: a row's query scale scales its logits
+                x = x * row_scale.to(x.dtype)[None, :, None, None]
+            return ops.rotate_heads(x, *rows, scale, self.dtype)
+
         delta = None
         for i, (layer, cache_layer) in enumerate(zip(drafter.layers, self.cache.layers)):
-            window, far_tables, cos_q, sin_q, read_length, kept_index, tables = self._layer_read(
-                i, cos_rows, sin_rows, read_rows, kept_rows, true_rows)
             attn = layer.self_attn
             qkv_weight, qkv_bias, gate_up_weight = fused_projections(layer)
             hidden, normed = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
@@ -346,14 +410,7 @@ class StaticDrafter:
             cache_layer.keys.index_copy_(2, entry_positions, keys[:, :nc].transpose(1, 2))
             cache_layer.values.index_copy_(2, entry_positions, values[:, :, :nc])
             k_blk, v_blk = keys[:, nc:], values[:, :, nc:]
-            if row_scale is not None and self.layer_scaled[i]:  # rerope: a row's query scale scales its logits
-                q = q * row_scale.to(q.dtype)[None, :, None, None]
-            query_near = ops.rotate_heads(q, cos_q, sin_q, attn.scaling, self.dtype)
-            query_far = (ops.rotate_heads(q, *far_tables, attn.scaling, self.dtype)
-                         if with_far and far_tables is not None else None)
-            block_keys = ops.rotate_heads(k_blk, cos_q, sin_q, 1.0, self.dtype)
-            out = self._read(cache_layer, query_near, query_far, block_keys, v_blk, read_length, kept_index,
-                             window, tables)
+            out = self._attend(i, cache_layer, q, k_blk, v_blk, rnd, with_far, rotate, lambda x: x.transpose(1, 2))
             post = layer.post_attention_layernorm
             hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, B, -1)), post.weight, post.eps)
             gate, up = F.linear(normed, gate_up_weight).chunk(2, -1)

@@ -176,6 +176,50 @@ class StaticTarget:
         (:class:`fold_hf.generation.graphs.CapturedStep`). Empty for a KV cache: its writes are idempotent."""
         return []
 
+    # ------------------------------------------------------------------ cmr's query tap (a separate hook)
+    query_keep = None  # (layer index, [1, Hq, rows, D] buffer) while a cmr request runs, else None
+
+    def keep_queries_unsupported(self) -> str | None:
+        """Why :meth:`keep_queries` cannot run on this target (None when it can)."""
+        if type(self).forward_static is not StaticTarget.forward_static or \
+                type(self)._run_layers is not StaticTarget._run_layers:
+            return f"{type(self).__name__}'s verify step does not keep its queries (Llama-family targets only)"
+        return None
+
+    def keep_queries(self, layer_idx: int | None, rows: int = 0) -> torch.Tensor | None:
+        """CMR's refreshes read the target's attention of one query (:mod:`fold_hf.generation.static_retrieval`):
+        from now on :meth:`forward_static` copies layer ``layer_idx``'s rotated queries of its ``rows`` rows into
+        the returned ``[1, Hq, rows, D]`` buffer (one small copy per verify, in that layer only); ``None`` stops.
+        Only cmr requests turn this on, and the fast loop keys its captured verify steps by it, so every other
+        mode's verify is unchanged."""
+        if layer_idx is None:
+            self.query_keep = None
+            return None
+        reason = self.keep_queries_unsupported()
+        if reason is not None:
+            raise UnsupportedTarget(reason)
+        # one buffer per (layer, rows) for the runner's lifetime: captured steps of earlier requests read it
+        buffers = self.__dict__.setdefault("_kept_queries", {})
+        if (layer_idx, rows) not in buffers:
+            buffers[(layer_idx, rows)] = torch.zeros(1, self.num_heads, rows, self.head_dim, device=self.device,
+                                                     dtype=self.dtype)
+        self.query_keep = (layer_idx, buffers[(layer_idx, rows)])
+        return self.query_keep[1]
+
+    def _keeping_queries(self, attend):
+        """``attend`` that first copies the kept layer's queries (:meth:`keep_queries`), or ``attend`` itself."""
+        keep = self.query_keep
+        if keep is None:
+            return attend
+        layer, buffer = keep
+
+        def attend_and_keep(i, q):
+            if i == layer:
+                buffer[:, :, : q.shape[2]].copy_(q)
+            return attend(i, q)
+
+        return attend_and_keep
+
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""
         from ..kernels.layer_reference import is_silu
@@ -361,7 +405,8 @@ class StaticTarget:
             probs = scores.softmax(-1).to(values.dtype)
             return torch.matmul(probs, values).reshape(1, self.num_heads, L, self.head_dim)
 
-        return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
+        return self._run_layers(input_ids, cos, sin, write_kv, self._keeping_queries(attend), taps_out,
+                                last_only=False)
 
     def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                               taps_out: torch.Tensor | None) -> torch.Tensor:
@@ -405,6 +450,8 @@ class StaticTarget:
             if getattr(attn, "k_norm", None) is not None:
                 k = attn.k_norm(k)
             q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
+            if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                self.query_keep[1][:, :, :L].copy_(q)
             out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
                          max_context_length=bucket)  # [1, L, Hq, D]
             norm = layer.post_attention_layernorm
@@ -438,4 +485,5 @@ class StaticTarget:
                          max_context_length=bucket)  # [1, L, Hq, D]
             return out.transpose(1, 2)
 
-        return self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
+        return self._run_layers(input_ids, cos, sin, write_kv, self._keeping_queries(attend), taps_out,
+                                last_only=False)

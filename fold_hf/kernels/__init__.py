@@ -3,7 +3,10 @@
 * :mod:`fold_hf.kernels.triton_fold`: the FOLD read given as numbers (``fold_read_triton``) and the target's
   verify attention (``decode_attention_triton``); twins in :mod:`fold_hf.kernels.reference`;
 * :mod:`fold_hf.kernels.triton_layer`: the fused elementwise ops of the fast loop's layers; twins in
-  :mod:`fold_hf.kernels.layer_reference`.
+  :mod:`fold_hf.kernels.layer_reference`;
+* :mod:`fold_hf.kernels.triton_hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head
+  norm + partial rope + ring write, GELU-tanh, the fused Gated DeltaNet verify and its commit); twins in
+  :mod:`fold_hf.kernels.hybrid_reference`.
 
 This package takes tensors and imports nothing from :mod:`fold_hf.modeling` (checked by
 ``tests/test_import_graph.py``); reading a planned ``LayerRead`` through these kernels is
@@ -77,6 +80,40 @@ def default_layer_ops(device: torch.device) -> LayerOps:
                     "torch")
 
 
-__all__ = ["KERNEL_DTYPES", "LayerOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
-           "default_layer_ops", "fold_read_geometry_reference", "rotate_by_tables", "rotate_half",
-           "triton_kernels_enabled"]
+HYBRID_OPS = ("residual_norm", "head_norm_rope_write", "ring_attention", "gelu_tanh_mul", "sigmoid_mul",
+              "gated_rms_norm", "gated_delta_verify", "gated_delta_commit")
+
+
+class HybridOps:
+    """The fused ops of Qwen3.5 / Gemma target layers (:data:`HYBRID_OPS`, each ``<name>_triton`` or
+    ``<name>_reference``); ``backend`` is ``"triton"`` or ``"torch"``."""
+
+    def __init__(self, backend: str, **ops) -> None:
+        missing = set(HYBRID_OPS) - set(ops)
+        if missing:
+            raise ValueError(f"HybridOps needs {sorted(missing)}")
+        self.__dict__.update(ops)
+        self.backend = backend
+
+    def __repr__(self) -> str:
+        return f"HybridOps({self.backend})"
+
+
+def default_hybrid_ops(device: torch.device | str) -> HybridOps:
+    """The Triton kernels of :mod:`fold_hf.kernels.triton_hybrid` on CUDA when they import (and
+    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins (:mod:`fold_hf.kernels.hybrid_reference`)."""
+    if triton_kernels_enabled(device):
+        try:
+            from . import triton_hybrid as module
+        except ImportError:
+            pass
+        else:
+            return HybridOps("triton", **{name: getattr(module, f"{name}_triton") for name in HYBRID_OPS})
+    from . import hybrid_reference as module
+
+    return HybridOps("torch", **{name: getattr(module, f"{name}_reference") for name in HYBRID_OPS})
+
+
+__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "compute_dtype", "decode_attention_reference",
+           "default_decode_attention", "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference",
+           "rotate_by_tables", "rotate_half", "triton_kernels_enabled"]

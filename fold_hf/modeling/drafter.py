@@ -30,7 +30,7 @@ from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
 from .families import deepspec
 from .fold_config import FoldConfig
-from .read_plan import LayerRead, plan_layer_read
+from .read_plan import LayerRead, ReadGeometry, plan_layer_read, read_geometry
 from .retrieval import (RETRIEVAL_MODES, RetrievalParams, cmr_select_entries, plan_cmr_read, plan_infllm_read,
                         retrieval_state)
 from .rope import RotaryTables, compute_dtype, yarn_factor, yarn_rope_parameters
@@ -301,12 +301,13 @@ class FoldDrafter(PreTrainedModel):
         return cache
 
     # ------------------------------------------------------------------ reading geometry
-    def _rope_for(self, sliding: bool, block_start: int, query_length: int, cache,
+    def read_rope(self, geometry: ReadGeometry, request_length: int | None, query_length: int,
                   cfg: FoldConfig) -> RotaryTables:
-        if cfg.mode != "yarn" or sliding:
+        """The rope tables a layer of ``geometry`` reads with: the drafter's own, or YaRN's rescaled ones for the
+        request (``request_length`` = P + G) when ``geometry.yarn``."""
+        if not geometry.yarn:
             return self.rope
-        total = getattr(cache, "request_length", None) or block_start
-        factor = yarn_factor(total, query_length, cfg.train_length)
+        factor = yarn_factor(request_length, query_length, cfg.train_length)
         if factor == 1.0:
             return self.rope
         tables = self._yarn_tables.get(factor)
@@ -318,6 +319,12 @@ class FoldDrafter(PreTrainedModel):
             self._yarn_tables[factor] = tables
         return tables
 
+    def read_geometry(self, layer_idx: int, fold_config: FoldConfig | None = None) -> ReadGeometry:
+        """Layer ``layer_idx``'s :class:`~fold_hf.modeling.read_plan.ReadGeometry` under ``fold_config`` (default:
+        the drafter's own)."""
+        return read_geometry(fold_config or self.fold_config, self.config.block_size,
+                             self.layers[layer_idx].self_attn.sliding_window)
+
     def plan_read(self, layer_idx: int, num_context: int, block_start: int, query_length: int,
                   device: torch.device | str = "cpu", cache=None, fold_config: FoldConfig | None = None,
                   selection: torch.Tensor | None = None) -> LayerRead:
@@ -328,16 +335,14 @@ class FoldDrafter(PreTrainedModel):
         queries and keys), its sliding layers here (as released)."""
         cfg = fold_config or self.fold_config
         attn = self.layers[layer_idx].self_attn
-        sliding = attn.sliding_window is not None
-        rope = self._rope_for(sliding, block_start, query_length, cache, cfg)
-        if cfg.mode == "cmr":
+        geometry = self.read_geometry(layer_idx, cfg)
+        rope = self.read_rope(geometry, getattr(cache, "request_length", None) or block_start, query_length, cfg)
+        if geometry.selection == "cmr":
             if selection is None:
                 raise ValueError("mode 'cmr' reads a selection: pass selection= (cmr_select_entries)")
             return plan_cmr_read(selection, num_context=num_context, block_start=block_start,
-                                 query_length=query_length, rope=rope, sliding_window=attn.sliding_window,
+                                 query_length=query_length, rope=rope, sliding_window=geometry.window,
                                  device=device)
-        if cfg.mode == "infllm" and sliding:
-            cfg = cfg.replace(mode="dflash")  # InfLLM reads the full-attention layer alone (B.3)
         return plan_layer_read(
             cfg,
             num_context=num_context,
@@ -442,10 +447,10 @@ class FoldDrafter(PreTrainedModel):
                                              RetrievalParams.of(self.fold_config))
 
         def read_for(attn: DrafterAttention, T: int, query=None, context_keys=None) -> LayerRead:
-            if mode == "infllm" and attn.sliding_window is None:  # per layer: its own keys and queries select
+            geometry = self.read_geometry(attn.layer_idx)
+            if geometry.selection == "infllm":  # per layer: its own keys and queries select
                 return plan_infllm_read(retrieval_state(cache), attn.layer_idx, query=query, context_keys=context_keys,
-                                        block_start=block_start, window=self.fold_config.window,
-                                        block_size=self.config.block_size, rope=self.rope,
+                                        block_start=block_start, geometry=geometry, rope=self.rope,
                                         params=RetrievalParams.of(self.fold_config))
             # other layers differ in their read only through their sliding window: plan once per kind of layer
             key = (attn.sliding_window, T)

@@ -106,6 +106,78 @@ def _row_distances(T: int, t: int, Lq: int, device) -> tuple[torch.Tensor, torch
     return dist, rows
 
 
+@dataclass(frozen=True)
+class ReadGeometry:
+    """What one drafter layer reads under a reading mode: the mode -> geometry rules of every read, in one place.
+
+    :func:`read_geometry` is the only place that knows the modes. The host plan (:func:`plan_layer_read`, read by
+    the reference read and, through :func:`fold_hf.modeling.fold_read.read_kernel_inputs`, by the Triton read), the
+    static drafting step (:class:`fold_hf.generation.static_drafter.StaticDrafter`), the drafter's rope choice
+    (``FoldDrafter._rope_for``) and ``fold-hf doctor`` all take their geometry from it.
+
+    Attributes:
+        window: D, entry ``j`` is in row ``r``'s window iff ``p_r - j < D`` (positions as read); None = every entry.
+        far: distance of the far memory (``W + B``; InfLLM's retrieved entries ``D - 1``), None = no far branch.
+        far_per_row: row ``r`` reads its far memory at ``far + r`` (FOLD) instead of ``far`` (ReRoPE, InfLLM).
+        alpha: concentration of the far branch (1 = one softmax with the window).
+        rerope_scale: each row's queries are scaled by ``max(1, log(p + 1) / log 4096)`` (ReRoPE, layers in scope).
+        selection: None (the cache as it is), ``"streaming"`` (sinks + recent entries), ``"cmr"`` (CMR's chunks)
+            or ``"infllm"`` (initial entries, retrieved blocks and not-yet-grouped older entries, read at true
+            positions beside the window).
+        renumbered: the selection is read at positions ``0 .. K-1``, the block right after it (streaming, CMR).
+        yarn: the request's rescaled rope tables (YaRN on full-attention layers).
+    """
+
+    window: int | None
+    far: int | None = None
+    far_per_row: bool = False
+    alpha: float = 1.0
+    rerope_scale: bool = False
+    selection: str | None = None
+    renumbered: bool = False
+    yarn: bool = False
+
+
+def read_geometry(cfg: FoldConfig, block_size: int, sliding_window: int | None = None) -> ReadGeometry:
+    """The geometry of a layer under ``cfg`` (see :class:`ReadGeometry`); ``sliding_window``: the layer's native
+    window when it is a sliding-window layer, else None.
+
+    Full-attention layers (``D = W + B``): ``fold`` window + far memory at ``D + r`` (α); ``rerope`` window + far
+    memory at ``D`` from every row, queries log-4096 scaled; ``window`` the window alone; ``dflash`` / ``yarn``
+    every entry (YaRN's tables); ``streaming`` / ``cmr`` their renumbered selection; ``infllm`` the window plus its
+    retrieved entries at ``D - 1`` in one softmax.
+
+    Sliding layers keep their native window S at true positions; with ``cfg.layers == "all"`` ``fold`` and
+    ``rerope`` add the far memory at the pair's shared distance (``W + B``, + r for fold; paper B.3) and ReRoPE
+    scales their queries; CMR's selection is read by every layer (renumbered, the native window over the renumbered
+    distances); InfLLM retrieves in full-attention layers only.
+    """
+    mode = cfg.mode
+    D_full = cfg.window + block_size
+    if sliding_window is not None:
+        S = int(sliding_window)
+        if mode == "cmr":
+            return ReadGeometry(S, selection="cmr", renumbered=True)
+        if cfg.layers == "all" and mode == "fold":
+            return ReadGeometry(S, D_full, True, float(cfg.alpha))
+        if cfg.layers == "all" and mode == "rerope":
+            return ReadGeometry(S, D_full, rerope_scale=True)
+        return ReadGeometry(S)
+    if mode == "fold":
+        return ReadGeometry(D_full, D_full, True, float(cfg.alpha))
+    if mode == "rerope":
+        return ReadGeometry(D_full, D_full, rerope_scale=True)
+    if mode == "window":
+        return ReadGeometry(D_full)
+    if mode in ("dflash", "yarn"):
+        return ReadGeometry(None, yarn=mode == "yarn")
+    if mode in ("streaming", "cmr"):
+        return ReadGeometry(None, selection=mode, renumbered=True)
+    if mode == "infllm":
+        return ReadGeometry(D_full, D_full - 1, selection="infllm")
+    raise ValueError(f"unknown reading mode {mode!r}")
+
+
 def plan_layer_read(
     cfg: FoldConfig,
     *,
@@ -117,7 +189,7 @@ def plan_layer_read(
     sliding_window: int | None = None,
     device: torch.device | str = "cpu",
 ) -> LayerRead:
-    """Reduce ``cfg`` to the read of one layer.
+    """Reduce ``cfg`` to the read of one layer (its :func:`read_geometry` at these lengths).
 
     Args:
         cfg: the reading mode.
@@ -133,37 +205,16 @@ def plan_layer_read(
         raise ValueError(f"block_start ({t}) must not precede the end of the context ({T})")
     device = torch.device(device)
     long = dict(dtype=torch.long, device=device)
-    mode = cfg.mode
-    sliding = sliding_window is not None
+    geometry = read_geometry(cfg, block_size, sliding_window)
+    if geometry.selection == "streaming":
+        return _streaming_read(cfg, T, t, Lq, rope, device)
+    if geometry.selection is not None:
+        raise ValueError(f"mode {cfg.mode!r} keeps per-request state: plan it through FoldDrafter.plan_read with "
+                         "its cache (fold_hf.modeling.retrieval)")
     query_pos = torch.arange(t, t + Lq, **long)
     empty_far = torch.zeros(Lq, 0, dtype=torch.bool, device=device)
-    alpha = 1.0
-    query_scale = None
-
-    # distance of the far memory: the shared virtual position t - D_far of the pair (D_far = W + B), also on
-    # sliding layers, whose window branch keeps their native window S (paper B.3: "reads the older entries at
-    # the shared distant position"; docs/baselines.md)
-    far_base = cfg.window + block_size
-    if sliding:
-        D = int(sliding_window)
-        in_scope = cfg.layers == "all" and mode in ("fold", "rerope")
-        has_far = in_scope
-    else:
-        D = cfg.window + block_size
-        in_scope = mode in ("fold", "rerope")
-        has_far = in_scope
-        if mode in ("dflash", "yarn"):
-            D = None  # every entry at its true distance
-        elif mode == "streaming":
-            return _streaming_read(cfg, T, t, Lq, rope, device)
-        elif mode in ("infllm", "cmr"):
-            raise ValueError(f"mode {mode!r} keeps per-request state: plan it through FoldDrafter.plan_read with "
-                             "its cache (fold_hf.modeling.retrieval)")
-
-    if mode == "rerope" and in_scope:
-        query_scale = rerope_query_scale(query_pos).to(device)
-    if mode == "fold":
-        alpha = cfg.alpha
+    query_scale = rerope_query_scale(query_pos).to(device) if geometry.rerope_scale else None
+    D, alpha = geometry.window, geometry.alpha
 
     if D is None:
         near_index = torch.arange(T, **long)
@@ -177,11 +228,12 @@ def plan_layer_read(
     near_mask = dist[:, near_start:] < D
     far_stop = 0
     far_mask = empty_far
-    if has_far:
+    far_distance = torch.zeros(Lq, **long)
+    if geometry.far is not None:
         far_stop = max(0, min(T, t + Lq - 1 - D + 1))  # the last row has the longest far memory
         far_mask = dist[:, :far_stop] >= D
-    # fold: every far entry at t - D_far, read from row r at D_far + r; rerope: at distance D_far from every row
-    far_distance = far_base + rows if mode == "fold" else torch.full_like(rows, far_base)
+        # fold: every far entry at t - D_far, read from row r at D_far + r; rerope: at distance D_far from every row
+        far_distance = geometry.far + rows if geometry.far_per_row else torch.full_like(rows, geometry.far)
     return _planned(LayerRead(T, Lq, near_index, near_index.clone(), query_pos, far_stop, far_distance,
                               near_mask, far_mask, alpha, query_scale, rope, block_start=t, window_distance=D))
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .read_plan import LayerRead
+from .read_plan import LayerRead, ReadGeometry
 
 INFLLM_BLOCK = 128
 INFLLM_INIT = 128
@@ -140,7 +140,7 @@ def infllm_select_blocks(block_query: torch.Tensor, reprs: torch.Tensor, topk: i
 
 
 def plan_infllm_read(state: "RetrievalState", layer_idx: int, *, query: torch.Tensor, context_keys: torch.Tensor,
-                     block_start: int, window: int, block_size: int, rope,
+                     block_start: int, geometry: ReadGeometry, rope,
                      params: RetrievalParams = RetrievalParams()) -> LayerRead:
     """InfLLM's read of one full-attention layer (see the module docstring).
 
@@ -148,11 +148,15 @@ def plan_infllm_read(state: "RetrievalState", layer_idx: int, *, query: torch.Te
         state: the request's retrieval state (``cache.retrieval``).
         query: ``[1, Hq, Lq, Dh]`` unrotated block queries of this layer.
         context_keys: ``[1, Hkv, T, Dh]`` unrotated context keys.
-        block_start: t; window: W; block_size: B (``D = W + B``).
+        block_start: t.
+        geometry: the layer's :func:`~fold_hf.modeling.read_plan.read_geometry` (``selection == "infllm"``): its
+            window D = W + B and the distance of the retrieved entries (D - 1).
     """
+    if geometry.selection != "infllm":
+        raise ValueError(f"plan_infllm_read reads an InfLLM geometry, got {geometry}")
     _, Hq, Lq, Dh = query.shape
     T = context_keys.shape[2]
-    t, D = int(block_start), window + block_size
+    t, D = int(block_start), geometry.window
     device = query.device
     long = dict(dtype=torch.long, device=device)
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -184,7 +188,7 @@ def plan_infllm_read(state: "RetrievalState", layer_idx: int, *, query: torch.Te
     near_mask = (positions[:, None] - near[None, :]) < D
     far_mask = (positions[:, None] - old[None, :]) >= D
     read = LayerRead(n_old + near.numel(), Lq, torch.arange(n_old, n_old + near.numel(), **long), near, positions,
-                     n_old, torch.full((Lq,), D - 1, **long), near_mask, far_mask, 1.0, None, rope,
+                     n_old, torch.full((Lq,), geometry.far, **long), near_mask, far_mask, geometry.alpha, None, rope,
                      block_start=t, window_distance=D)
     read.gather = torch.cat((old, near))
     read.on_read = lambda attn, q, k_ctx, k_blk: record_window_attention(layer, q, k_ctx, k_blk, read, attn.scaling)

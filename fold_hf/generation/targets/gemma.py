@@ -30,9 +30,10 @@ later query). Global layers keep the default family's full cache (the bucket att
 
 Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): the MoE block
 (``enable_moe_block``, data-dependent expert routing), bidirectional attention (``use_bidirectional_attention``),
-length-dependent rope types. The fused layer kernels (:mod:`fold_hf.kernels.triton_layer`) are Llama-shaped
-(``x * w`` norms without sandwich norms, SiLU, full rope): :meth:`GemmaStaticTarget.fused_unsupported` says so and
-the fast loop warns once and runs the layers on the model's modules.
+length-dependent rope types. Fused layers (the fast loop's default on CUDA): the projections stay the model's
+modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
+(:mod:`fold_hf.kernels.triton_hybrid`; :meth:`GemmaStaticTarget.fused_unsupported` names what they do not cover,
+and the fast loop then warns once and runs the layers on the modules).
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     scores = scores.masked_fill(~visible.repeat(group, 1), -math.inf)
     probs = scores.softmax(-1).to(values.dtype)
     return torch.matmul(probs, values).reshape(1, hq, L, D)
+
+
+def _is_gelu_tanh(act, device, dtype) -> bool:
+    """Whether the MLP's activation module computes ``gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``)."""
+    if type(act).__name__ != "GELUTanh":
+        return False
+    probe = torch.linspace(-6, 6, 97, device=device, dtype=dtype)
+    with torch.no_grad():
+        return torch.equal(act(probe), F.gelu(probe, approximate="tanh"))
 
 
 class GemmaStaticTarget(StaticTarget):
@@ -187,11 +197,45 @@ class GemmaStaticTarget(StaticTarget):
         self.length = 0
         self._decode_attention = None
         self._layer_ops = None
+        self._hybrid_ops = None
+        self._norm_offset = None
 
     # ------------------------------------------------------------------ what the shared machinery asks
     def fused_unsupported(self) -> str | None:
-        return ("Gemma layers (sandwich norms, (1 + w) or x * w norms in fp32, GELU-tanh MLP, per-type rope) are not "
-                "what the fused Llama-layer kernels compute")
+        """Why the fused Gemma layers (:mod:`fold_hf.kernels.triton_hybrid`) cannot run this target, or None."""
+        kinds = {"Gemma3RMSNorm": 1.0, "Gemma4RMSNorm": 0.0}
+        offsets = set()
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                     layer.post_feedforward_layernorm, attn.q_norm]
+            for name in ("k_norm", "v_norm"):  # KV-shared layers have neither
+                if getattr(attn, name, None) is not None:
+                    norms.append(getattr(attn, name))
+                    if getattr(attn, name).eps != attn.q_norm.eps:
+                        return f"layer {i}: q and {name} norms with different eps"
+            if self.ple:
+                norms.append(layer.post_per_layer_input_norm)
+            for norm in norms:
+                kind = type(norm).__name__
+                if kind not in kinds or not hasattr(norm, "eps"):
+                    return f"layer {i}: norm {kind} is not a Gemma RMSNorm"
+                weight = getattr(norm, "weight", None)
+                if weight is not None and weight.dtype != self.dtype:
+                    return f"layer {i}: norm weights in {weight.dtype}, activations in {self.dtype}"
+                offsets.add(kinds[kind])
+            mlp = layer.mlp
+            if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+                return f"layer {i}: MLP {type(mlp).__name__} is not gate/up/down"
+            if not _is_gelu_tanh(mlp.act_fn, self.device, self.dtype):
+                return f"layer {i}: MLP activation {type(mlp.act_fn).__name__} is not GELU-tanh"
+        if len(offsets) != 1:
+            return "norms of both Gemma kinds in one model"
+        self._norm_offset = offsets.pop()
+        for layer_type, (cos, _) in self.tables.items():
+            if cos.shape[-1] % 2:
+                return f"{layer_type} rope table of odd width {cos.shape[-1]}"
+        return None
 
     def bytes_held(self) -> int:
         unique = {id(t): t for t in self.keys + self.values}
@@ -350,8 +394,8 @@ class GemmaStaticTarget(StaticTarget):
 
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
-        if fused:
-            raise UnsupportedTarget(f"fused layers: {self.fused_unsupported()}")
+        if fused and attention != "triton":
+            raise ValueError("fused layers run with attention='triton' (the decode kernel)")
         L = input_ids.shape[1]
         if L > self.ring_slack + 1:
             raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack "
@@ -361,6 +405,8 @@ class GemmaStaticTarget(StaticTarget):
             from ...kernels import default_decode_attention
 
             self._decode_attention = default_decode_attention(self.device)
+        if fused:
+            return self._forward_static_fused(input_ids, positions, bucket, taps_out)
         key_index = torch.arange(bucket, device=positions.device)
         global_visible = key_index[None, :] <= positions[:, None]
         top = positions[-1]
@@ -398,6 +444,88 @@ class GemmaStaticTarget(StaticTarget):
                                     global_visible, self.scalings[i])
 
         return self._run_layers(input_ids, positions, write_kv, attend, taps_out, last_only=False)
+
+    def _forward_static_fused(self, input_ids, positions, bucket: int, taps_out) -> torch.Tensor:
+        """The device-length forward with fused layers: per layer the projections, one kernel for the q/k/v norms,
+        rope and the (ring) cache write, the ring attention kernel (sliding layers, two launches) or the decode
+        kernel (global layers), one kernel for the sandwich norm + residual + next norm after the attention and one
+        after the MLP (with ``layer_scalar``), GELU-tanh fused with ``up``. Per-layer inputs (PLE) keep their gate
+        and projection on the modules."""
+        if self._hybrid_ops is None:
+            from ...kernels import default_hybrid_ops
+
+            reason = self.fused_unsupported()
+            if reason is not None:
+                raise UnsupportedTarget(f"fused layers: {reason}")
+            self._hybrid_ops = default_hybrid_ops(self.device)
+        ops, decode = self._hybrid_ops, self._decode_attention
+        offset = self._norm_offset
+        context_length = positions[:1].to(torch.int32)
+        block_kv = {}
+        L = input_ids.shape[1]
+        H = self.model.config.hidden_size
+        hidden = self.embed(input_ids)
+        per_layer = None
+        if self.ple:
+            per_layer = self.decoder.project_per_layer_inputs(
+                hidden, self.decoder.get_per_layer_inputs(input_ids, hidden))  # [1, L, n_layers, d]
+
+        def weight(norm):
+            return getattr(norm, "weight", None)
+
+        first = self.layers[0].input_layernorm
+        hidden, normed = ops.residual_norm(hidden, None, weight(first), first.eps, offset)
+        n_layers = len(self.layers)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            D = self.head_dims[i]
+            cos, sin = self.tables[self.layer_types[i]]
+            q = attn.q_proj(normed).view(1, L, -1, D)
+            if self.kv_source[i] == i:
+                raw_k = attn.k_proj(normed).view(1, L, -1, D)
+                v_proj = getattr(attn, "v_proj", None)
+                raw_v = v_proj(normed).view(1, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
+                q, k, v = ops.head_norm_rope_write(q, raw_k, raw_v, weight(attn.q_norm), weight(attn.k_norm),
+                                                   attn.q_norm.eps, offset, cos, sin, positions, self.keys[i],
+                                                   self.values[i],
+                                                   norm_value=getattr(attn, "v_norm", None) is not None)
+                block_kv[i] = (k, v)
+            else:
+                q, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None, attn.q_norm.eps, offset,
+                                                   cos, sin, positions, None, None)
+            src = self.kv_source[i]
+            if self.windows[i] is not None:
+                out = ops.ring_attention(q, self.keys[src], self.values[src], positions, self.windows[i],
+                                         self.scalings[i])
+            else:
+                k, v = block_kv[src]
+                out = decode(q, self.keys[src], self.values[src], k, v, context_length, scaling=self.scalings[i],
+                             max_context_length=bucket)
+            out = out.reshape(1, L, -1)  # [1, L, Hq, D] from both kernels
+            post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
+            hidden, normed = ops.residual_norm(hidden, attn.o_proj(out), weight(pre), pre.eps, offset,
+                                               delta_weight=weight(post), delta_eps=post.eps, norm_delta=True)
+            mlp = layer.mlp
+            delta = mlp.down_proj(ops.gelu_tanh_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            after = self.layers[i + 1].input_layernorm if i + 1 < n_layers else self.final_norm
+            post = layer.post_feedforward_layernorm
+            scalar = getattr(layer, "layer_scalar", None)
+            if per_layer is not None:
+                hidden, _ = ops.residual_norm(hidden, delta, None, post.eps, offset, norm_out=False,
+                                              delta_weight=weight(post), delta_eps=post.eps, norm_delta=True)
+                gated = layer.act_fn(layer.per_layer_input_gate(hidden)) * per_layer[:, :, i]
+                delta, post = layer.per_layer_projection(gated), layer.post_per_layer_input_norm
+            hidden, normed = ops.residual_norm(hidden, delta, weight(after), after.eps, offset,
+                                               delta_weight=weight(post), delta_eps=post.eps, norm_delta=True,
+                                               scalar=scalar)
+            if taps_out is not None and i in self.tap_layer_ids:
+                tapped = normed if i == n_layers - 1 else hidden  # the last layer's tap is after the final norm
+                for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
+                    taps_out[:, :, slot * H : (slot + 1) * H] = tapped
+        logits = self.lm_head(normed)[0]
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
 
 def register() -> dict:

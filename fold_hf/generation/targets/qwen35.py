@@ -27,8 +27,14 @@ out of the kernel) and :meth:`Qwen35StaticTarget.accept` copies the accepted pos
 inside the captured verify graph: a rejection costs no replay and no host read. The prompt is prefilled through
 the model's own forward (transformers' cache and kernels, chunked) and its states copied in.
 
+Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
+projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.triton_hybrid`,
+torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
+:meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer
+in one launch (docs/targets-qwen35.md).
+
 Not covered (``check`` says so): the MoE variant (``Qwen3_5MoeForCausalLM``, routed experts), the multimodal
-``Qwen3_5ForConditionalGeneration`` wrapper, activations other than silu, fused layers.
+``Qwen3_5ForConditionalGeneration`` wrapper, activations other than silu.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from ..static_target import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
 from ..taps import HiddenTaps, _unwrap
 
 ARCHITECTURES = ("Qwen3_5ForCausalLM",)
+FUSED_MAX_ROWS = 64  # rows of one fused verify (the pending buffers of the commit are allocated for this many)
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
@@ -114,10 +121,19 @@ class Qwen35StaticTarget(StaticTarget):
         self.v_dim = config.linear_value_head_dim
         self.kernel = config.linear_conv_kernel_dim
         self.conv_dim = 2 * self.num_k_heads * self.k_dim + self.num_v_heads * self.v_dim
-        self.conv = [None if f else torch.zeros(self.conv_dim, self.kernel - 1, device=self.device, dtype=self.dtype)
-                     for f in full]
-        self.recurrent = [None if f else torch.zeros(self.num_v_heads, self.k_dim, self.v_dim, device=self.device,
-                                                     dtype=self.state_dtype) for f in full]
+        # every linear layer's states in one tensor (views per layer), so the fused commit is one launch
+        self.linear_ids = [i for i, f in enumerate(full) if not f]
+        n_linear = len(self.linear_ids)
+        self._conv_all = torch.zeros(n_linear, self.conv_dim, self.kernel - 1, device=self.device, dtype=self.dtype)
+        self._recurrent_all = torch.zeros(n_linear, self.num_v_heads, self.k_dim, self.v_dim, device=self.device,
+                                          dtype=self.state_dtype)
+        slot = {i: n for n, i in enumerate(self.linear_ids)}
+        self.conv = [None if f else self._conv_all[slot[i]] for i, f in enumerate(full)]
+        self.recurrent = [None if f else self._recurrent_all[slot[i]] for i, f in enumerate(full)]
+        self._fused_pending = None  # rows of the last fused verify whose inputs wait for accept()
+        self._delta_pending = None  # the fused path's buffers (built on its first use)
+        self._hybrid_ops = None
+        self._ba_weights = {}
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         with torch.no_grad():
             # text positions: the same in the three mrope sections ([3, 1, capacity], as 5.17 and 5.24 both take)
@@ -132,7 +148,34 @@ class Qwen35StaticTarget(StaticTarget):
         self._gated_delta = None
 
     def fused_unsupported(self) -> str | None:
-        return "Qwen3.5 layers (gated attention, Gated DeltaNet) have no fused elementwise kernels"
+        from ...kernels.layer_reference import is_silu
+
+        norms = [self.final_norm] + [n for layer in self.layers
+                                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        for i, layer in enumerate(self.layers):
+            if self.layer_types[i] == "full_attention":
+                norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
+                if layer.self_attn.q_norm.eps != layer.self_attn.k_norm.eps:
+                    return f"layer {i}: q_norm and k_norm have different eps"
+            else:
+                gated = layer.linear_attn.norm
+                if type(gated).__name__ != "Qwen3_5RMSNormGated" or not hasattr(gated, "variance_epsilon"):
+                    return f"layer {i}: gated norm {type(gated).__name__} is not transformers' Qwen3_5RMSNormGated"
+                if gated.weight.dtype != self.dtype or getattr(gated, "activation", "silu") != "silu":
+                    return f"layer {i}: gated norm in {gated.weight.dtype} / {getattr(gated, 'activation', None)}"
+            mlp = layer.mlp
+            if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+                return f"MLP {type(mlp).__name__} is not gate/up/down"
+            if not is_silu(mlp.act_fn):
+                return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
+        for norm in norms:
+            if type(norm).__name__ != "Qwen3_5RMSNorm" or not hasattr(norm, "eps"):
+                return f"norm {type(norm).__name__} is not Qwen3.5's zero-centred RMSNorm"
+            if norm.weight.dtype != self.dtype:
+                return f"norm weights in {norm.weight.dtype}, activations in {self.dtype}"
+        if self.cos.shape[-1] % 2:
+            return f"odd rotary width {self.cos.shape[-1]}"
+        return None
 
     def bytes_held(self) -> int:
         tensors = [t for t in self.keys + self.values + self.conv + self.recurrent if t is not None]
@@ -172,12 +215,19 @@ class Qwen35StaticTarget(StaticTarget):
     @torch.no_grad()
     def accept(self, n) -> None:
         """Commit the state after block position ``n`` (int or ``[1]`` long device tensor: the accepted drafts;
-        the block's first ``n + 1`` tokens are kept) of the last forward."""
-        if not self._pending:
+        the block's first ``n + 1`` tokens are kept) of the last forward. After a fused verify the accepted
+        prefix is re-run from the committed states (one launch for every layer); otherwise the kept
+        per-position state is copied."""
+        if not self._pending and self._fused_pending is None:
             return
         if not isinstance(n, torch.Tensor):
             n = torch.tensor([int(n)], device=self.device)
         n = n.reshape(1).to(self.device)
+        if self._fused_pending is not None:
+            self._hybrid_ops.gated_delta_commit(n, self._delta_pending, self._fused_pending, self._recurrent_all,
+                                                self._conv_all)
+            self._fused_pending = None
+            return
         columns = n + 1 + torch.arange(self.kernel - 1, device=self.device)
         for i, (window, states) in self._pending.items():
             self.conv[i].copy_(window.index_select(1, columns))
@@ -188,6 +238,102 @@ class Qwen35StaticTarget(StaticTarget):
         """The committed convolution and recurrent states: a verify reads them and :meth:`accept` overwrites them."""
         return [t for t in self.conv + self.recurrent if t is not None]
 
+    # ------------------------------------------------------------------ fused layers
+    def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                              taps_out: torch.Tensor | None) -> torch.Tensor:
+        """``forward_static`` with the decode kernel and the fused ops of :mod:`fold_hf.kernels.triton_hybrid`
+        (torch twins off CUDA). Linear layers run their projections, one fused Gated DeltaNet kernel (conv,
+        norms, gates, delta rule; no state written) and the fused gated norm; the block's inputs wait in the
+        pending buffers for :meth:`accept`. Returns logits ``[L, V]``."""
+        if self._hybrid_ops is None:
+            from ...kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
+            from ...kernels.hybrid_reference import gated_delta_pending
+
+            reason = self.fused_unsupported()
+            if reason is not None:
+                raise UnsupportedTarget(f"fused layers: {reason}")
+            self._hybrid_ops = default_hybrid_ops(self.device)
+            self._layer_ops = default_layer_ops(self.device)
+            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
+            self._ba_weights = self._concat_gate_projections()
+            self._delta_pending = gated_delta_pending(
+                len(self.linear_ids), FUSED_MAX_ROWS, self.num_k_heads, self.k_dim, self.num_v_heads, self.v_dim,
+                self.conv_dim, self.dtype, self.state_dtype, self.device)
+        ops, silu_mul, decode = self._hybrid_ops, self._layer_ops.silu_mul, self._decode_attention
+        L = input_ids.shape[1]
+        if L > FUSED_MAX_ROWS:
+            raise ValueError(f"a fused Qwen3.5 step takes at most {FUSED_MAX_ROWS} rows, got {L}")
+        context_length = positions[:1].to(torch.int32)
+        taps = {}
+        for slot, lid in enumerate(self.tap_layer_ids):
+            taps.setdefault(lid, []).append(slot)
+        H = self.model.config.hidden_size
+
+        def tap(layer_id: int, value: torch.Tensor) -> None:
+            if taps_out is not None:
+                for slot in taps.get(layer_id, ()):
+                    taps_out[:, :, slot * H : (slot + 1) * H] = value
+
+        self._pending.clear()
+        hidden = self.embed(input_ids)
+        delta = None
+        D = self.head_dim
+        linear_slot = {i: n for n, i in enumerate(self.linear_ids)}
+        for i, layer in enumerate(self.layers):
+            norm = layer.input_layernorm
+            hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm.eps, 1.0)
+            if i > 0:
+                tap(i - 1, hidden)
+            if self.layer_types[i] == "linear_attention":
+                lin = layer.linear_attn
+                qkv = lin.in_proj_qkv(normed)[0]  # [L, C]
+                z = lin.in_proj_z(normed).reshape(L, self.num_v_heads, self.v_dim)
+                ba = self._ba_weights.get(i)
+                if ba is not None:  # one GEMM for the two tiny gate projections (strided halves, read in place)
+                    both = F.linear(normed, ba)[0]
+                    b, a = both[:, : self.num_v_heads], both[:, self.num_v_heads :]
+                else:
+                    b = lin.in_proj_b(normed)[0]
+                    a = lin.in_proj_a(normed)[0]
+                out = ops.gated_delta_verify(qkv, b, a, self.conv[i], lin.conv1d.weight.reshape(self.conv_dim, -1),
+                                             lin.A_log, lin.dt_bias, self.recurrent[i], self.num_k_heads, self.k_dim,
+                                             self._delta_pending, linear_slot[i])
+                out = ops.gated_rms_norm(out, z, lin.norm.weight, lin.norm.variance_epsilon)
+                delta = lin.out_proj(out.reshape(1, L, -1))
+            else:
+                attn = layer.self_attn
+                both = attn.q_proj(normed).view(1, L, self.num_heads, 2 * D)
+                query, gate = both[..., :D], both[..., D:]
+                k = attn.k_proj(normed).view(1, L, self.num_kv_heads, D)
+                v = attn.v_proj(normed).view(1, L, self.num_kv_heads, D)
+                q, k, v = ops.head_norm_rope_write(query, k, v, attn.q_norm.weight, attn.k_norm.weight,
+                                                   attn.q_norm.eps, 1.0, self.cos, self.sin, positions,
+                                                   self.keys[i], self.values[i])
+                out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
+                             max_context_length=bucket)  # [1, L, Hq, D]
+                delta = attn.o_proj(ops.sigmoid_mul(out, gate).reshape(1, L, -1))
+            norm = layer.post_attention_layernorm
+            hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm.eps, 1.0)
+            mlp = layer.mlp
+            delta = mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+        hidden, normed = ops.residual_norm(hidden, delta, self.final_norm.weight, self.final_norm.eps, 1.0)
+        tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
+        self._fused_pending = L
+        return self.lm_head(normed)[0]
+
+    def _concat_gate_projections(self) -> dict:
+        """``{layer: [2 Hv, H] weight}``: ``in_proj_b`` and ``in_proj_a`` of each linear layer stacked into one
+        GEMM (copies, 2 Hv x H each: 0.5 MB per layer at the 9B shape), made when the fused path first runs.
+        Only for plain bias-free ``nn.Linear`` pairs in the model dtype; a wrapped (PEFT) or quantized projection
+        runs as its module."""
+        out = {}
+        for i in self.linear_ids:
+            lin = self.layers[i].linear_attn
+            pair = (lin.in_proj_b, lin.in_proj_a)
+            if all(type(m) is torch.nn.Linear and m.bias is None and m.weight.dtype == self.dtype for m in pair):
+                out[i] = torch.cat([m.weight.detach() for m in pair])
+        return out
+
     # ------------------------------------------------------------------ layers
     def _run_layers(self, input_ids, cos, sin, write_kv, attend, taps_out, last_only):
         hidden = self.embed(input_ids)
@@ -195,6 +341,7 @@ class Qwen35StaticTarget(StaticTarget):
         H = hidden.shape[-1]
         last_layer = len(self.layers) - 1
         self._pending.clear()
+        self._fused_pending = None
         for i, layer in enumerate(self.layers):
             residual = hidden
             normed = layer.input_layernorm(hidden)
@@ -258,6 +405,7 @@ class Qwen35StaticTarget(StaticTarget):
                 self.conv[i][:, self.kernel - 1 - tail.shape[1]:] = tail
                 self.recurrent[i].copy_(layer.recurrent_states[0][0])
         self._pending.clear()
+        self._fused_pending = None
         self.length = P
         return logits
 

@@ -1,0 +1,296 @@
+"""Pure-torch twins of the fused kernels of the Qwen3.5 and Gemma target layers (:mod:`fold_hf.kernels.triton_hybrid`).
+
+The Llama-shaped fused kernels (:mod:`fold_hf.kernels.layer_reference`) cover ``w * x.to(dtype)`` norms, SiLU MLPs and
+full rope. Qwen3.5 and Gemma layers differ:
+
+* norms multiply in fp32 before the cast, by ``1 + w`` (Qwen3.5, Gemma-3: zero-centred weights) or ``w`` (Gemma-4),
+  or by nothing (Gemma-4's value norm); Gemma adds *normed* sublayer outputs to the residual (sandwich norms) and
+  Gemma-4 scales the residual by ``layer_scalar``: :func:`residual_norm_reference` is every residual step of
+  those layers in one pass;
+* queries and keys are RMS-normed per head before a rope that may be partial (Qwen3.5 rotates the first 64 of 256
+  dims; Gemma-4's global table is ``cos 1, sin 0`` past its proportional part), sliding layers write into a ring:
+  :func:`head_norm_rope_write_reference`;
+* Gemma's MLP is ``gelu_tanh(gate) * up`` (:func:`gelu_tanh_mul_reference`); Qwen3.5's gated attention output is
+  ``attn * sigmoid(gate)`` (:func:`sigmoid_mul_reference`) and its Gated DeltaNet output goes through a gated
+  RMSNorm ``w * norm(o) * silu(z)`` (:func:`gated_rms_norm_reference`);
+* the Gated DeltaNet step itself (conv + silu + L2 norms + gates + the delta rule) is
+  :func:`gated_delta_verify_reference`, and the rollback of a rejected block re-runs the accepted prefix from the
+  committed state (:func:`gated_delta_commit_reference`) instead of keeping ``L`` states of ``[Hv, Dk, Dv]``.
+
+Each twin rounds to the model dtype where transformers' modules round. These are the CPU path of the fused fast
+loop and the oracles of the kernels' interpreter tests.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .common import rotate_half
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, dtype: torch.dtype) -> torch.Tensor:
+    """``(x.float() * rsqrt(mean(x^2) + eps)) * (offset + w.float())`` cast to ``dtype`` (no weight: no scale)."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        normed = normed * (offset + weight.to(normed.dtype))
+    return normed.to(dtype)
+
+
+def residual_norm_reference(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
+                            offset: float = 0.0, *, norm_out: bool = True, delta_weight: torch.Tensor | None = None,
+                            delta_eps: float | None = None, norm_delta: bool = False,
+                            scalar: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One residual step of a Qwen3.5 / Gemma layer.
+
+    ``total = (hidden + d) * scalar`` with ``d = rms(delta)`` (``norm_delta``, weight ``delta_weight``, eps
+    ``delta_eps``) or ``delta``; then ``normed = rms(total)`` (weight ``weight``) when ``norm_out``. Every norm is
+    ``(x.float() * rsqrt(mean(x^2) + eps) * (offset + w.float())).to(dtype)`` (no weight: no scale); the add and the
+    scalar product round to the dtype, as the modules do.
+
+    Args:
+        hidden: ``[..., H]`` residual stream.
+        delta: ``[..., H]`` sublayer output, or None.
+        weight, eps, offset: the output norm (``offset`` 1 for zero-centred weights).
+        scalar: a one-element tensor multiplying the sum (Gemma-4's ``layer_scalar``), or None.
+
+    Returns:
+        ``(total, normed)`` in ``hidden``'s dtype (``normed`` None without ``norm_out``).
+    """
+    dtype = hidden.dtype
+    total = hidden
+    if delta is not None:
+        d = _rms(delta, delta_weight, eps if delta_eps is None else delta_eps, offset, dtype) if norm_delta else delta
+        total = hidden + d
+    if scalar is not None:
+        total = total * scalar
+    return total, (_rms(total, weight, eps, offset, dtype) if norm_out else None)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' (partial) rope: the first ``R = cos.shape[-1]`` dims rotate (rotate_half pairs), the rest pass."""
+    R = cos.shape[-1]
+    rot, rest = x[..., :R], x[..., R:]
+    rotated = rot * cos + rotate_half(rot) * sin
+    return torch.cat((rotated, rest), -1) if rest.shape[-1] else rotated
+
+
+def head_norm_rope_write_reference(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                                   q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                                   offset: float, cos_table: torch.Tensor, sin_table: torch.Tensor,
+                                   positions: torch.Tensor, key_cache: torch.Tensor | None,
+                                   value_cache: torch.Tensor | None, *, norm_qk: bool = True,
+                                   norm_value: bool = False):
+    """Per-head norms, rope and the cache write of one attention layer's block.
+
+    Args:
+        query: ``[1, L, Hq, D]`` projected queries (may be a strided view of a wider projection).
+        key, value: ``[1, L, Hkv, D]`` projected keys and values, or None (a KV-shared layer: queries only).
+        q_weight, k_weight: per-head norm weights ``[D]`` (``norm_qk``), ``offset`` as in
+            :func:`residual_norm_reference`; ``norm_value``: values get the scale-free norm (Gemma-4's ``v_norm``).
+        cos_table, sin_table: ``[capacity, R]`` rope tables in the model dtype (``R <= D``; dims past ``R`` pass).
+        positions: ``[L]`` long; the cache rows written are ``positions % key_cache.shape[2]`` (a ring when the
+            cache is shorter than the positions).
+        key_cache, value_cache: ``[1, Hkv, S, D]``.
+
+    Returns:
+        ``(q [1, Hq, L, D], k [1, Hkv, L, D], v [1, Hkv, L, D])`` contiguous (k and v None without a key).
+    """
+    dtype = query.dtype
+    cos = cos_table[positions][None, :, None]  # [1, L, 1, R]
+    sin = sin_table[positions][None, :, None]
+    q = _rms(query, q_weight, eps, offset, dtype) if norm_qk else query
+    q = _rotate(q, cos, sin).transpose(1, 2).contiguous()
+    if key is None:
+        return q, None, None
+    k = _rms(key, k_weight, eps, offset, dtype) if norm_qk else key
+    k = _rotate(k, cos, sin).transpose(1, 2).contiguous()
+    v = _rms(value, None, eps, 0.0, dtype) if norm_value else value
+    v = v.transpose(1, 2).contiguous()
+    slots = positions % key_cache.shape[2]
+    key_cache.index_copy_(2, slots, k)
+    value_cache.index_copy_(2, slots, v)
+    return q, k, v
+
+
+def gelu_tanh_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` (Gemma's MLP before ``down_proj``), ``[..., I]``."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def sigmoid_mul_reference(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(gate)`` (Qwen3.5's gated attention output), ``[..., D]`` of one dtype; contiguous result."""
+    return (x * torch.sigmoid(gate)).contiguous()
+
+
+def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5's ``RMSNormGated``: ``(w * norm(x.to(dtype)).to(dtype) * silu(gate.float())).to(dtype)``.
+
+    Args:
+        x: ``[..., Dv]`` (fp32 kernel output; rounded to ``gate``'s dtype first, as the model's layer feeds it).
+        gate: ``[..., Dv]`` in the model dtype (the ``z`` projection, per head).
+        weight: ``[Dv]`` in the model dtype.
+
+    Returns:
+        ``[..., Dv]`` in ``gate``'s dtype.
+    """
+    dtype = gate.dtype
+    xf = x.to(dtype).to(torch.promote_types(dtype, torch.float32))
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * normed.to(dtype)
+    return (out * F.silu(gate.to(xf.dtype))).to(dtype)
+
+
+def ring_attention_reference(query: torch.Tensor, key_ring: torch.Tensor, value_ring: torch.Tensor,
+                             positions: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
+    """Sliding-window attention of a block over a ring cache (Gemma's sliding layers on the fast loop).
+
+    Slot ``s`` of the ring (``R`` slots) holds position ``top - ((top - s) mod R)`` with ``top = positions[-1]`` (the
+    block's own rows are already written); query row ``r`` sees the slots whose position ``p`` has ``p >= 0``,
+    ``p <= positions[r]`` and ``positions[r] - p < window``. Scores in fp32 (fp64 for fp64), probabilities cast to
+    the values' dtype before the second product, as the module path's ``masked_attention``.
+
+    Args:
+        query: ``[1, Hq, L, D]`` rotated queries.
+        key_ring, value_ring: ``[1, Hkv, R, D]``.
+        positions: ``[L]`` long, consecutive.
+
+    Returns:
+        ``[1, L, Hq, D]`` in the values' dtype.
+    """
+    R = key_ring.shape[2]
+    top = positions[-1]
+    slot_pos = top - torch.remainder(top - torch.arange(R, device=positions.device), R)
+    delta = positions[:, None] - slot_pos[None, :]
+    visible = (slot_pos[None, :] >= 0) & (delta >= 0) & (delta < window)
+    _, hq, L, D = query.shape
+    hkv = key_ring.shape[1]
+    group = hq // hkv
+    rows = query.reshape(1, hkv, group * L, D)
+    scores = torch.matmul(rows, key_ring.transpose(-1, -2)).to(torch.promote_types(query.dtype, torch.float32))
+    scores = (scores * scaling).masked_fill(~visible.repeat(group, 1), float("-inf"))
+    probs = scores.softmax(-1).to(value_ring.dtype)
+    return torch.matmul(probs, value_ring).reshape(1, hq, L, D).transpose(1, 2).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------- Gated DeltaNet
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_prepare_reference(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
+                                  conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
+                                  num_k_heads: int, k_dim: int, state_dtype: torch.dtype):
+    """The per-token inputs of the delta rule from the block's projections (Qwen3.5's ``Qwen3_5GatedDeltaNet``).
+
+    Args:
+        qkv: ``[L, C]`` ``in_proj_qkv`` output (``C = 2 Hk Dk + Hv Dv``), model dtype.
+        b, a: ``[L, Hv]`` ``in_proj_b`` / ``in_proj_a`` outputs.
+        conv_state: ``[C, K - 1]`` the last ``K - 1`` projections before the block.
+        conv_weight: ``[C, K]`` depthwise causal convolution (no bias).
+        a_log, dt_bias: ``[Hv]``.
+
+    Returns:
+        ``q [L, Hk, Dk]`` (L2-normed, scaled by ``Dk ** -0.5``), ``k [L, Hk, Dk]`` (L2-normed), ``v [L, Hv, Dv]``,
+        ``g [L, Hv]`` (log decay), ``beta [L, Hv]``, all in ``state_dtype``: conv + silu in the model dtype, then
+        the fp32 math of the fast loop.
+    """
+    L, C = qkv.shape
+    K = conv_weight.shape[-1]
+    window = torch.cat((conv_state, qkv.transpose(0, 1).to(conv_state.dtype)), dim=1)  # [C, K - 1 + L]
+    mixed = F.conv1d(window[None].to(conv_weight.dtype), conv_weight[:, None, :], groups=C)
+    mixed = F.silu(mixed)[0].transpose(0, 1).to(qkv.dtype)  # [L, C]
+    kd = num_k_heads * k_dim
+    q = mixed[:, :kd].reshape(L, num_k_heads, k_dim).to(state_dtype)
+    k = mixed[:, kd : 2 * kd].reshape(L, num_k_heads, k_dim).to(state_dtype)
+    hv = b.shape[-1]
+    v = mixed[:, 2 * kd :].reshape(L, hv, -1).to(state_dtype)
+    q = _l2norm(q) * (k_dim ** -0.5)
+    k = _l2norm(k)
+    beta = b.sigmoid().to(state_dtype)
+    g = (-a_log.float().exp() * F.softplus(a.float() + dt_bias)).to(state_dtype)
+    assert K == conv_state.shape[1] + 1
+    return q, k, v, g, beta
+
+
+def _delta_steps(S, q, k, v, g, beta, active=None):
+    """The gated delta rule from ``S [Hv, Dk, Dv]`` over ``L`` tokens (``active [L]`` bool: inactive tokens leave
+    the state as it is); returns (outputs ``[L, Hv, Dv]``, final state)."""
+    group = v.shape[1] // k.shape[1]
+    q = q.repeat_interleave(group, dim=1)
+    k = k.repeat_interleave(group, dim=1)
+    outputs = []
+    for t in range(v.shape[0]):
+        gt, bt = g[t], beta[t]
+        if active is not None:
+            gt = gt * active[t]
+            bt = bt * active[t]
+        S = S * gt.exp()[:, None, None]
+        read = torch.einsum("hkv,hk->hv", S, k[t])
+        S = S + k[t][:, :, None] * ((v[t] - read) * bt[:, None])[:, None, :]
+        outputs.append(torch.einsum("hkv,hk->hv", S, q[t]))
+    return torch.stack(outputs), S
+
+
+def gated_delta_verify_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
+                                 k_dim: int, pending: dict, layer: int) -> torch.Tensor:
+    """One Gated DeltaNet layer over a verify block, state untouched, inputs kept for the commit.
+
+    Args:
+        qkv, b, a, conv_state, conv_weight, a_log, dt_bias: as :func:`gated_delta_prepare_reference`.
+        state: ``[Hv, Dk, Dv]`` committed recurrent state (fp32, fp64 for fp64 models); not modified.
+        pending: the commit's buffers (:func:`gated_delta_pending`); row ``layer`` receives the block's ``q``,
+            ``k``, ``v``, ``g``, ``beta`` and raw ``qkv`` rows.
+
+    Returns:
+        ``[L, Hv, Dv]`` outputs ``S_t^T q_t`` in the state dtype.
+    """
+    q, k, v, g, beta = gated_delta_prepare_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, num_k_heads,
+                                                     k_dim, state.dtype)
+    L = qkv.shape[0]
+    for name, value in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("qkv", qkv)):
+        pending[name][layer, :L] = value
+    out, _ = _delta_steps(state, q, k, v, g, beta)
+    return out
+
+
+def gated_delta_pending(num_layers: int, rows: int, num_k_heads: int, k_dim: int, num_v_heads: int, v_dim: int,
+                        conv_dim: int, dtype: torch.dtype, state_dtype: torch.dtype, device) -> dict:
+    """Buffers for the inputs of the last verify of every linear layer: ``q``/``k [NL, rows, Hk, Dk]``, ``v [NL, rows,
+    Hv, Dv]``, ``g``/``beta [NL, rows, Hv]`` (state dtype) and the raw projections ``qkv [NL, rows, C]``."""
+    z = dict(device=device, dtype=state_dtype)
+    return {"q": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
+            "k": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
+            "v": torch.zeros(num_layers, rows, num_v_heads, v_dim, **z),
+            "g": torch.zeros(num_layers, rows, num_v_heads, **z),
+            "beta": torch.zeros(num_layers, rows, num_v_heads, **z),
+            "qkv": torch.zeros(num_layers, rows, conv_dim, device=device, dtype=dtype)}
+
+
+def gated_delta_commit_reference(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
+                                 conv_states: torch.Tensor) -> None:
+    """Commit the first ``n + 1`` tokens of the last verify (``length`` rows) of every linear layer, in place.
+
+    Args:
+        n: ``[1]`` long device tensor, accepted drafts (``0 <= n < length``).
+        pending: buffers filled by the verify (:func:`gated_delta_pending`).
+        states: ``[NL, Hv, Dk, Dv]`` committed recurrent states, advanced by tokens ``0 .. n``.
+        conv_states: ``[NL, C, K - 1]`` convolution windows, shifted to end at token ``n``.
+    """
+    active = (torch.arange(length, device=n.device) <= n).to(states.dtype)
+    for layer in range(states.shape[0]):
+        _, S = _delta_steps(states[layer], pending["q"][layer, :length], pending["k"][layer, :length],
+                            pending["v"][layer, :length], pending["g"][layer, :length],
+                            pending["beta"][layer, :length], active)
+        states[layer].copy_(S)
+    K1 = conv_states.shape[2]
+    window = torch.cat((conv_states, pending["qkv"][:, :length].transpose(1, 2).to(conv_states.dtype)), 2)
+    columns = n.reshape(1) + 1 + torch.arange(K1, device=n.device)
+    conv_states.copy_(window.index_select(2, columns))
+
+
+__all__ = ["gated_delta_commit_reference", "gated_delta_pending", "gated_delta_prepare_reference",
+           "gated_delta_verify_reference", "gated_rms_norm_reference", "gelu_tanh_mul_reference",
+           "head_norm_rope_write_reference", "residual_norm_reference", "ring_attention_reference",
+           "sigmoid_mul_reference"]

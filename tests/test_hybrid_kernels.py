@@ -1,0 +1,263 @@
+"""The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/triton_hybrid.py) against their torch twins
+(fold_hf/kernels/hybrid_reference.py), and the twins against independent statements: the transformers modules they
+replace (norms, gated norm, activations, rope) and the per-position gated delta rule (itself checked against a
+float64 loop and transformers' rule in tests/test_qwen35.py). Kernels run in Triton's interpreter on the CPU (odd
+shapes, every kernel dtype) and on the GPU (gpu-marked)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fold_hf.kernels import hybrid_reference as ref
+from fold_hf.kernels.gated_delta import gated_delta_states_reference
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _tol(dtype):
+    # one rounding step apart at most (order of a reduction, rsqrt vs the module's): an ulp of the dtype
+    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed=0, dtype=torch.float32, device="cpu", scale=1.0):
+    return (torch.randn(*shape, generator=_gen(seed)) * scale).to(dtype).to(device)
+
+
+# ---------------------------------------------------------------------------------------------- twins vs modules
+def test_twins_equal_the_transformers_modules():
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNormGated, apply_rotary_pos_emb
+
+    x, d = _randn(3, 5, 24, seed=1), _randn(3, 5, 24, seed=2)
+    g3 = Gemma3RMSNorm(24)
+    g4 = Gemma4RMSNorm(24)
+    g4v = Gemma4RMSNorm(24, with_scale=False)
+    with torch.no_grad():
+        g3.weight.normal_(generator=_gen(3))
+        g4.weight.normal_(generator=_gen(4))
+        total, normed = ref.residual_norm_reference(x, d, g3.weight, g3.eps, 1.0, delta_weight=g3.weight,
+                                                    norm_delta=True, scalar=torch.tensor([0.5]))
+        torch.testing.assert_close(total, (x + g3(d)) * 0.5, atol=0, rtol=0)
+        torch.testing.assert_close(normed, g3((x + g3(d)) * 0.5), atol=1e-6, rtol=1e-6)
+        _, normed = ref.residual_norm_reference(x, None, g4.weight, g4.eps, 0.0)
+        torch.testing.assert_close(normed, g4(x), atol=1e-6, rtol=1e-6)
+        _, normed = ref.residual_norm_reference(x, None, None, g4v.eps, 0.0)
+        torch.testing.assert_close(normed, g4v(x), atol=1e-6, rtol=1e-6)
+        gated = Qwen3_5RMSNormGated(8, eps=1e-6)
+        gated.weight.normal_(generator=_gen(5))
+        o, z = _randn(6, 8, seed=6), _randn(6, 8, seed=7)
+        torch.testing.assert_close(ref.gated_rms_norm_reference(o, z, gated.weight, 1e-6), gated(o, z), atol=0, rtol=0)
+        torch.testing.assert_close(ref.gelu_tanh_mul_reference(o, z), F.gelu(o, approximate="tanh") * z)
+        # partial rope (Qwen3.5: the first R dims rotate), positions picked from a table
+        q, k = _randn(1, 3, 2, 16, seed=8), _randn(1, 3, 1, 16, seed=9)
+        cos, sin = _randn(10, 6, seed=10), _randn(10, 6, seed=11)
+        positions = torch.tensor([7, 8, 9])
+        kc, vc = torch.zeros(1, 1, 4, 16), torch.zeros(1, 1, 4, 16)
+        qo, ko, vo = ref.head_norm_rope_write_reference(q, k, k, None, None, 1e-6, 0.0, cos, sin, positions, kc, vc,
+                                                        norm_qk=False)
+        want_q, want_k = apply_rotary_pos_emb(q, k, cos[positions][None], sin[positions][None], unsqueeze_dim=2)
+        torch.testing.assert_close(qo, want_q.transpose(1, 2), atol=0, rtol=0)
+        torch.testing.assert_close(ko, want_k.transpose(1, 2), atol=0, rtol=0)
+        torch.testing.assert_close(kc[0, :, positions % 4], ko[0], atol=0, rtol=0)  # a ring of 4 slots
+        torch.testing.assert_close(vc[0, :, positions % 4], k.transpose(1, 2)[0], atol=0, rtol=0)
+
+
+def _delta_inputs(L, HK, HV, DK, DV, K=4, dtype=torch.float32, device="cpu", seed=0):
+    C = 2 * HK * DK + HV * DV
+    qkv = _randn(L, C, seed=seed, dtype=dtype, device=device)
+    b = _randn(L, HV, seed=seed + 1, dtype=dtype, device=device)
+    a = _randn(L, HV, seed=seed + 2, dtype=dtype, device=device)
+    conv = _randn(C, K - 1, seed=seed + 3, dtype=dtype, device=device)
+    weight = _randn(C, K, seed=seed + 4, dtype=dtype, device=device, scale=0.5)
+    a_log = _randn(HV, seed=seed + 5, dtype=dtype, device=device, scale=0.3)
+    dt_bias = _randn(HV, seed=seed + 6, dtype=dtype, device=device, scale=0.3)
+    state = _randn(HV, DK, DV, seed=seed + 7, device=device, scale=0.1)
+    return qkv, b, a, conv, weight, a_log, dt_bias, state
+
+
+def test_gated_delta_verify_and_commit_twins_equal_the_per_position_rule():
+    """Verify outputs = the per-position rule's outputs on the prepared inputs; commit(n) = its state n and the
+    convolution window ending at token n, for every n (independent: gated_delta_states_reference)."""
+    L, HK, HV, DK, DV = 5, 2, 4, 8, 6
+    qkv, b, a, conv, weight, a_log, dt_bias, state = _delta_inputs(L, HK, HV, DK, DV)
+    q, k, v, g, beta = ref.gated_delta_prepare_reference(qkv, b, a, conv, weight, a_log, dt_bias, HK, DK,
+                                                         torch.float32)
+    want_out, want_states = gated_delta_states_reference(q, k, v, g, beta, state)
+    window = torch.cat((conv, qkv.t()), 1)
+    for n in range(L):
+        pending = ref.gated_delta_pending(2, 8, HK, DK, HV, DV, qkv.shape[1], qkv.dtype, torch.float32, "cpu")
+        out = ref.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pending, 1)
+        torch.testing.assert_close(out, want_out, atol=0, rtol=0)
+        states = torch.stack((torch.zeros_like(state), state))
+        convs = torch.stack((torch.zeros_like(conv), conv))
+        ref.gated_delta_commit_reference(torch.tensor([n]), pending, L, states, convs)
+        torch.testing.assert_close(states[1], want_states[n], atol=0, rtol=0)
+        torch.testing.assert_close(convs[1], window[:, n + 1 : n + 4], atol=0, rtol=0)
+        assert torch.equal(states[0], torch.zeros_like(state))  # a layer whose pending rows are zero stays put
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+def _check_kernels(device, dtype, H, heads, D, R, ring, L):
+    from fold_hf.kernels import triton_hybrid as tri
+
+    tol = _tol(dtype)
+    x, d = _randn(L, H, seed=1, dtype=dtype, device=device), _randn(L, H, seed=2, dtype=dtype, device=device)
+    w, w2 = _randn(H, seed=3, dtype=dtype, device=device), _randn(H, seed=4, dtype=dtype, device=device)
+    scalar = torch.tensor([0.75], dtype=dtype, device=device)
+    for kw in (dict(), dict(offset=1.0, norm_delta=True, delta_weight=w2, scalar=scalar),
+               dict(norm_delta=True, delta_weight=None, norm_out=False), dict(weight_none=True)):
+        kw = dict(kw)
+        weight = None if kw.pop("weight_none", False) else w
+        got = tri.residual_norm_triton(x, d, weight, 1e-6, **kw)
+        want = ref.residual_norm_reference(x, d, weight, 1e-6, **kw)
+        for g_, w_ in zip(got, want):
+            if w_ is None:
+                assert g_ is None
+            else:
+                torch.testing.assert_close(g_, w_, **tol)
+    got = tri.residual_norm_triton(x, None, w, 1e-6, 1.0)
+    torch.testing.assert_close(got[1], ref.residual_norm_reference(x, None, w, 1e-6, 1.0)[1], **tol)
+    # heads: a strided query (half of a [.., 2D] projection, as Qwen3.5's q|gate), ring cache write
+    both = _randn(1, L, heads, 2 * D, seed=5, dtype=dtype, device=device)
+    query, gate = both[..., :D], both[..., D:]
+    key = _randn(1, L, 2, D, seed=6, dtype=dtype, device=device)
+    value = _randn(1, L, 2, D, seed=7, dtype=dtype, device=device)
+    qw, kw_ = _randn(D, seed=8, dtype=dtype, device=device), _randn(D, seed=9, dtype=dtype, device=device)
+    cos, sin = _randn(64, R, seed=10, dtype=dtype, device=device), _randn(64, R, seed=11, dtype=dtype, device=device)
+    positions = torch.arange(40, 40 + L, device=device)
+    for offset, norm_value in ((1.0, False), (0.0, True)):
+        caches = [torch.zeros(1, 2, ring, D, dtype=dtype, device=device) for _ in range(4)]
+        got = tri.head_norm_rope_write_triton(query, key, value, qw, kw_, 1e-6, offset, cos, sin, positions,
+                                              caches[0], caches[1], norm_value=norm_value)
+        want = ref.head_norm_rope_write_reference(query, key, value, qw, kw_, 1e-6, offset, cos, sin, positions,
+                                                  caches[2], caches[3], norm_value=norm_value)
+        for g_, w_ in zip(list(got) + caches[:2], list(want) + caches[2:]):
+            torch.testing.assert_close(g_, w_, **tol)
+    got_q, none_k, _ = tri.head_norm_rope_write_triton(query, None, None, qw, None, 1e-6, 0.0, cos, sin, positions,
+                                                       None, None)
+    assert none_k is None
+    torch.testing.assert_close(got_q, ref.head_norm_rope_write_reference(
+        query, None, None, qw, None, 1e-6, 0.0, cos, sin, positions, None, None)[0], **tol)
+    torch.testing.assert_close(tri.sigmoid_mul_triton(query, gate), ref.sigmoid_mul_reference(query, gate), **tol)
+    up = _randn(L, 3, 2 * H, seed=12, dtype=dtype, device=device)
+    torch.testing.assert_close(tri.gelu_tanh_mul_triton(up[..., :H], up[..., H:]),
+                               ref.gelu_tanh_mul_reference(up[..., :H], up[..., H:]), **tol)
+    # ring attention: a ring of `ring` slots holding the last positions (top = 40 + L - 1), window 5 / 9
+    rq = _randn(1, heads, L, D, seed=15, dtype=dtype, device=device)
+    kr = _randn(1, heads // 2 or 1, ring, D, seed=16, dtype=dtype, device=device)
+    vr = _randn(1, heads // 2 or 1, ring, D, seed=17, dtype=dtype, device=device)
+    if heads % kr.shape[1] == 0:
+        for window in (5, 9):
+            torch.testing.assert_close(tri.ring_attention_triton(rq, kr, vr, positions, window, D ** -0.5),
+                                       ref.ring_attention_reference(rq, kr, vr, positions, window, D ** -0.5),
+                                       **tol)
+        early = torch.arange(0, L, device=device)  # a ring not yet wrapped: slots past the top are empty
+        torch.testing.assert_close(tri.ring_attention_triton(rq, kr, vr, early, 4, 1.0),
+                                   ref.ring_attention_reference(rq, kr, vr, early, 4, 1.0), **tol)
+    o = _randn(L, heads, D, seed=13, device=device)
+    z = _randn(L, heads, D, seed=14, dtype=dtype, device=device)
+    torch.testing.assert_close(tri.gated_rms_norm_triton(o, z, qw, 1e-6), ref.gated_rms_norm_reference(o, z, qw, 1e-6),
+                               **tol)
+
+
+def _check_delta(device, dtype, L, HK, HV, DK, DV, K):
+    from fold_hf.kernels import triton_hybrid as tri
+
+    qkv, b, a, conv, weight, a_log, dt_bias, state = _delta_inputs(L, HK, HV, DK, DV, K, dtype, device, seed=L)
+    C = qkv.shape[1]
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    pend = [ref.gated_delta_pending(3, L + 2, HK, DK, HV, DV, C, dtype, torch.float32, device) for _ in range(2)]
+    out = tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pend[0], 2)
+    want = ref.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pend[1], 2)
+    torch.testing.assert_close(out, want, **tol)
+    for name in pend[0]:
+        torch.testing.assert_close(pend[0][name], pend[1][name], **tol)
+    for n in sorted({0, L - 1, L // 2}):
+        states = [torch.stack((state * 0.5, state, state * 2)) for _ in range(2)]
+        convs = [torch.stack((conv, conv, conv)) for _ in range(2)]
+        nt = torch.tensor([n], device=device)
+        tri.gated_delta_commit_triton(nt, pend[1], L, states[0], convs[0])
+        ref.gated_delta_commit_reference(nt, pend[1], L, states[1], convs[1])
+        torch.testing.assert_close(states[0], states[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(convs[0], convs[1], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (24, 3, 16, 6, 5, 1)), (torch.bfloat16, (24, 3, 16, 6, 5, 1)),
+                                         (torch.float16, (40, 2, 10, 10, 16, 3)),
+                                         (torch.float32, (40, 2, 10, 10, 16, 3))])
+def test_layer_kernels_in_interpreter(interpreter, dtype, shape):
+    """(hidden, heads, head dim, rotary dims, ring slots, rows): odd sizes, partial rope, rings that wrap."""
+    H, heads, D, R, ring, L = shape
+    _check_kernels("cpu", dtype, H, heads, D, R, ring, L)
+
+
+def test_ring_attention_row_blocks_in_interpreter(interpreter):
+    """More query rows (4 heads per KV head x 20 rows) than one program takes: two row blocks, a wrapped ring."""
+    from fold_hf.kernels import triton_hybrid as tri
+
+    q = _randn(1, 4, 20, 8, seed=1)
+    kr, vr = _randn(1, 1, 24, 8, seed=2), _randn(1, 1, 24, 8, seed=3)
+    positions = torch.arange(50, 70)
+    torch.testing.assert_close(tri.ring_attention_triton(q, kr, vr, positions, 4, 0.5),
+                               ref.ring_attention_reference(q, kr, vr, positions, 4, 0.5), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (1, 1, 1, 8, 8, 4)), (torch.bfloat16, (5, 2, 6, 12, 20, 4)),
+                                         (torch.float32, (3, 1, 2, 16, 9, 2))])
+def test_gated_delta_kernels_in_interpreter(interpreter, dtype, shape):
+    """(rows, key heads, value heads, Dk, Dv, conv kernel): one row, odd dims, a conv of 2."""
+    _check_delta("cpu", dtype, *shape)
+
+
+@pytest.mark.gpu(reason="the kernels compiled for CUDA at the Qwen3.5-9B / Gemma-4 shapes")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hybrid_kernels_on_gpu(dtype):
+    _check_kernels("cuda", dtype, 3840, 16, 256, 64, 1088, 16)
+    _check_kernels("cuda", dtype, 4096, 8, 512, 512, 4096, 7)
+    _check_delta("cuda", dtype if dtype != torch.float16 else torch.bfloat16, 16, 16, 32, 128, 128, 4)
+    _check_delta("cuda", torch.float32, 1, 16, 32, 128, 128, 4)
+
+
+@pytest.mark.gpu(reason="bf16 fused layers of whole targets on CUDA against their module path")
+@pytest.mark.parametrize("arch", ["qwen35", "gemma3", "gemma4"])
+def test_fused_step_matches_the_module_step_in_bf16_on_gpu(arch):
+    """One verify of 7 rows after a prefill: the fused step's logits and (Qwen3.5) committed states after accept(n)
+    agree with the module step's in bf16 (the fp32 tests check exactness; this catches bf16-only kernel paths)."""
+    from fold_hf.generation.static_target import build_static_target
+    from tiny import tiny_target
+
+    if arch == "qwen35":
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        torch.manual_seed(0)
+        target = Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+            vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None))
+    else:
+        target = tiny_target(arch, seed=1, dtype=torch.float32)
+    target = target.to(torch.bfloat16).cuda().eval()
+    ids = torch.randint(0, 10, (1, 40), generator=_gen(0)).cuda()
+    positions = torch.arange(33, 40, device="cuda")
+    outs = []
+    for fused in (False, True):
+        runner = build_static_target(target, capacity=64)
+        runner.prefill(ids[:, :33])
+        logits = runner.forward_static(ids[:, 33:], positions, 64, attention="triton", fused=fused).float()
+        runner.accept(torch.tensor([3], device="cuda"))
+        states = [t.float().clone() for t in runner.step_state()]
+        outs.append((logits, states))
+    (want, want_states), (got, got_states) = outs
+    scale = want.abs().max()
+    torch.testing.assert_close(got, want, atol=0.05 * scale, rtol=0.05)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.85
+    for g_, w_ in zip(got_states, want_states):
+        torch.testing.assert_close(g_, w_, atol=0.05 * (w_.abs().max() + 1e-3), rtol=0.05)
