@@ -131,6 +131,48 @@ def _rounds_ms(target, drafter, context: int, args, engine: str, fused_layers=No
     return [s * 1e3 for s in seconds]
 
 
+def attention_times(out: Path, context: int = 32768, repeats: int = 100) -> list[dict]:
+    """Device time (CUDA graphs) of the decode kernel at the Gemma-4-like global layer (16 query / 4 KV heads of
+    512) and at a drafter-like shape (32 / 8 of 128) for 1 and 7 rows over ``context`` cached keys: whether the
+    verify's 7 rows cost the global layers more than the KV read (the SD round's ``_fold_split_kernel`` time)."""
+    from fold_hf.kernels.triton_fold import decode_attention_triton
+
+    rows = []
+    for name, hq, hkv, d in (("global 16/4x512", 16, 4, 512), ("drafter-like 32/8x128", 32, 8, 128)):
+        keys = torch.randn(1, hkv, context + 64, d, device="cuda", dtype=torch.bfloat16)
+        values = torch.randn_like(keys)
+        length = torch.tensor([context], device="cuda", dtype=torch.int32)
+        for L in (1, 7):
+            q = torch.randn(1, hq, L, d, device="cuda", dtype=torch.bfloat16)
+            bk = torch.randn(1, hkv, L, d, device="cuda", dtype=torch.bfloat16)
+
+            def fn():
+                decode_attention_triton(q, keys, values, bk, bk, length, scaling=d ** -0.5,
+                                        max_context_length=context + 64)
+
+            fn()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(10):
+                    fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats // 10):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            us = start.elapsed_time(end) * 1e3 / repeats
+            kv_bytes = 2 * keys.numel() * keys.element_size() * context / (context + 64)
+            rows.append({"shape": name, "rows": L, "us": us, "kv_read_us_at_4.3TB/s": kv_bytes / 4.3e12 * 1e6})
+            log(f"attention {json.dumps(rows[-1])}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attention_times.json").write_text(json.dumps(rows, indent=2))
+    return rows
+
+
 def median(values: list[float]) -> float:
     return float(torch.tensor(values, dtype=torch.float64).median())
 
@@ -154,7 +196,12 @@ def main(argv=None) -> int:
                           ("window-target", 1024), ("global-every", 6), ("vocab", 262144), ("drafter-heads", 32),
                           ("drafter-kv-heads", 8), ("drafter-head-dim", 128)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--attention-times", action="store_true",
+                        help="only time the decode kernel at the global-layer and drafter-like shapes (GPU)")
     args = parser.parse_args(argv)
+    if args.attention_times:
+        attention_times(Path(args.out))
+        return 0
     if args.dry_run:
         args.layers, args.hidden, args.mlp, args.heads, args.kv_heads, args.head_dim = 8, 64, 128, 4, 2, 16
         args.global_head_dim, args.global_kv_heads, args.window_target, args.global_every = 32, 1, 16, 4

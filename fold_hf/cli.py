@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--window", type=int, default=DEMO_WINDOW, help="window W of every windowed mode")
     bench.add_argument("--train-length", type=int, default=DEMO_TRAIN_LENGTH,
                        help="the drafter's training length R (yarn, rerope)")
-    bench.add_argument("--budget", type=int, help="streaming budget (default: the window)")
+    bench.add_argument("--budget", type=int, help="entries streaming and cmr keep (default: 2048, the paper's B.3)")
     bench.add_argument("--methods", nargs="+", metavar="METHOD", choices=_LazyChoices(bench_method_names),
                        help="methods to run (AR always runs), any of: %(choices)s (default: all)")
     bench.add_argument("--shard", type=_parse_shard, metavar="i/n", help="run every n-th request starting at i")

@@ -430,7 +430,7 @@ def static_rounds_against_the_loop(drafter, commits, read_function=None, prompt_
         rows = torch.zeros(1, R, features.shape[-1], dtype=features.dtype)
         rows[:, :n] = features[:, T - n:T]
         state[1], state[2], state[3] = T - n, n, int(ids[0, T])
-        got = static.draft(rows, state, static.needs_far(T), phase=static.next_phase())
+        got = static.draft(rows, state, static.needs_far(T), phase=static.next_phase(T))
         assert torch.equal(got, want), (k, T)
     return static, loop_cache, T
 

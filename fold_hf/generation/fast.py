@@ -583,7 +583,8 @@ def _static_rounds(session: _Session, drafter, dcache, static_drafter, last, pos
         if drafter is not None and k > 0:
             if static_drafter is not None:
                 with_far = static_drafter.needs_far(drafter_length + new_rows)
-                phase = static_drafter.next_phase()  # cmr: initial / refresh / grow, each its own captured step
+                # cmr: initial / refresh / grow; infllm: form / steady; each its own captured step
+                phase = static_drafter.next_phase(drafter_length + new_rows)
                 session.step(("draft", session.draft_tag, with_far, phase) + choice_key,
                              draft(with_far, phase)).replay()
             else:

@@ -239,10 +239,15 @@ class StaticDrafter:
             raise ValueError(f"mode {self.mode!r} reads no target attention")
         self.cmr.target = (queries, keys, float(scaling))
 
-    def next_phase(self):
-        """The phase of the next drafting round, a key of its captured step (host-side): CMR's ``initial`` /
-        ``refresh`` / ``grow``; None for every other mode (one step for every round)."""
-        return self.cmr.next_phase() if self.cmr is not None else None
+    def next_phase(self, context_length: int):
+        """The phase of the next drafting round, whose context holds ``context_length`` entries: a key of its
+        captured step (host-side). CMR: ``initial`` / ``refresh`` / ``grow``; InfLLM: ``form`` (blocks form: the
+        step rebuilds the newest representatives) / ``steady``; None for every other mode (one step)."""
+        if self.cmr is not None:
+            return self.cmr.next_phase()
+        if self.infllm is not None:
+            return self.infllm.next_phase(context_length)
+        return None
 
     def needs_far(self, context_length: int) -> bool:
         """Whether a round whose context holds ``context_length`` entries reads a non-empty far memory."""
@@ -261,7 +266,7 @@ class StaticDrafter:
             with_far: run the far branch (use :meth:`needs_far` on the host-known length).
             pick: the loop's picker (:meth:`fold_hf.generation.sampling.TokenChoice.picker`), called once on the
                 slots' logits (a Markov head: once per slot); None takes the argmax.
-            phase: :meth:`next_phase`'s answer for this round (CMR); None otherwise.
+            phase: :meth:`next_phase`'s answer for this round (CMR, InfLLM); None otherwise.
 
         Returns:
             ``[R - 1]`` proposals (long): slots 1 .. B-1 (z-lab) or 0 .. B-1 (DeepSpec, its Markov head applied slot
@@ -270,8 +275,9 @@ class StaticDrafter:
         """
         if self.owns_tables and self.yarn_rope is None:
             raise RuntimeError("yarn reads the request's rope tables: call start_request(request_length) first")
-        if (phase is not None) != (self.cmr is not None):
-            raise ValueError("phase= is CMR's round phase (StaticDrafter.next_phase); other modes take None")
+        if (phase is not None) != (self.cmr is not None or self.infllm is not None):
+            raise ValueError("phase= is the retrieval modes' round phase (StaticDrafter.next_phase); other modes "
+                             "take None")
         layers = self._layers if self.ops is None else self._layers_fused
         return self._draft_tokens(layers(self._round(new_features, state, phase), with_far), state, pick)
 
@@ -309,7 +315,7 @@ class StaticDrafter:
             views["infllm"] = _View(views["true"].rows, infllm["read_length"], infllm["key_tables"])
         return dict(entry_positions=d_len + self.row_offsets, context=drafter.context_features(new_features),
                     hidden=drafter.embed_block(ids[None]).to(self.dtype), row_scale=row_scale, views=views,
-                    infllm=infllm)
+                    infllm=infllm, phase=phase)
 
     def _view(self, geometry, rnd: dict) -> _View:
         if geometry.selection == "infllm":
@@ -333,7 +339,7 @@ class StaticDrafter:
         keys, values = cache_layer.keys, cache_layer.values
         gather = view.gather
         if g.selection == "infllm":
-            gather = self.infllm.select(i, heads(q), keys, rnd["infllm"])
+            gather = self.infllm.select(i, heads(q), keys, rnd["infllm"], rebuild=rnd["phase"] != "steady")
         if gather is not None:
             keys, values = keys.index_select(2, gather), values.index_select(2, gather)
         out = self.read(query_near, query_far, keys, values, block_keys, v_blk, *view.tables, view.length,

@@ -82,6 +82,20 @@ class InfLLMRounds:
         self.received = {i: torch.zeros(heads, capacity + 1, device=device, dtype=acc) for i in layers}
         self.seen = {i: torch.zeros(capacity + 1, device=device, dtype=acc) for i in layers}
         self.reprs = {i: torch.zeros(heads, self.num_blocks + 1, head_dim, device=device, dtype=acc) for i in layers}
+        self.blocks_built = 0  # host: blocks whose representatives exist (the loop's bookkeeping, for the phase)
+
+    def n_blocks(self, context_length: int) -> int:
+        """Blocks formed at a context of ``context_length`` entries (host ints)."""
+        outside = max(0, context_length - self.D + 1)
+        return max(0, outside - self.params.infllm_init) // self.params.infllm_block
+
+    def next_phase(self, context_length: int) -> str:
+        """``"form"`` when blocks form in this round (its step rebuilds the newest representatives), else
+        ``"steady"`` (the step skips that part); host-side, from the round's context length."""
+        n = self.n_blocks(context_length)
+        formed = n > self.blocks_built
+        self.blocks_built = max(self.blocks_built, n)
+        return "form" if formed else "steady"
 
     def reset(self, keys_of, context_length: int) -> None:
         """Start a request whose context holds ``context_length`` entries: clear the statistics and build the
@@ -92,8 +106,7 @@ class InfLLMRounds:
             self.received[i].zero_()
             self.seen[i].zero_()
             self.reprs[i].zero_()
-        outside = max(0, context_length - self.D + 1)
-        n_blocks = max(0, outside - P.infllm_init) // P.infllm_block
+        n_blocks = self.blocks_built = self.n_blocks(context_length)
         if not n_blocks:
             return
         G = self.heads // self.kv_heads
@@ -125,29 +138,18 @@ class InfLLMRounds:
                     fresh_slots=torch.where(blocks >= 0, blocks, self.num_blocks),  # absent ones: the dummy slot
                     absent=self.block_slots >= n_blocks, ranked=self.ranks < n_blocks)
 
-    def select(self, i: int, query: torch.Tensor, keys: torch.Tensor, layout: dict) -> torch.Tensor:
+    def select(self, i: int, query: torch.Tensor, keys: torch.Tensor, layout: dict, rebuild: bool = True
+               ) -> torch.Tensor:
         """Layer ``i``'s compact context ``[size]`` (cache entries, valid ones first; slots past the round's read
         length are never read): refresh the newest blocks' representatives, score every block with the
         block-averaged query ``query [1, Hq, B, Dh]`` (unrotated), gather the best.
 
-        ``keys``: the layer's ``[1, Hkv, capacity, Dh]`` unrotated cache keys (this round's entries committed)."""
+        ``keys``: the layer's ``[1, Hkv, capacity, Dh]`` unrotated cache keys (this round's entries committed);
+        ``rebuild``: rebuild the newest blocks' representatives (rounds where blocks form, :meth:`next_phase`)."""
         P, acc = self.params, self.acc
-        Hq, Hkv = self.heads, self.kv_heads
-        G = Hq // Hkv
         received, seen, reprs = self.received[i], self.seen[i], self.reprs[i]
-        # representatives of the newest blocks: the mean key of the entries with the most window attention per
-        # query head (ties: the earlier entry), or of all entries for a block never read in a window
-        entries = layout["fresh_entries"]  # [k, block]
-        block_keys = keys[0][:, entries].to(acc)  # [Hkv, k, block, Dh]
-        k = self.new_blocks
-        score = received[:, entries].reshape(Hkv, G, k, P.infllm_block)
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., : P.infllm_repr]
-        per_head = block_keys[:, None].expand(Hkv, G, k, P.infllm_block, self.head_dim)
-        top = per_head.gather(3, order[..., None].expand(-1, -1, -1, -1, self.head_dim)).mean(3).reshape(Hq, k, -1)
-        mean = block_keys.mean(2).repeat_interleave(G, dim=0)
-        was_seen = (seen[entries] > 0).any(-1)
-        fresh = torch.where(was_seen[None, :, None], top, mean)
-        reprs.index_copy_(1, layout["fresh_slots"], fresh)
+        if rebuild:
+            self._rebuild(keys, received, seen, reprs, layout)
         # the blocks whose representatives best match the block-averaged query (every block when no more exist)
         block_query = query[0].to(acc).mean(1)  # [Hq, Dh]
         scores = torch.einsum("hd,hbd->b", block_query, reprs[:, : self.num_blocks])
@@ -159,6 +161,24 @@ class InfLLMRounds:
         far_only = torch.cat((self.init_entries, selected, self.pad))
         gather = torch.where(self.slots < layout["far_only"], far_only, layout["tail_entry"])
         return gather.clamp(0, self.capacity - 1)
+
+    def _rebuild(self, keys, received, seen, reprs, layout) -> None:
+        """Representatives of the newest blocks: the mean key of the entries with the most window attention per
+        query head (ties: the earlier entry), or of all entries for a block never read in a window."""
+        P, acc = self.params, self.acc
+        Hq, Hkv = self.heads, self.kv_heads
+        G = Hq // Hkv
+        entries = layout["fresh_entries"]  # [k, block]
+        block_keys = keys[0][:, entries].to(acc)  # [Hkv, k, block, Dh]
+        k = self.new_blocks
+        score = received[:, entries].reshape(Hkv, G, k, P.infllm_block)
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., : P.infllm_repr]
+        per_head = block_keys[:, None].expand(Hkv, G, k, P.infllm_block, self.head_dim)
+        top = per_head.gather(3, order[..., None].expand(-1, -1, -1, -1, self.head_dim)).mean(3).reshape(Hq, k, -1)
+        mean = block_keys.mean(2).repeat_interleave(G, dim=0)
+        was_seen = (seen[entries] > 0).any(-1)
+        fresh = torch.where(was_seen[None, :, None], top, mean)
+        reprs.index_copy_(1, layout["fresh_slots"], fresh)
 
     @torch.no_grad()
     def record(self, i: int, query_near: torch.Tensor, query_far: torch.Tensor | None, block_keys: torch.Tensor,
