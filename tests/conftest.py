@@ -5,7 +5,9 @@ Tiers (see docs/testing.md):
 * ``gpu``: needs a CUDA device (CUDA graphs, timings, GPU memory, 8B shapes and bf16 kernels the interpreter
   cannot run). Give each its reason: ``@pytest.mark.gpu(reason="...")``. Without CUDA these are not collected.
 * ``slow``: the real pair (SmolLM2 + the committed drafter), the soak subset, notebook execution, CLI runs and the
-  χ² sampling tests. ``python -m pytest -m "not slow"`` is the quick tier.
+  χ² sampling tests.
+* ``quick`` (set here, by file: :data:`QUICK_FILES`): the contributors' quick command, ``python -m pytest -q -n 2
+  --dist loadgroup -m quick`` (the core outside the slow tier; CI runs everything).
 
 On a machine without CUDA every Triton kernel runs under Triton's interpreter (``TRITON_INTERPRET=1`` is set here
 before any kernel is imported) against its pure-torch twin, so CPU CI exercises the code every GPU number comes from.
@@ -35,11 +37,26 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 SLOW_FIXTURES = {"real_pair"}  # a test that takes one of these is in the slow tier
 
+# The quick command (docs/testing.md: ``-m quick``, under 3 minutes on two cores): the tests of these files outside
+# the slow tier, i.e. the FOLD read against the paper's equations, configs, loaders, validation, every reading mode
+# lossless on both generate paths and the fast engines on the llama/qwen3 pair, generation features, sampling, the
+# structure checks. The target/drafter families (Gemma, Qwen3.5, DeepSpec, retrieval baselines), the Triton kernels
+# under the interpreter and the fused/sliding static steps run in the full command (what CI runs).
+QUICK_FILES = {
+    "test_device_map.py", "test_docs.py", "test_doctor.py", "test_drafter.py", "test_fast_loop.py",
+    "test_fold_attention.py", "test_fold_config.py", "test_front_door.py", "test_generation_features.py",
+    "test_hardening.py", "test_import_graph.py", "test_loader.py", "test_lossless.py", "test_markers.py",
+    "test_memory.py", "test_newcomer.py", "test_peft.py", "test_properties.py", "test_sampling.py",
+    "test_validation.py",
+}
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu(reason): needs a CUDA device; not collected without one")
     config.addinivalue_line("markers", "slow: real pair, soak, notebooks, CLI runs, chi-square sampling "
-                                       "(deselect with -m 'not slow' for the quick tier)")
+                                       "(deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "quick: the contributors' quick command (-m quick): the core files outside "
+                                       "the slow tier, set by tests/conftest.py (QUICK_FILES)")
 
 
 def pytest_report_header(config):
@@ -75,6 +92,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
             # one worker loads the real pair (a minute each) and runs every test that takes it
             item.add_marker(pytest.mark.xdist_group("real-pair"))
+    for item in items:
+        if item.path.name in QUICK_FILES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.quick)
     # the slow tier first (stable order otherwise): with pytest-xdist its long tests start at once and the quick
     # ones fill the workers around them, instead of one long test starting last and running alone
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -58,6 +58,19 @@ def pair():
     torch.set_num_threads(threads)
 
 
+def test_host_process_logits_is_transformers_warping_for_any_leading_shape():
+    """fold_hf.generation.process_logits (the host signature of sampling.process) on ``[..., V]`` logits equals
+    transformers' temperature, top-k and top-p warpers row by row, then softmax (float64)."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(3, 5, 9, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 2
+    got = process_logits(logits, temperature=0.8, top_k=4, top_p=0.9)
+    rows = TemperatureLogitsWarper(0.8)(None, logits.reshape(-1, 9).clone())
+    want = TopPLogitsWarper(0.9)(None, TopKLogitsWarper(4)(None, rows)).softmax(-1).reshape(logits.shape)
+    assert got.shape == logits.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
 def test_rejection_step_alone_preserves_the_target_marginal():
     """speculative_accept over many draws: the first committed token follows p_1 whatever q is."""
     g = torch.Generator().manual_seed(0)

@@ -29,8 +29,8 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 * ``target_attention`` (static and graphs engines): ``"triton"`` (default on CUDA with Triton) runs the verify
   step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
   torch twin off CUDA), which reads the lengths from the device state; ``"bucket"`` (default elsewhere) attends
-  over the length bucket with two matmuls and a masked fp32 softmax (at 128K on an H200 it made a speculative
-  round 2.4x slower than the decode kernel). The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the
+  over the length bucket with two matmuls and a masked fp32 softmax (far slower at long contexts: measured in
+  docs/fast-path.md). The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the
   default. The eager engine always uses SDPA over the exact prefix.
 
 * ``fused_layers`` (static and graphs engines, with ``target_attention="triton"``): the target's norms with
@@ -168,7 +168,7 @@ def resolve_fused_layers(fused_layers: bool | None, target_attention: str, runne
 def fused_drafter_enabled() -> bool:
     """Whether fused layers extend to the drafter's static step (default yes; ``$FOLD_HF_FUSED_DRAFTER=0`` keeps
     the drafter on its modules). The same math as the drafter's modules, tested on CPU, in Triton's interpreter
-    and on the H200, where at the Llama-3.1-8B shape it cuts a 32K round by 0.7 ms (1,014 -> 754 kernels)."""
+    and on a GPU; what it saves per round is measured in docs/fast-path.md."""
     value = os.environ.get("FOLD_HF_FUSED_DRAFTER", "1")
     if value not in ("0", "1", ""):
         raise ValueError(f"FOLD_HF_FUSED_DRAFTER must be 0 or 1, got {value!r}")

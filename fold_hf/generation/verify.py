@@ -23,7 +23,8 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     """Probabilities ``[..., V]`` (fp32; fp64 for fp64 logits) after temperature, top-k and top-p, as sampling
     applies them (:func:`fold_hf.generation.sampling.process`)."""
     sampling = Sampling(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
-    return process(logits, sampling).softmax(-1)
+    rows = logits.reshape(-1, logits.shape[-1])  # process() takes [n, V]
+    return process(rows, sampling).softmax(-1).reshape(logits.shape)
 
 
 def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, torch.Tensor]:

@@ -1,8 +1,8 @@
 """Triton kernels fusing the elementwise work of a Llama-family layer in the fast loop's decode steps.
 
 A decode step at 8B shape runs ~45 small kernels per layer through the transformers modules (RMSNorm alone is
-seven: cast, pow, mean, add, rsqrt, mul, mul); at one query each costs a few microseconds, ~3 ms per token in
-all, as much as reading the weights. These kernels cut a layer to the projections, the attention and three
+seven: cast, pow, mean, add, rsqrt, mul, mul); at one query each is a launch of a few microseconds, and together
+they cost about as much as reading the weights (docs/fast-path.md). These kernels cut a layer to the projections, the attention and three
 fused launches:
 
 * :func:`add_rms_norm_triton` residual add and RMSNorm in one pass (one program per row);
