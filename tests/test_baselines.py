@@ -397,8 +397,10 @@ def test_only_cmr_requests_keep_the_verify_queries():
         fast_generate(target, drafter, ids, max_new_tokens=12, fold_config=mode_config(mode), engine="static")
     session = target.__dict__[_SESSION_ATTR]
     assert session.runner.query_keep is None  # the cmr request turned it off again
-    verify_keys = [k for k in session.steps if k[0] == "verify"]
-    assert sorted(k[6] for k in verify_keys) == [False, True]  # one verify step with the copy (cmr), one without
+    # round steps: ("round", tag, drafts, with_far, phase, rows, bucket, taps, attention, fused, keeps_queries, ...)
+    rounds = [k for k in session.steps if k[0] == "round"]
+    assert {k[10] for k in rounds if k[4] is not None} == {True}  # cmr's phased rounds verify with the copy
+    assert {k[10] for k in rounds if k[2] and k[4] is None} == {False}  # fold's drafting rounds without it
     fold_hf.generation.release_fast_state(target)
 
 
