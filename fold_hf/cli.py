@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="drafter directory to continue training from (new data, fresh optimizer)")
     train.add_argument("--eval-package", default="transformers", help="installed package whose source is held out")
     train.add_argument("--max-minutes", type=float, help="stop and save after this long (resume later)")
+    train.add_argument("--time-budget", type=float, metavar="MINUTES",
+                       help="fit the step count (at most --steps) into this many minutes of training over all "
+                            "resumed calls, measured on the first steps, so the schedule and held-out τ finish")
     train.add_argument("--generate-only", action="store_true",
                        help="generate OUT/data.pt (--sequences continuations, windows drawn with --seed) and stop")
     train.add_argument("--data", nargs="+", metavar="DATA_PT",

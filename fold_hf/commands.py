@@ -162,7 +162,7 @@ def cmd_train(args) -> int:
                     f"`{args.eval_package}` source tree, the odd-numbered titles) are disjoint"}
     report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
                            max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only,
-                           card=card)
+                           card=card, time_budget=args.time_budget)
     print(json.dumps(report, indent=2))
     return 0
 

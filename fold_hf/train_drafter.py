@@ -154,7 +154,7 @@ def prepare_training_data(target, tokenizer, out: Path, sources: list[str], sett
 def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], settings: TrainSettings,
                   held_out: list[str] | None = None, max_minutes: float | None = None,
                   log=print, data_files: list[str | Path] | None = None, generate_only: bool = False,
-                  card: dict | None = None) -> dict:
+                  card: dict | None = None, time_budget: float | None = None) -> dict:
     """Train (or resume) a drafter for ``target``; writes the z-lab layout into ``out_dir`` when done.
 
     ``card``: ``{"target": name, "licence": line, "data": description}`` for the model card (``README.md``
@@ -162,6 +162,9 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
 
     ``data_files``: train on these pre-generated ``[n, P + N]`` tensors (concatenated) instead of generating;
     ``generate_only``: generate ``out_dir/data.pt`` and return without training (to split generation over GPUs).
+    ``time_budget``: minutes of optimizer steps for the whole run, over all resumed calls: after a short probe the
+    step count is cut to what fits (never raised above ``settings.steps``), so the cosine schedule ends, and the
+    held-out τ is measured, within the budget. The chosen count and the time spent are kept in ``state.pt``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -192,13 +195,21 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
     drafter.bind_target(target)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step = 0
+    train_seconds = 0.0  # time spent in optimizer steps, over every call of this run
+    fitted = False  # the step count has been fitted to time_budget
     state_file = out / "state.pt"
     if state_file.is_file():
         state = torch.load(state_file, map_location=device)
         drafter.load_state_dict(state["drafter"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-        log(f"resumed at step {step}")
+        train_seconds = state.get("train_seconds", 0.0)
+        if state.get("steps") is not None:
+            settings.steps, fitted = state["steps"], True
+        log(f"resumed at step {step} of {settings.steps}")
+    if time_budget is not None and time_budget <= 0:
+        raise ValueError(f"time_budget must be positive minutes, got {time_budget}")
+    probe_from, probe_steps = None, 20
 
     def lr_at(s: int) -> float:
         if s < settings.warmup:
@@ -214,15 +225,32 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
     history = []
 
     def save_state():
-        torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, state_file)
+        torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                    "steps": settings.steps if fitted else None, "train_seconds": train_seconds}, state_file)
 
     drafter.train()
     finished = True
+    loop_started = time.time()
     while step < settings.steps:
         if max_minutes is not None and (time.time() - started) / 60 > max_minutes:
             log(f"time limit: stopping at step {step} after {max_minutes} minutes; run again to resume")
             finished = False
             break
+        if time_budget is not None and not fitted:
+            # probe: time probe_steps steps after 5 warm ones, then fit the schedule into what is left
+            if step >= 5 and probe_from is None:
+                _sync(device)
+                probe_from = (time.time(), step)
+            elif probe_from is not None and step - probe_from[1] >= probe_steps:
+                _sync(device)
+                per_step = (time.time() - probe_from[0]) / (step - probe_from[1])
+                left = time_budget * 60 - train_seconds - (time.time() - loop_started)
+                settings.steps = max(step + 1, min(settings.steps, step + int(left / per_step)))
+                settings.warmup = min(settings.warmup, max(1, settings.steps // 10))
+                fitted = True
+                bar.total = settings.steps
+                log(f"time budget {time_budget} min: {per_step * 1000:.0f} ms per step, {settings.steps} steps "
+                    f"(warm-up {settings.warmup})")
         rows = torch.randint(0, len(data), (settings.batch,), generator=gen)
         batch = data[rows].to(device)
         with torch.no_grad(), taps:
@@ -251,11 +279,13 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
         if step % settings.save_every == 0:
             save_state()
     bar.close()
+    train_seconds += time.time() - loop_started
     save_state()
     drafter.eval()
     drafter = drafter.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
     # final_loss: mean of the last 5 logged losses (one every log_every steps)
     report = {"finished": finished, "step": step, "minutes": (time.time() - started) / 60,
+              "train_minutes": train_seconds / 60,
               "final_loss": sum(history[-5:]) / max(1, len(history[-5:])), "loss_every": settings.log_every,
               "data": {"sequences": len(data), "files": [str(f) for f in data_files or []]}}
     if held_out and finished:  # a stopped run is measured when it finishes (the read costs minutes on a GPU)
@@ -267,6 +297,11 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
                                                               indent=2))
     write_model_card(out / "drafter", drafter, settings, report, card or {})
     return report
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def write_model_card(directory: Path, drafter: FoldDrafter, settings: TrainSettings, report: dict, card: dict) -> Path:

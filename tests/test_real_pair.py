@@ -135,6 +135,33 @@ def test_train_drafter_runs_resumes_and_writes_the_zlab_layout(tmp_path):
                        target.generate(ids, max_new_tokens=10, do_sample=False))
 
 
+def test_train_drafter_fits_its_schedule_into_a_time_budget(tmp_path):
+    """--time-budget: the step count is cut after the probe (never raised), kept across a resume, and the run ends
+    finished with a complete schedule; a non-positive budget is refused."""
+    from fold_hf.train_drafter import TrainSettings, train_drafter
+
+    target, tokenizer, sources = tiny_training_case()
+
+    def settings():
+        return TrainSettings(layers=1, block_size=4, intermediate_size=32, prompt_tokens=24, new_tokens=16,
+                             sequences=6, gen_batch=3, steps=100_000, batch=2, anchors=4, warmup=300, save_every=10)
+
+    with pytest.raises(ValueError, match="positive"):
+        train_drafter(target, tokenizer, tmp_path / "bad", sources, settings(), time_budget=0, log=lambda *a: None)
+    logs = []
+    report = train_drafter(target, tokenizer, tmp_path, sources, settings(), time_budget=0.02, log=logs.append)
+    fitted = [line for line in logs if line.startswith("time budget")]
+    assert len(fitted) == 1 and report["finished"]
+    assert 26 <= report["step"] < 100_000
+    state = torch.load(tmp_path / "state.pt")
+    assert state["steps"] == report["step"] and state["train_seconds"] > 0
+    saved = json.loads((tmp_path / "drafter" / "training.json").read_text())["settings"]
+    assert saved["steps"] == report["step"] and saved["warmup"] <= max(1, report["step"] // 10)
+    # a resumed run keeps the fitted count (does not re-fit, does not go back to 100,000)
+    again = train_drafter(target, tokenizer, tmp_path, sources, settings(), time_budget=0.02, log=logs.append)
+    assert again["step"] == report["step"] and len([x for x in logs if x.startswith("time budget")]) == 1
+
+
 def test_train_drafter_splits_generation_from_training(tmp_path):
     """Two --generate-only runs (one per GPU) feed one training run; mismatched lengths are refused."""
     from fold_hf.train_drafter import TrainSettings, train_drafter

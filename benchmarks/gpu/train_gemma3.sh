@@ -17,6 +17,7 @@
 # A run that finishes its STEPS measures held-out τ on 16 windows (the bar: τ >= 3.0) and is copied to
 # OUT/drafter-A with its model card, the weights in 15 MB parts (cat model.safetensors.part-* > model.safetensors,
 # check the sha256 printed).
+# TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls.
 # Dry run on a CPU (checks the commands, runs nothing): DRY=1 bash benchmarks/gpu/train_gemma3.sh /tmp/x
 if [ "${DRY:-0}" = 1 ]; then
   exec 3>&1
@@ -55,7 +56,7 @@ echo "data: ${shards[*]} ($(( $(date +%s) - started )) s)"
 left=$(python3 -c "print(max(0.5, $minutes - ($(date +%s) - $started) / 60))")
 CUDA_VISIBLE_DEVICES=0 run_cmd python -m fold_hf.cli train-drafter --pair gemma3-270m --out /root/g3train/A \
   --device ${DEVICE:-cuda} --data "${shards[@]}" --steps ${STEPS:-8000} --lr ${LR:-6e-4} --warmup ${WARMUP:-300} \
-  --seed ${SEED:-0} --max-minutes $left 2>&1 | log /root/g3train/train-A.log
+  --seed ${SEED:-0} --max-minutes $left ${TIME_BUDGET:+--time-budget $TIME_BUDGET} 2>&1 | log /root/g3train/train-A.log
 [ "${DRY:-0}" = 1 ] && exit 0
 
 # at most 8 files come back from a call
