@@ -6,7 +6,7 @@
 #
 # Needs the staged GGUF and tokenizer (benchmarks/gpu/stage-gemma3.sh) and a trained drafter (DRAFTER, e.g.
 # /root/g3train/A/drafter on the machine that trained it, or fold_hf/assets/gemma3-270m-dflash once committed).
-# Requests: REQUESTS (a file built on the CPU machine with `fold-hf bench --pair gemma3-270m --build-only`,
+# Requests: REQUESTS (a .jsonl or .jsonl.gz file built on the CPU machine with `fold-hf bench --pair gemma3-270m --build-only`,
 # carried in), else built here (needs .gpu/cache/shakespeare): code + books, nested tiers 1K/4K/8K/16K/32K
 # (32,704 prompt tokens + 64 new = the 32,768-token context), 8 texts per suite, BOS first.
 # PHASE=main (default): every method on every request, one shard per GPU, until MINUTES; each call resumes.
@@ -29,7 +29,9 @@ out=${1:-${OUT:-/tmp}}
 drafter=${DRAFTER:?set DRAFTER to the trained drafter directory}
 phase=${PHASE:-main}
 mkdir -p $R/main $R/sweep
-if [ ! -f $R/requests.jsonl ] && [ -n "${REQUESTS:-}" ]; then cp "$REQUESTS" $R/requests.jsonl; fi
+if [ ! -f $R/requests.jsonl ] && [ -n "${REQUESTS:-}" ]; then
+  case "$REQUESTS" in *.gz) gunzip -c "$REQUESTS" > $R/requests.jsonl ;; *) cp "$REQUESTS" $R/requests.jsonl ;; esac
+fi
 [ -f $R/requests.jsonl ] || run_cmd python -m fold_hf.cli bench --pair gemma3-270m --out $R/main \
   --requests $R/requests.jsonl --build-only
 # the sweep reads the 32K tier of the same requests

