@@ -31,7 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fold_hf import FoldConfig  # noqa: E402
-from fold_hf.generation.fast import _session, release_fast_state, time_rounds  # noqa: E402
+from fold_hf.generation.fast import release_fast_state, time_rounds  # noqa: E402
+from fold_hf.generation.fast.session import session_for  # noqa: E402
 
 
 def median_ms(fn, reps: int) -> float:
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
     T, B = args.context, drafter.block_size
     # caches of T entries (time_rounds fills nothing: timing on CPU does not depend on the values)
     time_rounds(target, drafter, T, 2, engine="eager")
-    session = _session(target, T + 64, tuple(drafter.config.target_layer_ids), "eager")
+    session = session_for(target, T + 64, tuple(drafter.config.target_layer_ids), "eager")
     runner = session.runner
     dcache, _ = session.drafter_slot(drafter, T + 64)
     for layer in dcache.layers:

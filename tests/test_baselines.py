@@ -357,8 +357,8 @@ def test_static_retrieval_step_with_the_fused_layer_ops_drafts_what_the_loop_dra
 
     target, drafter = trained_pair("llama")
     fast.release_fast_state(target)
-    monkeypatch.setattr(fast, "resolve_fused_drafter", lambda *args: True)
-    monkeypatch.setattr(fast, "EagerStep", functools.partial(EagerStep, warmup=2))
+    monkeypatch.setattr(fast.api, "resolve_fused_drafter", lambda *args: True)
+    monkeypatch.setattr(fast.session, "EagerStep", functools.partial(EagerStep, warmup=2))
     ids = torch.randint(0, MASK_ID, (1, 300), generator=torch.Generator().manual_seed(1001))
     ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=40, return_stats=True,
                            fold_config=mode_config(mode))

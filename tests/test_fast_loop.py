@@ -139,7 +139,7 @@ def test_rounds_queued_ahead_give_the_one_at_a_time_rounds(monkeypatch):
 
     events = []
     init, read = fast_module._Launched.__init__, fast_module._Launched.read
-    eager_step = fast_module.EagerStep
+    eager_step = fast_module.session.EagerStep
 
     def launched(self, result, k, host):
         events.append("L")
@@ -173,7 +173,7 @@ def test_rounds_queued_ahead_give_the_one_at_a_time_rounds(monkeypatch):
                 # queued rounds: each step runs twice when built, as the graphs engine's warm-up does before
                 # capture; a round step reads what it overwrites (the state, the tapped features the next draft
                 # commits), which must survive that
-                monkeypatch.setattr(fast_module, "EagerStep",
+                monkeypatch.setattr(fast_module.session, "EagerStep",
                                     functools.partial(eager_step, warmup=2 if setting == "1" else 0))
                 fold_hf.generation.release_fast_state(target)
                 events.clear()

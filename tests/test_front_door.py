@@ -203,13 +203,13 @@ def test_the_routed_call_runs_what_fast_generate_runs(pair, monkeypatch):
 
     target, drafter = pair
     calls = []
-    decode = fast._decode
+    decode = fast.api.decode_request
 
     def spy(session, *args, **kwargs):
         calls.append((session, args[4], len(session.steps)))  # args: drafter, ids, budget, out, sampling, ...
         return decode(session, *args, **kwargs)
 
-    monkeypatch.setattr(fast, "_decode", spy)
+    monkeypatch.setattr(fast.api, "decode_request", spy)
     ids = prompt(50)
     release_fast_state(target)
     fast_generate(target, drafter, ids, max_new_tokens=NEW, do_sample=True, temperature=0.6, top_p=0.9, top_k=50)

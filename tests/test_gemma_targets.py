@@ -172,10 +172,10 @@ def test_what_the_fast_path_refuses_or_warns(monkeypatch):
     with pytest.raises(fold_hf.generation.static_target.UnsupportedTarget, match="fused"):
         fast_module.resolve_fused_layers(True, "triton", runner, "static")
     # the drafter's step keeps its fused kernels when only the target's layer type turned them off
-    assert fast_module.resolve_fused_drafter(False, None, "triton", runner, "static") is True
-    assert fast_module.resolve_fused_drafter(False, False, "triton", runner, "static") is False
-    assert fast_module.resolve_fused_drafter(False, None, "bucket", runner, "static") is False
-    assert fast_module.resolve_fused_drafter(False, None, "triton", runner, "eager") is False
+    assert fast_module.settings.resolve_fused_drafter(False, None, "triton", runner, "static") is True
+    assert fast_module.settings.resolve_fused_drafter(False, False, "triton", runner, "static") is False
+    assert fast_module.settings.resolve_fused_drafter(False, None, "bucket", runner, "static") is False
+    assert fast_module.settings.resolve_fused_drafter(False, None, "triton", runner, "eager") is False
 
 
 @pytest.mark.gpu(reason="CUDA graphs: the captured verify over rings and global layers replays on a CUDA device")

@@ -300,7 +300,7 @@ def test_static_engine_survives_the_graph_engines_warm_up_runs(monkeypatch):
                                fold_config=cfg)
         states = {}
         for warmup in (0, 2):
-            monkeypatch.setattr(fast, "EagerStep", functools.partial(EagerStep, warmup=warmup))
+            monkeypatch.setattr(fast.session, "EagerStep", functools.partial(EagerStep, warmup=warmup))
             fold_hf.generation.release_fast_state(target)
             res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, engine="static",
                                         return_stats=True, fold_config=cfg)

@@ -1,0 +1,179 @@
+"""The fast loop's session: the KV cache, drafter cache, device state, buffers and captured steps one target keeps
+between calls (capture costs once), rebuilt when a request needs more room; :func:`release_fast_state` frees them
+and :func:`drafter_cache_of` exposes the drafter cache for memory accounting."""
+
+from __future__ import annotations
+
+import torch
+
+from ...kernels import default_layer_ops
+from ...kernels.reference import fold_read_geometry_reference
+from ...modeling.cache import FoldCache
+from ...modeling.drafter import FoldDrafter
+from ...modeling.rope import compute_dtype
+from ..graphs import CapturedStep, EagerStep
+from ..static_drafter import (
+    StaticDrafter,
+    default_read_function,
+    fused_drafter_unsupported,
+    preallocated_cache,
+    static_drafter_unsupported,
+)
+from ..static_target import build_static_target
+from .settings import warn_once
+
+ENGINES = ("eager", "static", "graphs")
+SESSION_ATTR = "_fold_fast_session"
+CAPACITY_ROUNDING = 256
+KEPT_DRAFT_MODES = 12  # reading modes whose draft steps a session keeps captured (fold-hf bench runs 10)
+
+
+def release_fast_state(target) -> None:
+    """Free the fast loop's KV cache, drafter cache and graphs kept on ``target``."""
+    target.__dict__.pop(SESSION_ATTR, None)
+
+
+class Session:
+    """Buffers and captured steps of one target (reused across calls while they fit)."""
+
+    def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str) -> None:
+        self.runner = build_static_target(target, capacity, tap_layer_ids)
+        self.capacity = capacity
+        self.tap_layer_ids = tap_layer_ids
+        self.engine = engine
+        device = self.runner.device
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle() if engine == "graphs" else None
+        self.state = torch.zeros(8, dtype=torch.long, device=device)
+        self.steps: dict[tuple, object] = {}
+        self.ids: dict[int, torch.Tensor] = {}
+        self.taps: dict[int, torch.Tensor] = {}
+        self.offsets: dict[int, torch.Tensor] = {}
+        self.drafter_key = None
+        self.drafter_cache = None
+        self.static_drafters: dict[str, StaticDrafter | None] = {}  # by repr(FoldConfig), most recent last
+        self.static_drafter = None
+        self.draft_tag = None
+
+    def buffers(self, block: int):
+        if block not in self.ids:
+            self.ids[block] = torch.zeros(1, block, dtype=torch.long, device=self.device)
+            # zeros, not empty: rows past the accepted ones feed garbage cache entries that are masked out, and
+            # a masked NaN would still poison the weighted sum of values
+            self.taps[block] = torch.zeros(1, block, self.runner.tap_width, dtype=self.runner.dtype,
+                                           device=self.device)
+            self.offsets[block] = torch.arange(block, device=self.device)
+        return self.ids[block], self.taps[block], self.offsets[block]
+
+    def host_results(self, numel: int) -> list[torch.Tensor]:
+        """Two host buffers (pinned on CUDA) receiving a round's result ``[numel]`` (long): one for the round in
+        flight, one for the round queued behind it."""
+        key = ("host", numel)
+        if key not in self.ids:
+            pinned = self.device.type == "cuda"
+            self.ids[key] = [torch.zeros(numel, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        return self.ids[key]
+
+    def choice_buffers(self, slots: int) -> dict:
+        """Persistent buffers of :class:`TokenChoice` for ``slots`` proposal slots (captured steps read them)."""
+        key = ("choice", slots)
+        if key not in self.ids:
+            vocab = self.runner.lm_head.weight.shape[0]
+            self.ids[key] = dict(
+                seen=torch.zeros(vocab, dtype=torch.bool, device=self.device),
+                eos=torch.zeros(vocab, dtype=torch.bool, device=self.device),
+                u=torch.zeros(2 * slots + 1, dtype=torch.float64, device=self.device),
+                q=torch.zeros(slots, vocab, dtype=compute_dtype(self.runner.dtype), device=self.device))
+        return self.ids[key]
+
+    def step(self, key: tuple, fn, preserve=()):
+        """The step of ``key`` (built from ``fn`` the first time); ``preserve``: buffers ``fn`` reads and
+        overwrites, restored after the graph engine's warm-up runs."""
+        step = self.steps.get(key)
+        if step is None:
+            # a recurrent target's verify commits the accepted state into the buffer it reads: its warm-up runs
+            # must leave that state as the loop left it
+            preserve = self.runner.step_state() + list(preserve)
+            step = (CapturedStep(fn, pool=self.pool, preserve=preserve) if self.engine == "graphs"
+                    else EagerStep(fn, preserve=preserve))
+            self.steps[key] = step
+        return step
+
+    def drafter_slot(self, drafter: FoldDrafter, request_length: int, fused: bool = False):
+        """(FoldCache reset to empty, StaticDrafter or None) for ``drafter`` in its current mode.
+
+        The cache does not depend on the reading mode, so one buffer serves every mode of a drafter; the static
+        drafters and their captured draft steps are kept per mode (the last :data:`KEPT_DRAFT_MODES`), so a caller
+        comparing modes on one request does not capture the draft graphs again at every switch. ``fused``: the
+        static drafter runs its layers with the fused elementwise kernels (see :func:`fused_drafter_enabled`)."""
+        cfg = drafter.fold_config
+        fused = fused and fused_drafter_unsupported(drafter) is None
+        key = (id(drafter), self.engine)
+        if key != self.drafter_key:
+            for k in [k for k in self.steps if k[0] == "round" and k[1] is not None]:
+                del self.steps[k]
+            self.drafter_cache = preallocated_cache(drafter, self.capacity, self.device, request_length)
+            self.static_drafters = {}
+            self.drafter_key = key
+        tag = repr(cfg) + (" fused" if fused else "")
+        if drafter.confidence_threshold > 0:  # baked into the captured step (a DeepSpec confidence cut)
+            tag += f" confidence<{drafter.confidence_threshold!r}"
+        if tag not in self.static_drafters:
+            static = None
+            reason = static_drafter_unsupported(drafter) if self.engine != "eager" else None
+            if reason is None and self.engine != "eager" and cfg.mode == "cmr":
+                why = self.runner.keep_queries_unsupported()  # cmr's refreshes read the verify's queries
+                if why is not None:
+                    reason = f"mode 'cmr' on this target: {why}"
+            if self.engine != "eager" and reason is None:
+                read = default_read_function(self.device)
+                if read is None and self.engine == "static":
+                    read = fold_read_geometry_reference
+                if read is None:
+                    warn_once("the FOLD Triton read kernel is not usable here (Triton missing or "
+                              "FOLD_HF_DISABLE_TRITON=1): the drafter drafts eagerly, uncaptured")
+                if read is not None:
+                    shared = next((d for d in self.static_drafters.values()
+                                   if d is not None and not d.owns_tables), None)
+                    static = StaticDrafter(drafter, self.drafter_cache, read,
+                                           tables=(shared.cos, shared.sin) if shared is not None else None,
+                                           layer_ops=default_layer_ops(self.device) if fused else None)
+            if reason is not None:
+                warn_once(f"the drafter drafts eagerly, uncaptured: static drafting does not cover {reason}")
+            self.static_drafters[tag] = static
+            while len(self.static_drafters) > KEPT_DRAFT_MODES:
+                oldest = next(iter(self.static_drafters))
+                del self.static_drafters[oldest]
+                for k in [k for k in self.steps if k[0] == "round" and k[1] == oldest]:
+                    del self.steps[k]
+        else:
+            self.static_drafters[tag] = self.static_drafters.pop(tag)  # most recently used last
+        self.static_drafter = self.static_drafters[tag]
+        self.draft_tag = tag
+        self.drafter_cache.reset()
+        self.drafter_cache.request_length = request_length
+        if self.static_drafter is not None:
+            self.static_drafter.start_request(request_length)
+        return self.drafter_cache, self.static_drafter
+
+
+def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str) -> Session:
+    session = target.__dict__.get(SESSION_ATTR)
+    # a session built with taps serves AR too (its verify simply skips them)
+    if session is not None and (session.capacity < capacity or session.engine != engine
+                                or (tap_layer_ids and session.tap_layer_ids != tap_layer_ids)):
+        release_fast_state(target)
+        session = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if session is None:
+        rounded = -(-capacity // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
+        session = Session(target, rounded, tap_layer_ids, engine)
+        target.__dict__[SESSION_ATTR] = session
+    return session
+
+
+def drafter_cache_of(target) -> FoldCache | None:
+    """The drafter cache the fast loop keeps on ``target`` (for memory accounting), or None."""
+    session = target.__dict__.get(SESSION_ATTR)
+    return None if session is None else session.drafter_cache
