@@ -92,6 +92,28 @@ def test_forced_rejections_roll_back(arch):
     assert acceptance.count(1) >= len(acceptance) // 2, acceptance
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"])
+def test_cmr_runs_captured_and_drafts_what_the_loop_drafts(arch):
+    """cmr's refreshes read the verify's queries of the last global layer: the Gemma runner keeps them (module and
+    fused layers; a KV-shared layer reads its producer's keys with its own scale), so the static engine runs cmr's
+    capturable step without a warning and proposes what the foundation loop proposes, round by round."""
+    target, drafter = gemma_pair(arch) if arch != "gemma4_shared" else (tiny_target(arch, seed=3), None)
+    if drafter is None:
+        drafter = fit_drafter(target, tiny_drafter(target, taps=(1, 5)), steps=80, seq_len=40)
+    ids = prompt(11, LONG)
+    ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=NEW_TOKENS, return_stats=True,
+                           fold_config=mode_config("cmr"))
+    assert torch.equal(ref.sequences, greedy_reference(target, ids, NEW_TOKENS))
+    for extra in (dict(target_attention="bucket"), dict(target_attention="triton", fused_layers=True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "drafts eagerly" / "mode 'cmr' on this target" warning
+            res = fast_generate(target, drafter, ids, max_new_tokens=NEW_TOKENS, engine="static", return_stats=True,
+                                fold_config=mode_config("cmr"), **extra)
+        assert torch.equal(res.sequences, ref.sequences), extra
+        assert res.proposals == ref.proposals, extra  # the refreshes selected the same entries
+        release_fast_state(target)
+
+
 @pytest.mark.parametrize("mode", ["window", "streaming", "rerope", "yarn", "infllm", "cmr"])
 def test_other_modes_lossless(mode):
     target, drafter = gemma_pair("gemma4")

@@ -429,3 +429,25 @@ def test_graph_engine_matches_the_foundation_loop_on_gpu(mode):
     finally:
         fold_hf.generation.release_fast_state(target)
         qwen35_target.cache_clear()
+
+
+def test_cmr_runs_captured_and_drafts_what_the_loop_drafts():
+    """cmr's refreshes read the verify's queries of the last full-attention layer: the Qwen3.5 runner keeps them
+    (module and fused layers), so the static engine runs cmr's capturable step without a warning and proposes
+    what the foundation loop proposes, round by round."""
+    from tiny import fit_drafter
+
+    target = qwen35_target()
+    drafter = fit_drafter(target, qwen35_drafter(target, sliding=False), steps=80, seq_len=40)  # drafts that
+    ids = prompt(5, 80)  # depend on what the refreshes select (a random drafter proposes one token everywhere)
+    cfg = mode_config("cmr")
+    ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24, fold_config=cfg, return_stats=True)
+    assert torch.equal(ref.sequences, reference(target, ids, 24))
+    for extra in (dict(), dict(target_attention="triton", fused_layers=True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "drafts eagerly" / "mode 'cmr' on this target" warning
+            res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, fold_config=cfg, engine="static",
+                                        return_stats=True, **extra)
+        assert torch.equal(res.sequences, ref.sequences), extra
+        assert res.proposals == ref.proposals, extra
+        fold_hf.generation.release_fast_state(target)

@@ -196,8 +196,13 @@ class StaticTarget:
         """Why :meth:`keep_queries` cannot run on this target (None when it can)."""
         if type(self).forward_static is not StaticTarget.forward_static or \
                 type(self)._run_layers is not StaticTarget._run_layers:
-            return f"{type(self).__name__}'s verify step does not keep its queries (Llama-family targets only)"
+            return f"{type(self).__name__}'s verify step does not keep its queries"
         return None
+
+    def kept_query_keys(self, layer_idx: int) -> tuple[torch.Tensor, float]:
+        """The key cache ``[1, Hkv, capacity, Dh]`` and logit scale that layer ``layer_idx``'s kept queries attend
+        with (a family with shared KV or per-layer scales says which)."""
+        return self.keys[layer_idx], self.scaling
 
     def keep_queries(self, layer_idx: int | None, rows: int = 0) -> torch.Tensor | None:
         """CMR's refreshes read the target's attention of one query (:mod:`fold_hf.generation.static_retrieval`):
@@ -214,10 +219,14 @@ class StaticTarget:
         # one buffer per (layer, rows) for the runner's lifetime: captured steps of earlier requests read it
         buffers = self.__dict__.setdefault("_kept_queries", {})
         if (layer_idx, rows) not in buffers:
-            buffers[(layer_idx, rows)] = torch.zeros(1, self.num_heads, rows, self.head_dim, device=self.device,
-                                                     dtype=self.dtype)
+            heads, head_dim = self.kept_query_shape(layer_idx)
+            buffers[(layer_idx, rows)] = torch.zeros(1, heads, rows, head_dim, device=self.device, dtype=self.dtype)
         self.query_keep = (layer_idx, buffers[(layer_idx, rows)])
         return self.query_keep[1]
+
+    def kept_query_shape(self, layer_idx: int) -> tuple[int, int]:
+        """(query heads, head dim) of layer ``layer_idx``."""
+        return self.num_heads, self.head_dim
 
     def _keeping_queries(self, attend):
         """``attend`` that first copies the kept layer's queries (:meth:`keep_queries`), or ``attend`` itself."""

@@ -236,6 +236,6 @@ def _start_retrieval(runner: StaticTarget, static_drafter, drafter_length: int, 
     if static_drafter.cmr is None:
         return False
     layer = last_full_attention_layer(runner.model)
-    static_drafter.attach_target_attention(runner.keep_queries(layer, rows), runner.keys[layer], runner.scaling)
+    static_drafter.attach_target_attention(runner.keep_queries(layer, rows), *runner.kept_query_keys(layer))
     return True
 

@@ -377,6 +377,18 @@ class GemmaStaticTarget(StaticTarget):
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, scale=scaling,
                                               enable_gqa=True)
 
+    # ------------------------------------------------------------------ cmr's query tap
+    def keep_queries_unsupported(self) -> str | None:
+        """Both device-length forwards (module and fused layers) copy the kept layer's rotated queries."""
+        return None
+
+    def kept_query_keys(self, layer_idx: int) -> tuple[torch.Tensor, float]:
+        """The cache the layer reads (a KV-shared layer's entry is its producer's buffer) and its own scale."""
+        return self.keys[layer_idx], self.scalings[layer_idx]
+
+    def kept_query_shape(self, layer_idx: int) -> tuple[int, int]:
+        return self.num_heads, self.head_dims[layer_idx]
+
     # ------------------------------------------------------------------ device-length forward
     @torch.no_grad()
     def forward_static(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
@@ -443,7 +455,8 @@ class GemmaStaticTarget(StaticTarget):
             return masked_attention(q, self.keys[src][:, :, :bucket], self.values[src][:, :, :bucket],
                                     global_visible, self.scalings[i])
 
-        return self._run_layers(input_ids, positions, write_kv, attend, taps_out, last_only=False)
+        return self._run_layers(input_ids, positions, write_kv, self._keeping_queries(attend), taps_out,
+                                last_only=False)
 
     def _forward_static_fused(self, input_ids, positions, bucket: int, taps_out) -> torch.Tensor:
         """The device-length forward with fused layers: per layer the projections, one kernel for the q/k/v norms,
@@ -494,6 +507,8 @@ class GemmaStaticTarget(StaticTarget):
                 q, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None, attn.q_norm.eps, offset,
                                                    cos, sin, positions, None, None)
             src = self.kv_source[i]
+            if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                self.query_keep[1][:, :, :L].copy_(q)
             if self.windows[i] is not None:
                 out = ops.ring_attention(q, self.keys[src], self.values[src], positions, self.windows[i],
                                          self.scalings[i])

@@ -147,6 +147,11 @@ class Qwen35StaticTarget(StaticTarget):
         self._layer_ops = None
         self._gated_delta = None
 
+    def keep_queries_unsupported(self) -> str | None:
+        """The default device-length forward keeps the queries through its ``attend`` (this family's
+        :meth:`_run_layers` calls it with the rotated queries) and the fused forward copies them itself."""
+        return None
+
     def fused_unsupported(self) -> str | None:
         from ...kernels.layer_reference import is_silu
 
@@ -309,6 +314,8 @@ class Qwen35StaticTarget(StaticTarget):
                 q, k, v = ops.head_norm_rope_write(query, k, v, attn.q_norm.weight, attn.k_norm.weight,
                                                    attn.q_norm.eps, 1.0, self.cos, self.sin, positions,
                                                    self.keys[i], self.values[i])
+                if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                    self.query_keep[1][:, :, :L].copy_(q)
                 out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
                              max_context_length=bucket)  # [1, L, Hq, D]
                 delta = attn.o_proj(ops.sigmoid_mul(out, gate).reshape(1, L, -1))
