@@ -79,10 +79,9 @@ def main(argv=None) -> int:
             layer.length = T  # every call commits `pending` again at the same place
         drafter.draft_logits(last, pending, dcache, block_start=T + 4)
 
-    head = drafter.target_lm_head
-    rows = torch.zeros(1, B - 1, head.weight.shape[1])
+    rows = torch.zeros(1, B - 1, drafter.target_lm_head.weight.shape[1])
     parts = {"ar_step": lambda: runner.forward(one, T), "verify": lambda: runner.forward(block, T, taps_out=taps),
-             "draft": draft, "draft_lm_head": lambda: head(rows)}
+             "draft": draft, "draft_lm_head": lambda: drafter.proposal_logits(rows)}
     results = {k: [] for k in (*parts, "round", "ar_round")}
     for _ in range(3):  # interleaved passes: a shared machine's load hits every part alike
         for name, fn in parts.items():

@@ -87,7 +87,7 @@ def round_breakdown(ar, fold, tau: float, block: int, device) -> list[str]:
 def cmd_demo(args) -> int:
     import torch
 
-    from . import FoldConfig, generate
+    from . import FoldConfig, fast_generate
     from .generation.rounds import round_phases
 
     device = _device(args.device)
@@ -106,17 +106,21 @@ def cmd_demo(args) -> int:
         f"FOLD (W={args.window}, alpha=2)": FoldConfig(mode="fold", window=args.window, alpha=2.0),
     }
     results, phases = {}, {}
+    steps = len(runs) + 1
     for k, (name, cfg) in enumerate(runs.items(), 1):
-        print(f"[{k}/{len(runs)}] {name} ...", end="", flush=True)
+        print(f"[{k}/{steps}] {name} ...", end="", flush=True)
         start = time.time()
-        with round_phases() as phases[name]:
-            res = generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
-                           fold_config=cfg, return_stats=True, eos_token_id=[],
-                           streamer=_TokenProgress(name, args.new_tokens))
+        with round_phases() as phases[name]:  # the fast loop: what target.generate(assistant_model=...) runs
+            res = fast_generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
+                                fold_config=cfg, return_stats=True, eos_token_id=[],
+                                streamer=_TokenProgress(name, args.new_tokens))
         results[name] = res
         print(f" {time.time() - start:.0f}s" + (f", tau {res.tau:.2f}" if cfg else ""), flush=True)
     ar = results["AR (target alone)"]
     reference = ar.sequences
+    print(f"[{steps}/{steps}] transformers' own generate (no fold_hf), for reference ...", end="", flush=True)
+    plain_tpot, plain_same = _plain_generate(target, ids, args.new_tokens, reference)
+    print(f" {plain_tpot * args.new_tokens:.0f}s", flush=True)
     print("\ntau = tokens committed per target forward (verification round); AR commits 1 per forward")
     print("speedup = AR time per token / the method's time per token, on this machine\n")
     print(f"{'method':34s} {'tau':>6s} {'tok/s':>8s} {'speedup':>8s} {'same as AR':>11s}")
@@ -126,6 +130,10 @@ def cmd_demo(args) -> int:
         same = torch.equal(res.sequences, reference)
         tau = res.tau if res.acceptance_lengths else 1.0
         print(f"{name:34s} {tau:6.2f} {tps:8.1f} {speedup:7.2f}x {str(same):>11s}")
+    print(f"{'transformers generate (reference)':34s} {1.0:6.2f} {1.0 / plain_tpot:8.1f} "
+          f"{ar.tpot_s / plain_tpot:7.2f}x {str(plain_same):>11s}")
+    print("(the three rows above decode on fold_hf's fast loop, as target.generate(assistant_model=drafter) does "
+          "after `import fold_hf`; the last is transformers' own loop without a drafter)")
     fold_name = list(runs)[-1]
     print("\n" + "\n".join(round_breakdown(phases["AR (target alone)"], phases[fold_name], results[fold_name].tau,
                                            drafter.block_size, device)))
@@ -134,6 +142,21 @@ def cmd_demo(args) -> int:
     if not all(torch.equal(r.sequences, reference) for r in results.values()):
         print("warning: an output differs from AR (numerical near-ties in low precision)", file=sys.stderr)
     return 0
+
+
+def _plain_generate(target, ids, new_tokens: int, reference) -> tuple[float, bool]:
+    """transformers' own greedy ``generate`` of ``target`` (no drafter): (seconds per new token, prefill excluded,
+    whether its tokens equal ``reference``). Its prefill is timed alone (one new token) and subtracted."""
+    import torch
+
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0, top_p=None, top_k=None, temperature=None)
+    start = time.perf_counter()
+    target.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    out = target.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+    total = time.perf_counter() - start
+    return max(total - prefill, 1e-9) / max(new_tokens - 1, 1), bool(torch.equal(out, reference))
 
 
 def cmd_train(args) -> int:

@@ -88,7 +88,11 @@ def test_demo_runs(capsys, real_pair, monkeypatch):
     printed = capsys.readouterr().out
     assert "FOLD" in printed and "original drafter" in printed and "same as AR" in printed
     # progress per method, τ defined in one line, a speedup column (AR is 1.00x by definition)
-    assert "[1/3] AR (target alone) ..." in printed and "[3/3] FOLD" in printed
+    assert "[1/4] AR (target alone) ..." in printed and "[3/4] FOLD" in printed
+    # the three methods decode on the fast loop (the front door's), transformers' own generate is the reference
+    assert "[4/4] transformers' own generate" in printed
+    plain = next(line for line in printed.splitlines() if line.startswith("transformers generate (reference)"))
+    assert plain.split()[-1] == "True"  # its greedy tokens equal the fast loop's AR
     assert "tau = tokens committed per target forward" in printed
     ar_row = next(line for line in printed.splitlines() if line.startswith("AR (target alone)") and "x" in line)
     assert " 1.00x " in ar_row and "speedup" in printed

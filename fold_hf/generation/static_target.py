@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.cpu_gemm import linear_module
 from .taps import _unwrap
 from .weight_layout import (
     DecodeProjections,
@@ -320,11 +321,11 @@ class StaticTarget:
             q, k, v = self._qkv(layer, layer.input_layernorm(hidden), cos, sin, projections)
             write_kv(i, k, v)
             out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
-            hidden = residual + layer.self_attn.o_proj(out)
+            hidden = residual + linear_module(layer.self_attn.o_proj, out)
             mlp, normed = layer.mlp, layer.post_attention_layernorm(hidden)
             if projections is not None and type(mlp).__name__ in _GATED_MLPS:
                 gate, up = projections.gate_up(normed)
-                hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+                hidden = hidden + linear_module(mlp.down_proj, mlp.act_fn(gate) * up)
             else:
                 hidden = hidden + mlp(normed)
             if taps_out is not None and i in taps:
@@ -332,7 +333,7 @@ class StaticTarget:
                 for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
                     taps_out[:, :, slot * H : (slot + 1) * H] = tapped
         hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
-        return self.lm_head(hidden)[0]
+        return linear_module(self.lm_head, hidden)[0]
 
     # ------------------------------------------------------------------ host-length forward
     def _attend_prefix(self, i: int, q: torch.Tensor, start: int) -> torch.Tensor:
@@ -500,15 +501,15 @@ class StaticTarget:
             out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
                          max_context_length=bucket)  # [1, L, Hq, D]
             norm = layer.post_attention_layernorm
-            hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, L, -1)), norm.weight,
+            hidden, normed = ops.add_rms_norm(hidden, linear_module(attn.o_proj, out.reshape(1, L, -1)), norm.weight,
                                               norm.variance_epsilon)
             mlp = layer.mlp
             gate, up = projections.gate_up(normed) if projections is not None else (mlp.gate_proj(normed),
                                                                                     mlp.up_proj(normed))
-            delta = mlp.down_proj(ops.silu_mul(gate, up))
+            delta = linear_module(mlp.down_proj, ops.silu_mul(gate, up))
         hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, self.final_norm.variance_epsilon)
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
-        return self.lm_head(normed)[0]
+        return linear_module(self.lm_head, normed)[0]
 
     def _head_norm(self, ops, attn, name: str, heads: torch.Tensor) -> torch.Tensor:
         """Qwen3's per-head q/k RMSNorm of ``heads [1, L, h, D]`` (read in place from a q|k|v output): the fused

@@ -25,6 +25,8 @@ import warnings
 import torch
 from torch import nn
 
+from ..kernels.cpu_gemm import linear
+
 CONCAT_ENV = "FOLD_HF_CONCAT_PROJECTIONS"
 
 
@@ -108,7 +110,8 @@ class DecodeProjections:
         q_width, kv_width: output columns of q and of k (= of v).
     """
 
-    __slots__ = ("qkv_weight", "qkv_bias", "gate_up_weight", "gate_up_bias", "q_width", "kv_width")
+    __slots__ = ("qkv_weight", "qkv_bias", "gate_up_weight", "gate_up_bias", "q_width", "kv_width", "qkv_owners",
+                 "gate_up_owners")
 
     def __init__(self, attn: nn.Module, mlp: nn.Module) -> None:
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
@@ -117,16 +120,22 @@ class DecodeProjections:
         self.gate_up_weight = concatenated_rows([mlp.gate_proj, mlp.up_proj], "weight")
         self.gate_up_bias = concatenated_rows([mlp.gate_proj, mlp.up_proj], "bias")
         self.q_width, self.kv_width = attn.q_proj.out_features, attn.k_proj.out_features
+        # whose in-place writes change the buffers (each parameter keeps its own version counter)
+        self.qkv_owners = tuple(p for m in projections for p in (m.weight, m.bias) if p is not None)
+        self.gate_up_owners = tuple(p for m in (mlp.gate_proj, mlp.up_proj) for p in (m.weight, m.bias)
+                                    if p is not None)
 
     def qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output."""
-        out = nn.functional.linear(hidden, self.qkv_weight, self.qkv_bias)
+        """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output
+        (several CPU rows: MKL's packed GEMM, :func:`fold_hf.kernels.cpu_gemm.linear`)."""
+        out = linear(hidden, self.qkv_weight, self.qkv_bias, owners=self.qkv_owners, tag="qkv")
         q_end, k_end = self.q_width, self.q_width + self.kv_width
         return out[..., :q_end], out[..., q_end:k_end], out[..., k_end:]
 
     def gate_up(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden [..., H]`` -> views ``(gate [..., I], up [..., I])`` of one GEMM's output."""
-        return nn.functional.linear(hidden, self.gate_up_weight, self.gate_up_bias).chunk(2, -1)
+        return linear(hidden, self.gate_up_weight, self.gate_up_bias, owners=self.gate_up_owners,
+                      tag="gate_up").chunk(2, -1)
 
 
 def decode_projections_unsupported(attn: nn.Module, mlp: nn.Module, dtype: torch.dtype) -> str | None:

@@ -27,8 +27,19 @@ from .common import compute_dtype, rotate_half
 
 
 def grouped_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """q ``[b, Hkv, G, Lq, D]`` x k ``[b, Hkv, N, D]`` -> ``[b, Hkv, G, Lq, N]`` (GQA without repeating keys)."""
-    return torch.matmul(q, k.unsqueeze(2).transpose(-1, -2))
+    """q ``[b, Hkv, G, Lq, D]`` x k ``[b, Hkv, N, D]`` -> ``[b, Hkv, G, Lq, N]`` (GQA without repeating keys).
+
+    The G query heads of a KV head are stacked as ``G * Lq`` rows of one product, so the keys are read in place
+    (a broadcast ``matmul`` against ``k[:, :, None]`` would first copy them G times)."""
+    b, Hkv, G, Lq, D = q.shape
+    return torch.matmul(q.reshape(b, Hkv, G * Lq, D), k.transpose(-1, -2)).view(b, Hkv, G, Lq, k.shape[-2])
+
+
+def grouped_values(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """weights ``[b, Hkv, G, Lq, N]`` x v ``[b, Hkv, N, Dv]`` -> ``[b, Hkv, G, Lq, Dv]`` (values read in place, as
+    :func:`grouped_logits` reads the keys)."""
+    b, Hkv, G, Lq, N = weights.shape
+    return torch.matmul(weights.reshape(b, Hkv, G * Lq, N), v).view(b, Hkv, G, Lq, v.shape[-1])
 
 
 def rotate_by_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -98,12 +109,12 @@ def fold_read_geometry_reference(
     s_near = s_near.masked_fill(~near_mask, -math.inf)
     lse_near = torch.logsumexp(s_near, dim=-1)
     near_values = torch.cat((values, block_values[0].to(acc)), dim=1)  # [Hkv, T + Lq, Dv]
-    out = torch.matmul(torch.softmax(s_near, dim=-1), near_values[:, None])
+    out = grouped_values(torch.softmax(s_near, dim=-1)[None], near_values[None])[0]
 
     if query_far is not None:
         far_mask = ~in_window
         has_far = far_mask.any(dim=-1)  # [Lq]
-        s_far = torch.matmul(query_far.to(acc).view(Hkv, G, Lq, Dh), keys[:, None].transpose(-1, -2))
+        s_far = grouped_logits(query_far.to(acc).view(1, Hkv, G, Lq, Dh), keys[None])[0]
         s_far = s_far.masked_fill(~far_mask, -math.inf)
         if math.isinf(alpha):
             top = s_far.argmax(dim=-1, keepdim=True)
@@ -112,7 +123,7 @@ def fold_read_geometry_reference(
         else:
             log_mass_far = torch.logsumexp(alpha * s_far, dim=-1) / alpha
             weights = torch.softmax(alpha * s_far, dim=-1)
-        o_far = torch.matmul(torch.nan_to_num(weights), values[:, None])
+        o_far = grouped_values(torch.nan_to_num(weights)[None], values[None])[0]
         w_far = torch.where(has_far, torch.sigmoid(log_mass_far - lse_near), torch.zeros_like(lse_near))
         out = out + w_far[..., None] * (torch.nan_to_num(o_far) - out)
     return out.reshape(Hq, Lq, -1).transpose(0, 1)[None].to(query_near.dtype)
@@ -161,11 +172,11 @@ def decode_attention_reference(
         keys, values = context_keys[0, :, : int(context_length)], context_values[0, :, : int(context_length)]
         valid = torch.ones(keys.shape[1], dtype=torch.bool, device=device)
     q = query.to(acc).reshape(Hkv, G, L, Dh) * scaling
-    s_ctx = torch.matmul(q, keys.to(acc)[:, None].transpose(-1, -2)).masked_fill(~valid, -math.inf)
-    s_blk = torch.matmul(q, block_keys[0].to(acc)[:, None].transpose(-1, -2))
+    s_ctx = grouped_logits(q[None], keys.to(acc)[None])[0].masked_fill(~valid, -math.inf)
+    s_blk = grouped_logits(q[None], block_keys.to(acc))[0]
     causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
     s_blk = s_blk.masked_fill(~causal, -math.inf)
     probs = torch.softmax(torch.cat((s_ctx, s_blk), dim=-1), dim=-1)
     all_values = torch.cat((values, block_values[0]), dim=1).to(acc)  # [Hkv, T + L, Dv]
-    out = torch.matmul(probs, all_values[:, None])  # [Hkv, G, L, Dv]
+    out = grouped_values(probs[None], all_values[None])[0]  # [Hkv, G, L, Dv]
     return out.reshape(Hq, L, -1).transpose(0, 1)[None].to(query.dtype)

@@ -25,6 +25,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
+from ..kernels.cpu_gemm import linear_module
 from .attention import FOLD_ATTENTION, drafter_read
 from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
@@ -75,7 +76,9 @@ class DrafterMLP(nn.Module):
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        # several CPU rows run MKL's packed GEMM (kernels/cpu_gemm.py; F.linear elsewhere and under autograd)
+        gate = self.act(linear_module(self.gate_proj, x))
+        return linear_module(self.down_proj, gate * linear_module(self.up_proj, x))
 
 
 class DrafterAttention(nn.Module):
@@ -107,7 +110,7 @@ class DrafterAttention(nn.Module):
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int, norm: RMSNorm | None) -> torch.Tensor:
         b, L, _ = x.shape
-        y = proj(x).view(b, L, n, self.head_dim)
+        y = linear_module(proj, x).view(b, L, n, self.head_dim)
         if norm is not None:
             y = norm(y)
         return y.transpose(1, 2)
@@ -123,7 +126,7 @@ class DrafterAttention(nn.Module):
             return (self._heads(x, self.k_proj, self.num_kv_heads, self.k_norm),
                     self._heads(x, self.v_proj, self.num_kv_heads, None))
         b, L, _ = x.shape
-        raw = self.k_proj(x).view(b, L, self.num_kv_heads, self.head_dim)
+        raw = linear_module(self.k_proj, x).view(b, L, self.num_kv_heads, self.head_dim)
         return self.k_norm(raw).transpose(1, 2), self.v_norm(raw).transpose(1, 2)
 
     def forward(
@@ -150,7 +153,7 @@ class DrafterAttention(nn.Module):
         out = drafter_read(self, q, k_ctx, v_ctx, k_blk, v_blk, read, self.scaling, k_ctx_rotated)
         if read.on_read is not None:
             read.on_read(self, q, k_ctx, k_blk)
-        return self.o_proj(out.reshape(*out.shape[:2], -1))
+        return linear_module(self.o_proj, out.reshape(*out.shape[:2], -1))
 
 
 class DrafterLayer(nn.Module):
@@ -363,7 +366,7 @@ class FoldDrafter(PreTrainedModel):
                 f"context hidden states have {target_hidden.shape[-1]} features; the drafter's fc expects "
                 f"{expected} = {len(self.config.target_layer_ids)} taps x hidden {self.config.hidden_size}"
             )
-        return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+        return self.hidden_norm(linear_module(self.fc, target_hidden.to(self.fc.weight.dtype)))
 
     def forward(
         self,
@@ -511,8 +514,8 @@ class FoldDrafter(PreTrainedModel):
         """Base logits ``[..., V]`` of final-normed proposal slots ``hidden [..., H]`` (before any Markov bias)."""
         if self.is_deepspec:
             return deepspec.logits(self, hidden)
-        head = self.target_lm_head
-        return head(hidden.to(execution_device(head), head.weight.dtype))
+        head = self.target_lm_head  # B - 1 rows: on a CPU through MKL's packed GEMM (kernels/cpu_gemm.py)
+        return linear_module(head, hidden.to(execution_device(head), head.weight.dtype))
 
     def pick_proposals(self, base: torch.Tensor, last_token: torch.Tensor, pick=None):
         """Tokens of one block from its base logits ``[n, V]``.

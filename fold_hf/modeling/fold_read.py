@@ -27,7 +27,7 @@ import torch
 
 from ..kernels import KERNEL_DTYPES, triton_kernels_enabled
 from ..kernels.common import compute_dtype
-from ..kernels.reference import grouped_logits
+from ..kernels.reference import grouped_logits, grouped_values
 from .read_plan import LayerRead
 from .rope import RotaryTables
 
@@ -87,7 +87,7 @@ def fold_attention_reference(
     near_mask = torch.cat((read.near_mask, block_cols), dim=1)
     s_near = s_near.masked_fill(~near_mask, -math.inf)
     lse_near = torch.logsumexp(s_near, dim=-1)
-    o_near = torch.matmul(torch.exp(s_near - lse_near[..., None]), near_v.unsqueeze(2))
+    o_near = grouped_values(torch.exp(s_near - lse_near[..., None]), near_v)
 
     out, lse = o_near, lse_near
     if read.far_stop > 0:
@@ -107,7 +107,7 @@ def fold_attention_reference(
             lse_scaled = torch.logsumexp(scaled, dim=-1)
             log_mass_far = lse_scaled / read.alpha
             weights = torch.exp(scaled - lse_scaled[..., None])
-        o_far = torch.matmul(torch.nan_to_num(weights), far_v.unsqueeze(2))
+        o_far = grouped_values(torch.nan_to_num(weights), far_v)
         w_far = torch.sigmoid(log_mass_far - lse_near)
         w_far = torch.where(has_far, w_far, torch.zeros_like(w_far))
         out = o_near + w_far[..., None] * (o_far - o_near)

@@ -1,0 +1,171 @@
+"""Multi-row linear layers on a CPU through MKL's packed GEMM, beside their reference ``F.linear``.
+
+Why: a speculative round's verify runs the target on ``B`` rows (the last token and ``B - 1`` drafts) and the
+drafter's proposals run the target's ``lm_head`` on ``B - 1`` rows. On a CPU, ``F.linear`` with 3 to 16 rows
+reaches a fraction of the cores' FMA rate (the 2-core CI machine, SmolLM2-135M's projections in fp32: 8 rows cost
+2.4x one row, 47 vs 20 ms over the model's weights), while the same product over weights MKL has packed once
+costs 1.5x (30 ms). One row gains nothing (memory-bound either way), so a single-row call (an AR step) and a
+prefill chunk (hundreds of rows, where ``F.linear`` is the faster) run ``F.linear``. Measured numbers and the profile: ``docs/fast-path.md`` (CPU section).
+
+The packed copy is MKL's opaque layout of the weight (``torch.ops.mkl._mkl_reorder_linear_weight``; the same op
+torch.compile's CPU freezing uses). It is a second copy of the weight, so it is made only when the caller passes
+an ``owner`` (the ``nn.Parameter`` whose values the weight holds) under which it is cached and against whose
+version counter and data pointer it is checked on every call: an in-place write (``load_state_dict``, training, a
+LoRA merge) or a new buffer (``.to()``) repacks, never a stale read. The total packed bytes are capped
+(:func:`packed_budget_bytes`); past the cap, or without MKL (an ARM build), calls run ``F.linear`` and say so once.
+
+``$FOLD_HF_CPU_PACKED_GEMM``: ``auto`` (default: packed while the copies stay within a quarter of the machine's
+RAM), ``1`` (no cap), ``0`` (never: plain ``F.linear``, for A/B timings).
+
+Shapes: ``x [..., K]``, ``weight [N, K]``, ``bias [N]`` or None -> ``[..., N]``, as ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
+
+PACKED_ENV = "FOLD_HF_CPU_PACKED_GEMM"
+# F.linear's products of 4 to ~16 rows are slow on MKL (8 rows: 3x the time of 3 rows over one hot weight); packed
+# products win from 4 rows to ~32 and lose beyond (a prefill chunk runs F.linear). PACK_ROWS: MKL's row-count hint.
+MIN_ROWS, MAX_ROWS, PACK_ROWS = 4, 32, 32
+_DTYPES = (torch.float32,)  # MKL's packed sgemm; bf16/fp16 weights run F.linear
+
+# owner parameter -> {tag: (data_ptr, shape, version, packed)}
+_PACKED = WeakIdKeyDictionary()  # keyed by identity (a tensor's == is elementwise)
+_state = {"bytes": 0, "warned": set()}
+
+
+def packed_gemm_mode() -> str:
+    """``auto``, ``1`` or ``0`` from ``$FOLD_HF_CPU_PACKED_GEMM`` (ValueError on anything else)."""
+    value = os.environ.get(PACKED_ENV, "auto") or "auto"
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"{PACKED_ENV} must be auto, 0 or 1, got {value!r}")
+    return value
+
+
+def mkl_packed_available() -> bool:
+    """True when this torch build has MKL's packed linear ops (x86 builds with MKL)."""
+    return bool(getattr(torch._C, "has_mkl", False)) and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+def packed_budget_bytes() -> int | None:
+    """The most bytes the packed copies may take in ``auto`` mode (a quarter of physical RAM), None for no cap."""
+    if packed_gemm_mode() == "1":
+        return None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def packed_bytes() -> int:
+    """Bytes held by the packed copies made so far in this process (live or not yet collected)."""
+    return _state["bytes"]
+
+
+def _warn_once(reason: str) -> None:
+    message = f"multi-row CPU linears run F.linear, not MKL's packed GEMM: {reason}"
+    if message not in _state["warned"]:
+        _state["warned"].add(message)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def packed_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` would run ``x @ weight.T`` packed: a CPU fp32 product of :data:`MIN_ROWS` to
+    :data:`MAX_ROWS` rows, without autograd, the mode not ``0``, MKL present."""
+    if x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        return False
+    if x.dim() == 0 or weight.dim() != 2 or not MIN_ROWS * x.shape[-1] <= x.numel() <= MAX_ROWS * x.shape[-1]:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    if packed_gemm_mode() == "0":
+        return False
+    if not mkl_packed_available():
+        _warn_once("this torch build has no MKL packed linear (torch.ops.mkl._mkl_linear)")
+        return False
+    return True
+
+
+def pack(weight: torch.Tensor, rows: int = PACK_ROWS) -> torch.Tensor:
+    """MKL's packed copy of ``weight [N, K]`` (fp32, CPU) for products of about ``rows`` rows."""
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), int(rows))
+
+
+def packed_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The rule :func:`linear` computes: ``F.linear``."""
+    return F.linear(x, weight, bias)
+
+
+def _packed_for(owners: tuple, tag: str, weight: torch.Tensor) -> torch.Tensor | None:
+    """The cached packed copy of ``weight`` (made under ``owners[0]``'s ``tag``), or None past the byte budget."""
+    entries = _PACKED.get(owners[0], {})
+    key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), tuple(id(o) for o in owners),
+           tuple(o._version for o in owners))
+    entry = entries.get(tag)
+    if entry is not None and entry[0] == key:
+        return entry[1]
+    size = weight.numel() * weight.element_size()
+    budget = packed_budget_bytes()
+    if entry is not None:  # a stale copy: repacked below, its bytes freed
+        _state["bytes"] -= entry[2]
+        del entries[tag]
+    if budget is not None and _state["bytes"] + size > budget:
+        _warn_once(f"the packed copies would exceed {budget / 2**30:.1f} GiB, a quarter of this machine's RAM "
+                   f"(set {PACKED_ENV}=1 to lift the cap, 0 to silence this)")
+        return None
+    packed = pack(weight)
+    entries[tag] = (key, packed, size)
+    _PACKED[owners[0]] = entries
+    _state["bytes"] += size
+    weakref.finalize(packed, _release, size)
+    return packed
+
+
+def _release(size: int) -> None:
+    _state["bytes"] = max(0, _state["bytes"] - size)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           owners: tuple = (), tag: str = "") -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; a multi-row CPU fp32 product (:func:`packed_applies`) runs MKL's packed GEMM
+    over a copy of ``weight`` cached under ``owners[0]`` (default: ``weight`` itself, which must then be the
+    parameter) and ``tag``, repacked when any owner's version or ``weight``'s buffer changes.
+
+    Args:
+        x: ``[..., K]``.
+        weight: ``[N, K]``.
+        bias: ``[N]`` or None.
+        owners: the parameters whose in-place writes change ``weight`` (each one's version counter is checked:
+            a concatenated q|k|v buffer passes q's, k's and v's weights, whose counters are separate); empty:
+            ``(weight,)``.
+        tag: names ``weight`` among the packed copies of ``owners[0]`` (q|k|v, gate|up).
+
+    Returns:
+        ``[..., N]`` in ``x.dtype``.
+    """
+    if not packed_applies(x, weight):
+        return F.linear(x, weight, bias)
+    rows = x.numel() // x.shape[-1]
+    packed = _packed_for(tuple(owners) or (weight,), tag, weight)
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+
+
+def linear_module(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``, through :func:`linear` when ``module`` is a plain ``nn.Linear`` (a LoRA wrapper or a quantized
+    layer runs as itself)."""
+    if type(module) is torch.nn.Linear:
+        return linear(x, module.weight, module.bias)
+    return module(x)
+
+
+__all__ = ["MAX_ROWS", "MIN_ROWS", "PACK_ROWS", "PACKED_ENV", "linear", "linear_module", "mkl_packed_available", "pack", "packed_applies",
+           "packed_budget_bytes", "packed_bytes", "packed_gemm_mode", "packed_linear_reference"]
