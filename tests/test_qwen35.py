@@ -500,6 +500,28 @@ def test_graph_engine_matches_the_foundation_loop_on_gpu(mode):
         qwen35_target.cache_clear()
 
 
+@pytest.mark.gpu(reason="CUDA graphs: the captured verify of the MoE step and of the wrappers replays on a CUDA device")
+@pytest.mark.parametrize("arch", VARIANTS)
+def test_variants_graphs_engine_on_gpu(arch):
+    """fp32 on CUDA: the captured verify (the MoE step gathers its experts inside the graph; a capture with a host
+    read would raise) gives the target's own greedy output, module and fused layers, with the foundation loop's
+    acceptance lengths."""
+    target = tiny_target(arch, seed=3, dtype=torch.float32).cuda()
+    drafter = tiny_drafter(target, block=BLOCK, taps=(1, 3)).cuda()
+    try:
+        for seed, length in enumerate([9, 40, 300]):
+            ids = prompt(seed, length).cuda()
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24, return_stats=True)
+            assert torch.equal(ref.sequences, reference(target, ids, 24)), (arch, length)
+            for extra in (dict(), dict(target_attention="triton", fused_layers=True)):
+                res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, engine="graphs",
+                                            return_stats=True, **extra)
+                assert torch.equal(res.sequences, ref.sequences), (arch, length, extra)
+                assert res.acceptance_lengths == ref.acceptance_lengths, (arch, length, extra)
+    finally:
+        fold_hf.generation.release_fast_state(target)
+
+
 def test_cmr_runs_captured_and_drafts_what_the_loop_drafts():
     """cmr's refreshes read the verify's queries of the last full-attention layer: the Qwen3.5 runner keeps them
     (module and fused layers), so the static engine runs cmr's capturable step without a warning and proposes
