@@ -329,7 +329,8 @@ PATHS = ("generate", "assisted", "routed", "fast-eager", "fast-static", "fast-fu
 
 
 def run_path(path: str, target, drafter, ids: torch.Tensor, new: int, fold_config: FoldConfig | None = None):
-    """(sequences, acceptance lengths) of one way of decoding ``ids`` with ``drafter``: ``generate``
+    """(sequences, acceptance lengths) of one way of decoding ``ids`` with ``drafter`` (the fast loop's state on
+    ``target`` is released afterwards): ``generate``
     (:func:`fold_hf.generate`), ``assisted`` (transformers' assisted loop, ``fold_fast=False``), ``routed`` (the
     default ``target.generate``, which must take the fast loop: its fallback warning is an error here),
     ``fast-eager`` / ``fast-static`` (:func:`fold_hf.fast_generate`), ``fast-fused`` (the static engine with the fused
@@ -344,6 +345,8 @@ def run_path(path: str, target, drafter, ids: torch.Tensor, new: int, fold_confi
             warnings.filterwarnings("error", message="fold_hf: target.generate runs transformers'")
             out = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False,
                                   **({"fold_fast": False} if path == "assisted" else {}))
+        ran_fast = fold_hf.generation.fast._SESSION_ATTR in target.__dict__
+        assert ran_fast == (path == "routed"), (path, ran_fast)  # the routed call took the fast loop, the other not
         fold_hf.generation.release_fast_state(target)
         return out, list(drafter.last_acceptance_lengths)
     extra = dict(target_attention="triton", fused_layers=True) if path == "fast-fused" else {}

@@ -51,8 +51,8 @@ stream before the MLP), as the model's layer computes it.
 
 Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): bidirectional attention
 (``use_bidirectional_attention`` ``True`` / ``"all"``), length-dependent rope types, experts in another layout
-(:func:`~fold_hf.generation.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the projections stay the model's
-modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
+(:func:`~fold_hf.generation.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the
+projections stay the model's modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
 (:mod:`fold_hf.kernels.triton_hybrid`; :meth:`GemmaStaticTarget.fused_unsupported` names what they do not cover,
 and the fast loop then warns once and runs the layers on the modules).
 """
@@ -73,6 +73,8 @@ GEMMA_WRAPPERS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGenerat
 GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM") + GEMMA_WRAPPERS
 RING_SLACK = 64  # ring entries beyond the window: the most rows one verify may write and then roll back, minus one
 # (read when a runner is built: tests set it small so the tiny targets wrap their rings)
+
+
 def text_parts(model: nn.Module):
     """(text config, text decoder) of a Gemma causal LM or of its multimodal wrapper (``config.text_config``,
     ``model.model.language_model``); raises :class:`UnsupportedTarget` on an unexpected layout."""
