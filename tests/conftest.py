@@ -178,3 +178,34 @@ def restore_pairs():
     from tiny import restore_shared
 
     restore_shared()
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """``oracle(drafter, ref)``: every draft of ``drafter`` becomes :func:`tiny.oracle_tokens` of ``ref`` (the target's
+    greedy output) on every path, eager (``propose``) and static (``StaticDrafter.draft``); the real drafting still
+    runs first, so its cache commits happen as usual."""
+    from tiny import oracle_tokens
+
+    from fold_hf.generation import static_drafter as static_drafter_module
+
+    def install(drafter, ref):
+        original = drafter.propose  # what every loop calls for a round's proposals
+
+        def propose(last, context, cache, block_start=None, count=None, pick=None):
+            tokens, scores = original(last, context, cache, block_start=block_start, count=count, pick=pick)
+            forced = torch.tensor(oracle_tokens(ref, int(block_start), tokens.shape[0]), device=tokens.device)
+            return forced, scores
+
+        monkeypatch.setattr(drafter, "propose", propose)
+        draft = static_drafter_module.StaticDrafter.draft
+
+        def static_draft(self, taps, state, with_far, pick=None, phase=None):
+            drafts = draft(self, taps, state, with_far, phase=phase)  # greedy [B - 1]
+            position = int(state[0])  # the fast loop's state[_T_LEN]: position of the last committed token
+            forced = torch.tensor(oracle_tokens(ref, position, drafts.shape[0]), device=drafts.device)
+            return forced if pick is None else (forced, None)
+
+        monkeypatch.setattr(static_drafter_module.StaticDrafter, "draft", static_draft)
+
+    return install

@@ -18,7 +18,9 @@ from fold_hf.generation import fast as fast_module
 from fold_hf.generation.fast import fast_generate, fast_unsupported, release_fast_state
 from fold_hf.generation.static_target import build_static_target
 from fold_hf.generation.targets import gemma
-from tiny import GEMMA_WINDOW, MASK_ID, fit_drafter, greedy_reference, mode_config, tiny_drafter, tiny_target
+from tiny import (GEMMA3_IMAGE_ID, GEMMA4_PLACEHOLDERS, GEMMA_VARIANTS, GEMMA_WINDOW, MASK_ID, PATHS,
+                  assert_step_reads_nothing_on_the_host, fit_drafter, greedy_reference, mode_config, run_path, share,
+                  tiny_drafter, tiny_target)
 
 NEW_TOKENS = 40
 SHORT, LONG = 5, 40  # shorter than the target's window (8); longer than it and than the drafter's window (16)
@@ -133,14 +135,21 @@ def test_autoregressive_fast_path():
     release_fast_state(target)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"])
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"] + list(GEMMA_VARIANTS))
 def test_static_forwards_match_the_model_fp32(arch):
     """Our forwards (chunked prefill through the rings, a host verify, the device-length step with the bucket and
-    with the decode kernel's torch twin) give the model's own logits and tapped hidden states in fp32."""
+    with the decode kernel's torch twin) give the model's own logits and tapped hidden states in fp32. The wrappers:
+    their text decoder's layers are the tapped ones; Gemma-3's applies no final soft-capping (the tiny config sets
+    30) and maps its out-of-vocabulary image id to 0, Gemma-4's replaces its placeholder ids (7, 9: in the prompt) by
+    the pad id; ``gemma4_moe``: the MoE block on every layer."""
     target = tiny_target(arch, seed=2, dtype=torch.float32)
     taps = (1, 5)
     P, L = 37, 4  # 37 + 4 > window + slack: the rings have wrapped
     ids = prompt(11, P + 2 * L)
+    if arch == "gemma3_cg":
+        ids[0, 3] = ids[0, P + 1] = ids[0, P + L + 2] = GEMMA3_IMAGE_ID
+    if arch == "gemma4_cg":
+        assert set(GEMMA4_PLACEHOLDERS.values()) <= set(ids[0].tolist())
     with torch.no_grad():
         full = target(ids, output_hidden_states=True)
     want_logits = full.logits[0]
@@ -170,13 +179,10 @@ def test_static_forwards_match_the_model_fp32(arch):
 
 
 def test_what_the_fast_path_refuses_or_warns(monkeypatch):
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
-
-    moe = Gemma4ForCausalLM(Gemma4TextConfig(
-        vocab_size=12, hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=8, global_head_dim=8, sliding_window=8, hidden_size_per_layer_input=0,
-        enable_moe_block=True, num_experts=2, top_k_experts=1, moe_intermediate_size=8))
-    assert "MoE" in fast_unsupported(moe)
+    moe = tiny_target("gemma4_moe")
+    assert fast_unsupported(moe) is None  # the MoE block runs on the capturable experts step
+    monkeypatch.setattr(moe.model.layers[1].experts, "is_transposed", True)  # another stacked layout
+    assert "enable_moe_block: layer 1: experts Gemma4TextExperts store transposed weights" in fast_unsupported(moe)
     target = tiny_target("gemma4")
     assert fast_unsupported(target) is None
     runner = build_static_target(target, capacity=32)
@@ -201,7 +207,7 @@ def test_what_the_fast_path_refuses_or_warns(monkeypatch):
 
 
 @pytest.mark.gpu(reason="CUDA graphs: the captured verify over rings and global layers replays on a CUDA device")
-@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"])
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"] + list(GEMMA_VARIANTS))
 def test_graphs_engine_on_gpu(arch):
     """The captured verify step over rings and global layers (bucket and decode-kernel attention) gives the target's
     greedy output, with the drafter's captured step, in fp32 on CUDA."""
@@ -235,3 +241,93 @@ def test_fold_fast_routes_gemma_to_the_fast_loop():
     assert torch.equal(out, ref)
     assert fast_module._SESSION_ATTR in target.__dict__  # the fast loop ran
     release_fast_state(target)
+
+
+# ---------------------------------------------------------------------------------------------- variants
+VARIANT_NEW = 24
+
+
+@functools.lru_cache(maxsize=None)
+def variant_case(arch: str):
+    """(target, drafter, prompt, the target's own greedy output) of a wrapper / MoE variant, built once per process."""
+    target = tiny_target(arch, seed=3)
+    drafter = share(tiny_drafter(target, taps=(1, 5), fold_config=mode_config("fold")))
+    ids = prompt(30, 30)  # longer than the target's window + ring (8 + 3) and the drafter's window (16)
+    return target, drafter, ids, greedy_reference(target, ids, VARIANT_NEW)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("arch", GEMMA_VARIANTS)
+def test_variants_lossless_with_forced_rejections(arch, path, oracle):
+    """Every path equals the target's own greedy generate while the drafts are the target's continuation with one
+    slot corrupted per round (tests/conftest.py's ``oracle``): every acceptance count 1 .. 4 occurs, so the rings and
+    transformers' sliding caches roll back by every amount; the wrappers through their text decoder, the MoE block
+    through the capturable experts step."""
+    target, drafter, ids, ref = variant_case(arch)
+    oracle(drafter, ref)
+    out, acceptance = run_path(path, target, drafter, ids, VARIANT_NEW)
+    assert torch.equal(out, ref), (arch, path, out[0, ids.shape[1]:].tolist(), ref[0, ids.shape[1]:].tolist())
+    assert set(acceptance) == {1, 2, 3, 4}, acceptance
+
+
+def test_moe_step_reads_nothing_on_the_host():
+    """Gemma-4's MoE verify step (router module, experts gathered by device indices) runs on fake tensors: no host
+    read, no value-dependent shape, so it can be captured; the model's own experts (their eager loop) cannot."""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+
+    target = tiny_target("gemma4_moe", seed=4)
+    runner = build_static_target(target, capacity=64, tap_layer_ids=(1, 5))
+    runner.prefill(prompt(41, 20))
+    assert_step_reads_nothing_on_the_host(runner, 20)
+    layer = target.model.layers[0]
+    x = torch.zeros(4, 32, dtype=torch.float64)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = mode.from_tensor(x)
+        _, weights, index = layer.router(fake)
+        with pytest.raises(DynamicOutputShapeException):
+            layer.experts(fake, index, weights)
+
+
+@pytest.mark.parametrize("arch", GEMMA_VARIANTS)
+def test_variant_forward_matches_the_model_float64(arch):
+    """fp64, tight (the fp32 test cannot see Gemma-3's soft-capping of logits this small: tanh(z / 30) * 30 moves
+    z = 0.2 by 3e-6): our prefill and device-length steps give the model's own logits. The MoE model: the router
+    reading the residual stream, the three extra norms, the experts weighted by the router; the wrappers: their
+    soft-capping (none for Gemma-3's) and placeholder ids."""
+    target = tiny_target(arch, seed=2)
+    ids = prompt(12, 30)
+    if arch == "gemma3_cg":
+        ids[0, 5] = ids[0, 27] = GEMMA3_IMAGE_ID
+    with torch.no_grad():
+        want = target(ids).logits[0]
+    runner = build_static_target(target, capacity=64)
+    last = runner.prefill(ids[:, :26])
+    torch.testing.assert_close(last, want[25], rtol=1e-12, atol=1e-12)
+    # the fused layers' norm twins round through fp32 as the kernels do: 1e-6 there
+    for attention, fused, tol in (("bucket", False, 1e-12), ("triton", False, 1e-12), ("triton", True, 1e-6)):
+        runner.forward_static(torch.full((1, 4), 3), torch.arange(26, 30), 64, attention=attention, fused=fused)
+        logits = runner.forward_static(ids[:, 26:], torch.arange(26, 30), 64, attention=attention, fused=fused)
+        torch.testing.assert_close(logits, want[26:], rtol=tol, atol=tol)
+
+
+def test_moe_fp32_lossless_against_transformers_default_experts():
+    """fp32 with transformers' default experts implementation (grouped GEMM) as the reference."""
+    target = tiny_target("gemma4_moe", seed=3, dtype=torch.float32)
+    target.set_experts_implementation("grouped_mm")
+    drafter = tiny_drafter(target, taps=(1, 5))
+    ids = prompt(31, 30)
+    ref = greedy_reference(target, ids, VARIANT_NEW)
+    for path in ("generate", "fast-static", "fast-fused"):
+        out, _ = run_path(path, target, drafter, ids, VARIANT_NEW)
+        assert torch.equal(out, ref), path
+
+
+def test_kv_shared_wrapper_prefills_every_position_for_its_taps():
+    """Gemma-4's wrapper with KV sharing slices the sequence at its first shared layer as the causal LM does: the
+    check reads the text config, so a tap after that layer (5 of 6, first shared 4) gets every prompt position."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    text = tiny_target("gemma4_shared").config.to_dict()
+    text["pad_token_id"] = 0
+    wrapper = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=None, audio_config=None))
+    assert gemma.slices_before_taps(wrapper, (1, 5)) and not gemma.slices_before_taps(wrapper, (1, 3))

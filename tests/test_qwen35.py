@@ -11,16 +11,14 @@ state must roll back by a different amount each time. Independent statements: th
 from __future__ import annotations
 
 import functools
-import random
 import warnings
 
 import pytest
 import torch
 
 import fold_hf
-from fold_hf.generation import static_drafter as static_drafter_module
 from fold_hf.kernels.gated_delta import gated_delta_states_reference
-from tiny import mode_config, tiny_drafter
+from tiny import PATHS, assert_step_reads_nothing_on_the_host, mode_config, run_path, share, tiny_drafter, tiny_target
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Qwen3_5TextConfig"):
@@ -62,44 +60,6 @@ def prompt(seed: int, length: int) -> torch.Tensor:
 
 def reference(target, ids, new):
     return target.generate(ids, max_new_tokens=new, do_sample=False)
-
-
-def _oracle_tokens(ref: torch.Tensor, position: int, k: int) -> list[int]:
-    """The target's greedy tokens after ``position`` with one slot, picked by ``position`` (seeded), corrupted; the
-    pick ``k`` corrupts none (everything accepted)."""
-    tokens = ref[0, position + 1 : position + 1 + k].tolist()
-    tokens += [0] * (k - len(tokens))
-    j = random.Random(position).randrange(k + 1)
-    if j < k:
-        tokens[j] = (tokens[j] + 1) % MASK
-    return tokens
-
-
-@pytest.fixture
-def oracle(monkeypatch):
-    """Make every draft of ``drafter`` the corrupted oracle of ``ref`` (the real drafting still runs first, so its
-    cache commits happen as usual)."""
-
-    def install(drafter, ref):
-        original = drafter.propose  # what every loop calls for a round's proposals
-
-        def propose(last, context, cache, block_start=None, count=None, pick=None):
-            tokens, scores = original(last, context, cache, block_start=block_start, count=count, pick=pick)
-            forced = torch.tensor(_oracle_tokens(ref, int(block_start), tokens.shape[0]), device=tokens.device)
-            return forced, scores
-
-        monkeypatch.setattr(drafter, "propose", propose)
-        draft = static_drafter_module.StaticDrafter.draft
-
-        def static_draft(self, taps, state, with_far, pick=None, phase=None):
-            drafts = draft(self, taps, state, with_far, phase=phase)  # greedy [B - 1]
-            position = int(state[0])  # the fast loop's state[_T_LEN]: position of the last committed token
-            forced = torch.tensor(_oracle_tokens(ref, position, drafts.shape[0]), device=drafts.device)
-            return forced if pick is None else (forced, None)
-
-        monkeypatch.setattr(static_drafter_module.StaticDrafter, "draft", static_draft)
-
-    return install
 
 
 def _cache_name(target) -> str:
@@ -190,34 +150,143 @@ def test_autoregressive_fast_loop_and_routing():
     assert torch.equal(out, ref)
 
 
-def test_moe_variant_on_the_transformers_paths(oracle):
-    """Qwen3.5-MoE has the same linear-attention cache: the rollback covers it (fp32: transformers' grouped GEMM of
-    the experts takes no fp64). The fast loop declines it, saying why."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+# ---------------------------------------------------------------------------------------------- variants
+# The MoE variant and the multimodal wrappers (text-only ids), tests/tiny.py's builders: the wrappers' text model is the
+# dense tiny target's config; the MoE layers route to 2 of 4 experts (weights drawn wide, so the routing and every
+# expert term reach the logits) plus a gated shared expert. fp64 with the experts' eager loop as the model's reference.
+VARIANTS = ("qwen35_cg", "qwen35_moe", "qwen35_moe_cg")
+VARIANT_NEW = 24
 
-    from fold_hf.generation.fast import fast_unsupported
 
-    torch.manual_seed(2)
-    config = Qwen3_5MoeTextConfig(vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=16,
-                                  shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
-                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                  linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False,
-                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    target = Qwen3_5MoeForCausalLM(config).eval()
-    target.generation_config.eos_token_id = None
-    target.generation_config.pad_token_id = None
-    drafter = tiny_drafter(target, block=BLOCK, taps=(1, 3)).float()
-    ids = prompt(31, 25)
-    ref = reference(target, ids, 20)
+@functools.lru_cache(maxsize=None)
+def variant_case(arch: str):
+    """(target, drafter, prompt, the target's own greedy output) of a variant, built once per process."""
+    target = tiny_target(arch, seed=3)
+    drafter = share(tiny_drafter(target, block=BLOCK, taps=(1, 3), fold_config=mode_config("fold")))
+    ids = prompt(30, 30)  # longer than the drafter's window (16)
+    return target, drafter, ids, reference(target, ids, VARIANT_NEW)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("arch", VARIANTS)
+def test_variants_lossless_with_forced_rejections(arch, path, oracle):
+    """Every path equals the target's own greedy generate with every acceptance count 1 .. 4 (so the linear state
+    rolls back by every amount), on the MoE variant's capturable step and the wrappers' text decoder."""
+    target, drafter, ids, ref = variant_case(arch)
     oracle(drafter, ref)
-    rounds = []
-    for path in ("generate", "assisted"):
-        out, acceptance = _run(path, target, drafter, ids, 20)
+    out, acceptance = run_path(path, target, drafter, ids, VARIANT_NEW)
+    assert torch.equal(out, ref), (arch, path, out[0, ids.shape[1]:].tolist(), ref[0, ids.shape[1]:].tolist())
+    assert set(acceptance) == set(range(1, BLOCK + 1)), acceptance
+
+
+@pytest.mark.parametrize("arch", VARIANTS)
+def test_variant_forwards_match_the_model(arch):
+    """Our forwards give the model's own logits and tapped hidden states (``output_hidden_states``: the text decoder's
+    layers, which the drafter's ``target_layer_ids`` index): the chunked prefill (through the model's forward, 1-D
+    positions passed), a verify whose rows after the first are rejected (``accept(0)``), the true rows, then the same
+    with the device-length step (bucket, decode-kernel twin, fused twins). A wrapper carries rope deltas an image
+    request would have left (-3): the positions must not see them."""
+    from fold_hf.generation.static_target import build_static_target
+    from fold_hf.generation.targets.qwen35 import Qwen35StaticTarget
+
+    target = tiny_target(arch, seed=2)
+    taps, P, L = (1, 3, 7), 21, 4
+    ids = prompt(40, P + 4 * (L + 1))
+    with torch.no_grad():
+        full = target(ids, output_hidden_states=True)
+    want_logits = full.logits[0]
+    want_taps = torch.cat([full.hidden_states[t + 1][0] for t in taps], -1)
+    if "cg" in arch:
+        target.model.rope_deltas = torch.tensor([[-3]])
+    runner = build_static_target(target, capacity=64, tap_layer_ids=taps)
+    assert type(runner) is Qwen35StaticTarget
+    seen = []
+    last = runner.prefill(ids[:, :P], chunk=8, on_taps=lambda f, s: seen.append(f))
+    torch.testing.assert_close(last, want_logits[P - 1], **TOL)
+    torch.testing.assert_close(torch.cat(seen, 1)[0], want_taps[:P], **TOL)
+    position = P
+    for attention, fused in ((None, False), ("bucket", False), ("triton", False), ("triton", True)):
+        def step(rows, start, taps_out=None):
+            if attention is None:
+                return runner.forward(rows, start, taps_out=taps_out)
+            return runner.forward_static(rows, torch.arange(start, start + rows.shape[1]), 64, taps_out=taps_out,
+                                         attention=attention, fused=fused)
+
+        block = ids[:, position : position + L].clone()
+        block[0, 1:] = (block[0, 1:] + 1) % MASK  # rejected rows: only the first is kept
+        step(block, position)
+        runner.accept(0)
+        out = torch.empty(1, L, runner.tap_width, dtype=torch.float64)
+        logits = step(ids[:, position + 1 : position + 1 + L], position + 1, out)
+        runner.accept(L - 1)
+        rows = slice(position + 1, position + 1 + L)
+        torch.testing.assert_close(logits, want_logits[rows], **TOL)
+        torch.testing.assert_close(out[0], want_taps[rows], **TOL)
+        position += L + 1
+
+
+def test_moe_block_matches_the_model_float64():
+    """The capturable MoE step (router and shared expert modules, experts gathered by device indices) against the
+    model's own ``Qwen3_5MoeSparseMoeBlock`` (its eager loop over the experts hit), fp64, every layer, 37 tokens."""
+    from fold_hf.generation.targets.qwen35 import Qwen35StaticTarget
+
+    target = tiny_target("qwen35_moe", seed=4)
+    x = torch.randn(1, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for layer in target.model.layers:
+        with torch.no_grad():
+            want = layer.mlp(x)
+            got = Qwen35StaticTarget._sparse_moe(layer.mlp, x)
+            _, _, index = layer.mlp.gate(x[0])
+        assert len(set(index.flatten().tolist())) == 4  # every expert is used somewhere
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12 * float(want.abs().max()))
+
+
+def test_moe_step_reads_nothing_on_the_host():
+    """The verify step of the MoE variant runs on fake tensors (no host read, no value-dependent shape: capturable);
+    the model's own experts (their eager loop) cannot, which is what this check catches."""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+
+    from fold_hf.generation.static_target import build_static_target
+
+    target = tiny_target("qwen35_moe", seed=4)
+    runner = build_static_target(target, capacity=64, tap_layer_ids=(1, 3))
+    runner.prefill(prompt(41, 20))
+    assert_step_reads_nothing_on_the_host(runner, 20)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with pytest.raises(DynamicOutputShapeException):
+            target.model.layers[0].mlp(mode.from_tensor(torch.zeros(1, 4, 32, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("arch", ["qwen35_moe", "qwen35_moe_cg"])
+def test_moe_fp32_lossless_against_transformers_default_experts(arch):
+    """fp32 with transformers' default experts implementation (grouped GEMM) as the model's reference: our fast
+    engines (capturable gather + batched matmuls) and the transformers paths give its greedy output."""
+    target = tiny_target(arch, seed=3, dtype=torch.float32)
+    target.set_experts_implementation("grouped_mm")
+    drafter = tiny_drafter(target, block=BLOCK, taps=(1, 3))
+    ids = prompt(31, 30)
+    ref = reference(target, ids, VARIANT_NEW)
+    for path in ("generate", "fast-static", "fast-fused"):
+        out, _ = run_path(path, target, drafter, ids, VARIANT_NEW)
         assert torch.equal(out, ref), path
-        rounds += acceptance
-    assert min(rounds) < BLOCK and max(rounds) > 1, rounds
-    assert "Qwen3_5MoeForCausalLM is not one of them" in fast_unsupported(target)
+
+
+def test_wrapper_ignores_rope_deltas_of_an_earlier_image_request():
+    """``Qwen3_5Model`` adds ``rope_deltas`` (left by its last image request) to the positions of every call with a
+    non-empty cache; transformers' ``generate`` resets them for a text prompt. The foundation loop's runner must too:
+    its verify logits equal the model's forward over the whole text."""
+    from fold_hf.generation.loop import ForwardRunner
+
+    target = tiny_target("qwen35_cg", seed=2)
+    ids = prompt(42, 24)
+    with torch.no_grad():
+        want = target(ids).logits[0]
+    target.model.rope_deltas = torch.tensor([[-3]])
+    runner = ForwardRunner(target, (1, 3))
+    runner.prefill(ids[:, :20])
+    logits, _ = runner.verify(ids[:, 20:], 20)
+    torch.testing.assert_close(logits, want[20:], **TOL)
+    assert target.model.rope_deltas is None
 
 
 # ---------------------------------------------------------------------------------------------- rollback
@@ -429,6 +498,28 @@ def test_graph_engine_matches_the_foundation_loop_on_gpu(mode):
     finally:
         fold_hf.generation.release_fast_state(target)
         qwen35_target.cache_clear()
+
+
+@pytest.mark.gpu(reason="CUDA graphs: the captured verify of the MoE step and of the wrappers replays on a CUDA device")
+@pytest.mark.parametrize("arch", VARIANTS)
+def test_variants_graphs_engine_on_gpu(arch):
+    """fp32 on CUDA: the captured verify (the MoE step gathers its experts inside the graph; a capture with a host
+    read would raise) gives the target's own greedy output, module and fused layers, with the foundation loop's
+    acceptance lengths."""
+    target = tiny_target(arch, seed=3, dtype=torch.float32).cuda()
+    drafter = tiny_drafter(target, block=BLOCK, taps=(1, 3)).cuda()
+    try:
+        for seed, length in enumerate([9, 40, 300]):
+            ids = prompt(seed, length).cuda()
+            ref = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=24, return_stats=True)
+            assert torch.equal(ref.sequences, reference(target, ids, 24)), (arch, length)
+            for extra in (dict(), dict(target_attention="triton", fused_layers=True)):
+                res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=24, engine="graphs",
+                                            return_stats=True, **extra)
+                assert torch.equal(res.sequences, ref.sequences), (arch, length, extra)
+                assert res.acceptance_lengths == ref.acceptance_lengths, (arch, length, extra)
+    finally:
+        fold_hf.generation.release_fast_state(target)
 
 
 def test_cmr_runs_captured_and_drafts_what_the_loop_drafts():

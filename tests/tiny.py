@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
+import warnings
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -26,17 +28,89 @@ def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: 
         model = LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **common))
     elif arch == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, rope_theta=10000.0, **common))
-    elif arch in GEMMA_ARCHS:
+    elif arch in GEMMA_ARCHS + GEMMA_VARIANTS:
         model = tiny_gemma(arch, common)
+    elif arch in QWEN35_VARIANTS:
+        model = tiny_qwen35(arch)
     else:
         raise ValueError(arch)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = None
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    if hasattr(model, "set_experts_implementation") and any(hasattr(m, "gate_up_proj") for m in model.modules()):
+        # the experts' own loop (transformers' default grouped GEMM takes no fp64): the model's reference for the MoE
+        model.set_experts_implementation("eager")
+    return model
 
 
 GEMMA_ARCHS = ("gemma3", "gemma4", "gemma4_shared")
+# the multimodal wrappers around the same text configs (text-only ids; Gemma-4's image / audio placeholders are ids 7
+# and 9 of the tiny vocabulary, which the wrapper replaces by its pad id 0) and Gemma-4 with its MoE block
+GEMMA_VARIANTS = ("gemma3_cg", "gemma4_cg", "gemma4_moe")
 GEMMA_WINDOW = 8  # the tiny Gemma targets' sliding window (tokens)
+GEMMA4_PLACEHOLDERS = {"image_token_id": 7, "audio_token_id": 9}
+GEMMA3_IMAGE_ID = VOCAB + 5  # outside the vocabulary: the Gemma-3 wrapper embeds it as id 0
+
+# Qwen3.5: the dense text model of tests/test_qwen35.py (8 layers, 6 linear-attention), its multimodal wrapper, the MoE
+# variant (4 experts, top-2, shared expert) and the MoE wrapper
+QWEN35_VARIANTS = ("qwen35", "qwen35_cg", "qwen35_moe", "qwen35_moe_cg")
+QWEN35_TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4,
+                   max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                   pad_token_id=None)
+QWEN35_MOE = dict(moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+# a tiny vision tower for the wrappers (never run: text-only ids); its placeholder ids lie outside the vocabulary
+QWEN35_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
+                     temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
+QWEN35_VISION_IDS = dict(image_token_id=VOCAB + 5, video_token_id=VOCAB + 6, vision_start_token_id=VOCAB + 7,
+                         vision_end_token_id=VOCAB + 8)
+
+
+def _spread_moe(model) -> None:
+    """Routers, experts and MoE norms drawn wide enough that the routing and every expert term change the logits
+    (at transformers' init, std 0.02, the experts' output is ~1e-3 of the residual stream and an error in the MoE step
+    would not change a greedy token)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "gate_up_proj"):  # the stacked experts
+                module.gate_up_proj.normal_(std=0.2)
+                module.down_proj.normal_(std=0.2)
+            for name in ("router", "gate"):  # Gemma-4's router.proj / Qwen3.5-MoE's gate.weight
+                router = getattr(module, name, None)
+                if hasattr(module, "experts") and router is not None:
+                    weight = router.proj.weight if hasattr(router, "proj") else router.weight
+                    weight.normal_(std=1.0)
+                    if hasattr(router, "per_expert_scale"):
+                        router.per_expert_scale.uniform_(0.5, 1.5)
+            if hasattr(module, "shared_expert_gate"):
+                module.shared_expert_gate.weight.normal_(std=1.0)
+            for name in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"):
+                norm = getattr(module, name, None)
+                if norm is not None and getattr(norm, "weight", None) is not None:
+                    norm.weight.uniform_(0.5, 1.5)
+
+
+def tiny_qwen35(arch: str):
+    """Tiny Qwen3.5 targets (:data:`QWEN35_VARIANTS`) from transformers' configs (seeded by the caller)."""
+    import transformers as tf
+
+    text = dict(QWEN35_TEXT)
+    if "moe" in arch:
+        text.pop("intermediate_size")
+        text.update(QWEN35_MOE)
+    if arch == "qwen35":
+        return tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**text))
+    if arch == "qwen35_moe":
+        model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**text))
+    elif arch == "qwen35_cg":
+        return tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(text_config=text, vision_config=QWEN35_VISION,
+                                                                   **QWEN35_VISION_IDS))
+    else:
+        model = tf.Qwen3_5MoeForConditionalGeneration(tf.Qwen3_5MoeConfig(
+            text_config=text, vision_config=QWEN35_VISION, **QWEN35_VISION_IDS))
+    _spread_moe(model)
+    return model
 
 
 def tiny_gemma(arch: str, common: dict):
@@ -49,28 +123,43 @@ def tiny_gemma(arch: str, common: dict):
     rope (0.25), per-layer inputs (PLE), final soft-capping. ``gemma4_shared``: ``gemma4`` with the last two layers
     reusing earlier layers' keys and values (``num_kv_shared_layers=2``).
     """
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Gemma4ForCausalLM, Gemma4TextConfig
+    import transformers as tf
 
     common = dict(common, head_dim=8, sliding_window=GEMMA_WINDOW)
     common.pop("tie_word_embeddings")
-    if arch == "gemma3":
-        return Gemma3ForCausalLM(Gemma3TextConfig(query_pre_attn_scalar=8, final_logit_softcapping=30.0,
-                                                  attn_logit_softcapping=20.0, **common))
+    if arch in ("gemma3", "gemma3_cg"):
+        text = dict(query_pre_attn_scalar=8, final_logit_softcapping=30.0, attn_logit_softcapping=20.0, **common)
+        if arch == "gemma3":
+            return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**text))
+        # the wrapper applies no final soft-capping (5.24): the test of its logits sees the difference
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=8,
+                      patch_size=4)
+        return tf.Gemma3ForConditionalGeneration(tf.Gemma3Config(
+            text_config=text, vision_config=vision, mm_tokens_per_image=1, image_token_index=GEMMA3_IMAGE_ID,
+            boi_token_index=VOCAB + 6, eoi_token_index=VOCAB + 7, tie_word_embeddings=False))
     n = common["num_hidden_layers"]
     layer_types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(n)]
     layer_types[-1] = "full_attention"
     shared = 2 if arch == "gemma4_shared" else 0
-    return Gemma4ForCausalLM(Gemma4TextConfig(global_head_dim=16, num_global_key_value_heads=1,
-                                              attention_k_eq_v=True, final_logit_softcapping=30.0,
-                                              hidden_size_per_layer_input=4, vocab_size_per_layer_input=common[
-                                                  "vocab_size"], layer_types=layer_types,
-                                              num_kv_shared_layers=shared, **common))
+    text = dict(global_head_dim=16, num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=30.0,
+                hidden_size_per_layer_input=4, vocab_size_per_layer_input=common["vocab_size"], layer_types=layer_types,
+                num_kv_shared_layers=shared, **common)
+    if arch == "gemma4_cg":
+        text["pad_token_id"] = 0  # the wrapper substitutes its placeholders by the pad id
+        return tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(
+            text_config=text, vision_config=None, audio_config=None, tie_word_embeddings=False, **GEMMA4_PLACEHOLDERS))
+    if arch == "gemma4_moe":
+        text.update(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)
+        model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**text))
+        _spread_moe(model)
+        return model
+    return tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**text))
 
 
 def drafter_config(target, block: int = 4, layers: int = 2, taps=(1, 3), sliding_window=None,
                    layer_types=None, partial_rotary_factor=None, heads: int = 4, kv_heads: int = 2,
                    **extra) -> FoldDrafterConfig:
-    tcfg = target.config
+    tcfg = target.config.get_text_config()  # a multimodal wrapper's text model
     kw = dict(block_size=block, num_target_layers=tcfg.num_hidden_layers, target_layer_ids=list(taps),
               mask_token_id=tcfg.vocab_size - 1, vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size,
               intermediate_size=64, num_hidden_layers=layers, num_attention_heads=heads,
@@ -118,7 +207,7 @@ def fit_drafter(target, drafter, steps: int = 150, seq_len: int = 48, seed: int 
     texts = []
     with torch.no_grad():
         for i in range(8):
-            prompt = torch.randint(0, target.config.vocab_size - 1, (1, 8), generator=g)
+            prompt = torch.randint(0, target.config.get_text_config().vocab_size - 1, (1, 8), generator=g)
             texts.append(target.generate(prompt, max_new_tokens=seq_len - 8, do_sample=False))
     taps = HiddenTaps(target, drafter.config.target_layer_ids)
     feats = []
@@ -220,3 +309,68 @@ def pair_on_gpu(arch: str = "llama"):
         target.to("cpu", torch.float64)
         drafter.to("cpu", torch.float64)
         fold_hf.generation.release_fast_state(target)
+
+
+# ---- forced rejections and the generate paths, shared by the target-family tests
+
+def oracle_tokens(ref: torch.Tensor, position: int, k: int) -> list[int]:
+    """The target's greedy tokens after ``position`` (from ``ref``, its greedy output) with one slot, picked by
+    ``position`` (seeded), corrupted; the pick ``k`` corrupts none (everything accepted). Drafting these makes every
+    acceptance count 1 .. k + 1 occur, so a target's state rolls back by every amount."""
+    tokens = ref[0, position + 1 : position + 1 + k].tolist()
+    tokens += [0] * (k - len(tokens))
+    j = random.Random(position).randrange(k + 1)
+    if j < k:
+        tokens[j] = (tokens[j] + 1) % MASK_ID
+    return tokens
+
+
+PATHS = ("generate", "assisted", "routed", "fast-eager", "fast-static", "fast-fused")
+
+
+def run_path(path: str, target, drafter, ids: torch.Tensor, new: int, fold_config: FoldConfig | None = None):
+    """(sequences, acceptance lengths) of one way of decoding ``ids`` with ``drafter`` (the fast loop's state on
+    ``target`` is released afterwards): ``generate``
+    (:func:`fold_hf.generate`), ``assisted`` (transformers' assisted loop, ``fold_fast=False``), ``routed`` (the
+    default ``target.generate``, which must take the fast loop: its fallback warning is an error here),
+    ``fast-eager`` / ``fast-static`` (:func:`fold_hf.fast_generate`), ``fast-fused`` (the static engine with the fused
+    layers, their torch twins off CUDA)."""
+    if fold_config is not None:
+        drafter.set_fold_config(fold_config)
+    if path == "generate":
+        res = fold_hf.generate(target, drafter, input_ids=ids, max_new_tokens=new, return_stats=True)
+        return res.sequences, res.acceptance_lengths
+    if path in ("assisted", "routed"):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="fold_hf: target.generate runs transformers'")
+            out = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False,
+                                  **({"fold_fast": False} if path == "assisted" else {}))
+        ran_fast = fold_hf.generation.fast._SESSION_ATTR in target.__dict__
+        assert ran_fast == (path == "routed"), (path, ran_fast)  # the routed call took the fast loop, the other not
+        fold_hf.generation.release_fast_state(target)
+        return out, list(drafter.last_acceptance_lengths)
+    extra = dict(target_attention="triton", fused_layers=True) if path == "fast-fused" else {}
+    res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine=path.split("-")[1].replace(
+        "fused", "static"), return_stats=True, **extra)
+    fold_hf.generation.release_fast_state(target)
+    return res.sequences, res.acceptance_lengths
+
+
+def assert_step_reads_nothing_on_the_host(runner, start: int, rows: int = 4) -> None:
+    """The device-length verify step (bucket, decode-kernel twin, fused twins) and ``accept`` run on fake tensors
+    (``FakeTensorMode``: no values exist, so any ``nonzero``, ``.item()``, ``.tolist()`` or value-dependent shape
+    raises), i.e. the step can be captured in a CUDA graph. The fused path's one-time set-up (it probes the
+    activation's values) runs first on real tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ids = torch.zeros(1, rows, dtype=torch.long)
+    positions = torch.arange(start, start + rows)
+    runner.forward_static(ids, positions, runner.capacity, attention="triton", fused=True)
+    runner.accept(0)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_ids, fake_positions = mode.from_tensor(ids), mode.from_tensor(positions)
+        for attention, fused in (("bucket", False), ("triton", False), ("triton", True)):
+            logits = runner.forward_static(fake_ids, fake_positions, runner.capacity, attention=attention,
+                                           fused=fused)
+            assert logits.shape[0] == rows, (attention, fused)
+            runner.accept(mode.from_tensor(torch.tensor([rows - 1])))

@@ -25,6 +25,7 @@ from ..modeling.validation import validate_batch
 from .rollback import LinearStateRollback, crop_attention_layers, has_linear_state
 from .rounds import decode, eager_rounds, num_proposals
 from .sampling import Sampling, TokenChoice
+from .static_target import prepare_text_request
 from .taps import HiddenTaps, _unwrap
 from .targets.gemma import slices_before_taps
 from .tracker import StopStrings, Tracker, eos_ids
@@ -62,6 +63,7 @@ class ForwardRunner:
 
     def __init__(self, target, tap_layer_ids=(), taps_device=None) -> None:
         self.target = target
+        prepare_text_request(target)  # a multimodal wrapper's state from an earlier image request (its family says)
         self.taps = HiddenTaps(target, tap_layer_ids, device=taps_device) if tap_layer_ids else None
         self.cache = DynamicCache(config=getattr(target, "config", None))
         self.recording = _record_past(self.cache)  # sliding layers (Gemma): crop after every forward

@@ -76,8 +76,13 @@ def _sliding_window_of(model, layer) -> int | None:
 # the module's ``register()`` returns {architecture: (check(model, capacity), runner class)}.
 TARGET_FAMILIES = {
     "Qwen3_5ForCausalLM": "fold_hf.generation.targets.qwen35",
+    "Qwen3_5MoeForCausalLM": "fold_hf.generation.targets.qwen35",
+    "Qwen3_5ForConditionalGeneration": "fold_hf.generation.targets.qwen35",
+    "Qwen3_5MoeForConditionalGeneration": "fold_hf.generation.targets.qwen35",
     "Gemma3ForCausalLM": "fold_hf.generation.targets.gemma",
     "Gemma4ForCausalLM": "fold_hf.generation.targets.gemma",
+    "Gemma3ForConditionalGeneration": "fold_hf.generation.targets.gemma",
+    "Gemma4ForConditionalGeneration": "fold_hf.generation.targets.gemma",
 }
 
 
@@ -89,6 +94,21 @@ def _family(name: str):
     import importlib
 
     return importlib.import_module(path).register()[name]
+
+
+def prepare_text_request(target: nn.Module) -> None:
+    """Before a text-only request through the model's own forward (:class:`fold_hf.generation.loop.ForwardRunner`):
+    the family module's ``prepare_text_request(model)``, when it has one, clears wrapper state that such a request
+    must not inherit (Qwen3.5's wrapper keeps the rope deltas of its last image request)."""
+    model = _unwrap(target)
+    path = TARGET_FAMILIES.get(type(model).__name__)
+    if path is None:
+        return
+    import importlib
+
+    hook = getattr(importlib.import_module(path), "prepare_text_request", None)
+    if hook is not None:
+        hook(model)
 
 
 def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=()) -> "StaticTarget":
@@ -159,6 +179,7 @@ class StaticTarget:
         self.final_norm = self.decoder.norm
         attn = self.layers[0].self_attn
         config = model.config
+        self.config = config  # the text model's config (a family runner over a multimodal wrapper sets its text_config)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = attn.head_dim
@@ -283,7 +304,7 @@ class StaticTarget:
 
     @property
     def tap_width(self) -> int:
-        return self.num_taps * self.model.config.hidden_size
+        return self.num_taps * self.config.hidden_size
 
     def bytes_held(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
@@ -471,7 +492,7 @@ class StaticTarget:
         taps = {}
         for slot, lid in enumerate(self.tap_layer_ids):
             taps.setdefault(lid, []).append(slot)
-        H = self.model.config.hidden_size
+        H = self.config.hidden_size
 
         def tap(layer_id: int, value: torch.Tensor) -> None:
             if taps_out is not None:

@@ -1,5 +1,6 @@
-"""The Gemma text family on the fast loop: ``Gemma3ForCausalLM`` (``gemma3_text``) and ``Gemma4ForCausalLM``
-(``gemma4_text``). Everything the fast loop needs to know about these targets is here.
+"""The Gemma text family on the fast loop: ``Gemma3ForCausalLM`` (``gemma3_text``), ``Gemma4ForCausalLM``
+(``gemma4_text``) and their multimodal wrappers ``Gemma3ForConditionalGeneration`` / ``Gemma4ForConditionalGeneration``
+with text-only ids. Everything the fast loop needs to know about these targets is here.
 
 What differs from the default (Llama) family, all read from the model's own config and modules:
 
@@ -28,10 +29,30 @@ the slots it overwrites held positions ``<= t + L - 1 - R < t - window + 1``, ol
 and rejected entries at ``t + n + 1 ..`` are rewritten by the next verify (or sit below the window of every
 later query). Global layers keep the default family's full cache (the bucket attention or the decode kernel).
 
-Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): the MoE block
-(``enable_moe_block``, data-dependent expert routing), bidirectional attention (``use_bidirectional_attention``),
-length-dependent rope types. Fused layers (the fast loop's default on CUDA): the projections stay the model's
-modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
+**Multimodal wrappers** (text-only ids): the text config is ``config.text_config``, the text decoder
+``model.model.language_model`` (the same ``Gemma3TextModel`` / ``Gemma4TextModel`` as in the causal LM, scaled
+embedding included; the drafter's ``target_layer_ids`` index its layers), ``lm_head`` the wrapper's. What the
+wrappers do differently for text (transformers 5.24), and so do we:
+
+* ``Gemma3ForConditionalGeneration`` applies **no** final logit soft-capping (only ``Gemma3ForCausalLM`` does; the
+  released Gemma-3 configs set none), and maps an image token id outside the vocabulary to 0 before the embedding;
+* ``Gemma4ForConditionalGeneration`` soft-caps as the causal LM and replaces the image / video / audio placeholder
+  ids (inside the vocabulary) by ``pad_token_id`` before the embedding and the per-layer inputs;
+* both attend causally for text: the bidirectional attention of image tokens (Gemma-3's ``token_type_ids``,
+  Gemma-4's ``use_bidirectional_attention="vision"`` with ``mm_token_type_ids``) needs image tokens, which the fast
+  loop does not take.
+
+**MoE block** (Gemma-4, ``enable_moe_block``): besides the dense MLP each layer has a router (the model's module:
+scale-free norm, ``scale``, projection, fp32 softmax, top-k, renormalised, ``per_expert_scale``) and stacked experts
+(:func:`~fold_hf.generation.targets.moe.stacked_experts`: gathered by the router's device indices, no host read);
+the feed-forward output is ``post_feedforward_layernorm(post_feedforward_layernorm_1(mlp(pre_ff(h))) +
+post_feedforward_layernorm_2(experts(pre_feedforward_layernorm_2(h))))``, with the router reading ``h`` (the residual
+stream before the MLP), as the model's layer computes it.
+
+Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): bidirectional attention
+(``use_bidirectional_attention`` ``True`` / ``"all"``), length-dependent rope types, experts in another layout
+(:func:`~fold_hf.generation.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the
+projections stay the model's modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
 (:mod:`fold_hf.kernels.triton_hybrid`; :meth:`GemmaStaticTarget.fused_unsupported` names what they do not cover,
 and the fast loop then warns once and runs the layers on the modules).
 """
@@ -46,10 +67,53 @@ from torch import nn
 
 from ...kernels.common import rotate_half
 from ..static_target import StaticTarget, UnsupportedTarget
+from .moe import experts_unsupported, stacked_experts
 
-GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM")
+GEMMA_WRAPPERS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration")
+GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM") + GEMMA_WRAPPERS
 RING_SLACK = 64  # ring entries beyond the window: the most rows one verify may write and then roll back, minus one
 # (read when a runner is built: tests set it small so the tiny targets wrap their rings)
+
+
+def text_parts(model: nn.Module):
+    """(text config, text decoder) of a Gemma causal LM or of its multimodal wrapper (``config.text_config``,
+    ``model.model.language_model``); raises :class:`UnsupportedTarget` on an unexpected layout."""
+    name = type(model).__name__
+    if name in GEMMA_WRAPPERS:
+        config = getattr(model.config, "text_config", None)
+        decoder = getattr(getattr(model, "model", None), "language_model", None)
+        where = ".model.language_model"
+    else:
+        config, decoder, where = model.config, getattr(model, "model", None), ".model"
+    if config is None or decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
+        raise UnsupportedTarget(f"{name} has no {where}.layers / {where}.rotary_emb or no text config "
+                                "(unexpected transformers layout)")
+    return config, decoder
+
+
+def _text_token_map(model: nn.Module, config) -> tuple[list[int], int] | None:
+    """(placeholder ids, replacement id) that the multimodal wrapper substitutes in text ids before embedding them,
+    or None: Gemma-4 replaces its image / video / audio placeholders by ``pad_token_id``; Gemma-3 maps an image token
+    id at or past the vocabulary to 0."""
+    name = type(model).__name__
+    outer = model.config
+    if name == "Gemma4ForConditionalGeneration":
+        ids = [getattr(outer, f, None) for f in ("image_token_id", "video_token_id", "audio_token_id")]
+        ids = sorted({int(i) for i in ids if i is not None})
+        return (ids, int(config.pad_token_id)) if ids else None
+    if name == "Gemma3ForConditionalGeneration":
+        image = getattr(outer, "image_token_id", None)
+        if image is not None and image >= config.vocab_size:
+            return [int(image)], 0
+    return None
+
+
+def _applies_final_softcap(model: nn.Module) -> bool:
+    """Whether the model's forward soft-caps its logits by ``final_logit_softcapping``: the causal LMs and Gemma-4's
+    wrapper do; ``Gemma3ForConditionalGeneration`` (5.24) does not."""
+    return type(model).__name__ != "Gemma3ForConditionalGeneration"
+
+
 def slices_before_taps(model: nn.Module, tap_layer_ids) -> bool:
     """Whether ``model(..., logits_to_keep=1)`` would cut the sequence before a tapped layer runs.
 
@@ -58,6 +122,7 @@ def slices_before_taps(model: nn.Module, tap_layer_ids) -> bool:
     last position; the foundation loop then prefills without ``logits_to_keep``.
     """
     config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config  # a multimodal wrapper's text model slices the same way
     shared = getattr(config, "num_kv_shared_layers", 0) or 0
     if not shared:
         return False
@@ -108,14 +173,16 @@ class GemmaStaticTarget(StaticTarget):
     @classmethod
     def check(cls, model: nn.Module, capacity: int | None = None) -> None:
         name = type(model).__name__
-        config = model.config
-        decoder = getattr(model, "model", None)
-        if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
-            raise UnsupportedTarget(f"{name} has no .model.layers / .model.rotary_emb (unexpected transformers "
-                                    "layout)")
+        config, decoder = text_parts(model)
         if getattr(config, "enable_moe_block", False):
-            raise UnsupportedTarget(f"{name} with enable_moe_block: the MoE block routes each token to experts chosen "
-                                    "on the device (not a fixed-shape step); use fold_hf.generate")
+            for i, layer in enumerate(decoder.layers):
+                router = getattr(layer, "router", None)
+                if router is None or not hasattr(layer, "experts"):
+                    raise UnsupportedTarget(f"{name} with enable_moe_block: layer {i} has no router / experts "
+                                            "(unexpected transformers layout)")
+                reason = experts_unsupported(layer.experts)
+                if reason is not None:
+                    raise UnsupportedTarget(f"{name} with enable_moe_block: layer {i}: {reason}; use fold_hf.generate")
         bidirectional = getattr(config, "use_bidirectional_attention", None)
         if bidirectional in (True, "all"):
             raise UnsupportedTarget(f"{name} with use_bidirectional_attention={bidirectional!r} is not causal")
@@ -137,8 +204,8 @@ class GemmaStaticTarget(StaticTarget):
         model = _unwrap(target)
         self.check(model, capacity)
         self.model = model
-        config = model.config
-        self.decoder = model.model
+        config, self.decoder = text_parts(model)
+        self.config = config  # the text model's (a wrapper's config.text_config)
         self.layers = self.decoder.layers
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
@@ -149,7 +216,10 @@ class GemmaStaticTarget(StaticTarget):
         self.device, self.dtype = weight.device, weight.dtype
         self.num_heads = config.num_attention_heads
         self.layer_types = list(config.layer_types)
-        self.final_softcap = getattr(config, "final_logit_softcapping", None)
+        self.final_softcap = getattr(config, "final_logit_softcapping", None) if _applies_final_softcap(model) else None
+        token_map = _text_token_map(model, config)
+        self._placeholders = None if token_map is None else (
+            torch.tensor(token_map[0], device=self.device), token_map[1])
         self.ple = bool(getattr(config, "hidden_size_per_layer_input", 0)) and hasattr(self.decoder,
                                                                                        "project_per_layer_inputs")
         n = len(self.layers)
@@ -243,7 +313,7 @@ class GemmaStaticTarget(StaticTarget):
 
     @property
     def tap_width(self) -> int:
-        return self.num_taps * self.model.config.hidden_size
+        return self.num_taps * self.config.hidden_size
 
     # ------------------------------------------------------------------ one layer
     def _qkv(self, i: int, layer, hidden: torch.Tensor, positions):
@@ -266,10 +336,33 @@ class GemmaStaticTarget(StaticTarget):
         v = (v_norm(raw_v) if v_norm is not None else raw_v).transpose(1, 2)
         return q, k, v
 
+    def _text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ids the wrapper's text model embeds (:func:`_text_token_map`: placeholders substituted on the device),
+        or ``input_ids`` for a causal LM."""
+        if self._placeholders is None:
+            return input_ids
+        ids, replacement = self._placeholders
+        hit = (input_ids[..., None] == ids).any(-1)
+        return torch.where(hit, torch.full_like(input_ids, replacement), input_ids)
+
+    @staticmethod
+    def _moe_branch(layer, mlp_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The feed-forward output before ``post_feedforward_layernorm``: ``mlp_out`` itself, or with Gemma-4's MoE
+        block ``post_ff_1(mlp_out) + post_ff_2(experts(pre_ff_2(residual)))``, the router reading ``residual`` (the
+        stream before the MLP); the experts by :func:`~fold_hf.generation.targets.moe.stacked_experts`."""
+        if not getattr(layer, "enable_moe_block", False):
+            return mlp_out
+        flat = residual.reshape(-1, residual.shape[-1])
+        _, weights, index = layer.router(flat)
+        routed = stacked_experts(layer.experts, layer.pre_feedforward_layernorm_2(flat), index, weights)
+        routed = layer.post_feedforward_layernorm_2(routed.reshape(residual.shape))
+        return layer.post_feedforward_layernorm_1(mlp_out) + routed
+
     def _tail(self, layer, hidden: torch.Tensor, attn_out: torch.Tensor, per_layer_input) -> torch.Tensor:
         """Everything of a decoder layer after the attention's ``o_proj`` (the layer's own modules)."""
         hidden = hidden + layer.post_attention_layernorm(attn_out)
-        hidden = hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+        ff = self._moe_branch(layer, layer.mlp(layer.pre_feedforward_layernorm(hidden)), hidden)
+        hidden = hidden + layer.post_feedforward_layernorm(ff)
         if per_layer_input is not None:
             gated = layer.act_fn(layer.per_layer_input_gate(hidden)) * per_layer_input
             hidden = hidden + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
@@ -281,6 +374,7 @@ class GemmaStaticTarget(StaticTarget):
     def _run_layers(self, input_ids: torch.Tensor, positions, write_kv, attend, taps_out, last_only: bool):
         """Shared body of every forward: ``write_kv(i, k, v)`` stores layer i's new entries, ``attend(i, q)`` returns
         ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (``[1, V]`` with ``last_only``), soft-capped as the model."""
+        input_ids = self._text_ids(input_ids)
         hidden = self.embed(input_ids)
         per_layer = None
         if self.ple:
@@ -476,7 +570,8 @@ class GemmaStaticTarget(StaticTarget):
         context_length = positions[:1].to(torch.int32)
         block_kv = {}
         L = input_ids.shape[1]
-        H = self.model.config.hidden_size
+        H = self.config.hidden_size
+        input_ids = self._text_ids(input_ids)
         hidden = self.embed(input_ids)
         per_layer = None
         if self.ple:
@@ -522,6 +617,7 @@ class GemmaStaticTarget(StaticTarget):
                                                delta_weight=weight(post), delta_eps=post.eps, norm_delta=True)
             mlp = layer.mlp
             delta = mlp.down_proj(ops.gelu_tanh_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            delta = self._moe_branch(layer, delta, hidden)  # Gemma-4's MoE block on the modules (else delta)
             after = self.layers[i + 1].input_layernorm if i + 1 < n_layers else self.final_norm
             post = layer.post_feedforward_layernorm
             scalar = getattr(layer, "layer_scalar", None)

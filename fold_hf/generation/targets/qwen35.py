@@ -33,8 +33,25 @@ torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the bloc
 :meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer
 in one launch (docs/targets-qwen35.md).
 
-Not covered (``check`` says so): the MoE variant (``Qwen3_5MoeForCausalLM``, routed experts), the multimodal
-``Qwen3_5ForConditionalGeneration`` wrapper, activations other than silu.
+The same runner takes the MoE variant and the multimodal wrappers (text-only ids):
+
+* ``Qwen3_5MoeForCausalLM``: the cache is dense Qwen3.5's; only the MLP differs: every layer's ``mlp`` is a
+  ``Qwen3_5MoeSparseMoeBlock``: a router ``gate`` (``softmax`` in fp32 over ``E`` experts, top-k, the k weights
+  renormalised to sum to 1; the model's own module), the routed experts (stacked ``gate_up_proj [E, 2 I, H]`` /
+  ``down_proj [E, H, I]``, run by :func:`~fold_hf.generation.targets.moe.stacked_experts`: gather by the device
+  indices + batched matmuls, no host read, fixed shapes) and a shared expert (the model's MLP module) scaled by
+  ``sigmoid(shared_expert_gate(x))``: ``mlp(x) = experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
+* ``Qwen3_5ForConditionalGeneration`` / ``Qwen3_5MoeForConditionalGeneration``: the config nests the text model's
+  fields in ``config.text_config``; the text decoder is ``model.model.language_model`` (a ``Qwen3_5TextModel``, whose
+  layers the drafter's ``target_layer_ids`` index), ``lm_head`` is the wrapper's. For text-only ids the wrapper's
+  multimodal rope has all three position streams equal to the 1-D position (what its ``generate`` computes for a
+  text prompt, rope deltas 0), so the runner is the text model's; the prefill passes the 1-D positions explicitly so
+  that rope deltas left on the wrapper by an earlier multimodal call cannot shift them. Images and videos are not
+  taken by the fast loop (``fast_generate`` takes token ids only; ``target.generate`` with ``pixel_values`` runs
+  transformers' loop, saying why).
+
+Not covered (``check`` says so): activations other than silu, experts stored in another layout
+(:func:`~fold_hf.generation.targets.moe.experts_unsupported`).
 """
 
 from __future__ import annotations
@@ -45,19 +62,66 @@ import torch.nn.functional as F
 from ...modeling.rope import compute_dtype
 from ..static_target import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
 from ..taps import HiddenTaps, _unwrap
+from .moe import experts_unsupported, stacked_experts
 
-ARCHITECTURES = ("Qwen3_5ForCausalLM",)
+# the multimodal wrappers: text config in config.text_config, text decoder at model.model.language_model
+WRAPPERS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM") + WRAPPERS
+# the norms the fused kernels compute (the MoE variant's classes are the same code under another name, 5.24)
+NORMS = ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")
+GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated")
 FUSED_MAX_ROWS = 64  # rows of one fused verify (the pending buffers of the commit are allocated for this many)
 LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def text_parts(model):
+    """(text config, text decoder) of a Qwen3.5 causal LM or of its multimodal wrapper; raises
+    :class:`UnsupportedTarget` on an unexpected layout."""
+    name = type(model).__name__
+    if name in WRAPPERS:
+        config = getattr(model.config, "text_config", None)
+        decoder = getattr(getattr(model, "model", None), "language_model", None)
+        where = ".model.language_model"
+    else:
+        config, decoder, where = model.config, getattr(model, "model", None), ".model"
+    if config is None or decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
+        raise UnsupportedTarget(f"{name} has no {where}.layers / {where}.rotary_emb or no text config "
+                                "(unexpected transformers layout)")
+    return config, decoder
+
+
+def prepare_text_request(model) -> None:
+    """A text-only request through the wrapper's own forward: drop the rope deltas its last image request left on it.
+    ``Qwen3_5Model.forward`` adds ``model.model.rope_deltas`` to the positions of every call with a non-empty cache,
+    so a text request after an image request would read shifted positions after its first forward; transformers'
+    ``generate`` resets them (to 0) for a text prompt, and so does this (to None: the text model's own positions)."""
+    inner = getattr(model, "model", None)
+    if type(model).__name__ in WRAPPERS and getattr(inner, "rope_deltas", None) is not None:
+        inner.rope_deltas = None
+
+
+def _is_sparse_moe(mlp) -> bool:
+    return all(hasattr(mlp, name) for name in ("gate", "experts", "shared_expert", "shared_expert_gate"))
+
+
+def _moe_unsupported(mlp) -> str | None:
+    """Why :meth:`Qwen35StaticTarget._sparse_moe` cannot run this MLP, or None."""
+    router = mlp.gate
+    if not isinstance(getattr(router, "weight", None), torch.Tensor) or not hasattr(router, "top_k"):
+        return f"router {type(router).__name__} is not a top-k router with a weight"
+    reason = experts_unsupported(mlp.experts)
+    if reason is not None:
+        return reason
+    gate = mlp.shared_expert_gate
+    if getattr(gate, "out_features", None) != 1:
+        return f"shared_expert_gate {type(gate).__name__} does not give one gate per token"
+    return None
 
 
 def check(model, capacity: int | None = None) -> None:
     """Raise :class:`UnsupportedTarget` when :class:`Qwen35StaticTarget` cannot run ``model``."""
     name = type(model).__name__
-    config = model.config
-    decoder = getattr(model, "model", None)
-    if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
-        raise UnsupportedTarget(f"{name} has no .model.layers / .model.rotary_emb (unexpected transformers layout)")
+    config, decoder = text_parts(model)
     types = list(getattr(config, "layer_types", None) or [])
     if len(types) != len(decoder.layers) or any(t not in LAYER_TYPES for t in types):
         raise UnsupportedTarget(f"{name}: config.layer_types {types} must list {LAYER_TYPES} per layer")
@@ -71,6 +135,10 @@ def check(model, capacity: int | None = None) -> None:
     for i, layer in enumerate(decoder.layers):
         if types[i] == "linear_attention" and getattr(layer.linear_attn.conv1d, "bias", None) is not None:
             raise UnsupportedTarget(f"{name}: layer {i} conv1d has a bias")
+        if _is_sparse_moe(layer.mlp):
+            reason = _moe_unsupported(layer.mlp)
+            if reason is not None:
+                raise UnsupportedTarget(f"{name}: layer {i} MoE block: {reason}")
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -89,9 +157,9 @@ class Qwen35StaticTarget(StaticTarget):
     def __init__(self, target, capacity: int, tap_layer_ids=()) -> None:
         model = _unwrap(target)
         check(model, capacity)
-        config = model.config
+        config, self.decoder = text_parts(model)
         self.model = model
-        self.decoder = model.model
+        self.config = config  # the text model's (a wrapper's config.text_config)
         self.layers = self.decoder.layers
         self.layer_types = list(config.layer_types)
         self.embed = model.get_input_embeddings()
@@ -164,17 +232,19 @@ class Qwen35StaticTarget(StaticTarget):
                     return f"layer {i}: q_norm and k_norm have different eps"
             else:
                 gated = layer.linear_attn.norm
-                if type(gated).__name__ != "Qwen3_5RMSNormGated" or not hasattr(gated, "variance_epsilon"):
+                if type(gated).__name__ not in GATED_NORMS or not hasattr(gated, "variance_epsilon"):
                     return f"layer {i}: gated norm {type(gated).__name__} is not transformers' Qwen3_5RMSNormGated"
                 if gated.weight.dtype != self.dtype or getattr(gated, "activation", "silu") != "silu":
                     return f"layer {i}: gated norm in {gated.weight.dtype} / {getattr(gated, 'activation', None)}"
             mlp = layer.mlp
+            if _is_sparse_moe(mlp):
+                continue  # the MoE step runs on the modules and stacked_experts, in the fused path too
             if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
                 return f"MLP {type(mlp).__name__} is not gate/up/down"
             if not is_silu(mlp.act_fn):
                 return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
         for norm in norms:
-            if type(norm).__name__ != "Qwen3_5RMSNorm" or not hasattr(norm, "eps"):
+            if type(norm).__name__ not in NORMS or not hasattr(norm, "eps"):
                 return f"norm {type(norm).__name__} is not Qwen3.5's zero-centred RMSNorm"
             if norm.weight.dtype != self.dtype:
                 return f"norm weights in {norm.weight.dtype}, activations in {self.dtype}"
@@ -185,6 +255,26 @@ class Qwen35StaticTarget(StaticTarget):
     def bytes_held(self) -> int:
         tensors = [t for t in self.keys + self.values + self.conv + self.recurrent if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    # ------------------------------------------------------------------ MLP / MoE
+    def _mlp(self, layer, normed: torch.Tensor) -> torch.Tensor:
+        """The layer's MLP of ``normed [1, L, H]``: the module (dense), or :meth:`_sparse_moe`."""
+        if _is_sparse_moe(layer.mlp):
+            return self._sparse_moe(layer.mlp, normed)
+        return layer.mlp(normed)
+
+    @staticmethod
+    def _sparse_moe(mlp, hidden: torch.Tensor) -> torch.Tensor:
+        """``Qwen3_5MoeSparseMoeBlock`` of ``hidden [1, L, H]`` as a capturable step: the model's router, shared
+        expert and shared gate modules, the routed experts by :func:`~fold_hf.generation.targets.moe.stacked_experts`
+        (no host read: the experts are gathered by the router's device indices). Same order of operations as the
+        model: ``experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
+        x = hidden.reshape(-1, hidden.shape[-1])
+        shared = mlp.shared_expert(x)
+        _, weights, index = mlp.gate(x)
+        routed = stacked_experts(mlp.experts, x, index, weights)
+        shared = torch.sigmoid(mlp.shared_expert_gate(x)) * shared
+        return (routed + shared).reshape(hidden.shape)
 
     # ------------------------------------------------------------------ linear attention
     def _linear(self, i: int, layer, hidden: torch.Tensor) -> torch.Tensor:
@@ -272,7 +362,7 @@ class Qwen35StaticTarget(StaticTarget):
         taps = {}
         for slot, lid in enumerate(self.tap_layer_ids):
             taps.setdefault(lid, []).append(slot)
-        H = self.model.config.hidden_size
+        H = self.config.hidden_size
 
         def tap(layer_id: int, value: torch.Tensor) -> None:
             if taps_out is not None:
@@ -322,7 +412,10 @@ class Qwen35StaticTarget(StaticTarget):
             norm = layer.post_attention_layernorm
             hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm.eps, 1.0)
             mlp = layer.mlp
-            delta = mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            if _is_sparse_moe(mlp):
+                delta = self._sparse_moe(mlp, normed)
+            else:
+                delta = mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
         hidden, normed = ops.residual_norm(hidden, delta, self.final_norm.weight, self.final_norm.eps, 1.0)
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         self._fused_pending = L
@@ -365,7 +458,7 @@ class Qwen35StaticTarget(StaticTarget):
                 write_kv(i, k, v)
                 out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
                 hidden = residual + attn.o_proj(out * torch.sigmoid(gate))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self._mlp(layer, layer.post_attention_layernorm(hidden))
             if taps_out is not None and i in self.tap_layer_ids:
                 tapped = self.final_norm(hidden) if i == last_layer else hidden
                 for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
@@ -378,7 +471,11 @@ class Qwen35StaticTarget(StaticTarget):
     def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None) -> torch.Tensor:
         """The prompt ``[1, P]`` through the model's own forward (transformers' cache and kernels), ``chunk``
         tokens at a time; its keys, values, convolution and recurrent states are then copied into the static
-        buffers. ``on_taps(features [1, c, n_taps * H], start)`` per chunk. Returns the last logits ``[V]``."""
+        buffers. ``on_taps(features [1, c, n_taps * H], start)`` per chunk. Returns the last logits ``[V]``.
+
+        Every chunk gets its 1-D positions explicitly (the text model expands them to its rope streams, as for no
+        ``position_ids``): a multimodal wrapper would otherwise add the rope deltas an earlier image request left on
+        it to the chunks after the first."""
         import inspect
 
         from transformers import DynamicCache
@@ -394,12 +491,14 @@ class Qwen35StaticTarget(StaticTarget):
         logits = None
         for start in range(0, P, chunk):
             piece = input_ids[:, start : start + chunk]
+            kw = {cache_name: cache, "use_cache": True, "logits_to_keep": 1,
+                  "position_ids": torch.arange(start, start + piece.shape[1], device=piece.device)[None]}
             if taps is not None:
                 with taps:
-                    out = self.model(input_ids=piece, **{cache_name: cache}, use_cache=True, logits_to_keep=1)
+                    out = self.model(input_ids=piece, **kw)
                 on_taps(taps.features().to(self.dtype), start)
             else:
-                out = self.model(input_ids=piece, **{cache_name: cache}, use_cache=True, logits_to_keep=1)
+                out = self.model(input_ids=piece, **kw)
             logits = out.logits[0, -1]
         for i, layer in enumerate(cache.layers):
             if self.layer_types[i] == "full_attention":
@@ -422,4 +521,5 @@ def register() -> dict:
     return {name: (check, Qwen35StaticTarget) for name in ARCHITECTURES}
 
 
-__all__ = ["ARCHITECTURES", "Qwen35StaticTarget", "check", "register"]
+__all__ = ["ARCHITECTURES", "WRAPPERS", "Qwen35StaticTarget", "check", "prepare_text_request", "register",
+           "text_parts"]
