@@ -357,18 +357,27 @@ class StaticTarget:
         return linear_module(self.lm_head, hidden)[0]
 
     # ------------------------------------------------------------------ host-length forward
-    def _attend_prefix(self, i: int, q: torch.Tensor, start: int) -> torch.Tensor:
+    def prefix_mask(self, L: int, start: int):
+        """``(attn_mask, is_causal)`` of ``L`` queries at ``start ..`` over the prefix ``[0, start + L)``: none for one
+        query, causal from 0, else lower-right causal (for a CPU verify block a boolean mask built once per forward:
+        SDPA would materialize the bias object again in every layer)."""
+        if L == 1:
+            return None, False
+        if start == 0:
+            return None, True
+        if self.device.type == "cpu" and L <= 64:  # a verify block (a prefill chunk keeps the bias object)
+            mask = torch.ones(L, start + L, dtype=torch.bool)
+            mask[:, start:] = torch.ones(L, L, dtype=torch.bool).tril()
+            return mask, False
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(L, start + L), False
+
+    def _attend_prefix(self, i: int, q: torch.Tensor, start: int, prefix_mask=None) -> torch.Tensor:
         L = q.shape[2]
         keys = self.keys[i][:, :, : start + L]
         values = self.values[i][:, :, : start + L]
-        if L == 1:
-            mask, causal = None, False
-        elif start == 0:
-            mask, causal = None, True
-        else:
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask, causal = causal_lower_right(L, start + L), False
+        mask, causal = prefix_mask if prefix_mask is not None else self.prefix_mask(L, start)
         probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval), else None
         if probe is not None and probe.armed and i == probe.layer_idx:
             probe.capture(q, keys, self.scaling)
@@ -396,7 +405,8 @@ class StaticTarget:
             self.keys[i][:, :, start : start + L] = k
             self.values[i][:, :, start : start + L] = v
 
-        logits = self._run_layers(input_ids, cos, sin, write_kv, lambda i, q: self._attend_prefix(i, q, start),
+        mask = self.prefix_mask(L, start)
+        logits = self._run_layers(input_ids, cos, sin, write_kv, lambda i, q: self._attend_prefix(i, q, start, mask),
                                   taps_out, last_only)
         self.length = start + L
         return logits

@@ -106,8 +106,10 @@ def fold_attention_reference(
             scaled = s_far * read.alpha
             lse_scaled = torch.logsumexp(scaled, dim=-1)
             log_mass_far = lse_scaled / read.alpha
-            weights = torch.exp(scaled - lse_scaled[..., None])
-        o_far = grouped_values(torch.nan_to_num(weights), far_v)
+            # a row without far entries has lse -inf: exp(-inf - 0) = 0 weights instead of NaN (no NaN pass over the
+            # weights, whose o_far the merge then multiplies by w_far = 0)
+            weights = torch.exp(scaled - torch.where(has_far, lse_scaled, torch.zeros_like(lse_scaled))[..., None])
+        o_far = grouped_values(weights, far_v)
         w_far = torch.sigmoid(log_mass_far - lse_near)
         w_far = torch.where(has_far, w_far, torch.zeros_like(w_far))
         out = o_near + w_far[..., None] * (o_far - o_near)
