@@ -32,8 +32,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import fold_hf  # noqa: E402,F401  (registers the attention and the assistant strategy)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # pytest-xdist runs one worker per core: one thread each, or the workers fight over the cores
+    # pytest-xdist runs one worker per core: one thread each, or the workers fight over the cores; the processes a
+    # test starts (the notebook's kernel, pytester's and the CLI's subprocesses) inherit one thread too (the
+    # notebook's kernel, left at torch's default of one thread per core beside the other worker, ran several times
+    # slower than on one thread)
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 SLOW_FIXTURES = {"real_pair"}  # a test that takes one of these is in the slow tier
 

@@ -6,7 +6,7 @@ import torch
 from fold_hf import FoldConfig
 from fold_hf.generation.taps import HiddenTaps
 from fold_hf.training import dflash_loss, drafter_block_hidden
-from tiny import MASK_ID, tiny_drafter, tiny_target
+from tiny import MASK_ID, share, tiny_drafter, tiny_target
 
 
 def block_embeds(target, last_token, B):
@@ -25,7 +25,8 @@ def taps_of(target, drafter, ids):
 @pytest.fixture(scope="module")
 def pair():
     target = tiny_target("qwen3", seed=3)
-    drafter = tiny_drafter(target, block=4, fold_config=FoldConfig(window=8, alpha=2.0))
+    # shared by the module's tests: its fold config is restored after each (tests/conftest.py, restore_pairs)
+    drafter = share(tiny_drafter(target, block=4, fold_config=FoldConfig(window=8, alpha=2.0)))
     drafter.bind_target(target)
     ids = torch.randint(0, MASK_ID, (1, 60), generator=torch.Generator().manual_seed(0))
     return target, drafter, ids, taps_of(target, drafter, ids)

@@ -17,7 +17,7 @@ from tiny import MASK_ID, VOCAB, greedy_reference, mode_config, trained_pair
 NEW = 20
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: the shared pair's config is restored after every test (tests/conftest.py)
 def pair():
     target, drafter = trained_pair("llama")
     drafter.set_fold_config(mode_config("fold"))

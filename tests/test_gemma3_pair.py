@@ -282,7 +282,7 @@ def test_the_gemma3_pair_describes_the_real_target_and_its_settings():
 
 
 @pytest.fixture()
-def tiny_pair(tiny_target_description, tmp_path, monkeypatch):
+def tiny_gemma3_pair(tiny_target_description, tmp_path, monkeypatch):
     """A pair registered like gemma3-270m (BOS first, mask <mask>) whose target is the tiny GGUF."""
     from fold_hf import pairs
     from fold_hf.modeling import gguf_target
@@ -296,21 +296,21 @@ def tiny_pair(tiny_target_description, tmp_path, monkeypatch):
     return pair
 
 
-def test_train_drafter_for_a_gemma3_target_then_bench_it_nested(tiny_pair, tmp_path):
+def test_train_drafter_for_a_gemma3_target_then_bench_it_nested(tiny_gemma3_pair, tmp_path):
     """train-drafter on the tiny Gemma-3 (BOS-first windows, <mask> as the mask token, the full layers' rope, model
     card with the licence), greedy output identical to AR, then `bench --pair` over nested tiers and the window
     sweep."""
     from fold_hf.cli import main
     from fold_hf.train_drafter import TrainSettings, train_drafter
 
-    target, tokenizer = tiny_pair.load_target("cpu")
-    bos = tiny_pair.bos_token_id(tokenizer)
+    target, tokenizer = tiny_gemma3_pair.load_target("cpu")
+    bos = tiny_gemma3_pair.bos_token_id(tokenizer)
     assert bos == 2
     sources = [" ".join(LETTERS[(i * 5 + j) % 26] * (1 + j % 3) for j in range(200)) for i in range(4)]
     settings = TrainSettings(layers=1, block_size=8, intermediate_size=32, mask_token_id=4, prompt_tokens=24,
                              new_tokens=16, sequences=4, gen_batch=2, steps=3, batch=2, anchors=4, warmup=1,
                              bos_token_id=bos)
-    card = {"target": tiny_pair.title, "licence": tiny_pair.target.licence, "data": "test sources"}
+    card = {"target": tiny_gemma3_pair.title, "licence": tiny_gemma3_pair.target.licence, "data": "test sources"}
     report = train_drafter(target, tokenizer, tmp_path / "train", sources, settings, log=lambda *a: None, card=card)
     assert report["finished"] and report["step"] == 3
     data = torch.load(tmp_path / "train" / "data.pt")

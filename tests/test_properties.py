@@ -1,7 +1,8 @@
 """Property tests of the FOLD read (hypothesis): every boundary, random shapes, extreme logits.
 
 The reductions of docs/design.md §2 must hold for every drawn shape: context <= W is the original drafter's read,
-alpha = 1 is one softmax over position-mapped logits, alpha -> inf reads the top-1 far entry.
+alpha = 1 is one softmax over position-mapped logits, alpha -> inf reads the top-1 far entry, and at every drawn
+alpha in [1, 64] the read is the window and the alpha-sharpened far memory merged by mass (paper Eqs. 1-4).
 """
 
 import math
@@ -68,9 +69,42 @@ def test_reductions_hold_across_alpha(p):
     top1, gap = single_softmax(p, tensors, rope, far_top1=True)
     inf = fold_attention_reference(*tensors, read_of({**p, "alpha": math.inf}, rope), scaling=p["d"] ** -0.5)
     assert torch.allclose(inf, top1, rtol=0, atol=1e-10)
+    # the drawn alpha itself: the read is the paper's merge of the window and the alpha-sharpened far memory
+    if math.isfinite(p["alpha"]):
+        assert torch.allclose(out, fold_equations(p, tensors, rope, p["alpha"]), rtol=0, atol=1e-10)
     if gap > 1e-3:  # a large finite alpha is the same read once the runner-up's weight exp(-alpha * gap) vanishes
         big = fold_attention_reference(*tensors, read_of({**p, "alpha": 1e6}, rope), scaling=p["d"] ** -0.5)
         assert torch.allclose(big, top1, rtol=0, atol=1e-8)
+
+
+def fold_equations(p, tensors, rope, alpha):
+    """Eqs. 1-4 at a finite ``alpha``, written from the definitions: window entries at their true positions and the
+    block, with mass ``Z_n = sum exp(s_n)`` and read ``O_n = softmax(s_n) V_n``; far entries at the virtual position
+    t - D, with mass ``Z_f = (sum exp(alpha s_f))^(1/alpha)`` and read ``O_f = softmax(alpha s_f) V_f``; merged by
+    mass, ``(Z_n O_n + Z_f O_f) / (Z_n + Z_f)`` (a row without far entries reads ``O_n``)."""
+    q, kc, vc, kb, vb = tensors
+    T, t, D, G = p["T"], p["T"], p["W"] + p["B"], p["Hq"] // p["Hkv"]
+    scale = p["d"] ** -0.5
+    rows = torch.arange(p["Lq"])
+    j = torch.arange(T)
+    near = (t + rows)[:, None] - j[None, :] < D  # [Lq, T]
+    qr = rope.rotate(q, t + rows)
+    kv = lambda x: x.repeat_interleave(G, dim=1)  # noqa: E731
+    s_true = qr @ kv(rope.rotate(kc, j)).transpose(-1, -2) * scale
+    s_virtual = qr @ kv(rope.rotate(kc, torch.full((T,), t - D))).transpose(-1, -2) * scale
+    s_block = qr @ kv(rope.rotate(kb, t + rows)).transpose(-1, -2) * scale
+    s_n = torch.cat((s_true.masked_fill(~near, -math.inf), s_block), -1)
+    m = s_n.amax(-1, keepdim=True)  # the block is always in the window: finite
+    z_n = torch.exp(s_n - m).sum(-1, keepdim=True)
+    o_n = torch.exp(s_n - m) @ torch.cat((kv(vc), kv(vb)), 2) / z_n
+    has_far = ~near.all(-1)  # [Lq]
+    if not bool(has_far.any()):
+        return o_n.transpose(1, 2)
+    s_f = s_virtual.masked_fill(near, -math.inf)
+    z_f = torch.exp(torch.logsumexp(alpha * s_f, -1, keepdim=True) / alpha - m)  # Z_f, scaled like z_n by exp(-m)
+    o_f = torch.softmax(alpha * s_f, -1).nan_to_num() @ kv(vc)
+    merged = (z_n * o_n + z_f * o_f) / (z_n + z_f)
+    return torch.where(has_far[:, None], merged, o_n).transpose(1, 2)
 
 
 def single_softmax(p, tensors, rope, far_top1=False):

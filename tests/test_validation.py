@@ -88,3 +88,53 @@ def test_padding_and_empty_prompts(target):
 
 def test_wrong_drafter_type(target):
     expect_error_before_work(target, "FoldDrafter", lambda: fold_hf.generate(target, target, input_ids=prompt()))
+
+
+ENTRY_POINTS = {"generate": fold_hf.generate, "fast_generate": fold_hf.fast_generate}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_both_entry_points_refuse_the_same_requests(target, entry):
+    run = ENTRY_POINTS[entry]
+    drafter = tiny_drafter(target)
+    mask = torch.ones(1, 12, dtype=torch.long)
+    mask[0, 3] = 0
+    cases = [
+        ("input_ids is required", drafter, dict(input_ids=None)),
+        ("batch size 2", drafter, dict(input_ids=prompt(2))),
+        ("padding", drafter, dict(input_ids=prompt(), attention_mask=mask)),
+        ("give max_new_tokens or max_length", drafter, dict(input_ids=prompt(), max_new_tokens=None)),
+        ("nothing to generate", drafter, dict(input_ids=prompt(), max_new_tokens=None, max_length=12)),
+        ("fold_config was given without a drafter", None, dict(input_ids=prompt(), fold_config=FoldConfig())),
+    ]
+    for message, chosen, kwargs in cases:
+        kwargs = {"max_new_tokens": 4, **kwargs}
+        expect_error_before_work(target, message, lambda: run(target, chosen, **kwargs))
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_the_call_config_is_read_during_the_call_and_restored_even_when_it_raises(target, entry):
+    drafter = tiny_drafter(target)
+    own = FoldConfig(mode="fold", window=6, alpha=2.0, train_length=16)
+    drafter.set_fold_config(own)
+    call = FoldConfig(mode="window", window=4, train_length=16)
+    seen = []
+
+    class Streamer:  # the first tokens reach it mid-call; it stops the request by raising
+        def put(self, value):
+            seen.append(drafter.fold_config)
+            if len(seen) == 2:
+                raise _Interrupt
+
+        def end(self):
+            pass
+
+    with pytest.raises(_Interrupt):
+        ENTRY_POINTS[entry](target, drafter, input_ids=prompt(), max_new_tokens=8, fold_config=call,
+                            streamer=Streamer())
+    assert seen == [call, call]
+    assert drafter.fold_config == own

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.retrieval import target_attention_probe
-from ..modeling.validation import validate_batch
+from .request import drafter_for_call, new_token_budget
 from .rollback import LinearStateRollback, crop_attention_layers, has_linear_state
 from .rounds import decode, eager_rounds, num_proposals
 from .sampling import Sampling, TokenChoice
@@ -164,29 +164,11 @@ def generate(
         fold_config: reading mode for this call only (the drafter's own is restored afterwards).
         return_stats: return a :class:`GenerationResult` instead of the ``[1, P + N]`` sequences.
     """
-    if input_ids is None:
-        raise ValueError("input_ids is required")
-    validate_batch(input_ids)
-    if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
-        raise ValueError("attention_mask has padding; batch-1 generation takes unpadded prompts")
-    prompt_len = input_ids.shape[1]
-    if max_new_tokens is None:
-        if max_length is None:
-            raise ValueError("give max_new_tokens or max_length")
-        max_new_tokens = max_length - prompt_len
-    if max_new_tokens < 1:
-        raise ValueError(f"nothing to generate: max_new_tokens={max_new_tokens} (prompt has {prompt_len} tokens)")
+    max_new_tokens = new_token_budget(input_ids, attention_mask, max_new_tokens, max_length)
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         raise ValueError(f"drafter must be a FoldDrafter, got {type(drafter).__name__}")
-    if drafter is not None:
-        drafter.bind_target(target)
-    previous_config = None
-    if fold_config is not None:
-        if drafter is None:
-            raise ValueError("fold_config was given without a drafter")
-        previous_config = drafter.fold_config
-        drafter.set_fold_config(fold_config)
-    try:
+    prompt_len = input_ids.shape[1]
+    with drafter_for_call(target, drafter, fold_config):
         sampling = Sampling.from_settings(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
                                           min_new_tokens)
         out = Tracker(eos_ids(target, eos_token_id), StopStrings(stop_strings, tokenizer), streamer)
@@ -202,7 +184,4 @@ def generate(
             rounds = functools.partial(eager_rounds, runner, drafter, cache, max_new_tokens, out)
             result = decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk=None)
         return result if return_stats else result.sequences
-    finally:
-        if previous_config is not None:
-            drafter.set_fold_config(previous_config)
 

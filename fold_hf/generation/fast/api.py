@@ -10,7 +10,7 @@ import torch
 
 from ...modeling.drafter import FoldDrafter
 from ...modeling.fold_config import FoldConfig
-from ...modeling.validation import validate_batch
+from ..request import drafter_for_call, new_token_budget
 from ..rounds import decode, num_proposals
 from ..sampling import Sampling, TokenChoice
 from ..static_drafter import commit_context
@@ -94,21 +94,11 @@ def fast_generate(
     Raises:
         ValueError: batch > 1, padding, an unsupported target architecture (the message says which).
     """
-    if input_ids is None:
-        raise ValueError("input_ids is required")
-    validate_batch(input_ids)
+    max_new_tokens = new_token_budget(input_ids, attention_mask, max_new_tokens, max_length)
     reason = fast_unsupported(target, drafter)
     if reason is not None:
         raise ValueError(f"fast_generate cannot run this request: {reason}")
-    if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
-        raise ValueError("attention_mask has padding; batch-1 generation takes unpadded prompts")
     prompt_len = input_ids.shape[1]
-    if max_new_tokens is None:
-        if max_length is None:
-            raise ValueError("give max_new_tokens or max_length")
-        max_new_tokens = max_length - prompt_len
-    if max_new_tokens < 1:
-        raise ValueError(f"nothing to generate: max_new_tokens={max_new_tokens} (prompt has {prompt_len} tokens)")
     sampling = Sampling.from_settings(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
                                       min_new_tokens)
     device = input_ids.device
@@ -119,15 +109,7 @@ def fast_generate(
     if engine == "graphs" and device.type != "cuda":
         raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
     target_attention = resolve_target_attention(target_attention, device)
-    if drafter is not None:
-        drafter.bind_target(target)
-    previous_config = None
-    if fold_config is not None:
-        if drafter is None:
-            raise ValueError("fold_config was given without a drafter")
-        previous_config = drafter.fold_config
-        drafter.set_fold_config(fold_config)
-    try:
+    with drafter_for_call(target, drafter, fold_config):
         rows = num_proposals(drafter) + 1
         capacity = prompt_len + max_new_tokens + rows
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
@@ -138,9 +120,6 @@ def fast_generate(
                                 generator, prefill_chunk, target_attention, fused,
                                 resolve_fused_drafter(fused, fused_layers, target_attention, session.runner, engine))
         return result if return_stats else result.sequences
-    finally:
-        if previous_config is not None:
-            drafter.set_fold_config(previous_config)
 
 
 
