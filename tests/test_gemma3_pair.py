@@ -422,3 +422,47 @@ def test_committed_drafter_is_the_documented_run():
             speed = statistics.mean(ar[r["request"]] / r["tpot_s"] for r in sel)
             cells.append(f"{tau:.2f} / {speed:.2f}×")
         assert f"| {method} | " + " | ".join(cells) + " |" in readme, method
+
+
+def test_readme_gemma3_table_is_the_committed_run():
+    """The project README's Gemma-3 table (marked ``<!-- gemma3-table: runs.jsonl -->``) recomputed from the committed
+    runs: τ at 1K and 32K, their ratio, the speedups over each request's AR run, and FOLD's Δτ at 32K request by
+    request with its bootstrap CI; and the claim beside it (the far memory beats the window at 32K: CI above 0)."""
+    import re
+    import statistics
+
+    from fold_hf.bench.summary import _bootstrap_mean_ci
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    marker = re.search(r"<!-- gemma3-table: (\S+) -->\n(.*?)\n\n", readme, re.S)
+    assert marker is not None, "README.md lost its gemma3-table marker"
+    runs = [json.loads(line) for line in (root / marker.group(1)).read_text().splitlines()]
+    by = {}
+    for r in runs:
+        by.setdefault(r["request"], {})[r["method"]] = r
+    names = {"**FOLD α=2**": "fold-a2", "ReRoPE": "rerope", "InfLLM": "infllm", "window only": "window", "CMR": "cmr",
+             "StreamingLLM (512)": "streaming", "YaRN": "yarn", "dflash (the drafter as trained)": "dflash"}
+    rows = [line for line in marker.group(2).splitlines()[2:]]
+    assert [line.split(" | ")[0].lstrip("| ") for line in rows] == list(names)
+
+    def sign(x: float) -> str:
+        return f"{x:+.2f}".replace("-", "−")
+
+    for line, method in zip(rows, names.values()):
+        cells = {}
+        for tier in (1024, 32704):
+            sel = [v for v in by.values() if v["ar"]["tier"] == tier]
+            cells[tier] = (statistics.mean(v[method]["tau"] for v in sel),
+                           statistics.mean(v["ar"]["tpot_s"] / v[method]["tpot_s"] for v in sel))
+        expected = (f"{cells[1024][0]:.2f} | {cells[32704][0]:.2f} | {cells[32704][0] / cells[1024][0]:.2f} | "
+                    f"{cells[1024][1]:.2f}× | {cells[32704][1]:.2f}× | ")
+        if method == "fold-a2":
+            expected += "—"
+        else:
+            deltas = [v["fold-a2"]["tau"] - v[method]["tau"] for v in by.values() if v["ar"]["tier"] == 32704]
+            low, high = _bootstrap_mean_ci(deltas)
+            expected += f"{sign(statistics.mean(deltas))} [{sign(low)}, {sign(high)}]"
+            if method == "window":
+                assert low > 0, "the README says the far memory beats the window at 32K"
+        assert line.endswith(expected + " |"), (line, expected)
