@@ -154,3 +154,19 @@ def test_fp32_pair_on_the_fast_loop_packs_its_verify_and_stays_lossless():
         fold_hf.generation.release_fast_state(target)
     assert target.lm_head.weight in cpu_gemm._PACKED  # the verify's and the drafter's lm_head products
     assert target.model.layers[0].mlp.down_proj.weight in cpu_gemm._PACKED
+
+
+def test_a_hooked_or_offloaded_linear_runs_as_its_module():
+    """Forward hooks (and accelerate's ``_hf_hook``, which loads an offloaded weight) only run through the module
+    call: a hooked Linear is never read through its weight."""
+    layer = nn.Linear(12, 10)
+    x = torch.randn(8, 12)
+    handle = layer.register_forward_hook(lambda module, args, out: out * 2.0)
+    with torch.no_grad():
+        got = cpu_gemm.linear_module(layer, x)
+    handle.remove()
+    assert rel_err(got, 2.0 * linear_float64(x, layer.weight, layer.bias)) < 2e-6
+    layer._hf_hook = object()  # what accelerate's dispatch attaches
+    with torch.no_grad():
+        assert rel_err(cpu_gemm.linear_module(layer, x), linear_float64(x, layer.weight, layer.bias)) < 2e-6
+    assert layer.weight not in cpu_gemm._PACKED

@@ -1,18 +1,19 @@
 """Multi-row linear layers on a CPU through MKL's packed GEMM, beside their reference ``F.linear``.
 
 Why: a speculative round's verify runs the target on ``B`` rows (the last token and ``B - 1`` drafts) and the
-drafter's proposals run the target's ``lm_head`` on ``B - 1`` rows. On a CPU, ``F.linear`` with 3 to 16 rows
+drafter's proposals run the target's ``lm_head`` on ``B - 1`` rows. On a CPU, ``F.linear`` with 4 to 16 rows
 reaches a fraction of the cores' FMA rate (the 2-core CI machine, SmolLM2-135M's projections in fp32: 8 rows cost
 2.4x one row, 47 vs 20 ms over the model's weights), while the same product over weights MKL has packed once
 costs 1.5x (30 ms). One row gains nothing (memory-bound either way), so a single-row call (an AR step) and a
-prefill chunk (hundreds of rows, where ``F.linear`` is the faster) run ``F.linear``. Measured numbers and the profile: ``docs/fast-path.md`` (CPU section).
+prefill chunk (hundreds of rows, where ``F.linear`` is the faster) run ``F.linear``. Measured numbers and the
+profile: ``docs/fast-path.md`` (On a CPU).
 
 The packed copy is MKL's opaque layout of the weight (``torch.ops.mkl._mkl_reorder_linear_weight``; the same op
-torch.compile's CPU freezing uses). It is a second copy of the weight, so it is made only when the caller passes
-an ``owner`` (the ``nn.Parameter`` whose values the weight holds) under which it is cached and against whose
-version counter and data pointer it is checked on every call: an in-place write (``load_state_dict``, training, a
-LoRA merge) or a new buffer (``.to()``) repacks, never a stale read. The total packed bytes are capped
-(:func:`packed_budget_bytes`); past the cap, or without MKL (an ARM build), calls run ``F.linear`` and say so once.
+torch.compile's CPU freezing uses). It is a second copy of the weight, cached under the ``nn.Parameter`` (or the
+parameters) whose values the weight holds and checked against their version counters and the weight's data
+pointer on every call: an in-place write (``load_state_dict``, training, a LoRA merge) or a new buffer (``.to()``)
+repacks, never a stale read. The total packed bytes are capped (:func:`packed_budget_bytes`); past the cap, or
+without MKL (an ARM build), calls run ``F.linear`` and say so once.
 
 ``$FOLD_HF_CPU_PACKED_GEMM``: ``auto`` (default: packed while the copies stay within a quarter of the machine's
 RAM), ``1`` (no cap), ``0`` (never: plain ``F.linear``, for A/B timings).
@@ -159,13 +160,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
+def _hooked(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` does more than its ``forward``: forward (pre-)hooks of its own or global ones, or
+    accelerate's hook (an offloaded ``device_map`` weight is loaded by it)."""
+    from torch.nn.modules import module as module_mod
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or getattr(module, "_hf_hook", None) is not None
+                or module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks)
+
+
 def linear_module(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``, through :func:`linear` when ``module`` is a plain ``nn.Linear`` (a LoRA wrapper or a quantized
-    layer runs as itself)."""
-    if type(module) is torch.nn.Linear:
+    """``module(x)``; a plain, hook-free ``nn.Linear`` whose product :func:`packed_applies` to runs MKL's packed GEMM
+    (a LoRA wrapper, a quantized layer, a hooked or offloaded module always runs as itself)."""
+    if type(module) is torch.nn.Linear and packed_applies(x, module.weight) and not _hooked(module):
         return linear(x, module.weight, module.bias)
     return module(x)
 
 
-__all__ = ["MAX_ROWS", "MIN_ROWS", "PACK_ROWS", "PACKED_ENV", "linear", "linear_module", "mkl_packed_available", "pack", "packed_applies",
-           "packed_budget_bytes", "packed_bytes", "packed_gemm_mode", "packed_linear_reference"]
+__all__ = ["MAX_ROWS", "MIN_ROWS", "PACK_ROWS", "PACKED_ENV", "linear", "linear_module", "mkl_packed_available", "pack",
+           "packed_applies", "packed_budget_bytes", "packed_bytes", "packed_gemm_mode", "packed_linear_reference"]
