@@ -261,3 +261,23 @@ def test_yarn_static_step_refuses_to_draft_before_its_request_tables_are_set():
     buffer = static.cos.data_ptr()
     static.start_request(400)  # factor 512 / 64 = 8 with the tests' training length 64
     assert static.cos.data_ptr() == buffer and not torch.equal(static.cos, plain)
+
+
+def test_warm_up_runs_each_start_from_the_preserved_state():
+    """CapturedStep / EagerStep warm-up: every run starts from the ``preserve`` buffers as they were (a step that
+    writes a cache at its length and advances the length writes the same slot each run), and they are left so."""
+    from fold_hf.generation.graphs import EagerStep
+
+    length = torch.tensor([3])
+    cache = torch.zeros(8)
+
+    def step():
+        cache[length] += 1.0  # a write at the current length, then the length advances
+        length.add_(2)
+        return cache
+
+    EagerStep(step, warmup=2, preserve=[length])
+    assert length.item() == 3
+    expected = torch.zeros(8)
+    expected[3] = 2.0  # both runs wrote slot 3; slot 5 (where an advanced second run writes) untouched
+    assert torch.equal(cache, expected)

@@ -18,12 +18,16 @@ import torch
 
 
 def _warm_up(fn, warmup: int, preserve: Sequence[torch.Tensor]) -> None:
-    """Run ``fn`` ``warmup`` times, leaving the ``preserve`` buffers as they were before."""
+    """Run ``fn`` ``warmup`` times, each run from the ``preserve`` buffers as they were before the first, and leave
+    them so. Restoring after every run, not only after the last, keeps every run's writes where the real replay
+    writes: a second run from an advanced state would write the cache one block further on, and in a ring that
+    is only a few rows longer than the window (a sliding layer's cache) that overwrites entries still in the
+    window."""
     saved = [t.clone() for t in preserve] if warmup else []
     for _ in range(warmup):
         fn()
-    for buffer, value in zip(preserve, saved):
-        buffer.copy_(value)
+        for buffer, value in zip(preserve, saved):
+            buffer.copy_(value)
 
 
 class CapturedStep:
