@@ -281,3 +281,35 @@ def test_warm_up_runs_each_start_from_the_preserved_state():
     expected = torch.zeros(8)
     expected[3] = 2.0  # both runs wrote slot 3; slot 5 (where an advanced second run writes) untouched
     assert torch.equal(cache, expected)
+
+
+@pytest.mark.parametrize("with_drafter", [True, False])
+def test_time_rounds_runs_its_rounds_queued_ahead(monkeypatch, with_drafter):
+    """The benchmark entry times what a long request runs: exactly ``rounds`` rounds, each after the first queued
+    before the previous one is read (its token budget cannot end within the proposals in flight). With a budget of
+    ``rounds + 1`` tokens the loop read every speculative round first, so the headline SD/AR ratio timed the host
+    between rounds."""
+    from fold_hf.generation import fast as fast_module
+
+    events = []
+    init, read = fast_module._Launched.__init__, fast_module._Launched.read
+
+    def launched(self, result, k, host):
+        events.append("L")
+        init(self, result, k, host)
+
+    def reading(self):
+        events.append("R")
+        return read(self)
+
+    monkeypatch.setattr(fast_module._Launched, "__init__", launched)
+    monkeypatch.setattr(fast_module._Launched, "read", reading)
+    target, drafter = trained_pair("llama")
+    rounds = 7
+    res = fast_module.time_rounds(target, drafter if with_drafter else None, 40, rounds, engine="static")
+    assert len(res.acceptance_lengths) == rounds and len(res.round_seconds) == rounds
+    pattern = "".join(events)
+    # L (L R)^(rounds - 1) then the last read, plus at most one round queued past the last (dropped)
+    assert pattern.startswith("L" + "LR" * (rounds - 1)), pattern
+    assert pattern.count("R") == rounds, pattern
+    fold_hf.generation.release_fast_state(target)

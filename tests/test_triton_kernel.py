@@ -396,3 +396,18 @@ def test_wide_heads_get_tiles_that_fit_shared_memory(dtype, rows):
     assert (narrow.block_m, narrow.block_n, narrow.num_stages) == (64, 64, 3)
     pinned = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, 32, None, 3)
     assert (pinned.block_n, pinned.num_stages) == (32, 3)  # knobs the caller set are kept
+    # the target's decode kernel (pre-rotated keys, no rope tiles) has a larger budget and 4 warps at wide heads
+    from fold_hf.kernels.triton_fold import DECODE_WIDE_TILE_SMEM_BYTES
+
+    decode = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+    assert wide_tile_smem_estimate(decode.block_m, decode.block_n, decode.block_d, decode.block_dv,
+                                   decode.num_stages, dtype) <= DECODE_WIDE_TILE_SMEM_BYTES
+    assert decode.num_warps == 4
+    if dtype == torch.bfloat16 and rows in (4, 12):  # the fastest plan measured at 4 rows on the H200
+        assert (decode.block_m, decode.block_n, decode.num_stages) == (16, 32, 2)
+    if dtype == torch.bfloat16:  # and at 28 rows (Gemma-4's 7-row verify, 4 query heads a KV head)
+        seven = _launch_plan(28, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+        assert (seven.block_m, seven.block_n, seven.num_stages, seven.num_warps) == (32, 32, 2, 4)
+    narrow_decode = _launch_plan(64, 128, 128, 8, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+    assert (narrow_decode.block_m, narrow_decode.block_n, narrow_decode.num_stages, narrow_decode.num_warps) == (
+        64, 64, 3, 4)

@@ -71,9 +71,11 @@ class Tracker:
         self.finish = "length"
         self.commit_times: list[float] | None = None  # perf_counter() after each round, when a benchmark asks
         self.proposals: list[list[int]] = []  # each round's proposed token ids (the loops append them)
+        self.round_limit: int | None = None  # benchmarks: stop after this many rounds (the budget never binds)
 
     def running(self, budget: int) -> bool:
-        return self.finish == "length" and len(self.tokens) < budget
+        return (self.finish == "length" and len(self.tokens) < budget
+                and (self.round_limit is None or len(self.acceptance) < self.round_limit))
 
     def first(self, token: int) -> None:
         self.tokens.append(token)

@@ -383,6 +383,9 @@ class _LaunchPlan:
 
 WIDE_TILE_SMEM_BYTES = 128 * 1024  # estimated shared memory of a wide-head tile (the H200 allows 227 KB a block;
 # Triton adds layout-conversion buffers beyond the estimate: at head dim 512 it asked for up to 1.5x of it)
+DECODE_WIDE_TILE_SMEM_BYTES = 160 * 1024  # the same for the target's decode kernel (pre-rotated keys: no rope
+# tiles); 32 x 512 queries with 2 stages of 32 keys (160 KB estimated) launched and ran fastest at Gemma-4's global
+# shape on the H200 (benchmarks/results/2026-12-01-nvidia-h200-anatomy)
 
 
 def wide_tile_smem_estimate(block_m: int, block_n: int, block_d: int, block_dv: int, num_stages: int,
@@ -394,14 +397,14 @@ def wide_tile_smem_estimate(block_m: int, block_n: int, block_d: int, block_dv: 
 
 
 def _fit_wide_tiles(block_m: int, block_n: int, block_d: int, block_dv: int, num_stages: int, dtype: torch.dtype,
-                    fixed: tuple[bool, bool, bool]) -> tuple[int, int, int]:
+                    fixed: tuple[bool, bool, bool], budget: int = WIDE_TILE_SMEM_BYTES) -> tuple[int, int, int]:
     """Shrink, in this order, the pipelining stages (to 2), the key tile (to 16), the row tile (to 16) and the
-    stages (to 1) until :func:`wide_tile_smem_estimate` fits :data:`WIDE_TILE_SMEM_BYTES`; knobs the caller set
+    stages (to 1) until :func:`wide_tile_smem_estimate` fits ``budget`` bytes; knobs the caller set
     (``fixed``: block_m, block_n, num_stages given) are kept."""
     m_fixed, n_fixed, stages_fixed = fixed
 
     def fits() -> bool:
-        return wide_tile_smem_estimate(block_m, block_n, block_d, block_dv, num_stages, dtype) <= WIDE_TILE_SMEM_BYTES
+        return wide_tile_smem_estimate(block_m, block_n, block_d, block_dv, num_stages, dtype) <= budget
 
     while not fits():
         if not stages_fixed and num_stages > 2:
@@ -419,23 +422,28 @@ def _fit_wide_tiles(block_m: int, block_n: int, block_d: int, block_dv: int, num
 
 def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: torch.dtype, device: torch.device,
                  num_splits: int | None, block_m: int | None, block_n: int | None, num_warps: int | None,
-                 num_stages: int | None) -> _LaunchPlan:
+                 num_stages: int | None, decode: bool = False) -> _LaunchPlan:
     """Defaults for the tuning knobs left None, and the even split of ``span`` context entries.
 
     Tiles of up to 64 x 128 (``block_m x block_d``) run with 4 warps, larger ones with 8: both reads are bound by
-    loading keys, and 4 warps measured faster for a 10-token block's packed rows (docs/design.md §6)."""
+    loading keys, and 4 warps measured faster for a 10-token block's packed rows (docs/design.md §6). ``decode``
+    (the target's decode kernel, keys pre-rotated): wide heads (over 256) run 4 warps with 32-key tiles under
+    :data:`DECODE_WIDE_TILE_SMEM_BYTES` (at Gemma-4's global shape, 16 / 4 heads of 512 over 32K keys, bf16, on
+    the H200: 28 rows 97.7 us instead of 209.6 with 8 warps and 16-key tiles, 4 rows 79.8 instead of 91.6)."""
     given_m, given_n, given_stages = block_m is not None, block_n is not None, num_stages is not None
     block_m = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
     block_d, block_dv = _next_pow2(Dh), _next_pow2(Dv)
     if block_n is None:
         block_n = 64 if max(block_d, block_dv) <= 128 else 32
+    wide = max(block_d, block_dv) > 256  # Gemma-4's global 512
     if num_warps is None:
-        num_warps = 4 if block_m * max(block_d, block_dv) <= 64 * 128 else 8
+        num_warps = 4 if block_m * max(block_d, block_dv) <= 64 * 128 or (wide and decode) else 8
     if num_stages is None:
         num_stages = 3 if device.type == "cuda" else 1
-    if max(block_d, block_dv) > 256:  # wide heads (Gemma-4's global 512): shrink the tiles the caller left open
-        block_m, block_n, num_stages = _fit_wide_tiles(block_m, block_n, block_d, block_dv, num_stages, dtype,
-                                                       fixed=(given_m, given_n, given_stages))
+    if wide:  # shrink the tiles the caller left open
+        block_m, block_n, num_stages = _fit_wide_tiles(
+            block_m, block_n, block_d, block_dv, num_stages, dtype, fixed=(given_m, given_n, given_stages),
+            budget=DECODE_WIDE_TILE_SMEM_BYTES if decode else WIDE_TILE_SMEM_BYTES)
     if num_splits is None:
         num_splits = default_num_splits(span, Hkv, block_n, device)
     num_splits = max(1, int(num_splits))
@@ -660,7 +668,8 @@ def decode_attention_triton(
         ctx_ptr = query  # unused
         span = ctx_value
 
-    plan = _launch_plan(G * Lq, Dh, Dv, Hkv, span, dtype, device, num_splits, block_m, block_n, num_warps, num_stages)
+    plan = _launch_plan(G * Lq, Dh, Dv, Hkv, span, dtype, device, num_splits, block_m, block_n, num_warps, num_stages,
+                        decode=True)
     part_m, part_l, part_acc = _partials(1, Hkv, plan.num_splits, plan.num_rows, Dv, device)
     out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
 

@@ -23,14 +23,17 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
 
     No prefill runs: the target and drafter caches simply hold ``context_length`` entries (whatever the buffers
     contain, zeros when fresh), so per-round cost at long contexts can be timed in seconds. Timing is
-    value-independent; tokens are meaningless. Every round commits at least one token, so at most ``rounds``
-    rounds run (fewer only if drafts get accepted). ``decode_s`` covers the rounds only;
+    value-independent; tokens are meaningless. Exactly ``rounds`` rounds run, under a token budget they cannot
+    reach (``rounds`` full blocks), so every round after the first is queued before the previous one is read, as
+    in a long request (a budget of ``rounds + 1`` tokens, as before, made the loop read every speculative round
+    first: the budget might end within the proposals in flight). ``decode_s`` covers the rounds (and the one queued
+    past the last, dropped);
     the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
     ``fused_layers`` as in :func:`fast_generate`; ``sampling`` (default greedy) times a sampled round.
     """
     rows = num_proposals(drafter) + 1
     sampling = sampling or Sampling()
-    budget = rounds + 1
+    budget = rounds * rows + 1  # never reached: the rounds stop at out.round_limit
     taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
     session = session_for(target, context_length + budget + rows, taps, engine)
     target_attention = resolve_target_attention(target_attention, session.device)
@@ -38,6 +41,7 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     out = Tracker(set(), StopStrings(None, None), None)
     out.first(first_token)
     out.commit_times = []
+    out.round_limit = rounds
     dcache = static_drafter = None
     if drafter is not None:
         drafter.bind_target(target)
