@@ -151,7 +151,7 @@ def test_kernel_in_interpreter_matches_twin(interpreter, case, dtype):
                         "small shapes)")
 @pytest.mark.parametrize("L", [1, 3, 10, 16])
 @pytest.mark.parametrize("T", [1, 63, 500, 8191, 32768])
-@pytest.mark.parametrize("Hq, Hkv, head_dim", [(32, 8, 128), (12, 3, 96), (5, 5, 64), (16, 4, 512)])
+@pytest.mark.parametrize("Hq, Hkv, head_dim", [(32, 8, 128), (12, 3, 96), (5, 5, 64), (16, 4, 512), (16, 4, 256)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_kernel_matches_twin_on_gpu(L, T, Hq, Hkv, head_dim, dtype):
     out, oracle = kernel_vs_twin(T, L, Hq, Hkv, head_dim, dtype, "cuda", seed=T + L)

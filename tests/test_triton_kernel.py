@@ -408,6 +408,9 @@ def test_wide_heads_get_tiles_that_fit_shared_memory(dtype, rows):
     if dtype == torch.bfloat16:  # and at 28 rows (Gemma-4's 7-row verify, 4 query heads a KV head)
         seven = _launch_plan(28, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
         assert (seven.block_m, seven.block_n, seven.num_stages, seven.num_warps) == (32, 32, 2, 4)
+    qwen = _launch_plan(64, 256, 256, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+    assert (qwen.block_m, qwen.block_n, qwen.num_stages, qwen.num_warps) == (64, 32, 2, 4)  # fastest measured
+    assert _launch_plan(64, 256, 256, 4, 32768, dtype, cuda, 8, None, None, None, None).num_warps == 8  # FOLD read
     narrow_decode = _launch_plan(64, 128, 128, 8, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
     assert (narrow_decode.block_m, narrow_decode.block_n, narrow_decode.num_stages, narrow_decode.num_warps) == (
         64, 64, 3, 4)

@@ -429,15 +429,21 @@ def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: to
     loading keys, and 4 warps measured faster for a 10-token block's packed rows (docs/design.md §6). ``decode``
     (the target's decode kernel, keys pre-rotated): wide heads (over 256) run 4 warps with 32-key tiles under
     :data:`DECODE_WIDE_TILE_SMEM_BYTES` (at Gemma-4's global shape, 16 / 4 heads of 512 over 32K keys, bf16, on
-    the H200: 28 rows 97.7 us instead of 209.6 with 8 warps and 16-key tiles, 4 rows 79.8 instead of 91.6)."""
+    the H200: 28 rows 97.7 us instead of 209.6 with 8 warps and 16-key tiles, 4 rows 79.8 instead of 91.6), and
+    tiles over 64 x 128 run 4 warps with 32-key tiles in 2 stages (Qwen3.5-9B's 16-row verify, 64 packed rows of
+    256: 59.4 us instead of 69.9 with 8 warps, 64 keys, 3 stages)."""
     given_m, given_n, given_stages = block_m is not None, block_n is not None, num_stages is not None
     block_m = block_m or min(_next_pow2(num_rows), 128 if Dh <= 64 else 64)
     block_d, block_dv = _next_pow2(Dh), _next_pow2(Dv)
     if block_n is None:
         block_n = 64 if max(block_d, block_dv) <= 128 else 32
     wide = max(block_d, block_dv) > 256  # Gemma-4's global 512
+    large = block_m * max(block_d, block_dv) > 64 * 128
     if num_warps is None:
-        num_warps = 4 if block_m * max(block_d, block_dv) <= 64 * 128 or (wide and decode) else 8
+        num_warps = 8 if large and not decode else 4
+    if decode and large and not wide:  # Qwen3.5's full-attention verify: 64 packed rows of 256
+        block_n = block_n if given_n else 32
+        num_stages = num_stages if given_stages else 2
     if num_stages is None:
         num_stages = 3 if device.type == "cuda" else 1
     if wide:  # shrink the tiles the caller left open
