@@ -204,8 +204,8 @@ def static_rounds(session: Session, drafter, dcache, static_drafter, last, posit
             if not out.running(budget):
                 break
             step = plan(position, drafter_length + new_rows, len(out.tokens), 0)
-        elif not pipelined:
-            step = None
+        elif not pipelined or (out.round_limit is not None and len(out.acceptance) + 1 >= out.round_limit):
+            step = None  # (a benchmark's last round: nothing is queued past it)
         else:  # the round in flight commits 1 .. k + 1 tokens
             step = plan(position + 1, drafter_length + new_rows + 1, len(out.tokens) + 1, in_flight.k)
         if step is None:

@@ -26,9 +26,8 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     value-independent; tokens are meaningless. Exactly ``rounds`` rounds run, under a token budget they cannot
     reach (``rounds`` full blocks), so every round after the first is queued before the previous one is read, as
     in a long request (a budget of ``rounds + 1`` tokens, as before, made the loop read every speculative round
-    first: the budget might end within the proposals in flight). ``decode_s`` covers the rounds (and the one queued
-    past the last, dropped);
-    the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
+    first: the budget might end within the proposals in flight). ``decode_s`` covers the rounds only (nothing is queued
+    past the last); the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
     ``fused_layers`` as in :func:`fast_generate`; ``sampling`` (default greedy) times a sampled round.
     """
     rows = num_proposals(drafter) + 1
