@@ -7,7 +7,8 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
 * ``floor`` per AR step: (the target's weights read per step, embedding excluded + its KV bytes at T) / the
   device-to-device copy bandwidth measured here; ``our_ar`` the graphs engine's AR step (p50 over rounds);
   ``our_ar[separate_proj]`` the same with ``$FOLD_HF_CONCAT_PROJECTIONS=0`` (q, k, v, gate and up as five GEMMs,
-  the layout before this issue) at ``--ab-context``;
+  the layout before this issue) at ``--ab-context``; ``[cublas]`` rows (``$FOLD_HF_SKINNY_GEMM=0``): the decode
+  projections on cuBLAS instead of the skinny Triton GEMMs;
 * ``our_sd_fold`` / ``our_sd_dflash``: the speculative round (block 10, W 2048, α 2) at ``--sd-context``;
   ``[one_at_a_time]`` rows (``$FOLD_HF_PIPELINE_ROUNDS=0``): each round's result read before the next is queued;
 * prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``,
@@ -289,6 +290,12 @@ def main(argv=None) -> int:
                 add("our_ar[separate_proj]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
             release_fast_state(target)
+            with env_var("FOLD_HF_SKINNY_GEMM", "0"):
+                add("our_ar[cublas]", context,
+                    our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
+            release_fast_state(target)
+
+
             with env_var("FOLD_HF_PIPELINE_ROUNDS", "0"):  # read at every call: no new session needed
                 add("our_ar[one_at_a_time]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
@@ -301,6 +308,10 @@ def main(argv=None) -> int:
             if context == args.ab_context:
                 with env_var("FOLD_HF_PIPELINE_ROUNDS", "0"):
                     add("our_sd_fold[one_at_a_time]", context,
+                        our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
+                release_fast_state(target)
+                with env_var("FOLD_HF_SKINNY_GEMM", "0"):
+                    add("our_sd_fold[cublas]", context,
                         our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
         release_fast_state(target)
         save()
@@ -384,6 +395,8 @@ def headline(report: dict) -> dict:
     out["our_ar_one_at_a_time_over_queued_8b_32k"] = ratio(p50("our_ar[one_at_a_time]", 32768), p50("our_ar", 32768))
     out["sd_fold_one_at_a_time_over_queued_8b_32k"] = ratio(p50("our_sd_fold[one_at_a_time]", 32768),
                                                             p50("our_sd_fold", 32768))
+    out["our_ar_cublas_over_skinny_8b_32k"] = ratio(p50("our_ar[cublas]", 32768), p50("our_ar", 32768))
+    out["sd_fold_cublas_over_skinny_8b_32k"] = ratio(p50("our_sd_fold[cublas]", 32768), p50("our_sd_fold", 32768))
     out["hf_prefill_fraction_of_compute_floor_8b_32k"] = pre("hf", 32768, "fraction_of_floor")
     for P, tag in ((8192, "8k"), (131072, "128k")):
         out[f"prefill_fraction_of_compute_floor_8b_{tag}"] = pre("ours", P, "fraction_of_floor")

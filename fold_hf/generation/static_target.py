@@ -29,7 +29,9 @@ model's; only the cache and the attention are ours:
   and gate|up run as one GEMM each over buffers the model's own q/k/v and gate/up parameters become views of
   (:mod:`fold_hf.generation.weight_layout`: nothing held twice, writes through the modules reach them). A layer
   whose projections are not plain ``nn.Linear`` in the model dtype (LoRA, quantized) runs them as modules, with a
-  warning naming why (:meth:`StaticTarget.decode_projections`).
+  warning naming why (:meth:`StaticTarget.decode_projections`). On CUDA a decode step's projections (1 to 16 rows)
+  in the fused layers run the skinny Triton GEMMs of :mod:`fold_hf.kernels.triton_gemm` where they measured faster
+  than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS.
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.generation.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 
@@ -47,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.cpu_gemm import linear_module
+from ..kernels.cpu_gemm import _hooked, linear_module
 from .taps import _unwrap
 from .weight_layout import (
     DecodeProjections,
@@ -158,6 +160,16 @@ _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 # MLPs computing down_proj(act_fn(gate_proj(x)) * up_proj(x)), which the host-length forward may run as gate|up
 _GATED_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 
+
+
+def _project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``: through ``gemm(x, weight, bias)`` (a decode step's skinny GEMM) when given and ``module`` is a
+    plain, hook-free ``nn.Linear`` with a contiguous weight in ``x``'s dtype; else
+    :func:`~fold_hf.kernels.cpu_gemm.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
+    if (gemm is not None and type(module) is nn.Linear and module.weight.dtype == x.dtype
+            and module.weight.is_contiguous() and not _hooked(module)):
+        return gemm(x, module.weight, module.bias)
+    return linear_module(module, x)
 
 class StaticTarget:
     """Forward passes of a Llama-family causal LM over a preallocated KV cache (batch 1).
@@ -509,17 +521,20 @@ class StaticTarget:
                 for slot in taps.get(layer_id, ()):
                     taps_out[:, :, slot * H : (slot + 1) * H] = value
 
+        # a decode step's rows (AR 1, a verify block) go through the skinny GEMMs where the ops have them; a prefill
+        # chunk through cuBLAS
+        skinny = ops.skinny_linear if ops.skinny_linear is not None and L <= ops.skinny_rows else None
         hidden = self.embed(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
             norm = layer.input_layernorm
+            attn = layer.self_attn
+            projections = self.decode_projections(layer)
             hidden, normed = ops.add_rms_norm(hidden, delta, norm.weight, norm.variance_epsilon)
             if i > 0:
                 tap(i - 1, hidden)
-            attn = layer.self_attn
-            projections = self.decode_projections(layer)
             if projections is not None:  # one GEMM; the heads are read in place by the norms and the rope
-                q, k, v = projections.qkv(normed)
+                q, k, v = projections.qkv(normed, skinny)
             else:
                 q, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
             q = q.view(1, L, self.num_heads, self.head_dim)
@@ -532,12 +547,16 @@ class StaticTarget:
             out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
                          max_context_length=bucket)  # [1, L, Hq, D]
             norm = layer.post_attention_layernorm
-            hidden, normed = ops.add_rms_norm(hidden, linear_module(attn.o_proj, out.reshape(1, L, -1)), norm.weight,
-                                              norm.variance_epsilon)
+            attn_out = _project(skinny, attn.o_proj, out.reshape(1, L, -1))
             mlp = layer.mlp
-            gate, up = projections.gate_up(normed) if projections is not None else (mlp.gate_proj(normed),
-                                                                                    mlp.up_proj(normed))
-            delta = linear_module(mlp.down_proj, ops.silu_mul(gate, up))
+            hidden, normed = ops.add_rms_norm(hidden, attn_out, norm.weight, norm.variance_epsilon)
+            if projections is not None and skinny is not None:  # one launch: gate|up, then silu(gate) * up
+                act = ops.gate_up_silu(normed, projections.gate_up_weight, projections.gate_up_bias)
+            else:
+                gate, up = projections.gate_up(normed) if projections is not None else (mlp.gate_proj(normed),
+                                                                                        mlp.up_proj(normed))
+                act = ops.silu_mul(gate, up)
+            delta = _project(skinny, mlp.down_proj, act)
         hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, self.final_norm.variance_epsilon)
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         return linear_module(self.lm_head, normed)[0]

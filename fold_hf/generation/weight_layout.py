@@ -125,10 +125,18 @@ class DecodeProjections:
         self.gate_up_owners = tuple(p for m in (mlp.gate_proj, mlp.up_proj) for p in (m.weight, m.bias)
                                     if p is not None)
 
-    def qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output
-        (several CPU rows: MKL's packed GEMM, :func:`fold_hf.kernels.cpu_gemm.linear`)."""
-        out = linear(hidden, self.qkv_weight, self.qkv_bias, owners=self.qkv_owners, tag="qkv")
+    def qkv(self, hidden: torch.Tensor, gemm=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output:
+        ``gemm(hidden, weight, bias)`` when given (a decode step's skinny GEMM), else
+        :func:`fold_hf.kernels.cpu_gemm.linear` (several CPU rows: MKL's packed GEMM)."""
+        if gemm is not None:
+            out = gemm(hidden, self.qkv_weight, self.qkv_bias)
+        else:
+            out = linear(hidden, self.qkv_weight, self.qkv_bias, owners=self.qkv_owners, tag="qkv")
+        return self.split_qkv(out)
+
+    def split_qkv(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A q|k|v product ``[..., (Hq + 2 Hkv) D]`` as views ``(q, k, v)``."""
         q_end, k_end = self.q_width, self.q_width + self.kv_width
         return out[..., :q_end], out[..., q_end:k_end], out[..., k_end:]
 

@@ -4,6 +4,8 @@
   verify attention (``decode_attention_triton``); twins in :mod:`fold_hf.kernels.reference`;
 * :mod:`fold_hf.kernels.triton_layer`: the fused elementwise ops of the fast loop's layers; twins in
   :mod:`fold_hf.kernels.layer_reference`;
+* :mod:`fold_hf.kernels.triton_gemm`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in
+  the gate|up product); twins in :mod:`fold_hf.kernels.gemm_reference`;
 * :mod:`fold_hf.kernels.triton_hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head
   norm + partial rope + ring write, GELU-tanh, the fused Gated DeltaNet verify and its commit); twins in
   :mod:`fold_hf.kernels.hybrid_reference`.
@@ -48,27 +50,57 @@ def default_decode_attention(device: torch.device):
     return decode_attention_reference
 
 
-class LayerOps:
-    """The fused elementwise ops of the fast loop's fused layers (target and drafter)."""
+SKINNY_GEMM_ENV = "FOLD_HF_SKINNY_GEMM"
 
-    def __init__(self, add_rms_norm, rope_write, silu_mul, rotate_heads, backend: str) -> None:
+
+def skinny_gemm_enabled() -> bool:
+    """Whether the fused target layers run their decode projections (1 to 16 rows) through the skinny Triton GEMMs
+    of :mod:`fold_hf.kernels.triton_gemm` on CUDA (default yes; ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS, for A/B
+    timings)."""
+    value = os.environ.get(SKINNY_GEMM_ENV, "1")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{SKINNY_GEMM_ENV} must be 0 or 1, got {value!r}")
+    return value != "0"
+
+
+class LayerOps:
+    """The fused elementwise ops of the fast loop's fused layers (target and drafter).
+
+    ``skinny_linear`` / ``gate_up_silu``: the decode-step GEMMs (:mod:`fold_hf.kernels.triton_gemm`, or their twins
+    in :mod:`fold_hf.kernels.gemm_reference`), or None where the projections run as ``F.linear`` / the modules
+    (the CPU path, whose multi-row products go to MKL's packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
+    ``skinny_rows`` the most rows they take."""
+
+    def __init__(self, add_rms_norm, rope_write, silu_mul, rotate_heads, backend: str, skinny_linear=None,
+                 gate_up_silu=None, skinny_rows: int = 0) -> None:
         self.add_rms_norm, self.rope_write, self.silu_mul = add_rms_norm, rope_write, silu_mul
         self.rotate_heads, self.backend = rotate_heads, backend
+        self.skinny_linear, self.gate_up_silu, self.skinny_rows = skinny_linear, gate_up_silu, skinny_rows
 
     def __repr__(self) -> str:
-        return f"LayerOps({self.backend})"
+        gemm = ", skinny GEMMs" if self.skinny_linear is not None else ""
+        return f"LayerOps({self.backend}{gemm})"
 
 
 def default_layer_ops(device: torch.device) -> LayerOps:
-    """The Triton kernels of :mod:`fold_hf.kernels.triton_layer` on CUDA when they import (and
-    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins from :mod:`fold_hf.kernels.layer_reference`."""
+    """The Triton kernels of :mod:`fold_hf.kernels.triton_layer` (and the skinny GEMMs of
+    :mod:`fold_hf.kernels.triton_gemm`, see :func:`skinny_gemm_enabled`) on CUDA when they import (and
+    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins from :mod:`fold_hf.kernels.layer_reference`
+    with the projections left to ``F.linear``."""
     if triton_kernels_enabled(device):
         try:
             from .triton_layer import add_rms_norm_triton, rope_write_triton, rotate_heads_triton, silu_mul_triton
         except ImportError:
             pass
         else:
-            return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, rotate_heads_triton, "triton")
+            skinny = {}
+            if skinny_gemm_enabled():
+                from . import triton_gemm as gemm
+
+                skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
+                              skinny_rows=gemm.MAX_ROWS)
+            return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, rotate_heads_triton, "triton",
+                            **skinny)
     from .layer_reference import (
         add_rms_norm_reference,
         rope_write_reference,
@@ -114,6 +146,6 @@ def default_hybrid_ops(device: torch.device | str) -> HybridOps:
     return HybridOps("torch", **{name: getattr(module, f"{name}_reference") for name in HYBRID_OPS})
 
 
-__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "compute_dtype", "decode_attention_reference",
+__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SKINNY_GEMM_ENV", "skinny_gemm_enabled", "compute_dtype", "decode_attention_reference",
            "default_decode_attention", "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference",
            "rotate_by_tables", "rotate_half", "triton_kernels_enabled"]

@@ -1,0 +1,187 @@
+"""Triton skinny GEMMs of the fast loop's decode steps: a few rows against a weight read once, no split-K.
+
+Why: at batch 1 a decode step's projections read far more weight bytes than they compute with, and cuBLAS covers a
+small output width by splitting K and launching a second reduce kernel (on an H200 at the Llama-3.1-8B shape
+``o_proj`` and ``down_proj`` run split-K plus ``splitKreduce``, 64 extra launches a step), while ``gate|up`` is
+followed by a ``silu(gate) * up`` kernel. Here one program owns ``BLOCK_N`` output columns over the whole of K, so
+there is no reduce pass, and the gate|up product can end in the SiLU-and-multiply:
+
+* :func:`skinny_linear_triton` ``x [..., K] @ weight[N, K]^T (+ bias)`` as ``F.linear``;
+* :func:`gate_up_silu_triton` ``silu(x @ gate^T) * (x @ up^T)`` over one ``[2 I, K]`` gate|up buffer (the
+  layout of :class:`fold_hf.generation.weight_layout.DecodeProjections`), rounding gate and up to the model dtype
+  before the SiLU as the unfused modules do, then exactly as
+  :func:`fold_hf.kernels.triton_layer.silu_mul_triton`.
+
+One row (an AR step) reduces on the CUDA cores (``[BLOCK_N, BLOCK_K]`` products summed along K); more rows (a
+verify block) use ``tl.dot`` over 16-row tiles. Accumulation is fp32 and the result is rounded once, as cuBLAS
+does; the order of the sum differs from cuBLAS', so bf16 results may differ from ``F.linear`` in the last bit.
+Twins with the same signatures: :mod:`fold_hf.kernels.gemm_reference`. Imported only when Triton is usable.
+
+Shapes: ``x [..., K]`` (rows with a unit inner stride), ``weight [N, K]`` contiguous, ``bias [N]`` or None.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .triton_layer import _EXACT, _round_to
+
+
+@triton.jit
+def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym, up_rows,
+                        HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    dtype = Y.dtype.element_ty
+    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x = tl.load(X + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
+        if USE_DOT:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+        if SILU_MUL:
+            wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+            if USE_DOT:
+                acc_up = tl.dot(x, tl.trans(wu), acc_up, input_precision=DOT_PRECISION)
+            else:
+                acc_up += tl.sum(x.to(tl.float32)[:, None, :] * wu.to(tl.float32)[None, :, :], 2)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            acc_up += tl.load(BIAS + up_rows + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if SILU_MUL:
+        g = _round_to(acc, dtype)  # the gate and up projections' outputs, as the modules round them
+        u = _round_to(acc_up, dtype)
+        if LIBDEVICE_EXP:
+            e = libdevice.exp(-g)  # expf, as torch's silu
+        else:
+            e = tl.exp(-g)  # Triton's interpreter has no libdevice
+        silu = _round_to(tl.math.div_rn(g, 1.0 + e), dtype)
+        acc = _round_to(silu * u, dtype)
+    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Tiles of one skinny GEMM launch (``use_dot`` False: one row reduced on the CUDA cores)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    use_dot: bool
+
+
+MAX_ROWS = 16  # rows one launch of this kernel takes (a verify block); more rows go to cuBLAS (a prefill chunk)
+PLAN_ENV = "FOLD_HF_SKINNY_GEMM_PLAN"  # benchmarks: "block_n,block_k,warps,stages[,dot]" for every launch
+
+
+def gemm_plan(rows: int, out_features: int, in_features: int, silu_mul: bool = False,
+              element_bytes: int = 2) -> GemmPlan:
+    """Tiles for ``rows`` rows (``1 <= rows <= MAX_ROWS``) against a ``[out_features, in_features]`` weight, from
+    the sweep on the H200 at the Llama-3.1-8B shapes (``benchmarks/skinny_gemm_bench.py``;
+    ``benchmarks/results/2026-12-01-nvidia-h200-skinny-gemm``): one row, 16 columns a program over 512-wide K
+    tiles with 2 warps (q|k|v 15.4 us, o 11.9, down 31.3 against cuBLAS' 16.1, 12.5, 31.9); the gate|up product,
+    which loads two tiles an iteration, 32 columns through ``tl.dot`` (58.1 us against cuBLAS plus the silu kernel's
+    62.7); several rows, ``tl.dot`` over 16 x 512 tiles. fp32 (``element_bytes`` 4) halves the K tile, so the
+    buffered tiles fit in shared memory. ``$FOLD_HF_SKINNY_GEMM_PLAN`` overrides them."""
+    override = os.environ.get(PLAN_ENV)
+    if override:
+        parts = [p.strip() for p in override.split(",")]
+        block_n, block_k, warps, stages = (int(p) for p in parts[:4])
+        use_dot = rows > 1 or (len(parts) > 4 and parts[4] == "dot")
+        return GemmPlan(16 if use_dot else 1, block_n, block_k, warps, stages, use_dot)
+    shrink = max(1, element_bytes // 2)
+    if silu_mul:
+        return GemmPlan(16, 32, 256 // shrink, 4, 3, True)
+    if rows == 1:
+        return GemmPlan(1, 16, 512 // shrink, 2, 3, False)
+    return GemmPlan(16, 16, 512 // shrink, 4, 3, True)
+
+
+def skinny_wins(rows: int, out_features: int, in_features: int, silu_mul: bool = False) -> bool:
+    """Whether this kernel beat cuBLAS at the shape in the H200 sweep (:func:`gemm_plan`): always for one row and
+    for the gate|up product with its SiLU (which saves a launch); for a verify block's rows only at widths up to
+    4096 by 4096 (o: 13.0 against 13.2 us), while q|k|v (6144 wide: 16.3 against 15.8) and down (K = 14336: 36.3
+    against 32.6, too few programs along N for the rows' dot) stay on cuBLAS."""
+    if rows == 1 or silu_mul:
+        return True
+    return out_features <= 4096 and in_features <= 4096
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, up_rows: int,
+            silu_mul: bool) -> torch.Tensor:
+    if x.dtype != weight.dtype:
+        raise ValueError(f"x is {x.dtype}, the weight {weight.dtype}")
+    if not weight.is_contiguous():
+        raise ValueError("the weight must be contiguous [N, K]")
+    K = weight.shape[1]
+    if x.shape[-1] != K:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight {K}")
+    rows = x.reshape(-1, K)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    M = rows.shape[0]
+    if not 1 <= M <= MAX_ROWS:
+        raise ValueError(f"the skinny GEMM takes 1 to {MAX_ROWS} rows, got {M}")
+    out = torch.empty(*x.shape[:-1], out_features, device=x.device, dtype=x.dtype)
+    plan = gemm_plan(M, out_features, K, silu_mul, x.element_size())
+    grid = (triton.cdiv(out_features, plan.block_n), triton.cdiv(M, plan.block_m))
+    _skinny_gemm_kernel[grid](
+        rows, weight, bias if bias is not None else weight, out, M, out_features, K, rows.stride(0),
+        weight.stride(0), out_features, up_rows,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, USE_DOT=plan.use_dot, BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, STAGES=plan.num_stages,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1",
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **_EXACT,
+    )
+    return out
+
+
+def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for ``x [..., K]`` of 1 to :data:`MAX_ROWS` rows: ``[..., N]``."""
+    return _launch(x, weight, bias, weight.shape[0], 0, silu_mul=False)
+
+
+def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A decode step's projection: :func:`skinny_linear_triton` where it beat cuBLAS (:func:`skinny_wins`), else
+    ``F.linear`` (cuBLAS), by the shape alone (so the same shape always takes the same kernel)."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if 1 <= rows <= MAX_ROWS and skinny_wins(rows, weight.shape[0], weight.shape[1]):
+        return skinny_linear_triton(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
+                        gate_up_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate, up = F.linear(x, gate_up_weight, gate_up_bias).chunk(2, -1)``:
+    ``x [..., K]``, ``gate_up_weight [2 I, K]`` -> ``[..., I]``."""
+    if gate_up_weight.shape[0] % 2:
+        raise ValueError(f"a gate|up weight has an even number of rows, got {gate_up_weight.shape[0]}")
+    width = gate_up_weight.shape[0] // 2
+    return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True)
+
+
+__all__ = ["MAX_ROWS", "PLAN_ENV", "GemmPlan", "decode_linear_triton", "gate_up_silu_triton", "gemm_plan",
+           "skinny_linear_triton", "skinny_wins"]

@@ -1,0 +1,219 @@
+"""The decode step's skinny GEMMs (:mod:`fold_hf.kernels.triton_gemm`) and their place in the fused target layers.
+
+* Triton interpreter (CPU CI): each kernel against a float64 statement of the product (and of ``silu(g) * u``)
+  over odd shapes, both paths (one row on the CUDA cores, 2-16 rows through ``tl.dot``), with and without bias;
+  the static engine with the kernels in its fused layers gives HF greedy's tokens and the unfused loop's
+  acceptance lengths, and runs them for the decode rows only (a prefill chunk stays on ``F.linear``).
+* CPU: bad inputs and settings raise errors that say why.
+* GPU (``@pytest.mark.gpu``): the kernels at the Llama-3.1-8B shapes in bf16 / fp32, and the graphs engine with
+  them against cuBLAS (``$FOLD_HF_SKINNY_GEMM=0``) and HF greedy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fold_hf
+from fold_hf.generation import fast_generate
+from tiny import greedy_reference, mode_config, pair_on_gpu, trained_pair
+from tiny import prompt as tiny_prompt
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+
+def oracle_linear(x, weight, bias):
+    """``x @ weight^T + bias`` summed in float64, one output at a time."""
+    x64, w64 = x.double().reshape(-1, x.shape[-1]), weight.double()
+    out = torch.empty(x64.shape[0], w64.shape[0], dtype=torch.float64)
+    for n in range(w64.shape[0]):
+        out[:, n] = (x64 * w64[n]).sum(-1) + (0.0 if bias is None else bias[n].double())
+    return out.reshape(*x.shape[:-1], w64.shape[0])
+
+
+def oracle_gate_up_silu(x, weight, bias):
+    gate, up = oracle_linear(x, weight, bias).chunk(2, -1)
+    return gate / (1 + torch.exp(-gate)) * up
+
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+
+
+def check_gemms(device, dtype, shapes, gate_up: bool = True):
+    """``gate_up``: also the gate|up products (whose plans always use ``tl.dot``)."""
+    from fold_hf.kernels.triton_gemm import gate_up_silu_triton, skinny_linear_triton
+
+    for rows, N, K, with_bias in shapes:
+        seed = rows * 7 + N + K
+        x = randn(1, rows, K, dtype=dtype, device=device, seed=seed)
+        weight = randn(N, K, dtype=dtype, device=device, seed=seed + 1, scale=K**-0.5)
+        bias = randn(N, dtype=dtype, device=device, seed=seed + 2) if with_bias else None
+        out = skinny_linear_triton(x, weight, bias)
+        assert out.shape == (1, rows, N) and out.dtype == dtype
+        cpu_bias = None if bias is None else bias.cpu()
+        assert rel_err(out.cpu(), oracle_linear(x.cpu(), weight.cpu(), cpu_bias)) < TOLERANCE[dtype], (rows, N, K)
+        if gate_up and N % 2 == 0:
+            act = gate_up_silu_triton(x, weight, bias)
+            assert act.shape == (1, rows, N // 2)
+            want = oracle_gate_up_silu(x.cpu(), weight.cpu(), None if bias is None else bias.cpu())
+            assert rel_err(act.cpu(), want) < TOLERANCE[dtype], (rows, N, K, dtype)
+
+
+# (rows, N, K, bias): N not a multiple of the 16-column tile, K not a multiple of the K tile
+INTERPRETER_SHAPES = [(1, 70, 200, True), (1, 33, 64, False), (1, 96, 600, False), (3, 70, 200, False),
+                      (10, 48, 129, True), (16, 64, 520, False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemms_in_interpreter_match_the_float64_product(interpreter, dtype):
+    check_gemms("cpu", dtype, INTERPRETER_SHAPES)
+
+
+def test_one_row_path_in_bf16_matches_the_float64_product(interpreter):
+    """The one-row path sums on the CUDA cores (no dot), which the interpreter runs in bf16 too (the gate|up plans
+    use the dot, whose bf16 the interpreter gets wrong)."""
+    check_gemms("cpu", torch.bfloat16, [s for s in INTERPRETER_SHAPES if s[0] == 1], gate_up=False)
+
+
+def test_gemm_inputs_and_settings_are_checked(monkeypatch):
+    pytest.importorskip("triton")
+    from fold_hf.kernels import SKINNY_GEMM_ENV, skinny_gemm_enabled
+    from fold_hf.kernels.triton_gemm import PLAN_ENV, gate_up_silu_triton, gemm_plan, skinny_linear_triton
+
+    weight = torch.zeros(8, 16)
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        skinny_linear_triton(torch.zeros(17, 16), weight)
+    with pytest.raises(ValueError, match="features"):
+        skinny_linear_triton(torch.zeros(1, 15), weight)
+    with pytest.raises(ValueError, match="float16"):
+        skinny_linear_triton(torch.zeros(1, 16, dtype=torch.float16), weight)
+    with pytest.raises(ValueError, match="contiguous"):
+        skinny_linear_triton(torch.zeros(1, 8), weight.t())
+    with pytest.raises(ValueError, match="even number of rows"):
+        gate_up_silu_triton(torch.zeros(1, 16), torch.zeros(7, 16))
+    from fold_hf.kernels.triton_gemm import skinny_wins
+
+    # the routing measured on the H200: one row and gate|up always, a block's rows only up to 4096 x 4096
+    assert skinny_wins(1, 4096, 14336) and skinny_wins(10, 28672, 4096, silu_mul=True)
+    assert skinny_wins(10, 4096, 4096) and not skinny_wins(10, 4096, 14336) and not skinny_wins(16, 6144, 4096)
+
+
+@contextlib.contextmanager
+def fp32_pair(arch):
+    target, drafter = trained_pair(arch)
+    target.to(torch.float32)
+    drafter.to(torch.float32)
+    fold_hf.generation.release_fast_state(target)  # an earlier test's engine holds fp64 caches
+    try:
+        yield target, drafter
+    finally:
+        target.to(torch.float64)
+        drafter.to(torch.float64)
+        fold_hf.generation.release_fast_state(target)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, monkeypatch):
+    """Fused layers with the Triton GEMMs (interpreter) in place of F.linear: HF greedy's tokens, the unfused loop's
+    acceptance lengths; the GEMMs see the AR step's 1 row and the verify block's rows, never a prefill chunk."""
+    import fold_hf.kernels as kernels
+    from fold_hf.kernels import triton_gemm
+
+    seen = []
+
+    def counting(fn):
+        def run(x, weight, bias=None):
+            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+            return fn(x, weight, bias)
+        return run
+
+    original = kernels.default_layer_ops
+
+    def with_gemms(device):
+        ops = original(device)
+        return kernels.LayerOps(ops.add_rms_norm, ops.rope_write, ops.silu_mul, ops.rotate_heads, "torch+gemm",
+                                skinny_linear=counting(triton_gemm.skinny_linear_triton),
+                                gate_up_silu=counting(triton_gemm.gate_up_silu_triton),
+                                skinny_rows=triton_gemm.MAX_ROWS)
+
+    monkeypatch.setattr(kernels, "default_layer_ops", with_gemms)
+    monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
+    kw = dict(engine="static", target_attention="triton", fused_layers=True)
+    with fp32_pair(arch) as (target, drafter):
+        ids = tiny_prompt(3, 40)
+        expected = greedy_reference(target, ids, 8)
+        assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=8, **kw), expected)
+        assert seen and set(seen) == {1}, seen
+        fold_hf.generation.release_fast_state(target)
+        seen.clear()
+        res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=8, return_stats=True,
+                            fold_config=mode_config("fold"), **kw)
+        assert torch.equal(res.sequences, expected)
+        block = drafter.config.block_size
+        assert seen and max(seen) == block and ids.shape[1] not in seen, seen
+        monkeypatch.setattr(kernels, "default_layer_ops", original)
+        fold_hf.generation.release_fast_state(target)
+        plain = fast_generate(target, drafter, input_ids=ids, max_new_tokens=8, return_stats=True,
+                              fold_config=mode_config("fold"), **kw)
+        assert res.acceptance_lengths == plain.acceptance_lengths
+
+
+@pytest.mark.gpu(reason="bf16 and the 8B shapes: the interpreter has no bf16 dot and is too slow at 4096-wide rows")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gemms_match_the_float64_product_on_gpu(dtype):
+    shapes = [(1, 6144, 4096, False), (1, 4096, 14336, False), (10, 28672, 4096, False), (16, 4096, 4096, True),
+              (1, 1030, 4100, True), (7, 4098, 1000, False)]
+    from fold_hf.kernels.triton_gemm import skinny_linear_triton
+
+    check_gemms("cuda", dtype, shapes)
+    x = randn(1, 1, 4096, dtype=dtype, device="cuda")
+    w = randn(6144, 4096, dtype=dtype, device="cuda", scale=1 / 64)
+    # against cuBLAS: one rounding of an fp32 sum either way
+    assert rel_err(skinny_linear_triton(x, w), F.linear(x, w)) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+@pytest.mark.gpu(reason="CUDA graphs: the graphs engine with the skinny GEMMs captures on a CUDA device")
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_graph_engine_with_skinny_gemms_matches_cublas_on_gpu(arch, monkeypatch):
+    with pair_on_gpu(arch) as (target, drafter):
+        for seed, length in enumerate([1, 300, 700]):
+            ids = tiny_prompt(90 + seed, length).cuda()
+            expected = greedy_reference(target, ids, 40)
+            runs = {}
+            for skinny in ("1", "0"):
+                monkeypatch.setenv("FOLD_HF_SKINNY_GEMM", skinny)
+                fold_hf.generation.release_fast_state(target)
+                kw = dict(input_ids=ids, max_new_tokens=40, engine="graphs", target_attention="triton",
+                          fused_layers=True)
+                assert torch.equal(fast_generate(target, None, **kw), expected), (arch, length, skinny)
+                runs[skinny] = fast_generate(target, drafter, **kw, return_stats=True, fold_config=mode_config("fold"))
+                assert torch.equal(runs[skinny].sequences, expected), (arch, length, skinny)
+            assert runs["1"].acceptance_lengths == runs["0"].acceptance_lengths, (arch, length)
+        fold_hf.generation.release_fast_state(target)
+
+
+def test_gemm_benchmark_dry_run_writes_its_rows(interpreter, tmp_path):
+    """``benchmarks/skinny_gemm_bench.py --dry-run``: tiny shapes in the interpreter, every row checked against
+    F.linear (relative error in the CSV), cuBLAS and the sweep for each row count."""
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "skinny_gemm_bench.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--rows", "1,3"], check=True,
+                   capture_output=True)
+    rows = list(csv.DictReader((tmp_path / "skinny_gemm.csv").open()))
+    assert {r["rows"] for r in rows} == {"1", "3"} and {r["shape"] for r in rows} == {"qkv", "gate_up_silu"}
+    assert any(r["method"] == "cublas" for r in rows) and any(r["method"].startswith("triton") for r in rows)
+    assert all(float(r["rel_err"]) < 1e-5 for r in rows), [r["rel_err"] for r in rows]
