@@ -8,7 +8,8 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
   device-to-device copy bandwidth measured here; ``our_ar`` the graphs engine's AR step (p50 over rounds);
   ``our_ar[separate_proj]`` the same with ``$FOLD_HF_CONCAT_PROJECTIONS=0`` (q, k, v, gate and up as five GEMMs,
   the layout before this issue) at ``--ab-context``; ``[cublas]`` rows (``$FOLD_HF_SKINNY_GEMM=0``): the decode
-  projections on cuBLAS instead of the skinny Triton GEMMs;
+  projections on cuBLAS instead of the skinny Triton GEMMs; ``[no_pdl]`` rows (``$FOLD_HF_PDL=0``): every Triton
+  kernel launched without programmatic dependent launch;
 * ``our_sd_fold`` / ``our_sd_dflash``: the speculative round (block 10, W 2048, α 2) at ``--sd-context``;
   ``[one_at_a_time]`` rows (``$FOLD_HF_PIPELINE_ROUNDS=0``): each round's result read before the next is queued;
 * prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``,
@@ -20,7 +21,8 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
   before it); ``--chunks`` adds our prefill at other chunk sizes at ``--ab-context``;
 * profile (``torch.profiler``, CUDA kernels, the ``static`` engine so every launch is seen): top kernels of one
   AR step and one ``fold`` round at ``--sd-context``, and of our prefill at ``--ab-context`` (which attention
-  kernel the prefill runs).
+  kernel the prefill runs). With PDL a kernel's time counts from its early start (its programs wait on the one
+  before), so the kernel sums overlap; ``ar_<T>[no_pdl]`` is the same step without PDL, kernels back to back.
 
 Writes ``last_mile.json`` (``headline``: the issue's keys; ``rows``; ``prefill``; ``profile``; ``machine``) and
 ``last_mile.csv`` under ``--out``, and logs as it goes (a run cut by a time limit keeps what it measured: the JSON
@@ -294,8 +296,10 @@ def main(argv=None) -> int:
                 add("our_ar[cublas]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
             release_fast_state(target)
-
-
+            with env_var("FOLD_HF_PDL", "0"):
+                add("our_ar[no_pdl]", context,
+                    our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
+            release_fast_state(target)
             with env_var("FOLD_HF_PIPELINE_ROUNDS", "0"):  # read at every call: no new session needed
                 add("our_ar[one_at_a_time]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
@@ -313,6 +317,11 @@ def main(argv=None) -> int:
                 with env_var("FOLD_HF_SKINNY_GEMM", "0"):
                     add("our_sd_fold[cublas]", context,
                         our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
+                release_fast_state(target)
+                with env_var("FOLD_HF_PDL", "0"):
+                    add("our_sd_fold[no_pdl]", context,
+                        our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
+
         release_fast_state(target)
         save()
 
@@ -320,13 +329,15 @@ def main(argv=None) -> int:
     if not args.no_profile:
         context = args.sd_context
         drafter.set_fold_config(FoldConfig(mode="fold", window=2048, alpha=2.0))
-        for step, draft in (("ar", None), ("sd_fold", drafter)):
-            time_rounds(target, draft, context, 3, engine="static")
-            report["profile"][f"{step}_{context}"] = profiled(
-                lambda draft=draft: time_rounds(target, draft, context, 4, engine="static"),
-                lambda result: len(result.acceptance_lengths))
-            log(f"profile {step}: {report['profile'][f'{step}_{context}']['kernels']} kernels, "
-                f"{report['profile'][f'{step}_{context}']['kernel_ms']} ms of kernels per round")
+        for step, draft, pdl in (("ar", None, "1"), ("sd_fold", drafter, "1"), ("ar", None, "0")):
+            key = f"{step}_{context}" + ("[no_pdl]" if pdl == "0" else "")
+            with env_var("FOLD_HF_PDL", pdl):
+                time_rounds(target, draft, context, 3, engine="static")
+                report["profile"][key] = profiled(
+                    lambda draft=draft: time_rounds(target, draft, context, 4, engine="static"),
+                    lambda result: len(result.acceptance_lengths))
+            log(f"profile {key}: {report['profile'][key]['kernels']} kernels, "
+                f"{report['profile'][key]['kernel_ms']} ms of kernels per round")
         release_fast_state(target)
         save()
 
@@ -397,6 +408,8 @@ def headline(report: dict) -> dict:
                                                             p50("our_sd_fold", 32768))
     out["our_ar_cublas_over_skinny_8b_32k"] = ratio(p50("our_ar[cublas]", 32768), p50("our_ar", 32768))
     out["sd_fold_cublas_over_skinny_8b_32k"] = ratio(p50("our_sd_fold[cublas]", 32768), p50("our_sd_fold", 32768))
+    out["our_ar_no_pdl_over_pdl_8b_32k"] = ratio(p50("our_ar[no_pdl]", 32768), p50("our_ar", 32768))
+    out["sd_fold_no_pdl_over_pdl_8b_32k"] = ratio(p50("our_sd_fold[no_pdl]", 32768), p50("our_sd_fold", 32768))
     out["hf_prefill_fraction_of_compute_floor_8b_32k"] = pre("hf", 32768, "fraction_of_floor")
     for P, tag in ((8192, "8k"), (131072, "128k")):
         out[f"prefill_fraction_of_compute_floor_8b_{tag}"] = pre("ours", P, "fraction_of_floor")

@@ -31,7 +31,9 @@ model's; only the cache and the attention are ours:
   whose projections are not plain ``nn.Linear`` in the model dtype (LoRA, quantized) runs them as modules, with a
   warning naming why (:meth:`StaticTarget.decode_projections`). On CUDA a decode step's projections (1 to 16 rows)
   in the fused layers run the skinny Triton GEMMs of :mod:`fold_hf.kernels.triton_gemm` where they measured faster
-  than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS.
+  than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS. An AR
+  step's Triton launches there use programmatic dependent launch (:mod:`fold_hf.kernels.triton_pdl`; ``$FOLD_HF_PDL=0``
+  turns it off).
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.generation.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 
@@ -499,7 +501,15 @@ class StaticTarget:
                               taps_out: torch.Tensor | None) -> torch.Tensor:
         """``forward_static`` with the decode kernel and the fused elementwise kernels. The residual add of each
         sublayer happens inside the next norm, so the tap of layer ``i`` is written when layer ``i + 1`` (or the
-        final norm) forms it."""
+        final norm) forms it. An AR step (one token) launches its Triton kernels with programmatic dependent launch
+        (:func:`fold_hf.kernels.common.pdl_scope`); a verify block or a prefill chunk without."""
+        from ..kernels.common import pdl_scope
+
+        with pdl_scope(input_ids.shape[1] == 1):
+            return self._fused_layers(input_ids, positions, bucket, taps_out)
+
+    def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                      taps_out: torch.Tensor | None) -> torch.Tensor:
         if self._layer_ops is None:
             from ..kernels import default_decode_attention, default_layer_ops
 

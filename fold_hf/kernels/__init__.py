@@ -6,6 +6,8 @@
   :mod:`fold_hf.kernels.layer_reference`;
 * :mod:`fold_hf.kernels.triton_gemm`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in
   the gate|up product); twins in :mod:`fold_hf.kernels.gemm_reference`;
+* :mod:`fold_hf.kernels.triton_pdl`: programmatic dependent launch for the kernels above, inside
+  :func:`fold_hf.kernels.common.pdl_scope` (an AR step's fused target layers);
 * :mod:`fold_hf.kernels.triton_hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head
   norm + partial rope + ring write, GELU-tanh, the fused Gated DeltaNet verify and its commit); twins in
   :mod:`fold_hf.kernels.hybrid_reference`.

@@ -1,4 +1,5 @@
-"""Two definitions every read and every layer share: the accumulation dtype and rope's channel swap.
+"""Definitions every read and every layer share: the accumulation dtype, rope's channel swap, and the scope in which
+Triton launches may use programmatic dependent launch.
 
 Leaf module (torch only), so that :mod:`fold_hf.modeling.rope`, the references and the fused layers use one
 definition each.
@@ -6,7 +7,32 @@ definition each.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
+
+_PDL_SCOPE = threading.local()
+
+
+@contextlib.contextmanager
+def pdl_scope(enabled: bool = True):
+    """Inside this block (on this thread) the Triton kernels of :mod:`fold_hf.kernels` may launch with programmatic
+    dependent launch (:mod:`fold_hf.kernels.triton_pdl`, where the device and ``$FOLD_HF_PDL`` allow it); outside it
+    they never do. The fused target layers open it for an AR step's single token only: there PDL measured 1% faster
+    on the H200, while a speculative round with it measured slower (``benchmarks/results/2026-12-02-nvidia-h200-pdl``),
+    so a round's graphs are what they were without it."""
+    previous = getattr(_PDL_SCOPE, "on", False)
+    _PDL_SCOPE.on = bool(enabled)
+    try:
+        yield
+    finally:
+        _PDL_SCOPE.on = previous
+
+
+def in_pdl_scope() -> bool:
+    """Whether the calling thread is inside :func:`pdl_scope` (enabled)."""
+    return getattr(_PDL_SCOPE, "on", False)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

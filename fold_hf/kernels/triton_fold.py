@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_pdl import launch_options, pdl_enter
+
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)  # jit code may only read constexpr globals
 
@@ -69,8 +71,9 @@ def _fold_split_kernel(
     KEYS_PREROTATED: tl.constexpr, BLOCK_CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, HAS_REST: tl.constexpr,
-    MIXED_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MIXED_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     # row blocks of one (head, split) launch side by side so their shared key tiles come from L2
     row_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -294,8 +297,9 @@ def _fold_merge_kernel(
     PART_M, PART_L, PART_ACC, OUT, stride_ol, stride_oh,
     num_rows, Lq, G, value_dim, num_splits, inv_alpha,
     HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     head = tl.program_id(0)
     row = tl.program_id(1)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -598,6 +602,7 @@ def fold_read_triton(
         # the window loop is never software-pipelined: pipelining it with its conditional far update gave wrong far
         # branches on the H200 (docs/design.md §6), while one stage matches the oracle
         MIXED_STAGES=1, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        **launch_options(device),
     )
     block_s, split_chunk, merge_warps = _merge_tiles(num_splits, plan.block_dv, merge_split_chunk)
     _fold_merge_kernel[(Hkv, plan.num_rows)](
@@ -605,7 +610,7 @@ def fold_read_triton(
         plan.num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
         HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
         BLOCK_DV=plan.block_dv,
-        num_warps=merge_warps,
+        num_warps=merge_warps, **launch_options(device),
     )
     return out
 
@@ -691,7 +696,7 @@ def decode_attention_triton(
         BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, BLOCK_H=16, BLOCK_X=16, HAS_REST=False,
         # no far branch: the key loop holds no data-dependent branch, so pipelining it is safe
         MIXED_STAGES=plan.num_stages, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
+        num_stages=plan.num_stages, **launch_options(device),
     )
     block_s, split_chunk, merge_warps = _merge_tiles(plan.num_splits, plan.block_dv, merge_split_chunk)
     _fold_merge_kernel[(Hkv, plan.num_rows)](
@@ -699,6 +704,6 @@ def decode_attention_triton(
         plan.num_rows, Lq, G, Dv, plan.num_splits, 1.0,
         HAS_FAR=False, FAR_HARD=False, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
         BLOCK_DV=plan.block_dv,
-        num_warps=merge_warps,
+        num_warps=merge_warps, **launch_options(device),
     )
     return out

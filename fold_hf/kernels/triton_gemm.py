@@ -31,13 +31,15 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .triton_layer import _EXACT, _round_to
+from .triton_pdl import launch_options, pdl_enter
 
 
 @triton.jit
 def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym, up_rows,
                         HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -154,7 +156,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, STAGES=plan.num_stages,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1",
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **_EXACT,
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(x.device), **_EXACT,
     )
     return out
 

@@ -25,6 +25,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from .triton_pdl import launch_options, pdl_enter
+
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
@@ -52,7 +54,9 @@ def _round_to(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def _add_rms_norm_kernel(HIDDEN, DELTA, WEIGHT, SUM_OUT, NORM_OUT, hidden_size, inv_hidden_size, eps,
-                         rows_per_token, token_stride, row_stride, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                         rows_per_token, token_stride, row_stride, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < hidden_size
@@ -86,12 +90,13 @@ def _token_head_strides(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int] |
 
 
 def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        eps: float, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then RMSNorm; shapes and semantics of
     :func:`~fold_hf.kernels.layer_reference.add_rms_norm_reference` (``hidden [..., H]``, ``weight [H]``).
 
     Without ``delta``, ``hidden`` may be strided in its leading dims (e.g. ``[1, L, heads, D]`` heads sliced out of
-    a fused q|k|v projection, read in place); the outputs are contiguous."""
+    a fused q|k|v projection, read in place); the outputs are contiguous. ``num_warps``: a tuning override (default
+    one warp per 512 columns, at most 16)."""
     H = hidden.shape[-1]
     if weight.shape != (H,) or weight.dtype != hidden.dtype:
         raise ValueError(f"weight must be [{H}] in {hidden.dtype}, got {tuple(weight.shape)} {weight.dtype}")
@@ -114,7 +119,8 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
     _add_rms_norm_kernel[(rows,)](source, delta if delta is not None else source, weight, total, normed, H,
                                   1.0 / H, float(eps), rows_per_token, token_stride, row_stride,
                                   HAS_DELTA=delta is not None, BLOCK=block,
-                                  num_warps=max(1, min(16, block // 512)), **_EXACT)
+                                  num_warps=num_warps or max(1, min(16, block // 512)),
+                                  **launch_options(hidden.device), **_EXACT)
     return total, normed
 
 
@@ -122,7 +128,8 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
 def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_OUT, V_OUT,
                        num_tokens, num_heads, num_kv_heads, cache_head_stride, cache_row_stride,
                        q_token_stride, k_token_stride, v_token_stride,
-                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)  # [0, Hq) queries, [Hq, Hq + Hkv) keys, then values
     offs = tl.arange(0, BLOCK_HALF)
@@ -199,13 +206,14 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         query, key, value, cos_table, sin_table, positions, key_cache, value_cache, q_out, k_out, v_out,
         L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), query.stride(1), key.stride(1), value.stride(1),
         HALF=half, BLOCK_HALF=_next_pow2(half),
-        num_warps=1, **_EXACT)
+        num_warps=1, **launch_options(query.device), **_EXACT)
     return q_out, k_out, v_out
 
 
 @triton.jit
 def _silu_mul_kernel(GATE, UP, OUT, n, width, gate_row_stride, up_row_stride, BLOCK: tl.constexpr,
-                     LIBDEVICE_EXP: tl.constexpr):
+                     LIBDEVICE_EXP: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     row = offs // width  # gate and up may be the two halves of one gate|up projection
@@ -240,13 +248,15 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _silu_mul_kernel[(triton.cdiv(n, block),)](gate_rows, up_rows, out, n, width, gate_rows.stride(0),
                                                up_rows.stride(0), BLOCK=block,
                                                LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1", num_warps=4,
-                                               **_EXACT)
+                                               **launch_options(gate.device), **_EXACT)
     return out
 
 
 @triton.jit
 def _rotate_heads_kernel(X, COS, SIN, OUT, num_tokens, num_heads, head_dim, scale, HALF: tl.constexpr,
-                         BLOCK_HALF: tl.constexpr, REST: tl.constexpr, BLOCK_REST: tl.constexpr):
+                         BLOCK_HALF: tl.constexpr, REST: tl.constexpr, BLOCK_REST: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_enter(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     src = X + (token * num_heads + head) * head_dim
@@ -288,7 +298,7 @@ def rotate_heads_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     rest = D - R
     _rotate_heads_kernel[(L, H)](x, cos, sin, out, L, H, D, float(scale), HALF=R // 2,
                                  BLOCK_HALF=_next_pow2(R // 2), REST=rest, BLOCK_REST=_next_pow2(max(rest, 1)),
-                                 num_warps=1, **_EXACT)
+                                 num_warps=1, **launch_options(x.device), **_EXACT)
     return out
 
 
