@@ -16,7 +16,7 @@ import torch
 
 import fold_hf
 from fold_hf.generation import fast_generate
-from tiny import greedy_reference, mode_config, pair_on_gpu
+from tiny import check_graph_engine_settings, greedy_reference, mode_config
 from tiny import prompt as tiny_prompt
 
 triton = pytest.importorskip("triton")
@@ -185,21 +185,7 @@ def test_graph_of_pdl_chain_matches_the_chain_without_pdl(dtype, mode, monkeypat
 @pytest.mark.gpu(reason="CUDA graphs: the graphs engine with and without PDL on a CUDA device")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_graph_engine_with_and_without_pdl_gives_greedy_tokens_on_gpu(arch, monkeypatch):
-    with pair_on_gpu(arch) as (target, drafter):
-        for seed, length in enumerate([1, 500]):
-            ids = tiny_prompt(70 + seed, length).cuda()
-            expected = greedy_reference(target, ids, 40)
-            runs = {}
-            for pdl in ("1", "0"):
-                monkeypatch.setenv("FOLD_HF_PDL", pdl)
-                fold_hf.generation.release_fast_state(target)
-                kw = dict(input_ids=ids, max_new_tokens=40, engine="graphs", target_attention="triton",
-                          fused_layers=True)
-                assert torch.equal(fast_generate(target, None, **kw), expected), (arch, length, pdl)
-                runs[pdl] = fast_generate(target, drafter, **kw, return_stats=True, fold_config=mode_config("fold"))
-                assert torch.equal(runs[pdl].sequences, expected), (arch, length, pdl)
-            assert runs["1"].acceptance_lengths == runs["0"].acceptance_lengths, (arch, length)
-        fold_hf.generation.release_fast_state(target)
+    check_graph_engine_settings(arch, monkeypatch, "FOLD_HF_PDL", ("1", "0"), [(70, 1), (71, 500)])
 
 
 def test_last_mile_benchmark_dry_run_writes_the_pdl_rows(tmp_path):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import fold_hf
 from fold_hf.generation import fast_generate
-from tiny import greedy_reference, mode_config, pair_on_gpu, trained_pair
+from tiny import check_graph_engine_settings, greedy_reference, mode_config, trained_pair
 from tiny import prompt as tiny_prompt
 
 
@@ -185,21 +185,7 @@ def test_gemms_match_the_float64_product_on_gpu(dtype):
 @pytest.mark.gpu(reason="CUDA graphs: the graphs engine with the skinny GEMMs captures on a CUDA device")
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_graph_engine_with_skinny_gemms_matches_cublas_on_gpu(arch, monkeypatch):
-    with pair_on_gpu(arch) as (target, drafter):
-        for seed, length in enumerate([1, 300, 700]):
-            ids = tiny_prompt(90 + seed, length).cuda()
-            expected = greedy_reference(target, ids, 40)
-            runs = {}
-            for skinny in ("1", "0"):
-                monkeypatch.setenv("FOLD_HF_SKINNY_GEMM", skinny)
-                fold_hf.generation.release_fast_state(target)
-                kw = dict(input_ids=ids, max_new_tokens=40, engine="graphs", target_attention="triton",
-                          fused_layers=True)
-                assert torch.equal(fast_generate(target, None, **kw), expected), (arch, length, skinny)
-                runs[skinny] = fast_generate(target, drafter, **kw, return_stats=True, fold_config=mode_config("fold"))
-                assert torch.equal(runs[skinny].sequences, expected), (arch, length, skinny)
-            assert runs["1"].acceptance_lengths == runs["0"].acceptance_lengths, (arch, length)
-        fold_hf.generation.release_fast_state(target)
+    check_graph_engine_settings(arch, monkeypatch, "FOLD_HF_SKINNY_GEMM", ("1", "0"), [(90, 1), (91, 300), (92, 700)])
 
 
 def test_gemm_benchmark_dry_run_writes_its_rows(interpreter, tmp_path):

@@ -311,6 +311,29 @@ def pair_on_gpu(arch: str = "llama"):
         fold_hf.generation.release_fast_state(target)
 
 
+def check_graph_engine_settings(arch: str, monkeypatch, env: str, values, prompts) -> None:
+    """The graphs engine with the fused layers on the GPU pair (fp32) under each value of ``$env``: AR and the
+    ``fold`` speculative loop give HF greedy's tokens for every ``(seed, length)`` prompt, and every value gives the
+    first one's acceptance lengths (a setting that changes a kernel's launch, not its result)."""
+    with pair_on_gpu(arch) as (target, drafter):
+        for seed, length in prompts:
+            ids = prompt(seed, length).cuda()
+            expected = greedy_reference(target, ids, 40)
+            runs = {}
+            for value in values:
+                monkeypatch.setenv(env, value)
+                fold_hf.generation.release_fast_state(target)
+                kw = dict(input_ids=ids, max_new_tokens=40, engine="graphs", target_attention="triton",
+                          fused_layers=True)
+                assert torch.equal(fold_hf.generation.fast_generate(target, None, **kw), expected), (length, value)
+                runs[value] = fold_hf.generation.fast_generate(target, drafter, **kw, return_stats=True,
+                                                              fold_config=mode_config("fold"))
+                assert torch.equal(runs[value].sequences, expected), (arch, length, value)
+            first = runs[values[0]].acceptance_lengths
+            assert all(run.acceptance_lengths == first for run in runs.values()), (arch, length)
+        fold_hf.generation.release_fast_state(target)
+
+
 # ---- forced rejections and the generate paths, shared by the target-family tests
 
 def oracle_tokens(ref: torch.Tensor, position: int, k: int) -> list[int]:
