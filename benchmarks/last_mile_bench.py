@@ -9,7 +9,9 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
   ``our_ar[separate_proj]`` the same with ``$FOLD_HF_CONCAT_PROJECTIONS=0`` (q, k, v, gate and up as five GEMMs,
   the layout before this issue) at ``--ab-context``; ``[cublas]`` rows (``$FOLD_HF_SKINNY_GEMM=0``): the decode
   projections on cuBLAS instead of the skinny Triton GEMMs; ``[no_pdl]`` rows (``$FOLD_HF_PDL=0``): every Triton
-  kernel launched without programmatic dependent launch;
+  kernel launched without programmatic dependent launch; ``[qkv_rope]`` rows (``$FOLD_HF_QKV_ROPE=1``, opt-in): the
+  rope and the cache write in the q|k|v GEMM's epilogue instead of their own launch (an AR step's q|k|v only: a
+  verify block's stays on cuBLAS, so a round is unchanged);
 * ``our_sd_fold`` / ``our_sd_dflash``: the speculative round (block 10, W 2048, α 2) at ``--sd-context``;
   ``[one_at_a_time]`` rows (``$FOLD_HF_PIPELINE_ROUNDS=0``): each round's result read before the next is queued;
 * prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``,
@@ -300,6 +302,10 @@ def main(argv=None) -> int:
                 add("our_ar[no_pdl]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
             release_fast_state(target)
+            with env_var("FOLD_HF_QKV_ROPE", "1"):
+                add("our_ar[qkv_rope]", context,
+                    our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
+            release_fast_state(target)
             with env_var("FOLD_HF_PIPELINE_ROUNDS", "0"):  # read at every call: no new session needed
                 add("our_ar[one_at_a_time]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
@@ -410,6 +416,7 @@ def headline(report: dict) -> dict:
     out["sd_fold_cublas_over_skinny_8b_32k"] = ratio(p50("our_sd_fold[cublas]", 32768), p50("our_sd_fold", 32768))
     out["our_ar_no_pdl_over_pdl_8b_32k"] = ratio(p50("our_ar[no_pdl]", 32768), p50("our_ar", 32768))
     out["sd_fold_no_pdl_over_pdl_8b_32k"] = ratio(p50("our_sd_fold[no_pdl]", 32768), p50("our_sd_fold", 32768))
+    out["our_ar_qkv_rope_over_default_8b_32k"] = ratio(p50("our_ar[qkv_rope]", 32768), p50("our_ar", 32768))
     out["hf_prefill_fraction_of_compute_floor_8b_32k"] = pre("hf", 32768, "fraction_of_floor")
     for P, tag in ((8192, "8k"), (131072, "128k")):
         out[f"prefill_fraction_of_compute_floor_8b_{tag}"] = pre("ours", P, "fraction_of_floor")

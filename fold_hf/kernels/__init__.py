@@ -53,6 +53,7 @@ def default_decode_attention(device: torch.device):
 
 
 SKINNY_GEMM_ENV = "FOLD_HF_SKINNY_GEMM"
+QKV_ROPE_ENV = "FOLD_HF_QKV_ROPE"
 
 
 def skinny_gemm_enabled() -> bool:
@@ -65,19 +66,32 @@ def skinny_gemm_enabled() -> bool:
     return value != "0"
 
 
+def qkv_rope_enabled() -> bool:
+    """Whether the skinny q|k|v GEMM of a decode step also rotates and writes the cache in its epilogue
+    (:func:`fold_hf.kernels.triton_gemm.qkv_rope_write_triton`; no separate rope launch), for targets without a
+    per-head q/k norm. Opt-in (``$FOLD_HF_QKV_ROPE=1``) until it is timed on a GPU; default off."""
+    value = os.environ.get(QKV_ROPE_ENV, "0")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{QKV_ROPE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 class LayerOps:
     """The fused elementwise ops of the fast loop's fused layers (target and drafter).
 
     ``skinny_linear`` / ``gate_up_silu``: the decode-step GEMMs (:mod:`fold_hf.kernels.triton_gemm`, or their twins
     in :mod:`fold_hf.kernels.gemm_reference`), or None where the projections run as ``F.linear`` / the modules
     (the CPU path, whose multi-row products go to MKL's packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
-    ``skinny_rows`` the most rows they take."""
+    ``skinny_rows`` the most rows they take; ``skinny_wins(rows, N, K)`` whether the skinny kernel takes a shape;
+    ``qkv_rope_write``: the q|k|v GEMM with the rope and the cache write in its epilogue (:func:`qkv_rope_enabled`),
+    or None."""
 
     def __init__(self, add_rms_norm, rope_write, silu_mul, rotate_heads, backend: str, skinny_linear=None,
-                 gate_up_silu=None, skinny_rows: int = 0) -> None:
+                 gate_up_silu=None, skinny_rows: int = 0, skinny_wins=None, qkv_rope_write=None) -> None:
         self.add_rms_norm, self.rope_write, self.silu_mul = add_rms_norm, rope_write, silu_mul
         self.rotate_heads, self.backend = rotate_heads, backend
         self.skinny_linear, self.gate_up_silu, self.skinny_rows = skinny_linear, gate_up_silu, skinny_rows
+        self.skinny_wins, self.qkv_rope_write = skinny_wins, qkv_rope_write
 
     def __repr__(self) -> str:
         gemm = ", skinny GEMMs" if self.skinny_linear is not None else ""
@@ -100,7 +114,8 @@ def default_layer_ops(device: torch.device) -> LayerOps:
                 from . import triton_gemm as gemm
 
                 skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
-                              skinny_rows=gemm.MAX_ROWS)
+                              skinny_rows=gemm.MAX_ROWS, skinny_wins=gemm.skinny_wins,
+                              qkv_rope_write=gemm.qkv_rope_write_triton if qkv_rope_enabled() else None)
             return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, rotate_heads_triton, "triton",
                             **skinny)
     from .layer_reference import (
@@ -148,6 +163,7 @@ def default_hybrid_ops(device: torch.device | str) -> HybridOps:
     return HybridOps("torch", **{name: getattr(module, f"{name}_reference") for name in HYBRID_OPS})
 
 
-__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SKINNY_GEMM_ENV", "skinny_gemm_enabled", "compute_dtype", "decode_attention_reference",
+__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "QKV_ROPE_ENV", "SKINNY_GEMM_ENV",
+           "qkv_rope_enabled", "skinny_gemm_enabled", "compute_dtype", "decode_attention_reference",
            "default_decode_attention", "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference",
            "rotate_by_tables", "rotate_half", "triton_kernels_enabled"]
