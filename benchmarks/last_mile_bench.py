@@ -9,9 +9,10 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
   ``our_ar[separate_proj]`` the same with ``$FOLD_HF_CONCAT_PROJECTIONS=0`` (q, k, v, gate and up as five GEMMs,
   the layout before this issue) at ``--ab-context``; ``[cublas]`` rows (``$FOLD_HF_SKINNY_GEMM=0``): the decode
   projections on cuBLAS instead of the skinny Triton GEMMs; ``[no_pdl]`` rows (``$FOLD_HF_PDL=0``): every Triton
-  kernel launched without programmatic dependent launch; ``[qkv_rope]`` rows (``$FOLD_HF_QKV_ROPE=1``, opt-in): the
-  rope and the cache write in the q|k|v GEMM's epilogue instead of their own launch (an AR step's q|k|v only: a
-  verify block's stays on cuBLAS, so a round is unchanged);
+  kernel launched without programmatic dependent launch; ``--variants`` rows (:data:`VARIANTS`, opt-in settings,
+  AR at ``--variant-contexts`` and the fold round): ``[torch_select]`` (``$FOLD_HF_TRITON_SELECT=0``) the greedy
+  argmax and verify on ``torch.argmax`` as before the selection kernels (the 2026-12-02 run also timed, and took
+  out, ``[qkv_rope]`` and ``[fused_merge]``: benchmarks/results/2026-12-02-nvidia-h200-select);
 * ``our_sd_fold`` / ``our_sd_dflash``: the speculative round (block 10, W 2048, α 2) at ``--sd-context``;
   ``[one_at_a_time]`` rows (``$FOLD_HF_PIPELINE_ROUNDS=0``): each round's result read before the next is queued;
 * prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``,
@@ -24,7 +25,7 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
 * profile (``torch.profiler``, CUDA kernels, the ``static`` engine so every launch is seen): top kernels of one
   AR step and one ``fold`` round at ``--sd-context``, and of our prefill at ``--ab-context`` (which attention
   kernel the prefill runs). With PDL a kernel's time counts from its early start (its programs wait on the one
-  before), so the kernel sums overlap; ``ar_<T>[no_pdl]`` is the same step without PDL, kernels back to back.
+  before), so the kernel sums overlap; ``ar_<T>[no_pdl]`` is the same step without PDL, kernels back to back; ``ar_<T>[<variant>]`` each variant's step.
 
 Writes ``last_mile.json`` (``headline``: the issue's keys; ``rows``; ``prefill``; ``profile``; ``machine``) and
 ``last_mile.csv`` under ``--out``, and logs as it goes (a run cut by a time limit keeps what it measured: the JSON
@@ -140,20 +141,29 @@ def our_round_seconds(target, drafter, context: int, rounds: int, repeats: int, 
 
 
 class env_var:
-    """``os.environ[name] = value`` for a ``with`` block."""
+    """``os.environ[name] = value`` for a ``with`` block (``name`` may also be a dict of several settings)."""
 
-    def __init__(self, name: str, value: str) -> None:
-        self.name, self.value, self.saved = name, value, None
+    def __init__(self, name, value: str | None = None) -> None:
+        self.values = dict(name) if isinstance(name, dict) else {name: value}
+        self.saved: dict = {}
 
     def __enter__(self):
-        self.saved = os.environ.get(self.name)
-        os.environ[self.name] = self.value
+        self.saved = {name: os.environ.get(name) for name in self.values}
+        os.environ.update(self.values)
 
     def __exit__(self, *exc):
-        if self.saved is None:
-            os.environ.pop(self.name, None)
-        else:
-            os.environ[self.name] = self.saved
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# opt-in settings timed against the default at --variant-contexts (AR) and --sd-context (round): row name suffix ->
+# the environment of the variant
+VARIANTS = {
+    "torch_select": {"FOLD_HF_TRITON_SELECT": "0"},  # the greedy argmax / verify on torch (before the kernels)
+}
 
 
 # ------------------------------------------------------------------------------------------------ prefill
@@ -234,6 +244,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill", default="8192,32768,131072", help="prompt lengths of the TTFT rows")
     parser.add_argument("--peak-context", type=int, default=131072)
     parser.add_argument("--chunks", default="4096,16384", help="extra prefill chunk sizes at --ab-context")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"opt-in settings to time against the default (of {', '.join(VARIANTS)}; '' for none)")
+    parser.add_argument("--variant-contexts", default="8192,32768", help="AR contexts of the --variants rows")
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-hf", action="store_true")
@@ -241,6 +254,11 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, a tiny Llama and drafter and short contexts: checks that every section runs")
     args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown --variants {unknown}; known: {sorted(VARIANTS)}")
+    variant_contexts = {int(c) for c in args.variant_contexts.split(",") if c}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
@@ -248,6 +266,7 @@ def main(argv=None) -> int:
         target, drafter = tiny_pair()
         for name in ("contexts", "prefill", "chunks"):
             setattr(args, name, "64,128")
+        variant_contexts = {128}
         args.sd_context = args.ab_context = args.peak_context = 128
         args.rounds, args.repeats = 3, 1
     else:
@@ -302,10 +321,6 @@ def main(argv=None) -> int:
                 add("our_ar[no_pdl]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
             release_fast_state(target)
-            with env_var("FOLD_HF_QKV_ROPE", "1"):
-                add("our_ar[qkv_rope]", context,
-                    our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
-            release_fast_state(target)
             with env_var("FOLD_HF_PIPELINE_ROUNDS", "0"):  # read at every call: no new session needed
                 add("our_ar[one_at_a_time]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
@@ -327,17 +342,36 @@ def main(argv=None) -> int:
                 with env_var("FOLD_HF_PDL", "0"):
                     add("our_sd_fold[no_pdl]", context,
                         our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
+        for variant in variants:
+            # a fresh session per variant: the graphs (and the layer ops) read the settings when they are built
+            if context in contexts and context in variant_contexts:
+                release_fast_state(target)
+                with env_var(VARIANTS[variant]):
+                    add(f"our_ar[{variant}]", context,
+                        our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
+            if context == args.sd_context:
+                release_fast_state(target)
+                drafter.set_fold_config(FoldConfig(mode="fold", window=2048, alpha=2.0))
+                with env_var(VARIANTS[variant]):
+                    add(f"our_sd_fold[{variant}]", context,
+                        our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
 
         release_fast_state(target)
         save()
 
     # ---- profile of one AR step and one fold round (static engine: every launch visible)
     if not args.no_profile:
-        context = args.sd_context
         drafter.set_fold_config(FoldConfig(mode="fold", window=2048, alpha=2.0))
-        for step, draft, pdl in (("ar", None, "1"), ("sd_fold", drafter, "1"), ("ar", None, "0")):
-            key = f"{step}_{context}" + ("[no_pdl]" if pdl == "0" else "")
-            with env_var("FOLD_HF_PDL", pdl):
+        sd_context = args.sd_context
+        profiles = [("ar", None, "", {"FOLD_HF_PDL": "1"}, sd_context),
+                    ("sd_fold", drafter, "", {"FOLD_HF_PDL": "1"}, sd_context),
+                    ("ar", None, "[no_pdl]", {"FOLD_HF_PDL": "0"}, sd_context)]
+        profiles += [("ar", None, f"[{v}]", VARIANTS[v], sd_context) for v in variants]
+        profiles += [("ar", None, "", {}, c) for c in sorted(set(contexts) - {sd_context}) if c <= 32768]
+        for step, draft, tag, settings, context in profiles:
+            key = f"{step}_{context}{tag}"
+            release_fast_state(target)
+            with env_var(settings):
                 time_rounds(target, draft, context, 3, engine="static")
                 report["profile"][key] = profiled(
                     lambda draft=draft: time_rounds(target, draft, context, 4, engine="static"),
@@ -350,10 +384,11 @@ def main(argv=None) -> int:
     # ---- prefill: TTFT against the compute floor, peak memory
     prefill = [int(p) for p in args.prefill.split(",") if p]
     vocab_cap = min(target.config.vocab_size, 32000)
-    warm = torch.randint(0, vocab_cap, (1, min(prefill)), device=device)
-    our_prefill(target, warm, 8192, engine, fresh=True)  # cuBLAS / attention kernels picked once
-    if not args.skip_hf:
-        hf_prefill(target, warm)
+    if prefill:
+        warm = torch.randint(0, vocab_cap, (1, min(prefill)), device=device)
+        our_prefill(target, warm, 8192, engine, fresh=True)  # cuBLAS / attention kernels picked once
+        if not args.skip_hf:
+            hf_prefill(target, warm)
     for P in sorted(prefill):
         prompt = torch.randint(0, vocab_cap, (1, P), device=device)
         floor_s = prefill_flops(facts, P) / peak_flops
@@ -416,7 +451,13 @@ def headline(report: dict) -> dict:
     out["sd_fold_cublas_over_skinny_8b_32k"] = ratio(p50("our_sd_fold[cublas]", 32768), p50("our_sd_fold", 32768))
     out["our_ar_no_pdl_over_pdl_8b_32k"] = ratio(p50("our_ar[no_pdl]", 32768), p50("our_ar", 32768))
     out["sd_fold_no_pdl_over_pdl_8b_32k"] = ratio(p50("our_sd_fold[no_pdl]", 32768), p50("our_sd_fold", 32768))
-    out["our_ar_qkv_rope_over_default_8b_32k"] = ratio(p50("our_ar[qkv_rope]", 32768), p50("our_ar", 32768))
+    for variant in VARIANTS:
+        key = variant.replace("+", "_and_")
+        for context, tag in ((8192, "8k"), (32768, "32k")):
+            out[f"our_ar_{key}_over_default_8b_{tag}"] = ratio(p50(f"our_ar[{variant}]", context),
+                                                                p50("our_ar", context))
+        out[f"sd_fold_{key}_over_default_8b_32k"] = ratio(p50(f"our_sd_fold[{variant}]", 32768),
+                                                          p50("our_sd_fold", 32768))
     out["hf_prefill_fraction_of_compute_floor_8b_32k"] = pre("hf", 32768, "fraction_of_floor")
     for P, tag in ((8192, "8k"), (131072, "128k")):
         out[f"prefill_fraction_of_compute_floor_8b_{tag}"] = pre("ours", P, "fraction_of_floor")

@@ -201,7 +201,8 @@ def test_last_mile_benchmark_dry_run_writes_the_pdl_rows(tmp_path):
                    capture_output=True)
     report = json.loads((tmp_path / "last_mile.json").read_text())
     names = {r["row"] for r in report["rows"]}
-    assert {"our_ar", "our_ar[no_pdl]", "our_ar[qkv_rope]", "our_sd_fold", "our_sd_fold[no_pdl]"} <= names, names
+    assert {"our_ar", "our_ar[no_pdl]", "our_sd_fold", "our_sd_fold[no_pdl]", "our_ar[torch_select]",
+            "our_sd_fold[torch_select]"} <= names, names
     assert all(r["p50_ms"] and r["p50_ms"] > 0 for r in report["rows"] if r["row"] != "floor")
-    assert {"ar_128", "ar_128[no_pdl]", "sd_fold_128"} <= set(report["profile"])
+    assert {"ar_128", "ar_128[no_pdl]", "sd_fold_128", "ar_128[torch_select]"} <= set(report["profile"])
     assert {"our_ar_no_pdl_over_pdl_8b_32k", "sd_fold_no_pdl_over_pdl_8b_32k"} <= set(report["headline"])

@@ -85,77 +85,6 @@ def test_one_row_path_in_bf16_matches_the_float64_product(interpreter):
     check_gemms("cpu", torch.bfloat16, [s for s in INTERPRETER_SHAPES if s[0] == 1], gate_up=False)
 
 
-def oracle_qkv_rope(x, weight, bias, num_heads, num_kv_heads, cos, sin, positions):
-    """q|k|v in float64, split into heads, q and k rotated by the tables' rows at ``positions`` (x * cos +
-    rotate_half(x) * sin, written out channel pair by channel pair): ``[H, L, D]`` each, float64."""
-    D = cos.shape[-1]
-    half = D // 2
-    out = oracle_linear(x, weight, bias)[0]  # [L, (Hq + 2 Hkv) D]
-    heads = out.reshape(out.shape[0], -1, D).transpose(0, 1)  # [heads, L, D]
-    c, s_ = cos[positions].double(), sin[positions].double()
-    rotated = torch.empty_like(heads)
-    for j in range(half):
-        a, b = heads[..., j], heads[..., j + half]
-        rotated[..., j] = a * c[:, j] - b * s_[:, j]
-        rotated[..., j + half] = b * c[:, j + half] + a * s_[:, j + half]
-    return rotated[:num_heads], rotated[num_heads:num_heads + num_kv_heads], heads[num_heads + num_kv_heads:]
-
-
-def check_qkv_rope(device, dtype, shapes):
-    """qkv_rope_write_triton against the float64 statement; the caches hold k and v at ``positions`` and nothing
-    else changed."""
-    from fold_hf.kernels.triton_gemm import qkv_rope_write_triton
-
-    for rows, num_heads, num_kv_heads, D, K, with_bias in shapes:
-        seed = rows * 5 + num_heads + D + K
-        x = randn(1, rows, K, dtype=dtype, device=device, seed=seed)
-        width = (num_heads + 2 * num_kv_heads) * D
-        weight = randn(width, K, dtype=dtype, device=device, seed=seed + 1, scale=K**-0.5)
-        bias = randn(width, dtype=dtype, device=device, seed=seed + 2) if with_bias else None
-        capacity = rows + 40
-        angles = torch.arange(capacity, dtype=torch.float64)[:, None] * torch.logspace(0, -3, D // 2,
-                                                                                         dtype=torch.float64)
-        angles = torch.cat([angles, angles], -1)
-        cos, sin = angles.cos().to(device, dtype), angles.sin().to(device, dtype)
-        positions = torch.arange(rows, device=device) + 31
-        key_cache = randn(1, num_kv_heads, capacity, D, dtype=dtype, device=device, seed=seed + 3)
-        value_cache = randn(1, num_kv_heads, capacity, D, dtype=dtype, device=device, seed=seed + 4)
-        before_k, before_v = key_cache.clone(), value_cache.clone()
-        q, k, v = qkv_rope_write_triton(x, weight, bias, num_heads, num_kv_heads, cos, sin, positions, key_cache,
-                                        value_cache)
-        assert q.shape == (1, num_heads, rows, D) and k.shape == v.shape == (1, num_kv_heads, rows, D)
-        want = oracle_qkv_rope(x.cpu(), weight.cpu(), None if bias is None else bias.cpu(), num_heads,
-                               num_kv_heads, cos.cpu(), sin.cpu(), positions.cpu())
-        for got, expected in zip((q, k, v), want):
-            assert rel_err(got[0].cpu(), expected) < TOLERANCE[dtype], (rows, num_heads, D, K)
-        written = positions.cpu()
-        assert torch.equal(key_cache[0][:, written].cpu(), k[0].cpu())
-        assert torch.equal(value_cache[0][:, written].cpu(), v[0].cpu())
-        kept = torch.ones(capacity, dtype=torch.bool)
-        kept[written] = False
-        assert torch.equal(key_cache[0][:, kept].cpu(), before_k[0][:, kept].cpu())
-        assert torch.equal(value_cache[0][:, kept].cpu(), before_v[0][:, kept].cpu())
-        if device == "cpu":  # the interpreter: the same bits as the GEMM, then the rope with torch's roundings
-            from fold_hf.kernels.layer_reference import rope_write_reference
-            from fold_hf.kernels.triton_gemm import skinny_linear_triton
-
-            heads = skinny_linear_triton(x, weight, bias).split([num_heads * D, num_kv_heads * D, num_kv_heads * D],
-                                                                -1)
-            split = [h.reshape(1, rows, -1, D) for h in heads]
-            expected = rope_write_reference(*split, cos, sin, positions, before_k.clone(), before_v.clone())
-            assert all(torch.equal(a, b) for a, b in zip((q, k, v), expected)), (rows, num_heads, D, K, dtype)
-
-
-# (rows, Hq, Hkv, D, K, bias): a half head of 20 channels is not a multiple of the 16-channel tile
-QKV_ROPE_SHAPES = [(1, 4, 2, 16, 70, True), (1, 2, 1, 40, 33, False), (3, 4, 2, 40, 65, False),
-                   (16, 2, 1, 64, 100, True)]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_qkv_rope_in_interpreter_matches_the_float64_statement(interpreter, dtype):
-    check_qkv_rope("cpu", dtype, QKV_ROPE_SHAPES)
-
-
 def test_gemm_inputs_and_settings_are_checked(monkeypatch):
     pytest.importorskip("triton")
     from fold_hf.kernels import SKINNY_GEMM_ENV, skinny_gemm_enabled
@@ -172,21 +101,6 @@ def test_gemm_inputs_and_settings_are_checked(monkeypatch):
         skinny_linear_triton(torch.zeros(1, 8), weight.t())
     with pytest.raises(ValueError, match="even number of rows"):
         gate_up_silu_triton(torch.zeros(1, 16), torch.zeros(7, 16))
-    from fold_hf.kernels import QKV_ROPE_ENV, qkv_rope_enabled
-    from fold_hf.kernels.triton_gemm import qkv_rope_write_triton
-
-    tables, cache = torch.zeros(8, 4), torch.zeros(1, 1, 8, 4)
-    with pytest.raises(ValueError, match="q\\|k\\|v weight"):
-        qkv_rope_write_triton(torch.zeros(1, 1, 16), torch.zeros(10, 16), None, 1, 1, tables, tables,
-                              torch.zeros(1, dtype=torch.long), cache, cache.clone())
-    with pytest.raises(ValueError, match="positions"):
-        qkv_rope_write_triton(torch.zeros(1, 2, 16), torch.zeros(12, 16), None, 1, 1, tables, tables,
-                              torch.zeros(1, dtype=torch.long), cache, cache.clone())
-    assert not qkv_rope_enabled()  # opt-in until timed
-    monkeypatch.setenv(QKV_ROPE_ENV, "yes")
-    with pytest.raises(ValueError, match=QKV_ROPE_ENV):
-        qkv_rope_enabled()
-    monkeypatch.delenv(QKV_ROPE_ENV)
     from fold_hf.kernels.triton_gemm import skinny_wins
 
     # the routing measured on the H200: one row and gate|up always, a block's rows only up to 4096 x 4096
@@ -215,12 +129,12 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
     import fold_hf.kernels as kernels
     from fold_hf.kernels import triton_gemm
 
-    seen, fused_rope = [], []
+    seen = []
 
-    def counting(fn, log=seen):
-        def run(x, *args):
-            log.append(x.reshape(-1, x.shape[-1]).shape[0])
-            return fn(x, *args)
+    def counting(fn):
+        def run(x, weight, bias=None):
+            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+            return fn(x, weight, bias)
         return run
 
     original = kernels.default_layer_ops
@@ -230,8 +144,7 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
         return kernels.LayerOps(ops.add_rms_norm, ops.rope_write, ops.silu_mul, ops.rotate_heads, "torch+gemm",
                                 skinny_linear=counting(triton_gemm.skinny_linear_triton),
                                 gate_up_silu=counting(triton_gemm.gate_up_silu_triton),
-                                skinny_rows=triton_gemm.MAX_ROWS, skinny_wins=triton_gemm.skinny_wins,
-                                qkv_rope_write=counting(triton_gemm.qkv_rope_write_triton, fused_rope))
+                                skinny_rows=triton_gemm.MAX_ROWS)
 
     monkeypatch.setattr(kernels, "default_layer_ops", with_gemms)
     monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
@@ -241,8 +154,6 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
         expected = greedy_reference(target, ids, 8)
         assert torch.equal(fast_generate(target, None, input_ids=ids, max_new_tokens=8, **kw), expected)
         assert seen and set(seen) == {1}, seen
-        # q|k|v with the rope in its epilogue where no per-head norm sits in between (Llama; Qwen3 has q/k norms)
-        assert (set(fused_rope) == {1}) if arch == "llama" else not fused_rope, (arch, fused_rope)
         fold_hf.generation.release_fast_state(target)
         seen.clear()
         res = fast_generate(target, drafter, input_ids=ids, max_new_tokens=8, return_stats=True,
@@ -269,19 +180,6 @@ def test_gemms_match_the_float64_product_on_gpu(dtype):
     w = randn(6144, 4096, dtype=dtype, device="cuda", scale=1 / 64)
     # against cuBLAS: one rounding of an fp32 sum either way
     assert rel_err(skinny_linear_triton(x, w), F.linear(x, w)) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
-
-
-@pytest.mark.gpu(reason="bf16 and the 8B shapes: the interpreter has no bf16 dot and is too slow at 4096-wide rows")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_qkv_rope_matches_the_float64_statement_on_gpu(dtype):
-    check_qkv_rope("cuda", dtype, [(1, 32, 8, 128, 4096, False), (16, 32, 8, 128, 4096, False),
-                                   (1, 28, 4, 128, 3584, True), (3, 4, 2, 40, 65, False)])
-
-
-@pytest.mark.gpu(reason="CUDA graphs: the graphs engine with the q|k|v + rope kernel on a CUDA device")
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_graph_engine_with_qkv_rope_matches_greedy_on_gpu(arch, monkeypatch):
-    check_graph_engine_settings(arch, monkeypatch, "FOLD_HF_QKV_ROPE", ("0", "1"), [(93, 1), (94, 600)])
 
 
 @pytest.mark.gpu(reason="CUDA graphs: the graphs engine with the skinny GEMMs captures on a CUDA device")

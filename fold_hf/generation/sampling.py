@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.select_reference import verify_greedy_torch
 from ..modeling.rope import compute_dtype
 
 SAMPLING_SETTINGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "min_new_tokens")
@@ -113,6 +114,20 @@ def process(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None 
         probs = scores.softmax(-1)
         scores = scores.masked_fill(probs < sampling.min_p * probs.amax(-1, keepdim=True), -float("inf"))
     return scores
+
+
+def _processes(sampling: Sampling, seen, eos_rows) -> bool:
+    """Whether greedy :func:`process` changes the logits' values (a penalty or a mask applies); when it does not, it
+    only converts them to fp32, which changes no argmax (bf16 / fp16 to fp32 is exact)."""
+    return (sampling.penalized and seen is not None) or eos_rows is not None
+
+
+def greedy_ops(device):
+    """The greedy argmax / verify of logits on ``device``: :func:`fold_hf.kernels.greedy_select_ops` (the Triton
+    kernels on CUDA, ``torch.argmax`` elsewhere)."""
+    from ..kernels import greedy_select_ops
+
+    return greedy_select_ops(device)
 
 
 def filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -239,10 +254,14 @@ def pick(logits: torch.Tensor, sampling: Sampling, u: torch.Tensor | None = None
     """Tokens ``[n]`` and, when sampling, the distributions ``q`` ``[n, V]`` they were drawn from.
 
     This is the picker a drafter step receives: a parallel drafter calls it once on all its slots' logits, a
-    step-by-step drafter once per slot (with that slot's uniform)."""
-    scores = process(logits, sampling, seen, eos_rows)
+    step-by-step drafter once per slot (with that slot's uniform). Greedy on CUDA takes the argmax kernels of
+    :func:`fold_hf.kernels.greedy_select_ops` (on the raw logits when nothing processes them), elsewhere
+    ``torch.argmax`` of the processed scores."""
     if not sampling.do_sample:
-        return scores.argmax(-1), None
+        ops = greedy_ops(logits.device)
+        unprocessed = ops.backend == "triton" and not _processes(sampling, seen, eos_rows)
+        return ops.argmax_rows(logits if unprocessed else process(logits, sampling, seen, eos_rows)), None
+    scores = process(logits, sampling, seen, eos_rows)
     q = scores.softmax(-1)
     return draw(q, u), q
 
@@ -304,12 +323,10 @@ def verify_sampled(target_scores: torch.Tensor, proposals: torch.Tensor, q: torc
 
 
 def verify_greedy(target_scores: torch.Tensor, proposals: torch.Tensor, limit: torch.Tensor | int):
-    """Greedy verification on the device: (accepted n ``[1]``, the target's argmax at every row ``[K + 1]``)."""
-    posterior = target_scores.argmax(-1)
-    k = proposals.shape[0]
-    matched = (proposals == posterior[:k]).long().cumprod(0).sum().view(1)
-    n = torch.minimum(matched, torch.as_tensor(limit, device=posterior.device).view(1))
-    return n, posterior
+    """Greedy verification on the device by ``torch.argmax``: (accepted n ``[1]``, the target's argmax at every row
+    ``[K + 1]``) (:func:`fold_hf.kernels.select_reference.verify_greedy_torch`; :meth:`TokenChoice.verify` takes
+    :func:`greedy_ops`, the Triton kernels on CUDA)."""
+    return verify_greedy_torch(target_scores, proposals, limit)
 
 
 class TokenChoice:
@@ -403,14 +420,21 @@ class TokenChoice:
         committed token and each of the ``k`` proposals.
 
         ``used`` proposal slots of the round's K (default k): sampling reads the acceptance uniforms of those
-        slots and the last one, keeping the layout of the class docstring whatever k is."""
+        slots and the last one, keeping the layout of the class docstring whatever k is.
+
+        Greedy runs :func:`greedy_ops`: on CUDA the Triton argmax + prefix match (two launches, on the raw logits
+        when no penalty or mask applies), elsewhere ``torch.argmax`` of the processed scores and
+        :func:`verify_greedy`."""
         sampling = self.sampling
         k = proposals.shape[0]
         seen = seen_rows(self.seen, proposals) if sampling.penalized else None
-        scores = process(logits, sampling, seen, self.eos_rows(generated, k + 1))
+        eos_rows = self.eos_rows(generated, k + 1)
         if not sampling.do_sample:
-            n, posterior = verify_greedy(scores, proposals, limit)
-            return n, posterior.gather(0, n)
+            ops = greedy_ops(logits.device)
+            unprocessed = ops.backend == "triton" and not _processes(sampling, seen, eos_rows)
+            scores = logits if unprocessed else process(logits, sampling, seen, eos_rows)
+            return ops.greedy_verify(scores, proposals, limit)
+        scores = process(logits, sampling, seen, eos_rows)
         K = self.proposals
         u = torch.cat((self.u[:k], self.u[K : K + k], self.u[2 * K :]))
         return verify_sampled(scores, proposals, q, u, limit)

@@ -34,8 +34,6 @@ model's; only the cache and the attention are ours:
   than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS. An AR
   step's Triton launches there use programmatic dependent launch (:mod:`fold_hf.kernels.triton_pdl`; ``$FOLD_HF_PDL=0``
   turns it off).
-  ``$FOLD_HF_QKV_ROPE=1`` (opt-in, not yet timed) runs the rope and the cache write in the q|k|v GEMM's epilogue
-  where no per-head q/k norm sits in between (:func:`fold_hf.kernels.triton_gemm.qkv_rope_write_triton`).
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.generation.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 
@@ -545,23 +543,15 @@ class StaticTarget:
             hidden, normed = ops.add_rms_norm(hidden, delta, norm.weight, norm.variance_epsilon)
             if i > 0:
                 tap(i - 1, hidden)
-            if (skinny is not None and projections is not None and ops.qkv_rope_write is not None
-                    and getattr(attn, "q_norm", None) is None and getattr(attn, "k_norm", None) is None
-                    and ops.skinny_wins(L, projections.qkv_weight.shape[0], projections.qkv_weight.shape[1])):
-                # one launch: q|k|v, the rope and the cache write in its epilogue (no per-head norm in between)
-                q, k, v = ops.qkv_rope_write(normed, projections.qkv_weight, projections.qkv_bias, self.num_heads,
-                                             self.num_kv_heads, self.cos, self.sin, positions, self.keys[i],
-                                             self.values[i])
+            if projections is not None:  # one GEMM; the heads are read in place by the norms and the rope
+                q, k, v = projections.qkv(normed, skinny)
             else:
-                if projections is not None:  # one GEMM; the heads are read in place by the norms and the rope
-                    q, k, v = projections.qkv(normed, skinny)
-                else:
-                    q, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
-                q = q.view(1, L, self.num_heads, self.head_dim)
-                k = k.view(1, L, self.num_kv_heads, self.head_dim)
-                v = v.view(1, L, self.num_kv_heads, self.head_dim)
-                q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
-                q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
+                q, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
+            q = q.view(1, L, self.num_heads, self.head_dim)
+            k = k.view(1, L, self.num_kv_heads, self.head_dim)
+            v = v.view(1, L, self.num_kv_heads, self.head_dim)
+            q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
+            q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
             if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                 self.query_keep[1][:, :, :L].copy_(q)
             out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,

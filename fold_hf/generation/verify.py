@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import Sampling, process, verify_greedy, verify_sampled
+from .sampling import Sampling, greedy_ops, process, verify_sampled
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -28,7 +28,8 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
 
 
 def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Greedy verification (:func:`fold_hf.generation.sampling.verify_greedy`).
+    """Greedy verification (:func:`fold_hf.generation.sampling.verify_greedy`; on CUDA the Triton kernels of
+    :func:`fold_hf.kernels.greedy_select_ops`).
 
     Args:
         draft_tokens: ``[k]`` drafted tokens.
@@ -38,9 +39,9 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
         (number of accepted drafts n, ``[n + 1]`` tokens to commit: accepted drafts then the target's token).
     """
     k = draft_tokens.shape[0]
-    n, posterior = verify_greedy(target_logits, draft_tokens, k)
+    n, final = greedy_ops(target_logits.device).greedy_verify(target_logits, draft_tokens, k)
     n = int(n)
-    return n, torch.cat((draft_tokens[:n], posterior[n : n + 1]))
+    return n, torch.cat((draft_tokens[:n], final))
 
 
 def speculative_accept(

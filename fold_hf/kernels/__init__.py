@@ -10,7 +10,11 @@
   :func:`fold_hf.kernels.common.pdl_scope` (an AR step's fused target layers);
 * :mod:`fold_hf.kernels.triton_hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head
   norm + partial rope + ring write, GELU-tanh, the fused Gated DeltaNet verify and its commit); twins in
-  :mod:`fold_hf.kernels.hybrid_reference`.
+  :mod:`fold_hf.kernels.hybrid_reference`;
+* :mod:`fold_hf.kernels.triton_select`: greedy token selection on logits rows (the argmax of each row, and a
+  round's greedy verify: accepted count and last token) in two launches, ``torch.argmax``'s semantics exactly;
+  twins and the torch path in :mod:`fold_hf.kernels.select_reference`, chosen by :func:`greedy_select_ops`
+  (``$FOLD_HF_TRITON_SELECT=0``: the torch path on CUDA too).
 
 This package takes tensors and imports nothing from :mod:`fold_hf.modeling` (checked by
 ``tests/test_import_graph.py``); reading a planned ``LayerRead`` through these kernels is
@@ -19,6 +23,7 @@ This package takes tensors and imports nothing from :mod:`fold_hf.modeling` (che
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -26,6 +31,7 @@ import torch
 from ..import_utils import is_triton_available
 from .common import compute_dtype, rotate_half
 from .reference import decode_attention_reference, fold_read_geometry_reference, rotate_by_tables
+from .select_reference import argmax_rows_torch, greedy_verify_torch
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -53,7 +59,6 @@ def default_decode_attention(device: torch.device):
 
 
 SKINNY_GEMM_ENV = "FOLD_HF_SKINNY_GEMM"
-QKV_ROPE_ENV = "FOLD_HF_QKV_ROPE"
 
 
 def skinny_gemm_enabled() -> bool:
@@ -66,32 +71,19 @@ def skinny_gemm_enabled() -> bool:
     return value != "0"
 
 
-def qkv_rope_enabled() -> bool:
-    """Whether the skinny q|k|v GEMM of a decode step also rotates and writes the cache in its epilogue
-    (:func:`fold_hf.kernels.triton_gemm.qkv_rope_write_triton`; no separate rope launch), for targets without a
-    per-head q/k norm. Opt-in (``$FOLD_HF_QKV_ROPE=1``) until it is timed on a GPU; default off."""
-    value = os.environ.get(QKV_ROPE_ENV, "0")
-    if value not in ("0", "1", ""):
-        raise ValueError(f"{QKV_ROPE_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
 class LayerOps:
     """The fused elementwise ops of the fast loop's fused layers (target and drafter).
 
     ``skinny_linear`` / ``gate_up_silu``: the decode-step GEMMs (:mod:`fold_hf.kernels.triton_gemm`, or their twins
     in :mod:`fold_hf.kernels.gemm_reference`), or None where the projections run as ``F.linear`` / the modules
     (the CPU path, whose multi-row products go to MKL's packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
-    ``skinny_rows`` the most rows they take; ``skinny_wins(rows, N, K)`` whether the skinny kernel takes a shape;
-    ``qkv_rope_write``: the q|k|v GEMM with the rope and the cache write in its epilogue (:func:`qkv_rope_enabled`),
-    or None."""
+    ``skinny_rows`` the most rows they take."""
 
     def __init__(self, add_rms_norm, rope_write, silu_mul, rotate_heads, backend: str, skinny_linear=None,
-                 gate_up_silu=None, skinny_rows: int = 0, skinny_wins=None, qkv_rope_write=None) -> None:
+                 gate_up_silu=None, skinny_rows: int = 0) -> None:
         self.add_rms_norm, self.rope_write, self.silu_mul = add_rms_norm, rope_write, silu_mul
         self.rotate_heads, self.backend = rotate_heads, backend
         self.skinny_linear, self.gate_up_silu, self.skinny_rows = skinny_linear, gate_up_silu, skinny_rows
-        self.skinny_wins, self.qkv_rope_write = skinny_wins, qkv_rope_write
 
     def __repr__(self) -> str:
         gemm = ", skinny GEMMs" if self.skinny_linear is not None else ""
@@ -114,8 +106,7 @@ def default_layer_ops(device: torch.device) -> LayerOps:
                 from . import triton_gemm as gemm
 
                 skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
-                              skinny_rows=gemm.MAX_ROWS, skinny_wins=gemm.skinny_wins,
-                              qkv_rope_write=gemm.qkv_rope_write_triton if qkv_rope_enabled() else None)
+                              skinny_rows=gemm.MAX_ROWS)
             return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, rotate_heads_triton, "triton",
                             **skinny)
     from .layer_reference import (
@@ -163,7 +154,76 @@ def default_hybrid_ops(device: torch.device | str) -> HybridOps:
     return HybridOps("torch", **{name: getattr(module, f"{name}_reference") for name in HYBRID_OPS})
 
 
-__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "QKV_ROPE_ENV", "SKINNY_GEMM_ENV",
-           "qkv_rope_enabled", "skinny_gemm_enabled", "compute_dtype", "decode_attention_reference",
-           "default_decode_attention", "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference",
-           "rotate_by_tables", "rotate_half", "triton_kernels_enabled"]
+class SelectOps:
+    """Greedy token selection on logits rows (:func:`greedy_select_ops`); ``backend`` is ``"triton"`` or
+    ``"torch"``.
+
+    * ``argmax_rows(scores [n, V]) -> [n] long``: each row's first maximum (NaN as the maximum), as
+      ``scores.argmax(-1)``;
+    * ``greedy_verify(scores [K + 1, V], proposals [K] long, limit) -> (n [1] long, final [1] long)``: accepted
+      n = min(leading proposals equal to the rows' argmax, limit) and the round's last token ``argmax[n]``;
+      ``limit`` an int or a long tensor ``[1]`` on the device (read there: capturable).
+
+    The Triton backend takes bf16 / fp16 / fp32 scores (the argmax of bf16 logits is that of their fp32 copy: the
+    conversion is exact); other dtypes (fp64) go to the torch path."""
+
+    def __init__(self, backend: str, argmax_rows=None, greedy_verify=None) -> None:
+        self.backend = backend
+        self._argmax_rows, self._greedy_verify = argmax_rows, greedy_verify
+
+    def takes(self, scores: torch.Tensor) -> bool:
+        """Whether the Triton kernels run on ``scores`` (else the torch path does)."""
+        return self._argmax_rows is not None and scores.dtype in KERNEL_DTYPES and scores.dim() == 2
+
+    def argmax_rows(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.takes(scores):
+            return self._argmax_rows(scores)
+        return argmax_rows_torch(scores)
+
+    def greedy_verify(self, scores: torch.Tensor, proposals: torch.Tensor, limit):
+        if self.takes(scores):
+            return self._greedy_verify(scores, proposals, limit)
+        return greedy_verify_torch(scores, proposals, limit)
+
+    def __repr__(self) -> str:
+        return f"SelectOps({self.backend})"
+
+
+SELECT_ENV = "FOLD_HF_TRITON_SELECT"
+
+
+def select_kernels_enabled() -> bool:
+    """Whether greedy selection on CUDA runs the Triton kernels of :mod:`fold_hf.kernels.triton_select` (default
+    yes; ``$FOLD_HF_TRITON_SELECT=0`` keeps ``torch.argmax``, for A/B timings)."""
+    value = os.environ.get(SELECT_ENV, "1")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{SELECT_ENV} must be 0 or 1, got {value!r}")
+    return value != "0"
+
+
+def greedy_select_ops(device: torch.device | str) -> SelectOps:
+    """Greedy token selection for logits on ``device``: the Triton kernels of
+    :mod:`fold_hf.kernels.triton_select` (two launches, no fp32 copy of the logits needed) on CUDA when they import
+    (and neither ``FOLD_HF_DISABLE_TRITON`` is ``1`` nor :data:`SELECT_ENV` ``0``), else the torch path
+    (``torch.argmax`` then the prefix match, :mod:`fold_hf.kernels.select_reference`), what the decode loops ran
+    before the kernels."""
+    return _select_ops(triton_kernels_enabled(device) and select_kernels_enabled())
+
+
+@functools.lru_cache(maxsize=None)
+def _select_ops(triton: bool) -> SelectOps:
+    if triton:
+        try:
+            from .triton_select import argmax_rows_triton, greedy_verify_triton
+        except ImportError:
+            pass
+        else:
+            return SelectOps("triton", argmax_rows_triton, greedy_verify_triton)
+    return SelectOps("torch")
+
+
+__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV", "SKINNY_GEMM_ENV",
+           "SelectOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
+           "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference", "greedy_select_ops",
+           "rotate_by_tables", "rotate_half", "select_kernels_enabled", "skinny_gemm_enabled",
+           "triton_kernels_enabled"]

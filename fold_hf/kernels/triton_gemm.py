@@ -35,12 +35,18 @@ from .triton_pdl import launch_options, pdl_enter
 
 
 @triton.jit
-def _row_products(X, W, BIAS, offs_m, offs_n, m_ok, n_ok, K, stride_xm, stride_wn, second_rows,
-                  HAS_BIAS: tl.constexpr, SECOND: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``x [BLOCK_M rows] @ W[offs_n]^T`` (+ bias) in fp32 over the whole of K, and with ``SECOND`` the same for the
-    weight rows ``offs_n + second_rows`` from the same loads of ``x`` (gate|up's up half; a head's second rope half):
-    ``(acc [BLOCK_M, BLOCK_N], second [BLOCK_M, BLOCK_N])`` (zeros without ``SECOND``)."""
+def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym, up_rows,
+                        HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    dtype = Y.dtype.element_ty
     w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -54,34 +60,16 @@ def _row_products(X, W, BIAS, offs_m, offs_n, m_ok, n_ok, K, stride_xm, stride_w
             acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
         else:
             acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
-        if SECOND:
-            wu = tl.load(w_rows + second_rows * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+        if SILU_MUL:
+            wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
             if USE_DOT:
                 acc_up = tl.dot(x, tl.trans(wu), acc_up, input_precision=DOT_PRECISION)
             else:
                 acc_up += tl.sum(x.to(tl.float32)[:, None, :] * wu.to(tl.float32)[None, :, :], 2)
     if HAS_BIAS:
         acc += tl.load(BIAS + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if SECOND:
-            acc_up += tl.load(BIAS + second_rows + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    return acc, acc_up
-
-
-@triton.jit
-def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym, up_rows,
-                        HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_ok = offs_n < N
-    m_ok = offs_m < M
-    dtype = Y.dtype.element_ty
-    acc, acc_up = _row_products(X, W, BIAS, offs_m, offs_n, m_ok, n_ok, K, stride_xm, stride_wn, up_rows, HAS_BIAS,
-                                SILU_MUL, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, DOT_PRECISION)
+        if SILU_MUL:
+            acc_up += tl.load(BIAS + up_rows + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if SILU_MUL:
         g = _round_to(acc, dtype)  # the gate and up projections' outputs, as the modules round them
         u = _round_to(acc_up, dtype)
@@ -92,58 +80,6 @@ def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym,
         silu = _round_to(tl.math.div_rn(g, 1.0 + e), dtype)
         acc = _round_to(silu * u, dtype)
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _qkv_rope_kernel(X, W, BIAS, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_OUT, V_OUT, M, K, stride_xm,
-                     stride_wn, num_heads, num_kv_heads, cache_head_stride, cache_row_stride,
-                     HALF: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     PDL: tl.constexpr):
-    pdl_enter(PDL)
-    groups = (HALF + BLOCK_N - 1) // BLOCK_N  # programs per head, each owning channels c and c + HALF
-    head = tl.program_id(0) // groups  # [0, Hq) queries, [Hq, Hq + Hkv) keys, then values
-    offs_c = (tl.program_id(0) % groups) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    c_ok = offs_c < HALF
-    m_ok = offs_m < M
-    D = 2 * HALF
-    x1, x2 = _row_products(X, W, BIAS, offs_m, head * D + offs_c, m_ok, c_ok, K, stride_xm, stride_wn, HALF,
-                           HAS_BIAS, True, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, DOT_PRECISION)
-    dtype = Q_OUT.dtype.element_ty
-    x1 = _round_to(x1, dtype)  # the projection's output, as the module rounds it
-    x2 = _round_to(x2, dtype)
-    mask = m_ok[:, None] & c_ok[None, :]
-    pos = tl.load(POS + offs_m, mask=m_ok, other=0)
-    row = offs_m[:, None]
-    if head < num_heads + num_kv_heads:
-        table = pos.to(tl.int64)[:, None] * D + offs_c[None, :]
-        c1 = tl.load(COS + table, mask=mask, other=0.0).to(tl.float32)
-        c2 = tl.load(COS + table + HALF, mask=mask, other=0.0).to(tl.float32)
-        s1 = tl.load(SIN + table, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(SIN + table + HALF, mask=mask, other=0.0).to(tl.float32)
-        # q * cos + rotate_half(q) * sin, each product and the sum rounded like torch (as _rope_write_kernel)
-        out1 = _round_to(_round_to(x1 * c1, dtype) + _round_to(-(x2 * s1), dtype), dtype).to(dtype)
-        out2 = _round_to(_round_to(x2 * c2, dtype) + _round_to(x1 * s2, dtype), dtype).to(dtype)
-        if head < num_heads:
-            dst = Q_OUT + (head * M + row) * D + offs_c[None, :]
-        else:
-            dst = K_OUT + ((head - num_heads) * M + row) * D + offs_c[None, :]
-            cache = (KEY_CACHE + (head - num_heads) * cache_head_stride + pos.to(tl.int64)[:, None] * cache_row_stride
-                     + offs_c[None, :])
-            tl.store(cache, out1, mask=mask)
-            tl.store(cache + HALF, out2, mask=mask)
-        tl.store(dst, out1, mask=mask)
-        tl.store(dst + HALF, out2, mask=mask)
-    else:
-        kv_head = head - num_heads - num_kv_heads
-        dst = V_OUT + (kv_head * M + row) * D + offs_c[None, :]
-        cache = (VALUE_CACHE + kv_head * cache_head_stride + pos.to(tl.int64)[:, None] * cache_row_stride
-                 + offs_c[None, :])
-        for half in tl.static_range(0, 2):
-            value = (x1 if half == 0 else x2).to(dtype)
-            tl.store(dst + half * HALF, value, mask=mask)
-            tl.store(cache + half * HALF, value, mask=mask)
 
 
 @dataclass(frozen=True)
@@ -249,46 +185,5 @@ def gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
     return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True)
 
 
-def qkv_rope_write_triton(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None, num_heads: int,
-                          num_kv_heads: int, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
-                          key_cache: torch.Tensor, value_cache: torch.Tensor):
-    """The q|k|v projection of ``x [1, L, K]`` (``qkv_weight [(Hq + 2 Hkv) D, K]``, L from 1 to :data:`MAX_ROWS`)
-    with the rope and the cache write of :func:`fold_hf.kernels.triton_layer.rope_write_triton` in its epilogue:
-    one program owns channels ``c`` and ``c + D/2`` of one head, so it rotates what it computed. Returns
-    ``(q [1, Hq, L, D], k [1, Hkv, L, D], v [1, Hkv, L, D])`` and writes k and v into the caches at ``positions``;
-    the results of ``rope_write_triton(*split(skinny_linear_triton(x, ...)))``. Full rotary, no per-head norm."""
-    if x.dtype != qkv_weight.dtype or not qkv_weight.is_contiguous():
-        raise ValueError("the q|k|v weight must be contiguous in x's dtype")
-    D = cos_table.shape[-1]
-    K = qkv_weight.shape[1]
-    if D % 2 or sin_table.shape != cos_table.shape or qkv_weight.shape[0] != (num_heads + 2 * num_kv_heads) * D:
-        raise ValueError(f"a [{(num_heads + 2 * num_kv_heads) * D}, K] q|k|v weight and [capacity, {D}] rope tables "
-                         f"are needed, got {tuple(qkv_weight.shape)} and {tuple(cos_table.shape)}")
-    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1 or key_cache.shape[-1] != D:
-        raise ValueError("key and value caches must share strides with a contiguous head dim of the rope's width")
-    rows = x.reshape(-1, K)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    M = rows.shape[0]
-    if x.shape[-1] != K or not 1 <= M <= MAX_ROWS or positions.shape != (M,):
-        raise ValueError(f"x [1, L, {K}] with L from 1 to {MAX_ROWS} and positions [L], got {tuple(x.shape)} and "
-                         f"{tuple(positions.shape)}")
-    plan = gemm_plan(M, qkv_weight.shape[0], K, False, x.element_size())
-    half = D // 2
-    q_out = x.new_empty(1, num_heads, M, D)
-    k_out = x.new_empty(1, num_kv_heads, M, D)
-    v_out = x.new_empty(1, num_kv_heads, M, D)
-    grid = ((num_heads + 2 * num_kv_heads) * triton.cdiv(half, plan.block_n), triton.cdiv(M, plan.block_m))
-    _qkv_rope_kernel[grid](
-        rows, qkv_weight, qkv_bias if qkv_bias is not None else qkv_weight, cos_table.contiguous(),
-        sin_table.contiguous(), positions, key_cache, value_cache, q_out, k_out, v_out, M, K, rows.stride(0),
-        qkv_weight.stride(0), num_heads, num_kv_heads, key_cache.stride(1), key_cache.stride(2),
-        HALF=half, HAS_BIAS=qkv_bias is not None, USE_DOT=plan.use_dot, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        BLOCK_K=plan.block_k, STAGES=plan.num_stages, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(x.device), **_EXACT,
-    )
-    return q_out, k_out, v_out
-
-
 __all__ = ["MAX_ROWS", "PLAN_ENV", "GemmPlan", "decode_linear_triton", "gate_up_silu_triton", "gemm_plan",
-           "qkv_rope_write_triton", "skinny_linear_triton", "skinny_wins"]
+           "skinny_linear_triton", "skinny_wins"]

@@ -89,6 +89,12 @@ def static_rounds(session: Session, drafter, dcache, static_drafter, last, posit
     if static_drafter is not None:
         preserve += static_drafter.step_state()
 
+    # which of the state slots 0 .. _GEN a round keeps (times 1) or overwrites (times 0) before adding its step: the
+    # session's buffers (a captured step outlives this call: it may only read buffers the session keeps)
+    keep_slots, zero_slot = session.keep_slots, session.zero_slot
+    if keep_slots.numel() != _GEN + 1:
+        raise AssertionError("the session's keep_slots must cover the state slots 0 .. _GEN")
+
     def verify(bucket: int):
         def run():
             ids[:, :1] = state[_LAST : _LAST + 1].view(1, 1)
@@ -100,11 +106,11 @@ def static_rounds(session: Session, drafter, dcache, static_drafter, last, posit
             n, final = choice.verify(logits, proposals, q_buffer if sampling.do_sample else None,
                                      torch.minimum(state[_LIMIT : _LIMIT + 1], kept), state[_GEN : _GEN + 1])
             runner.accept(n)  # recurrent-state families keep the accepted position's state (device-side)
-            next_state = torch.cat((state[_T_LEN : _T_LEN + 1] + n + 1,
-                                    state[_D_LEN : _D_LEN + 1] + state[_D_NEW : _D_NEW + 1],
-                                    n + 1, final, state[_LIMIT : _LIMIT + 1], state[_GEN : _GEN + 1] + n + 1,
-                                    state[_GEN + 1 :]))
-            outputs = (next_state, torch.cat((n, final, kept, proposals)))
+            # the next state is state * keep + step (three launches, not the nine of one op per slot):
+            # T += n + 1, D += D_NEW, D_NEW = n + 1, LAST = final, LIMIT kept, GEN += n + 1, the rest kept
+            n1 = n + 1
+            step = torch.cat((n1, state[_D_NEW : _D_NEW + 1], n1, final, zero_slot, n1))
+            outputs = (step, torch.cat((n, final, kept, proposals)))
             if sampling.penalized:
                 outputs += (choice.observed(proposals, n, final),)
             return outputs
@@ -132,7 +138,8 @@ def static_rounds(session: Session, drafter, dcache, static_drafter, last, posit
             if drafting is not None:
                 drafting()
             outputs = verifying()
-            state.copy_(outputs[0])
+            head = state[: _GEN + 1]
+            torch.addcmul(outputs[0], head, keep_slots, out=head)
             if sampling.penalized:
                 choice.seen.copy_(outputs[2])
             return outputs[1]

@@ -45,6 +45,10 @@ class Session:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle() if engine == "graphs" else None
         self.state = torch.zeros(8, dtype=torch.long, device=device)
+        # a round's state update (device_rounds): which of slots 0 .. 5 it keeps (x 1) or overwrites (x 0) before
+        # adding its step, and the step's zero for the kept slot; session buffers, since captured steps read them
+        self.keep_slots = torch.tensor([1, 1, 0, 0, 1, 1], dtype=torch.long, device=device)
+        self.zero_slot = torch.zeros(1, dtype=torch.long, device=device)
         self.steps: dict[tuple, object] = {}
         self.ids: dict[int, torch.Tensor] = {}
         self.taps: dict[int, torch.Tensor] = {}
