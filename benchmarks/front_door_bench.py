@@ -55,6 +55,7 @@ import fold_hf  # noqa: E402
 from fold_hf.generation.fast import fast_generate, release_fast_state, time_rounds  # noqa: E402
 from fold_hf.generation import sampling as choice_ops  # noqa: E402
 from fold_hf.generation.sampling import Sampling  # noqa: E402
+from fold_hf.kernels import greedy_select_ops  # noqa: E402
 
 PATHS = ("generate", "generate+drafter", "generate+drafter[hf]", "fold_hf.generate", "fast_generate")
 T0 = time.time()
@@ -215,8 +216,10 @@ def time_ops(vocab: int, rows: int, device, reps: int) -> list[dict]:
         return (cdf <= uu.to(cdf.dtype)[:, None] * cdf[:, -1:]).sum(-1).clamp_max(p.shape[-1] - 1)
 
     cases = {
-        "greedy verify (process + match)": lambda: choice_ops.verify_greedy(
+        "greedy verify, torch path (process + argmax + match)": lambda: choice_ops.verify_greedy(
             choice_ops.process(logits, greedy), proposals, limit),
+        # what TokenChoice.verify runs: the Triton selection kernels on CUDA (fold_hf.kernels.greedy_select_ops)
+        "greedy verify (the loops' path)": lambda: greedy_select_ops(device).greedy_verify(logits, proposals, limit),
         "process sampled top-k 50 + top-p (candidates)": lambda: choice_ops.process(logits, topk_p),
         "process sampled top-p only (vocabulary sort)": lambda: choice_ops.process(logits, top_p),
         "temperature + softmax only": lambda: (logits.float() / 0.6).softmax(-1),
