@@ -328,6 +328,7 @@ def main(argv=None) -> int:
             for mode, cfg in (("fold", FoldConfig(mode="fold", window=2048, alpha=2.0)),
                               ("dflash", FoldConfig(mode="dflash"))):
                 drafter.set_fold_config(cfg)
+                release_fast_state(target)  # a fresh session, as the A/B rows get (the row order moved a round ~1%)
                 add(f"our_sd_{mode}", context,
                     our_round_seconds(target, drafter, context, args.rounds, args.repeats, engine))
             if context == args.ab_context:
