@@ -13,6 +13,8 @@ fast loop replays them) with the L2 flushed before every replay:
 * ``triton``: ``decode_attention_triton`` with the length read from the device and splits sized for the bucket
   (what ``target_attention="triton"`` runs), plus a small sweep of ``num_splits`` x ``num_stages`` x ``block_n`` x ``num_warps``
   (each config's relative error against the fp64 twin is recorded: a config that is fast but wrong shows it);
+* ``--merge-sweep``: the merge pass's launch shapes with the default split pass; ``--chain 32`` captures 32 calls a
+  graph (one step's layers, the launches back to back) and reports per call;
 * ``floor``: K + V bytes of the T entries / the copy bandwidth measured in the same run.
 
 Writes ``decode_attention.csv`` and ``decode_attention.json`` (rows and the best config per shape) under ``--out``.
@@ -66,6 +68,12 @@ def main(argv=None) -> int:
     parser.add_argument("--query-lengths", default="1,10")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--no-sweep", action="store_true", help="time the default kernel config only")
+    parser.add_argument("--merge-sweep", action="store_true",
+                        help="also time the merge pass's launch shapes (value dims per program, warps, the early "
+                             "load of the partial outputs) with the default split pass")
+    parser.add_argument("--chain", type=int, default=1,
+                        help="calls per captured graph, timed per call (32 = a step's layers: the launches' ramps "
+                             "overlap as in the step)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("decode_attention_bench needs a CUDA GPU")
@@ -93,7 +101,8 @@ def main(argv=None) -> int:
                                                 block_v.double(), T, scaling=scaling)
 
             def record(name, replay, out, **config):
-                times = time_cuda(replay, args.reps, warmup=3, flush=flush)
+                calls = args.chain if name == "triton" else 1
+                times = [t / calls for t in time_cuda(replay, args.reps, warmup=3, flush=flush)]
                 p20, p50, p80 = percentiles(times)
                 err = ((out.double() - oracle).norm() / oracle.norm()).item()
                 row = {"impl": name, "T": T, "L": L, "bucket": bucket, "p20_us": p20, "p50_us": p50, "p80_us": p80,
@@ -110,13 +119,19 @@ def main(argv=None) -> int:
             configs = [dict(num_splits=None, num_stages=None, block_n=None, num_warps=None),
                        # the merge pass as it was before 2026-11-30's single-load merge (8 splits per load)
                        dict(num_splits=None, num_stages=None, block_n=None, num_warps=None, merge_split_chunk=8)]
+            if args.merge_sweep:
+                configs += [dict(merge_early_acc=False), dict(merge_dv_block=32),
+                            dict(merge_dv_block=32, merge_early_acc=False), dict(merge_warps=4),
+                            dict(merge_dv_block=128), dict(merge_dv_block=128, merge_early_acc=False)]
             if not args.no_sweep:
                 configs += [dict(num_splits=s, num_stages=st, block_n=bn, num_warps=w)
-                            for s in (splits0, 2 * splits0) for st in (2, 3) for bn in (32, 64) for w in (4, 8)]
+                            for s in (max(1, splits0 // 2), splits0, 2 * splits0) for st in (2, 3) for bn in (32, 64) for w in (4, 8)]
             for config in configs:
                 def call(config=config):
-                    return decode_attention_triton(q, keys, values, block_k, block_v, length, scaling=scaling,
-                                                   max_context_length=bucket, **config)
+                    for _ in range(args.chain):
+                        out = decode_attention_triton(q, keys, values, block_k, block_v, length, scaling=scaling,
+                                                      max_context_length=bucket, **config)
+                    return out
 
                 row = record("triton", *graphed(call), **config)
                 key = f"T={T},L={L}"
@@ -127,6 +142,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fields = ["impl", "T", "L", "bucket", "num_splits", "num_stages", "block_n", "num_warps", "merge_split_chunk",
+              "merge_dv_block", "merge_warps", "merge_early_acc",
               "p20_us", "p50_us", "p80_us", "floor_us", "fraction_of_floor", "rel_err"]
     with (out / "decode_attention.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
@@ -134,7 +150,7 @@ def main(argv=None) -> int:
         writer.writerows(rows)
     (out / "decode_attention.json").write_text(json.dumps({"versions": versions(), "bandwidth_tb_s": bandwidth / 1e12,
                                                            "best_triton": best, "rows": rows}, indent=2))
-    log("best triton config per shape: " + json.dumps({k: {c: v[c] for c in ("num_splits", "num_stages", "block_n",
+    log("best triton config per shape: " + json.dumps({k: {c: v.get(c) for c in ("num_splits", "num_stages", "block_n",
                                                                               "num_warps", "p50_us",
                                                                               "fraction_of_floor")}
                                                        for k, v in best.items()}, indent=1))

@@ -163,6 +163,11 @@ class env_var:
 # the environment of the variant
 VARIANTS = {
     "torch_select": {"FOLD_HF_TRITON_SELECT": "0"},  # the greedy argmax / verify on torch (before the kernels)
+    "merge_one_program": {"FOLD_HF_MERGE_DV": "128"},  # one merge program per row (before 2026-12-02's dv 64)
+    "merge_dv32": {"FOLD_HF_MERGE_DV": "32"},  # four merge programs per row
+    "norm8": {"FOLD_HF_NORM_WARPS": "8"},  # 8 warps for the add + RMSNorm of a 4096 row (before 2026-12-02's 16)
+    "norm32": {"FOLD_HF_NORM_WARPS": "32"},  # 32 warps (1024 threads, 4 columns each)
+    "default": {},  # the default again, in a fresh session after the variants (the rows' order moves them ~1%)
 }
 
 

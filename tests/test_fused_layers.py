@@ -465,3 +465,19 @@ def test_graph_engine_with_concatenated_projections_matches_separate_on_gpu(arch
                 assert torch.equal(runs[concat].sequences, expected), (arch, length, concat)
             assert runs["1"].acceptance_lengths == runs["0"].acceptance_lengths, (arch, length)
         fold_hf.generation.release_fast_state(target)
+
+
+@pytest.mark.gpu(reason="num_warps is a GPU launch setting the interpreter ignores")
+@pytest.mark.parametrize("warps", [4, 8, 16, 32])
+def test_norm_warps_match_the_twin_on_gpu(warps):
+    # the default for a row of 4096 is 16 warps; the step's A/B rows time 8 and 32 ($FOLD_HF_NORM_WARPS)
+    from fold_hf.kernels.triton_layer import add_rms_norm_triton
+
+    for rows, H in ((1, 4096), (10, 4096), (1, 2880)):
+        hidden = randn(1, rows, H, dtype=torch.bfloat16, device="cuda", seed=H + warps, scale=5)
+        delta = randn(1, rows, H, dtype=torch.bfloat16, device="cuda", seed=H + 1)
+        weight = randn(H, dtype=torch.bfloat16, device="cuda", seed=H)
+        total, normed = add_rms_norm_triton(hidden, delta, weight, 1e-6, num_warps=warps)
+        ref_total, ref_normed = add_rms_norm_reference(hidden, delta, weight, 1e-6)
+        assert torch.equal(total, ref_total), (rows, H)
+        assert rel_err(normed, ref_normed) < 1e-2, (rows, H)

@@ -163,6 +163,35 @@ def test_kernel_matches_twin_on_gpu(L, T, Hq, Hkv, head_dim, dtype):
         assert rel_err(out, oracle) < TOLERANCE[dtype], max_context_length
 
 
+@pytest.mark.parametrize("merge_kw", [dict(merge_dv_block=16), dict(merge_early_acc=False),
+                                      dict(merge_dv_block=32, merge_warps=2, merge_early_acc=True)])
+def test_merge_launch_shapes_in_interpreter_match_twin(interpreter, merge_kw):
+    from fold_hf.kernels.triton_fold import decode_attention_triton
+
+    inputs = decode_inputs(90, 3, 6, 2, 64, torch.float32, device="cpu", capacity=200, seed=5)
+    oracle = decode_attention_reference(**{k: v.double() for k, v in inputs.items()}, context_length=90,
+                                        scaling=0.125)
+    out = decode_attention_triton(**inputs, context_length=torch.tensor([90], dtype=torch.int32), scaling=0.125,
+                                  num_splits=5, **merge_kw)
+    assert rel_err(out, oracle) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.gpu(reason="the merge's launch shapes compiled for the GPU at the 8B decode shape (32K, 33 splits)")
+@pytest.mark.parametrize("merge_kw", [dict(), dict(merge_dv_block=32), dict(merge_dv_block=64),
+                                      dict(merge_early_acc=False), dict(merge_warps=4)])
+@pytest.mark.parametrize("L", [1, 10])
+def test_merge_launch_shapes_on_gpu(merge_kw, L):
+    from fold_hf.kernels.triton_fold import decode_attention_triton
+
+    inputs = decode_inputs(32768 - L, L, 32, 8, 128, torch.bfloat16, device="cuda", capacity=32768, seed=L)
+    oracle = decode_attention_reference(**{k: v.double() for k, v in inputs.items()}, context_length=32768 - L,
+                                        scaling=128**-0.5)
+    out = decode_attention_triton(**inputs, context_length=torch.tensor([32768 - L], dtype=torch.int32,
+                                                                        device="cuda"),
+                                  scaling=128**-0.5, **merge_kw)
+    assert rel_err(out, oracle) < TOLERANCE[torch.bfloat16]
+
+
 @pytest.mark.gpu(reason="num_stages software pipelining is a GPU compilation setting the interpreter ignores")
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 @pytest.mark.parametrize("num_splits", [1, 7, None])

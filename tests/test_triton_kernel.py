@@ -120,7 +120,7 @@ def test_reads_not_following_the_geometry_stay_on_the_reference():
 
 # ---------------------------------------------------------------------------------------------------- kernel
 def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, device, capacity=None,
-                as_tensors=False, num_splits=None, seed=0, window_splits=0, merge_split_chunk=None):
+                as_tensors=False, num_splits=None, seed=0, window_splits=0, merge_split_chunk=None, **merge_kw):
     """Kernel output and its fp64 oracle for random contract inputs (rotated queries given directly)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     capacity = max(capacity or T, 1)
@@ -148,7 +148,7 @@ def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, d
     else:
         lengths = dict(context_length=T, block_start=t)
     out = fold_read_triton(**inputs, cos=cos, sin=sin, **lengths, window=D, alpha=alpha, num_splits=num_splits,
-                           window_splits=window_splits, merge_split_chunk=merge_split_chunk)
+                           window_splits=window_splits, merge_split_chunk=merge_split_chunk, **merge_kw)
     assert out.shape == (1, Lq, Hq, head_dim) and out.dtype == dtype
     return out, oracle
 
@@ -205,6 +205,39 @@ def test_merge_in_chunks_matches_merge_in_one_load(interpreter, merge_split_chun
                 num_splits=11, window_splits=3)
     out, oracle = kernel_case(**case, dtype=torch.float32, device="cpu", merge_split_chunk=merge_split_chunk)
     assert rel_err(out, oracle) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("merge_kw", [dict(merge_dv_block=16, merge_early_acc=True),
+                                      dict(merge_dv_block=16, merge_early_acc=False),
+                                      dict(merge_early_acc=False, merge_warps=1),
+                                      dict(merge_dv_block=16, merge_split_chunk=4, merge_early_acc=True)])
+@pytest.mark.parametrize("alpha", [2.0, math.inf])
+def test_merge_launch_shapes_match_the_oracle(interpreter, merge_kw, alpha):
+    # head_dim 48 pads to 64 value dims: 16 per merge program leaves the last of 4 programs a masked slice; the
+    # early load of the partial outputs (one round) and the two-round order give the oracle's read
+    case = dict(T=200, t=201, Lq=3, Hq=4, Hkv=2, head_dim=48, rotary_dim=16, D=50, alpha=alpha, far=True,
+                num_splits=5, window_splits=2)
+    out, oracle = kernel_case(**case, dtype=torch.float32, device="cpu", **merge_kw)
+    assert rel_err(out, oracle) < TOLERANCE[torch.float32]
+
+
+def test_merge_plan_loads_early_only_in_one_round(monkeypatch):
+    from fold_hf.kernels.triton_fold import MERGE_DV_ENV, MERGE_EARLY_ENV, _merge_tiles
+
+    monkeypatch.delenv(MERGE_DV_ENV, raising=False)
+    monkeypatch.delenv(MERGE_EARLY_ENV, raising=False)
+    # the 8B decode at 32K: 33 splits padded to 64, every one in one load, two programs of 64 value dims a row
+    plan = _merge_tiles(33, 128, None)
+    assert (plan.block_s, plan.split_chunk, plan.block_dv, plan.dv_programs, plan.early_acc) == (64, 64, 64, 2, True)
+    assert plan.num_warps == 4
+    whole = _merge_tiles(33, 128, None, dv_block=128)
+    assert (whole.block_dv, whole.dv_programs, whole.num_warps) == (128, 1, 8)
+    assert _merge_tiles(5, 32, None).block_dv == 32  # never wider than the value dims
+    assert not _merge_tiles(33, 128, 8).early_acc  # loaded in chunks: the maxima come first
+    monkeypatch.setenv(MERGE_DV_ENV, "32")
+    monkeypatch.setenv(MERGE_EARLY_ENV, "0")
+    plan = _merge_tiles(33, 128, None)
+    assert (plan.block_dv, plan.dv_programs, plan.early_acc, plan.num_warps) == (32, 4, False, 4)
 
 
 @pytest.mark.parametrize("case", INTERPRETER_CASES)

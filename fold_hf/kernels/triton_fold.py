@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -259,31 +260,46 @@ def _fold_split_kernel(
 
 @triton.jit
 def _merge_splits(PART_M, PART_L, PART_ACC, base, split_stride, num_splits, offs_dv, dv_ok, value_dim,
-                  HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """Merge one row's split partials: (base-2 log-mass, normalized output ``[BDV]``, mass > 0)."""
+                  HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  EARLY_ACC: tl.constexpr):
+    """Merge one row's split partials: (base-2 log-mass, normalized output ``[BDV]``, mass > 0).
+
+    ``EARLY_ACC`` (only with ``SPLIT_CHUNK >= BLOCK_S``, one load of every split): the ``[BLOCK_S, BLOCK_DV]``
+    partial outputs are loaded together with the maxima and masses, so the program waits on one round of loads
+    instead of two; the arithmetic is the same, in the same order."""
     offs_s = tl.arange(0, BLOCK_S)
     s_ok = offs_s < num_splits
     m = tl.load(PART_M + base + offs_s * split_stride, mask=s_ok, other=float("-inf"))
     l = tl.load(PART_L + base + offs_s * split_stride, mask=s_ok, other=0.0)
+    if EARLY_ACC:
+        acc_all = tl.load(PART_ACC + (base + offs_s[:, None] * split_stride) * value_dim + offs_dv[None, :],
+                          mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
     m_max = tl.max(m, 0)
     m_shift = tl.where(m_max == float("-inf"), 0.0, m_max)
     if HARD:
         mass = tl.sum(tl.where(m == m_max, l, 0.0), 0)
     else:
         mass = tl.sum(l * tl.exp2(m - m_shift), 0)
-    # the [splits, Dv] partial outputs are summed a few splits at a time to stay in registers
     out = tl.zeros([BLOCK_DV], tl.float32)
-    for first in range(0, num_splits, SPLIT_CHUNK):
-        offs_c = first + tl.arange(0, SPLIT_CHUNK)
-        c_ok = offs_c < num_splits
-        m_c = tl.load(PART_M + base + offs_c * split_stride, mask=c_ok, other=float("-inf"))
+    if EARLY_ACC:
         if HARD:
-            w_c = tl.where(c_ok & (m_c == m_max), 1.0, 0.0)
+            w_all = tl.where(s_ok & (m == m_max), 1.0, 0.0)
         else:
-            w_c = tl.where(c_ok, tl.exp2(m_c - m_shift), 0.0)
-        acc_c = tl.load(PART_ACC + (base + offs_c[:, None] * split_stride) * value_dim + offs_dv[None, :],
-                        mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
-        out += tl.sum(acc_c * w_c[:, None], 0)
+            w_all = tl.where(s_ok, tl.exp2(m - m_shift), 0.0)
+        out += tl.sum(acc_all * w_all[:, None], 0)
+    else:
+        # the [splits, Dv] partial outputs are summed a few splits at a time to stay in registers
+        for first in range(0, num_splits, SPLIT_CHUNK):
+            offs_c = first + tl.arange(0, SPLIT_CHUNK)
+            c_ok = offs_c < num_splits
+            m_c = tl.load(PART_M + base + offs_c * split_stride, mask=c_ok, other=float("-inf"))
+            if HARD:
+                w_c = tl.where(c_ok & (m_c == m_max), 1.0, 0.0)
+            else:
+                w_c = tl.where(c_ok, tl.exp2(m_c - m_shift), 0.0)
+            acc_c = tl.load(PART_ACC + (base + offs_c[:, None] * split_stride) * value_dim + offs_dv[None, :],
+                            mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
+            out += tl.sum(acc_c * w_c[:, None], 0)
     out = out / tl.where(mass > 0, mass, 1.0)
     if HARD:
         log2_mass = m_max
@@ -297,22 +313,23 @@ def _fold_merge_kernel(
     PART_M, PART_L, PART_ACC, OUT, stride_ol, stride_oh,
     num_rows, Lq, G, value_dim, num_splits, inv_alpha,
     HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-    BLOCK_DV: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_DV: tl.constexpr, EARLY_ACC: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     head = tl.program_id(0)
     row = tl.program_id(1)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    # axis 2: the value dims this program writes (BLOCK_DV of them; one program per row when it covers Dv)
+    offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < value_dim
     # partial index of split s for this row: (head * S + s) * rows + row
     base = (head * num_splits).to(tl.int64) * num_rows + row
     log2_near, out, _ = _merge_splits(PART_M, PART_L, PART_ACC, base, num_rows, num_splits, offs_dv, dv_ok,
-                                      value_dim, False, BLOCK_S, SPLIT_CHUNK, BLOCK_DV)
+                                      value_dim, False, BLOCK_S, SPLIT_CHUNK, BLOCK_DV, EARLY_ACC)
     if HAS_FAR:
         branch_stride = tl.num_programs(0).to(tl.int64) * num_splits * num_rows
         log2_far, out_far, has_far = _merge_splits(PART_M, PART_L, PART_ACC, branch_stride + base, num_rows,
                                                    num_splits, offs_dv, dv_ok, value_dim, FAR_HARD, BLOCK_S,
-                                                   SPLIT_CHUNK, BLOCK_DV)
+                                                   SPLIT_CHUNK, BLOCK_DV, EARLY_ACC)
         # log Z_F = lse(alpha s) / alpha; the far partials hold alpha-scaled logits (plain ones and
         # inv_alpha = 1 for top-1, whose log-mass is the largest logit)
         log_far = log2_far * LN2 * inv_alpha
@@ -466,18 +483,49 @@ def _launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: to
 MERGE_TILE_ELEMENTS = 8192  # fp32 partial outputs one merge program loads at once ([splits, Dv]; 64 registers a thread)
 
 
-def _merge_tiles(num_splits: int, block_dv: int, split_chunk: int | None) -> tuple[int, int, int]:
-    """(BLOCK_S, SPLIT_CHUNK, num_warps) of ``_fold_merge_kernel``: every split in one load when the tile fits,
-    8 warps when the padded ``[BLOCK_S, BLOCK_DV]`` tile is over half of that size.
+MERGE_DV_ENV = "FOLD_HF_MERGE_DV"  # value dims per merge program (benchmarks)
+# value dims per merge program: at the 8B decode shape (33 splits, Dv 128) two programs per row of 64 took the 32 merges
+# of a 32K AR step from 95.7 to 63.4 us and the step 5.482 -> 5.443 ms, the fold round 7.368 -> 7.250
+# (benchmarks/results/2026-12-02-nvidia-h200-merge); 32 per program measured between the two
+DEFAULT_MERGE_DV_BLOCK = 64
+MERGE_EARLY_ENV = "FOLD_HF_MERGE_EARLY"  # "0": load the partial outputs after the maxima (two load rounds)
+
+
+@dataclass(frozen=True)
+class _MergePlan:
+    """Launch shape of ``_fold_merge_kernel``: grid ``(Hkv, rows, dv_programs)``."""
+
+    block_s: int
+    split_chunk: int
+    num_warps: int
+    block_dv: int
+    dv_programs: int
+    early_acc: bool
+
+
+def _merge_tiles(num_splits: int, block_dv: int, split_chunk: int | None, dv_block: int | None = None,
+                 num_warps: int | None = None, early_acc: bool | None = None) -> _MergePlan:
+    """The merge's tiles: every split in one load when the ``[BLOCK_S, dv_block]`` tile fits
+    :data:`MERGE_TILE_ELEMENTS`, 8 warps when the tile is over half of that size.
 
     The merge is latency-bound (a few KB per row, read from L2 right after the split pass), so its cost is the
     number of dependent load rounds; loading all splits at once instead of 8 at a time cuts them from
-    ``ceil(S / 8)`` to one for up to 64 splits at head_dim 128."""
+    ``ceil(S / 8)`` to one for up to 64 splits at head_dim 128, and ``early_acc`` (default on, ``$FOLD_HF_MERGE_EARLY``)
+    issues that load together with the maxima's. ``dv_block`` (default ``$FOLD_HF_MERGE_DV`` or
+    :data:`DEFAULT_MERGE_DV_BLOCK`, at most ``block_dv``) spreads a row's value dims over several programs."""
     block_s = _next_pow2(num_splits, 2)
+    if dv_block is None:
+        dv_block = int(os.environ.get(MERGE_DV_ENV) or 0) or DEFAULT_MERGE_DV_BLOCK
+    dv_block = max(16, min(_next_pow2(int(dv_block)), block_dv))
     if split_chunk is None:
-        split_chunk = max(2, min(block_s, MERGE_TILE_ELEMENTS // max(block_dv, 1)))
-    num_warps = 4 if block_s * block_dv <= MERGE_TILE_ELEMENTS // 2 else 8
-    return block_s, _next_pow2(min(int(split_chunk), block_s), 2), num_warps
+        split_chunk = max(2, min(block_s, MERGE_TILE_ELEMENTS // dv_block))
+    split_chunk = _next_pow2(min(int(split_chunk), block_s), 2)
+    if num_warps is None:
+        num_warps = 4 if block_s * dv_block <= MERGE_TILE_ELEMENTS // 2 else 8
+    if early_acc is None:
+        early_acc = os.environ.get(MERGE_EARLY_ENV, "1") != "0"
+    return _MergePlan(block_s, split_chunk, int(num_warps), dv_block, block_dv // dv_block,
+                      bool(early_acc) and split_chunk >= block_s)
 
 
 def _partials(branches: int, Hkv: int, num_splits: int, num_rows: int, Dv: int, device: torch.device):
@@ -508,6 +556,9 @@ def fold_read_triton(
     num_stages: int | None = None,
     window_splits: int | None = None,
     merge_split_chunk: int | None = None,
+    merge_dv_block: int | None = None,
+    merge_warps: int | None = None,
+    merge_early_acc: bool | None = None,
 ) -> torch.Tensor:
     """FOLD read of one layer in two Triton launches (split pass, merge pass).
 
@@ -538,6 +589,7 @@ def fold_read_triton(
             (measured in docs/design.md §6).
         merge_split_chunk: splits the merge pass loads at once (benchmarks; default all of them when
             ``splits x Dv <= 8192``).
+        merge_dv_block, merge_warps, merge_early_acc: the merge pass's tuning overrides (:func:`_merge_tiles`).
 
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
@@ -604,13 +656,13 @@ def fold_read_triton(
         MIXED_STAGES=1, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps, num_stages=plan.num_stages,
         **launch_options(device),
     )
-    block_s, split_chunk, merge_warps = _merge_tiles(num_splits, plan.block_dv, merge_split_chunk)
-    _fold_merge_kernel[(Hkv, plan.num_rows)](
+    merge = _merge_tiles(num_splits, plan.block_dv, merge_split_chunk, merge_dv_block, merge_warps, merge_early_acc)
+    _fold_merge_kernel[(Hkv, plan.num_rows, merge.dv_programs)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         plan.num_rows, Lq, G, Dv, num_splits, 1.0 if far_hard else 1.0 / float(alpha),
-        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
-        BLOCK_DV=plan.block_dv,
-        num_warps=merge_warps, **launch_options(device),
+        HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=merge.block_s, SPLIT_CHUNK=merge.split_chunk,
+        BLOCK_DV=merge.block_dv, EARLY_ACC=merge.early_acc,
+        num_warps=merge.num_warps, **launch_options(device),
     )
     return out
 
@@ -631,6 +683,9 @@ def decode_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     merge_split_chunk: int | None = None,
+    merge_dv_block: int | None = None,
+    merge_warps: int | None = None,
+    merge_early_acc: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of a target's verify step (AR: ``L = 1``; speculative: one block of ``L``) in two launches.
 
@@ -653,7 +708,7 @@ def decode_attention_triton(
             (default ``capacity``; a graph per length bucket passes the bucket so splits stay balanced).
         block_m, block_n, num_warps, num_stages: tuning overrides. The key loop has no data-dependent branch
             around a dot here (no far branch), so it is software-pipelined with ``num_stages`` (default 3).
-        merge_split_chunk: as in :func:`fold_read_triton`.
+        merge_split_chunk, merge_dv_block, merge_warps, merge_early_acc: as in :func:`fold_read_triton`.
 
     Returns:
         ``[1, L, Hq, Dv]`` in ``query.dtype``.
@@ -698,12 +753,12 @@ def decode_attention_triton(
         MIXED_STAGES=plan.num_stages, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps,
         num_stages=plan.num_stages, **launch_options(device),
     )
-    block_s, split_chunk, merge_warps = _merge_tiles(plan.num_splits, plan.block_dv, merge_split_chunk)
-    _fold_merge_kernel[(Hkv, plan.num_rows)](
+    merge = _merge_tiles(plan.num_splits, plan.block_dv, merge_split_chunk, merge_dv_block, merge_warps, merge_early_acc)
+    _fold_merge_kernel[(Hkv, plan.num_rows, merge.dv_programs)](
         part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
         plan.num_rows, Lq, G, Dv, plan.num_splits, 1.0,
-        HAS_FAR=False, FAR_HARD=False, BLOCK_S=block_s, SPLIT_CHUNK=split_chunk,
-        BLOCK_DV=plan.block_dv,
-        num_warps=merge_warps, **launch_options(device),
+        HAS_FAR=False, FAR_HARD=False, BLOCK_S=merge.block_s, SPLIT_CHUNK=merge.split_chunk,
+        BLOCK_DV=merge.block_dv, EARLY_ACC=merge.early_acc,
+        num_warps=merge.num_warps, **launch_options(device),
     )
     return out

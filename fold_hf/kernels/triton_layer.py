@@ -36,6 +36,7 @@ def _next_pow2(n: int) -> int:
 # instead of three times) and contracts a * b + c into an FMA, so the rounding torch does between its ops is
 # spelled out in integer arithmetic here and the kernels are built with enable_fp_fusion=False.
 _EXACT = dict(enable_fp_fusion=False)
+NORM_WARPS_ENV = "FOLD_HF_NORM_WARPS"  # benchmarks: warps of every add + RMSNorm launch
 
 
 @triton.jit
@@ -96,7 +97,9 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
 
     Without ``delta``, ``hidden`` may be strided in its leading dims (e.g. ``[1, L, heads, D]`` heads sliced out of
     a fused q|k|v projection, read in place); the outputs are contiguous. ``num_warps``: a tuning override (default
-    one warp per 512 columns, at most 16)."""
+    ``$FOLD_HF_NORM_WARPS``, else one warp per 256 columns, at most 16: for the 8B's rows of 4096, 16 warps took
+    the 65 norms of a 32K AR step from 185.6 to 141.5 us inside the step's graph, the step 5.376 -> 5.332 ms,
+    where alone in a graph of norms they measured 1.86 against 1.73 us; benchmarks/results/2026-12-02-nvidia-h200-merge)."""
     H = hidden.shape[-1]
     if weight.shape != (H,) or weight.dtype != hidden.dtype:
         raise ValueError(f"weight must be [{H}] in {hidden.dtype}, got {tuple(weight.shape)} {weight.dtype}")
@@ -119,7 +122,8 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
     _add_rms_norm_kernel[(rows,)](source, delta if delta is not None else source, weight, total, normed, H,
                                   1.0 / H, float(eps), rows_per_token, token_stride, row_stride,
                                   HAS_DELTA=delta is not None, BLOCK=block,
-                                  num_warps=num_warps or max(1, min(16, block // 512)),
+                                  num_warps=num_warps or int(os.environ.get(NORM_WARPS_ENV) or 0)
+                                  or max(1, min(16, block // 256)),
                                   **launch_options(hidden.device), **_EXACT)
     return total, normed
 
