@@ -13,6 +13,8 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
   AR at ``--variant-contexts`` and the fold round): ``[torch_select]`` (``$FOLD_HF_TRITON_SELECT=0``) the greedy
   argmax and verify on ``torch.argmax`` as before the selection kernels (the 2026-12-02 run also timed, and took
   out, ``[qkv_rope]`` and ``[fused_merge]``: benchmarks/results/2026-12-02-nvidia-h200-select);
+  ``[merge_one_program]`` / ``[merge_dv32]`` one / four attention-merge programs a row (default two), ``[norm8]`` /
+  ``[norm32]`` the add + RMSNorm's warps (default 16), ``[default]`` the default again in a fresh session after them;
 * ``our_sd_fold`` / ``our_sd_dflash``: the speculative round (block 10, W 2048, α 2) at ``--sd-context``;
   ``[one_at_a_time]`` rows (``$FOLD_HF_PIPELINE_ROUNDS=0``): each round's result read before the next is queued;
 * prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``,
