@@ -111,7 +111,7 @@ class TimingStreamer:
 
 
 # ---------------------------------------------------------------------------------------------- random 8B
-def build_random_pair(max_positions: int, block: int = 10):
+def build_random_pair(max_positions: int, block: int = 10, device: str = "cuda"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -119,7 +119,7 @@ def build_random_pair(max_positions: int, block: int = 10):
                       max_position_embeddings=max_positions, tie_word_embeddings=False,
                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
     cfg._attn_implementation = "sdpa"
-    with torch.device("cuda"):  # initialised on the GPU: seconds, not minutes
+    with torch.device(device):  # initialised on the GPU: seconds, not minutes ("meta": shapes only)
         target = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
         target.generation_config.eos_token_id = None
         target.generation_config.pad_token_id = 0
@@ -128,7 +128,8 @@ def build_random_pair(max_positions: int, block: int = 10):
                                  num_hidden_layers=5, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                  rope_theta=500000.0, max_position_embeddings=max_positions)
         drafter = FoldDrafter(dcfg, FoldConfig(mode="dflash")).to(torch.bfloat16).eval()
-    drafter.bind_target(target)
+    if device != "meta":
+        drafter.bind_target(target)
     return target, drafter
 
 

@@ -125,6 +125,24 @@ def shape_facts(target) -> dict:
                 kv_bytes_per_token=cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element)
 
 
+def drafter_facts(target, drafter) -> dict:
+    """Bytes a speculative round reads beyond the AR step's (the round's floor = the AR floor + these): the
+    drafter's own weights (its fc, layers and norms; its embedding and lm_head are the target's), the target's
+    ``lm_head`` read again for the drafter's proposals, and the drafter's one unrotated cache per context token."""
+    cfg = drafter.config
+    element = target.get_output_embeddings().weight.element_size()
+    own = sum(p.numel() for n, p in drafter.named_parameters() if "lm_head" not in n and "embed" not in n)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return dict(drafter_bytes_per_round=(own + target.get_output_embeddings().weight.numel()) * element,
+                drafter_kv_bytes_per_token=cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element)
+
+
+def round_floor_ms(facts: dict, context: int, bandwidth: float) -> float:
+    """The SD round's byte floor at ``context`` (target weights + KV, drafter weights + the lm_head + its cache)."""
+    return (facts["weight_bytes_per_step"] + facts["drafter_bytes_per_round"]
+            + (facts["kv_bytes_per_token"] + facts["drafter_kv_bytes_per_token"]) * context) / bandwidth * 1e3
+
+
 def prefill_flops(facts: dict, prompt: int) -> float:
     """Dense FLOPs of a prefill of ``prompt`` tokens: layer weights over every token, the lm_head over the last,
     causal attention (QKᵀ and PV over the P (P + 1) / 2 visible pairs, 2 FLOPs a multiply-add, per query head)."""
@@ -284,7 +302,7 @@ def main(argv=None) -> int:
         target, drafter = build_random_pair(longest + 4096)
     torch.manual_seed(0)
     log(json.dumps(machine() if device.type == "cuda" else {"device": "cpu", "torch": torch.__version__}))
-    facts = shape_facts(target)
+    facts = {**shape_facts(target), **drafter_facts(target, drafter)}
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.01)
     peak_flops = peak_matmul_flops(device, 8192 if device.type == "cuda" else 256)
     log(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, peak bf16 matmul {peak_flops / 1e12:.0f} TFLOP/s")
@@ -332,6 +350,9 @@ def main(argv=None) -> int:
                 add("our_ar[one_at_a_time]", context,
                     our_round_seconds(target, None, context, args.rounds, args.repeats, engine))
         if context == args.sd_context:
+            floor_ms = round_floor_ms(facts, context, bandwidth)
+            report["rows"].append({"row": "round_floor", "context": context, "p20_ms": floor_ms, "p50_ms": floor_ms,
+                                   "p80_ms": floor_ms, "n": 1})
             for mode, cfg in (("fold", FoldConfig(mode="fold", window=2048, alpha=2.0)),
                               ("dflash", FoldConfig(mode="dflash"))):
                 drafter.set_fold_config(cfg)
@@ -446,6 +467,7 @@ def headline(report: dict) -> dict:
     for context, tag in ((8192, "8k"), (32768, "32k"), (131072, "128k")):
         out[f"our_ar_step_over_floor_8b_{tag}"] = ratio(p50("our_ar", context), p50("floor", context))
     out["sd_round_over_our_ar_step_8b_32k"] = ratio(p50("our_sd_fold", 32768), p50("our_ar", 32768))
+    out["sd_round_over_round_floor_8b_32k"] = ratio(p50("our_sd_fold", 32768), p50("round_floor", 32768))
     out["fold_round_over_dflash_round_8b_32k"] = ratio(p50("our_sd_fold", 32768), p50("our_sd_dflash", 32768))
     out["prefill_fraction_of_compute_floor_8b_32k"] = pre("ours", 32768, "fraction_of_floor")
     out["peak_gib_128k_ours"] = pre("ours", 131072, "peak_gib")

@@ -1,10 +1,10 @@
 """fold_hf: FOLD (Far memory with Local Order) for Hugging Face transformers.
 
-Using any public name of the package (``fold_hf.FoldDrafter``, ``from fold_hf import generate``, ...) registers the
-``"fold"`` attention and mask with transformers and routes ``target.generate(..., assistant_model=<FoldDrafter>)``
-to FOLD's candidate generator. The names are imported on first use, so ``import fold_hf`` and ``fold-hf --help``
-do not pay for importing torch and transformers (importing :mod:`fold_hf.modeling` registers the attention,
-importing :mod:`fold_hf.generation` installs the assistant strategy).
+Importing fold_hf (or any of its modules) patches nothing. Creating or loading a :class:`FoldDrafter` installs the
+transformers integration (:func:`install`: the ``"fold"`` attention and mask, and ``target.generate(...,
+assistant_model=<FoldDrafter>)`` routed to FOLD), whatever was imported; :func:`install` is also public (explicit,
+idempotent; :func:`uninstall` undoes it). The names are imported on first use, so ``import fold_hf`` and
+``fold-hf --help`` do not pay for importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ _EXPORTS = {
     "GenerationResult": ".generation",
     "fast_generate": ".generation",
     "generate": ".generation",
+    "install": ".integrations.transformers",
     "load_embedded_pair": ".embedded",
+    "uninstall": ".integrations.transformers",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -31,19 +33,13 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .embedded import load_embedded_pair
     from .generation import GenerationResult, fast_generate, generate
+    from .integrations.transformers import install, uninstall
     from .modeling import FoldCache, FoldConfig, FoldDrafter, FoldDrafterConfig
-
-
-def _activate() -> None:
-    """Import the modeling and generation layers once: registers the attention and the assistant strategy."""
-    importlib.import_module(".modeling", __name__)
-    importlib.import_module(".generation", __name__)
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'fold_hf' has no attribute {name!r}")
-    _activate()
     value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     globals()[name] = value  # later look-ups skip __getattr__
     return value

@@ -29,7 +29,10 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import fold_hf  # noqa: E402,F401  (registers the attention and the assistant strategy)
+import fold_hf  # noqa: E402  (patches nothing by itself: tests/test_upstream_compat.py checks that in a fresh process)
+
+# a user who routes target.generate(..., fold_fast=True) without creating a drafter calls this once; the tests do too
+fold_hf.install()
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist runs one worker per core: one thread each, or the workers fight over the cores; the processes a

@@ -1,49 +1,35 @@
-"""FOLD inside ``target.generate(..., assistant_model=<FoldDrafter>)``.
+"""FOLD's candidate generator for transformers' assisted loop (``target.generate(..., assistant_model=<FoldDrafter>)``
+when the request does not take the fast loop, or with ``fold_fast=False``).
 
-transformers hard-codes its candidate generators (docs/design.md §5); after ``import fold_hf``,
-``GenerationMixin._get_candidate_generator`` returns :class:`FoldCandidateGenerator` whenever the
-assistant is a :class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks for transformers' own
-DFlash generator, which our drafter also serves). ``_assisted_decoding`` is wrapped only to remove the
-hidden-state hooks when the call ends.
+transformers hard-codes its candidate generators (docs/design.md §5); :mod:`fold_hf.integrations.transformers`
+makes ``GenerationMixin._get_candidate_generator`` return :class:`FoldCandidateGenerator` whenever the assistant is a
+:class:`FoldDrafter` (unless ``speculation_type="dflash"`` asks for transformers' own DFlash generator).
 
-``GenerationMixin.generate`` is wrapped for the routing (:mod:`fold_hf.generation.routing`): with a
-:class:`FoldDrafter` assistant (or ``fold_fast=True``) the request runs on the fast loop
-(:func:`fold_hf.generation.fast.fast_generate`) whenever it can; otherwise transformers' loop runs, with one
-warning naming the reason, and this candidate generator drafts. ``fold_fast=False`` keeps transformers' loop.
+Hybrid targets (Qwen3.5: linear-attention layers with recurrent state): on transformers 5.25 the cache records the
+state after every verified position itself (``activate_past_recording(recurrent_states_to_keep=``
+:attr:`FoldCandidateGenerator.num_drafting_tokens` ``)``, called by the assisted loop) and ``crop`` restores it; on
+older releases the target's cache becomes a rolling-back cache (:func:`fold_hf.generation.rollback.make_rollback_cache`):
+the generator snapshots the linear states before each verify, ``crop`` restores them, and the generator replays the
+accepted tokens.
 
-:func:`install` is the one place that touches transformers (explicit, idempotent; ``import fold_hf`` calls it,
-:func:`uninstall` restores transformers' own methods).
-
-Hybrid targets (Qwen3.5: linear-attention layers with recurrent state): transformers refuses assisted decoding on
-stateful models. For a FoldDrafter assistant the refusal is lifted for the call and the target's cache becomes a
-rolling-back cache (:func:`fold_hf.generation.rollback.make_rollback_cache`): the generator snapshots the linear
-states before each verify, ``crop`` restores them, and the generator replays the accepted tokens.
-
-Hidden states come from forward hooks on the tapped target layers rather than
-``output_hidden_states``: a long prompt would otherwise keep every layer's states, and the index
-convention of ``output_hidden_states=[...]`` changed between transformers 5.17 and 5.2x.
+Hidden states come from forward hooks on the tapped target layers rather than ``output_hidden_states``: a long prompt
+would otherwise keep every layer's states, and the index convention of ``output_hidden_states=[...]`` changed between
+transformers 5.17 and 5.2x.
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
+import inspect
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.utils import GenerationMixin
 
 from ..modeling.drafter import FoldDrafter
 from ..modeling.retrieval import TargetAttentionProbe, retrieval_state
-from ..modeling.validation import validate_pair
-from .rollback import make_rollback_cache, target_has_linear_state
 from .targets.gemma import slices_before_taps
 from .taps import HiddenTaps, _unwrap
-
-_INSTALLED_ATTR = "_fold_hf_installed"
-
 
 class FoldCandidateGenerator(CandidateGenerator):
     """Drafts a block per round with a :class:`FoldDrafter`; only accepted positions enter its cache."""
@@ -82,14 +68,20 @@ class FoldCandidateGenerator(CandidateGenerator):
         self.target = target
         # hybrid targets: the cache rolls back its linear-attention state (rollback.py); set by the decoding wrapper
         self.rollback_cache = None
-        import inspect
-
         try:
             params = set(inspect.signature(_unwrap(target).forward).parameters)
         except (TypeError, ValueError):
             params = set()
         self._cache_name = "cache" if "cache" in params else "past_key_values"
         self._replay_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+    @property
+    def num_drafting_tokens(self) -> int:
+        """How many positions of a verify forward a hybrid cache records the recurrent state after (transformers
+        5.25's assisted loop passes it to ``activate_past_recording``): every verified position, the last committed
+        token and the ``k`` drafts. With only ``k``, the first position runs in the chunked kernel, unrecorded, and a
+        round that rejects every draft would roll back to the state before the whole block."""
+        return int(self.drafter.num_proposals) + 1
 
     def close(self) -> None:
         self.taps.__exit__(None, None, None)
@@ -166,122 +158,3 @@ class FoldCandidateGenerator(CandidateGenerator):
                 self.rollback_cache.fold_replay(self.target, input_ids, self._cache_name, self._replay_extra)
             finally:
                 self.taps.__enter__()
-
-
-def _wrap_get_candidate_generator(original):
-    @functools.wraps(original)
-    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                                 assistant_model=None, *args, **kwargs):
-        if isinstance(assistant_model, FoldDrafter) and getattr(generation_config, "speculation_type", None) != "dflash":
-            generator = FoldCandidateGenerator(self, assistant_model, generation_config, logits_processor,
-                                               tokenizer=kwargs.get("target_tokenizer"))
-            generator.rollback_cache = assistant_model.__dict__.get("_fold_rollback_cache")
-            assistant_model._active_candidate_generator = generator
-            return generator
-        if isinstance(assistant_model, FoldDrafter):
-            if assistant_model.is_deepspec:
-                raise ValueError("speculation_type='dflash' runs transformers' z-lab DFlash generator, whose block "
-                                 "semantics differ from a DeepSpec drafter's (its anchor slot predicts): leave "
-                                 "speculation_type unset to draft with fold_hf's generator")
-            assistant_model.bind_target(self)
-        return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                        assistant_model, *args, **kwargs)
-
-    return _get_candidate_generator
-
-
-def _wrap_assisted_decoding(original):
-    @functools.wraps(original)
-    def _assisted_decoding(self, *args, **kwargs):
-        assistant = kwargs.get("assistant_model")
-        if isinstance(assistant, FoldDrafter):
-            cache = kwargs.get("cache", kwargs.get("past_key_values"))
-            if cache is not None and make_rollback_cache(cache):
-                assistant._fold_rollback_cache = cache
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            generator = getattr(assistant, "_active_candidate_generator", None)
-            if generator is not None:
-                generator.close()
-                assistant._active_candidate_generator = None
-            if isinstance(assistant, FoldDrafter):
-                assistant.__dict__.pop("_fold_rollback_cache", None)
-
-    return _assisted_decoding
-
-
-def _wrap_validate_generation_mode(original):
-    @functools.wraps(original)
-    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
-        assistant = (generation_mode_kwargs or {}).get("assistant_model")
-        if not isinstance(assistant, FoldDrafter):
-            return original(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
-        validate_pair(assistant, self)  # our message names the field, before transformers' own checks
-        # transformers refuses assisted decoding on stateful models; for linear-attention targets our strategy owns
-        # the rollback (rollback.py), so the check is lifted for this call only (FoldDrafter assistants only)
-        lift = (getattr(self, "_is_stateful", False) and target_has_linear_state(self)
-                and getattr(generation_config, "speculation_type", None) != "dflash")
-        if lift:
-            self._is_stateful = False
-        try:
-            return original(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
-        finally:
-            if lift:
-                del self._is_stateful
-
-    return _validate_generation_mode
-
-
-def _wrap_generate(original):
-    @functools.wraps(original)
-    def generate(self, *args, fold_fast: bool | None = None, **kwargs):
-        """transformers' ``generate``; with a FoldDrafter assistant (or ``fold_fast=True``) on fold_hf's fast loop
-        when the request allows it (``fold_fast=False``: transformers' loop, always)."""
-        assistant = kwargs.get("assistant_model")
-        if fold_fast is False or (fold_fast is None and not isinstance(assistant, FoldDrafter)):
-            return original(self, *args, **kwargs)
-        from .routing import NOT_ROUTED, route_generate
-
-        result, reason = route_generate(self, args, kwargs)
-        if result is not NOT_ROUTED:
-            return result
-        loop = "assisted loop with FOLD's candidate generator" if assistant is not None else "loop"
-        warnings.warn(f"fold_hf: target.generate runs transformers' {loop}, not the fast loop, because of {reason}; "
-                      "pass fold_fast=False to choose transformers' loop without this warning",
-                      UserWarning, stacklevel=2)
-        return original(self, *args, **kwargs)
-
-    return generate
-
-
-_WRAPPERS = {
-    "_get_candidate_generator": _wrap_get_candidate_generator,
-    "_assisted_decoding": _wrap_assisted_decoding,
-    "generate": _wrap_generate,
-    "_validate_generation_mode": _wrap_validate_generation_mode,
-}
-
-
-def install() -> None:
-    """Wrap transformers' generate (routing), candidate generator choice (FoldDrafter assistants draft with
-    :class:`FoldCandidateGenerator`), assisted decoding (hook cleanup) and mode validation (our pair check);
-    idempotent."""
-    if getattr(GenerationMixin, _INSTALLED_ATTR, None):
-        return
-    originals = {}
-    for name, wrap in _WRAPPERS.items():
-        if hasattr(GenerationMixin, name):
-            originals[name] = getattr(GenerationMixin, name)
-            setattr(GenerationMixin, name, wrap(originals[name]))
-    setattr(GenerationMixin, _INSTALLED_ATTR, originals)
-
-
-def uninstall() -> None:
-    """Restore transformers' own methods (undoes :func:`install`)."""
-    originals = getattr(GenerationMixin, _INSTALLED_ATTR, None)
-    if not originals:
-        return
-    for name, method in originals.items():
-        setattr(GenerationMixin, name, method)
-    setattr(GenerationMixin, _INSTALLED_ATTR, None)

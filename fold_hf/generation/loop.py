@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from ..compat import activate_linear_recording, native_linear_rollback
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.retrieval import target_attention_probe
@@ -73,6 +74,9 @@ class ForwardRunner:
         keep_one = "logits_to_keep" in params and not slices_before_taps(_unwrap(target), tap_layer_ids)
         self.prefill_extra = {"logits_to_keep": 1} if keep_one else {}
         self.rollback = None  # linear-attention targets (rollback.py), set at the first verify
+        # linear-attention targets on a transformers that rolls their state back itself (5.25): crop after each verify
+        self.native_linear = has_linear_state(self.cache) and native_linear_rollback()
+        self.cache_recording = False
         self._verified = None  # (position, ids) of the last verify that took a snapshot
 
     def _run(self, ids: torch.Tensor, extra: dict):
@@ -90,6 +94,15 @@ class ForwardRunner:
         return logits[-1], features
 
     def verify(self, ids: torch.Tensor, position: int):
+        if self.native_linear:
+            length = self.cache.get_seq_length()
+            if length > position or self.cache_recording:
+                self.cache.crop(min(position - length, 0))  # crop(0) also trims the recorded conv inputs
+            # record the state after every position of this block (transformers rolls back to it at the next crop)
+            activate_linear_recording(self.cache, ids.shape[1])
+            self.cache_recording = True
+            logits, features = self._run(ids, {})
+            return logits[-ids.shape[1]:], features
         if self.rollback is None and has_linear_state(self.cache):
             self.rollback = LinearStateRollback(self.cache)
         length = self.cache.get_seq_length()

@@ -6,12 +6,12 @@ layer. A verify forward over ``[last, d_1 .. d_k]`` advances both past every dra
 are accepted, the KV layers are cropped as usual but the recurrent state cannot be "cropped": it is a sum over
 every position.
 
-transformers' own mechanism (5.17 and 5.24 alike, ``LinearAttentionCacheLayerMixin``):
-``activate_past_recording()`` makes the layer keep every convolution input until ``crop`` trims it, so the
-*convolution* state rolls back, but the recurrent state does not (``is_croppable`` is False once a recurrent
-state exists, and 5.24's assisted loop raises on it; 5.17's does not check and silently keeps the rejected
-drafts in the state). So the rollback here is snapshot and recompute, family-free, on any cache whose layers
-carry ``conv_states`` / ``recurrent_states`` dicts:
+transformers 5.25 rolls the recurrent state back itself (``activate_past_recording(recurrent_states_to_keep=n)``
+records the state after each verified position, ``crop(-m)`` puts the right one back): where it does
+(:func:`fold_hf.compat.native_linear_rollback`) both the round loop and ``target.generate(assistant_model=...)`` use
+that. On older releases (5.17) ``activate_past_recording()`` rolls back only the *convolution* state, so the
+rollback here is snapshot and recompute, family-free, on any cache whose layers carry ``conv_states`` /
+``recurrent_states`` dicts (read through :mod:`fold_hf.compat`):
 
 1. :meth:`LinearStateRollback.snapshot` clones every linear layer's states before the verify forward
    (Qwen3.5-9B: 24 layers x (32 x 128 x 128 fp32 + 8192 x 4) = ~50 MB per round, a copy, no compute);
@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import torch
 
-
-def _is_linear_layer(layer) -> bool:
-    return isinstance(getattr(layer, "recurrent_states", None), dict) and isinstance(
-        getattr(layer, "conv_states", None), dict)
+from ..compat import is_linear_layer as _is_linear_layer
+from ..compat import linear_state_restore, linear_state_snapshot, native_linear_rollback
 
 
 def has_linear_state(cache) -> bool:
@@ -66,7 +64,8 @@ def crop_attention_layers(cache, tokens: int) -> None:
 
 
 class LinearStateRollback:
-    """Snapshot / restore / replay of the linear-attention states of one transformers cache (batch 1)."""
+    """Snapshot / restore / replay of the linear-attention states of one transformers cache (batch 1): the
+    release-independent rollback (on 5.25 the round loop uses transformers' own recording instead)."""
 
     def __init__(self, cache) -> None:
         self.cache = cache
@@ -75,28 +74,14 @@ class LinearStateRollback:
 
     def snapshot(self) -> None:
         """Clone every linear layer's conv and recurrent states (layers not yet initialized are recorded as None)."""
-        saved = []
-        for layer in self.layers:
-            conv = {i: (s.clone() if s is not None else None) for i, s in layer.conv_states.items()}
-            rec = {i: (s.clone() if s is not None else None) for i, s in layer.recurrent_states.items()}
-            saved.append((conv, rec, dict(layer.has_previous_state)))
-        self._saved = saved
+        self._saved = [linear_state_snapshot(layer) for layer in self.layers]
 
     def restore(self) -> None:
         """Put the snapshot back, in place where the shapes allow (static addresses stay valid)."""
         if self._saved is None:
             raise RuntimeError("restore() without a snapshot()")
-        for layer, (conv, rec, had) in zip(self.layers, self._saved):
-            for states, saved in ((layer.conv_states, conv), (layer.recurrent_states, rec)):
-                for i, value in saved.items():
-                    current = states.get(i)
-                    if value is None:
-                        continue
-                    if current is not None and current.shape == value.shape:
-                        current.copy_(value)
-                    else:
-                        states[i] = value
-            layer.has_previous_state.update(had)
+        for layer, saved in zip(self.layers, self._saved):
+            linear_state_restore(layer, saved)
         self._saved = None
 
     def discard(self) -> None:
@@ -125,7 +110,7 @@ class _RollbackCacheMixin:
     _fold_length_before: int = 0
     _fold_replay: int = 0
 
-    def activate_past_recording(self):  # noqa: D401 - transformers' API
+    def activate_past_recording(self, **kwargs):  # noqa: D401 - transformers' API
         return None
 
     @property
@@ -163,7 +148,10 @@ _ROLLBACK_CLASSES: dict[type, type] = {}
 def make_rollback_cache(cache) -> bool:
     """Turn a transformers cache with linear-attention layers into one that rolls back (in place: the object keeps
     its identity and contents, its class becomes a subclass adding :class:`_RollbackCacheMixin`). Returns whether
-    it did (False for caches without linear layers)."""
+    it did (False for caches without linear layers, and on a release whose cache rolls back itself:
+    :func:`fold_hf.compat.native_linear_rollback`)."""
+    if native_linear_rollback():
+        return False
     if isinstance(cache, _RollbackCacheMixin):
         return True
     if not has_linear_state(cache):

@@ -60,15 +60,10 @@ def static_drafter_unsupported(drafter: FoldDrafter) -> str | None:
 def default_read_function(device: torch.device | str):
     """``fold_read_triton`` when tensors on ``device`` may run Triton kernels (CUDA, Triton importable,
     ``FOLD_HF_DISABLE_TRITON`` not ``1``), else None."""
-    from ..kernels import triton_kernels_enabled
+    from ..kernels import import_triton_module, triton_kernels_enabled
 
-    if not triton_kernels_enabled(device):
-        return None
-    try:
-        from ..kernels.triton_fold import fold_read_triton
-    except ImportError:
-        return None
-    return fold_read_triton
+    module = import_triton_module("triton_fold") if triton_kernels_enabled(device) else None
+    return module.fold_read_triton if module is not None else None
 
 
 def preallocated_cache(drafter: FoldDrafter, capacity: int, device, request_length: int | None = None) -> FoldCache:

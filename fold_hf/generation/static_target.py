@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..compat import has_norm_epsilon, norm_epsilon
 from ..kernels.cpu_gemm import _hooked, linear_module
 from .taps import _unwrap
 from .weight_layout import (
@@ -287,7 +288,7 @@ class StaticTarget:
         norms = [self.final_norm] + [n for layer in self.layers
                                      for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         for norm in norms:
-            if type(norm).__name__ not in _RMS_NORMS or not hasattr(norm, "variance_epsilon"):
+            if type(norm).__name__ not in _RMS_NORMS or not has_norm_epsilon(norm):
                 return f"norm {type(norm).__name__} is not a Llama-style RMSNorm"
             if norm.weight.dtype != self.dtype:
                 return f"norm weights in {norm.weight.dtype}, activations in {self.dtype}"
@@ -540,7 +541,7 @@ class StaticTarget:
             norm = layer.input_layernorm
             attn = layer.self_attn
             projections = self.decode_projections(layer)
-            hidden, normed = ops.add_rms_norm(hidden, delta, norm.weight, norm.variance_epsilon)
+            hidden, normed = ops.add_rms_norm(hidden, delta, norm.weight, norm_epsilon(norm))
             if i > 0:
                 tap(i - 1, hidden)
             if projections is not None:  # one GEMM; the heads are read in place by the norms and the rope
@@ -559,7 +560,7 @@ class StaticTarget:
             norm = layer.post_attention_layernorm
             attn_out = _project(skinny, attn.o_proj, out.reshape(1, L, -1))
             mlp = layer.mlp
-            hidden, normed = ops.add_rms_norm(hidden, attn_out, norm.weight, norm.variance_epsilon)
+            hidden, normed = ops.add_rms_norm(hidden, attn_out, norm.weight, norm_epsilon(norm))
             if projections is not None and skinny is not None:  # one launch: gate|up, then silu(gate) * up
                 act = ops.gate_up_silu(normed, projections.gate_up_weight, projections.gate_up_bias)
             else:
@@ -567,7 +568,7 @@ class StaticTarget:
                                                                                         mlp.up_proj(normed))
                 act = ops.silu_mul(gate, up)
             delta = _project(skinny, mlp.down_proj, act)
-        hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, self.final_norm.variance_epsilon)
+        hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm))
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         return linear_module(self.lm_head, normed)[0]
 
@@ -577,9 +578,9 @@ class StaticTarget:
         norm = getattr(attn, name, None)
         if norm is None:
             return heads
-        if (type(norm).__name__ in _RMS_NORMS and hasattr(norm, "variance_epsilon")
+        if (type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm)
                 and norm.weight.dtype == heads.dtype):
-            return ops.add_rms_norm(heads, None, norm.weight, norm.variance_epsilon)[1]
+            return ops.add_rms_norm(heads, None, norm.weight, norm_epsilon(norm))[1]
         return norm(heads)
 
     def _forward_static_decode(self, input_ids, positions, bucket: int, cos, sin, taps_out) -> torch.Tensor:

@@ -24,7 +24,10 @@ This package takes tensors and imports nothing from :mod:`fold_hf.modeling` (che
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import os
+import warnings
 
 import torch
 
@@ -44,18 +47,40 @@ def triton_kernels_enabled(device: torch.device | str) -> bool:
     return is_triton_available()
 
 
+def triton_unavailable_reason(device: torch.device | str) -> str | None:
+    """Why Triton kernels cannot run on ``device`` (None when they can): the words a fallback's warning uses."""
+    if torch.device(device).type != "cuda":
+        return f"tensors on {torch.device(device).type}, not CUDA"
+    if os.environ.get("FOLD_HF_DISABLE_TRITON") == "1":
+        return "FOLD_HF_DISABLE_TRITON=1"
+    if not is_triton_available():
+        return "Triton is not installed" if importlib.util.find_spec("triton") is None else "no CUDA device"
+    return None
+
+
+_IMPORT_FAILURES: set[str] = set()
+
+
+def import_triton_module(name: str):
+    """``fold_hf.kernels.<name>`` (a Triton module), or None when importing it fails on a machine where Triton
+    kernels should run: then one warning names the module and the error, and the caller runs the torch twins."""
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ImportError as error:
+        if name not in _IMPORT_FAILURES:
+            _IMPORT_FAILURES.add(name)
+            warnings.warn(f"fold_hf: the Triton kernels of fold_hf.kernels.{name} failed to import "
+                          f"({type(error).__name__}: {error}); their pure-torch twins run instead", UserWarning,
+                          stacklevel=3)
+        return None
+
+
 def default_decode_attention(device: torch.device):
     """The target's verify attention for the opt-in ``target_attention="triton"`` on ``device``: the Triton
     kernel (:func:`~fold_hf.kernels.triton_fold.decode_attention_triton`) on CUDA when it imports, else its
     pure-torch twin :func:`~fold_hf.kernels.reference.decode_attention_reference` (same signature)."""
-    if triton_kernels_enabled(device):
-        try:
-            from .triton_fold import decode_attention_triton
-        except ImportError:
-            pass
-        else:
-            return decode_attention_triton
-    return decode_attention_reference
+    module = import_triton_module("triton_fold") if triton_kernels_enabled(device) else None
+    return module.decode_attention_triton if module is not None else decode_attention_reference
 
 
 SKINNY_GEMM_ENV = "FOLD_HF_SKINNY_GEMM"
@@ -95,20 +120,15 @@ def default_layer_ops(device: torch.device) -> LayerOps:
     :mod:`fold_hf.kernels.triton_gemm`, see :func:`skinny_gemm_enabled`) on CUDA when they import (and
     ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins from :mod:`fold_hf.kernels.layer_reference`
     with the projections left to ``F.linear``."""
-    if triton_kernels_enabled(device):
-        try:
-            from .triton_layer import add_rms_norm_triton, rope_write_triton, rotate_heads_triton, silu_mul_triton
-        except ImportError:
-            pass
-        else:
-            skinny = {}
-            if skinny_gemm_enabled():
-                from . import triton_gemm as gemm
-
-                skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
-                              skinny_rows=gemm.MAX_ROWS)
-            return LayerOps(add_rms_norm_triton, rope_write_triton, silu_mul_triton, rotate_heads_triton, "triton",
-                            **skinny)
+    layer = import_triton_module("triton_layer") if triton_kernels_enabled(device) else None
+    if layer is not None:
+        skinny = {}
+        gemm = import_triton_module("triton_gemm") if skinny_gemm_enabled() else None
+        if gemm is not None:
+            skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
+                          skinny_rows=gemm.MAX_ROWS)
+        return LayerOps(layer.add_rms_norm_triton, layer.rope_write_triton, layer.silu_mul_triton,
+                        layer.rotate_heads_triton, "triton", **skinny)
     from .layer_reference import (
         add_rms_norm_reference,
         rope_write_reference,
@@ -142,13 +162,9 @@ class HybridOps:
 def default_hybrid_ops(device: torch.device | str) -> HybridOps:
     """The Triton kernels of :mod:`fold_hf.kernels.triton_hybrid` on CUDA when they import (and
     ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins (:mod:`fold_hf.kernels.hybrid_reference`)."""
-    if triton_kernels_enabled(device):
-        try:
-            from . import triton_hybrid as module
-        except ImportError:
-            pass
-        else:
-            return HybridOps("triton", **{name: getattr(module, f"{name}_triton") for name in HYBRID_OPS})
+    module = import_triton_module("triton_hybrid") if triton_kernels_enabled(device) else None
+    if module is not None:
+        return HybridOps("triton", **{name: getattr(module, f"{name}_triton") for name in HYBRID_OPS})
     from . import hybrid_reference as module
 
     return HybridOps("torch", **{name: getattr(module, f"{name}_reference") for name in HYBRID_OPS})
@@ -212,18 +228,15 @@ def greedy_select_ops(device: torch.device | str) -> SelectOps:
 
 @functools.lru_cache(maxsize=None)
 def _select_ops(triton: bool) -> SelectOps:
-    if triton:
-        try:
-            from .triton_select import argmax_rows_triton, greedy_verify_triton
-        except ImportError:
-            pass
-        else:
-            return SelectOps("triton", argmax_rows_triton, greedy_verify_triton)
+    module = import_triton_module("triton_select") if triton else None
+    if module is not None:
+        return SelectOps("triton", module.argmax_rows_triton, module.greedy_verify_triton)
     return SelectOps("torch")
 
 
 __all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV", "SKINNY_GEMM_ENV",
            "SelectOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
            "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference", "greedy_select_ops",
+           "import_triton_module", "triton_unavailable_reason",
            "rotate_by_tables", "rotate_half", "select_kernels_enabled", "skinny_gemm_enabled",
            "triton_kernels_enabled"]

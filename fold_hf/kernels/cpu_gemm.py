@@ -39,7 +39,7 @@ _DTYPES = (torch.float32,)  # MKL's packed sgemm; bf16/fp16 weights run F.linear
 
 # owner parameter -> {tag: (data_ptr, shape, version, packed)}
 _PACKED = WeakIdKeyDictionary()  # keyed by identity (a tensor's == is elementwise)
-_state = {"bytes": 0, "warned": set()}
+_state = {"bytes": 0, "warned": set(), "broken": None}
 
 
 def packed_gemm_mode() -> str:
@@ -90,6 +90,8 @@ def packed_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     if not mkl_packed_available():
         _warn_once("this torch build has no MKL packed linear (torch.ops.mkl._mkl_linear)")
+        return False
+    if _state["broken"] is not None:  # a private op failed once: said then, F.linear from then on
         return False
     return True
 
@@ -154,10 +156,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not packed_applies(x, weight):
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1]
-    packed = _packed_for(tuple(owners) or (weight,), tag, weight)
-    if packed is None:
+    try:
+        packed = _packed_for(tuple(owners) or (weight,), tag, weight)
+        if packed is None:
+            return F.linear(x, weight, bias)
+        return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+    except (RuntimeError, AttributeError, TypeError) as error:
+        # the packed ops are private to torch: a build that changed them runs F.linear, said once
+        _state["broken"] = f"{type(error).__name__}: {error}"
+        _warn_once(f"MKL's private packed ops failed on this torch {torch.__version__} ({_state['broken']})")
         return F.linear(x, weight, bias)
-    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
 def _hooked(module: torch.nn.Module) -> bool:

@@ -59,13 +59,7 @@ def gated_delta_states_reference(query: torch.Tensor, key: torch.Tensor, value: 
 def default_gated_delta(device: torch.device | str):
     """The Triton kernel on CUDA when it imports (and ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else the
     reference."""
-    from . import triton_kernels_enabled
+    from . import import_triton_module, triton_kernels_enabled
 
-    if triton_kernels_enabled(device):
-        try:
-            from .triton_gated_delta import gated_delta_states_triton
-        except ImportError:
-            pass
-        else:
-            return gated_delta_states_triton
-    return gated_delta_states_reference
+    module = import_triton_module("triton_gated_delta") if triton_kernels_enabled(device) else None
+    return module.gated_delta_states_triton if module is not None else gated_delta_states_reference

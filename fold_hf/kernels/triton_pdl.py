@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 import triton
@@ -47,9 +48,15 @@ def _device_supports_pdl(index: int) -> bool:
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+    except ImportError as error:
+        reason = f"this Triton has no NVIDIA backend options ({error})"
+    else:
+        if "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}):
+            return True
+        reason = "this Triton's launcher takes no launch_pdl"
+    warnings.warn(f"fold_hf: kernels launch without programmatic dependent launch on this sm_90+ device: {reason}",
+                  UserWarning, stacklevel=3)
+    return False
 
 
 def pdl_enabled(device: torch.device | str) -> bool:

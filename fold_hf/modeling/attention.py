@@ -111,7 +111,8 @@ def plain_attention(module, impl: str, query, ctx_k, ctx_v, blk_k, blk_v, read: 
 
 
 def register() -> None:
-    """Register ``"fold"`` with transformers' attention and mask interfaces (idempotent)."""
+    """Register ``"fold"`` with transformers' attention and mask interfaces (idempotent; called by
+    :func:`fold_hf.integrations.transformers.install`, which creating a FoldDrafter runs)."""
     AttentionInterface.register(FOLD_ATTENTION, fold_attention_forward)
     AttentionMaskInterface.register(FOLD_ATTENTION, fold_mask)
 
@@ -131,5 +132,3 @@ def drafter_read(module, query, ctx_k, ctx_v, blk_k, blk_v, read: LayerRead, sca
     )
     return out
 
-
-register()  # importing the drafter's attention makes "fold" known to transformers

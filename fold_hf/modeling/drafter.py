@@ -214,6 +214,11 @@ class FoldDrafter(PreTrainedModel):
     main_input_name = "noise_embeds"
 
     def __init__(self, config: FoldDrafterConfig, fold_config: FoldConfig | None = None) -> None:
+        # a drafter exists, so target.generate(assistant_model=drafter) must draft with it: install the integration
+        # (the "fold" attention, the assistant strategy; idempotent), whatever the caller imported
+        from ..integrations.transformers import install
+
+        install()
         requested = getattr(config, "_attn_implementation_internal", None)
         super().__init__(config)
         if requested is None:  # transformers picks sdpa by default; the drafter reads through "fold"

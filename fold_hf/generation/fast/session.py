@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels import default_layer_ops
+from ...kernels import default_layer_ops, triton_unavailable_reason
 from ...kernels.reference import fold_read_geometry_reference
 from ...modeling.cache import FoldCache
 from ...modeling.drafter import FoldDrafter
@@ -111,7 +111,11 @@ class Session:
         comparing modes on one request does not capture the draft graphs again at every switch. ``fused``: the
         static drafter runs its layers with the fused elementwise kernels (see :func:`fused_drafter_enabled`)."""
         cfg = drafter.fold_config
-        fused = fused and fused_drafter_unsupported(drafter) is None
+        if fused:
+            why_not = fused_drafter_unsupported(drafter)
+            if why_not is not None:
+                warn_once(f"the drafter's static step runs its modules, not the fused kernels: {why_not}")
+                fused = False
         key = (id(drafter), self.engine)
         if key != self.drafter_key:
             for k in [k for k in self.steps if k[0] == "round" and k[1] is not None]:
@@ -134,8 +138,8 @@ class Session:
                 if read is None and self.engine == "static":
                     read = fold_read_geometry_reference
                 if read is None:
-                    warn_once("the FOLD Triton read kernel is not usable here (Triton missing or "
-                              "FOLD_HF_DISABLE_TRITON=1): the drafter drafts eagerly, uncaptured")
+                    warn_once(f"the FOLD Triton read kernel is not usable here "
+                              f"({triton_unavailable_reason(self.device)}): the drafter drafts eagerly, uncaptured")
                 if read is not None:
                     shared = next((d for d in self.static_drafters.values()
                                    if d is not None and not d.owns_tables), None)

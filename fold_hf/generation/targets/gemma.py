@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...compat import norm_epsilon
 from ...kernels.common import rotate_half
 from ..static_target import StaticTarget, UnsupportedTarget
 from .moe import experts_unsupported, stacked_experts
@@ -282,7 +283,7 @@ class GemmaStaticTarget(StaticTarget):
             for name in ("k_norm", "v_norm"):  # KV-shared layers have neither
                 if getattr(attn, name, None) is not None:
                     norms.append(getattr(attn, name))
-                    if getattr(attn, name).eps != attn.q_norm.eps:
+                    if norm_epsilon(getattr(attn, name)) != norm_epsilon(attn.q_norm):
                         return f"layer {i}: q and {name} norms with different eps"
             if self.ple:
                 norms.append(layer.post_per_layer_input_norm)
@@ -582,7 +583,7 @@ class GemmaStaticTarget(StaticTarget):
             return getattr(norm, "weight", None)
 
         first = self.layers[0].input_layernorm
-        hidden, normed = ops.residual_norm(hidden, None, weight(first), first.eps, offset)
+        hidden, normed = ops.residual_norm(hidden, None, weight(first), norm_epsilon(first), offset)
         n_layers = len(self.layers)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -594,12 +595,13 @@ class GemmaStaticTarget(StaticTarget):
                 v_proj = getattr(attn, "v_proj", None)
                 raw_v = v_proj(normed).view(1, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
                 q, k, v = ops.head_norm_rope_write(q, raw_k, raw_v, weight(attn.q_norm), weight(attn.k_norm),
-                                                   attn.q_norm.eps, offset, cos, sin, positions, self.keys[i],
+                                                   norm_epsilon(attn.q_norm), offset, cos, sin, positions, self.keys[i],
                                                    self.values[i],
                                                    norm_value=getattr(attn, "v_norm", None) is not None)
                 block_kv[i] = (k, v)
             else:
-                q, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None, attn.q_norm.eps, offset,
+                q, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None,
+                                                   norm_epsilon(attn.q_norm), offset,
                                                    cos, sin, positions, None, None)
             src = self.kv_source[i]
             if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
@@ -613,8 +615,8 @@ class GemmaStaticTarget(StaticTarget):
                              max_context_length=bucket)
             out = out.reshape(1, L, -1)  # [1, L, Hq, D] from both kernels
             post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
-            hidden, normed = ops.residual_norm(hidden, attn.o_proj(out), weight(pre), pre.eps, offset,
-                                               delta_weight=weight(post), delta_eps=post.eps, norm_delta=True)
+            hidden, normed = ops.residual_norm(hidden, attn.o_proj(out), weight(pre), norm_epsilon(pre), offset,
+                                               delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True)
             mlp = layer.mlp
             delta = mlp.down_proj(ops.gelu_tanh_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
             delta = self._moe_branch(layer, delta, hidden)  # Gemma-4's MoE block on the modules (else delta)
@@ -622,12 +624,12 @@ class GemmaStaticTarget(StaticTarget):
             post = layer.post_feedforward_layernorm
             scalar = getattr(layer, "layer_scalar", None)
             if per_layer is not None:
-                hidden, _ = ops.residual_norm(hidden, delta, None, post.eps, offset, norm_out=False,
-                                              delta_weight=weight(post), delta_eps=post.eps, norm_delta=True)
+                hidden, _ = ops.residual_norm(hidden, delta, None, norm_epsilon(post), offset, norm_out=False,
+                                              delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True)
                 gated = layer.act_fn(layer.per_layer_input_gate(hidden)) * per_layer[:, :, i]
                 delta, post = layer.per_layer_projection(gated), layer.post_per_layer_input_norm
-            hidden, normed = ops.residual_norm(hidden, delta, weight(after), after.eps, offset,
-                                               delta_weight=weight(post), delta_eps=post.eps, norm_delta=True,
+            hidden, normed = ops.residual_norm(hidden, delta, weight(after), norm_epsilon(after), offset,
+                                               delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True,
                                                scalar=scalar)
             if taps_out is not None and i in self.tap_layer_ids:
                 tapped = normed if i == n_layers - 1 else hidden  # the last layer's tap is after the final norm

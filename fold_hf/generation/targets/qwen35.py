@@ -59,6 +59,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...compat import has_norm_epsilon, norm_epsilon
 from ...modeling.rope import compute_dtype
 from ..static_target import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
 from ..taps import HiddenTaps, _unwrap
@@ -228,11 +229,11 @@ class Qwen35StaticTarget(StaticTarget):
         for i, layer in enumerate(self.layers):
             if self.layer_types[i] == "full_attention":
                 norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
-                if layer.self_attn.q_norm.eps != layer.self_attn.k_norm.eps:
+                if norm_epsilon(layer.self_attn.q_norm) != norm_epsilon(layer.self_attn.k_norm):
                     return f"layer {i}: q_norm and k_norm have different eps"
             else:
                 gated = layer.linear_attn.norm
-                if type(gated).__name__ not in GATED_NORMS or not hasattr(gated, "variance_epsilon"):
+                if type(gated).__name__ not in GATED_NORMS or not has_norm_epsilon(gated):
                     return f"layer {i}: gated norm {type(gated).__name__} is not transformers' Qwen3_5RMSNormGated"
                 if gated.weight.dtype != self.dtype or getattr(gated, "activation", "silu") != "silu":
                     return f"layer {i}: gated norm in {gated.weight.dtype} / {getattr(gated, 'activation', None)}"
@@ -376,7 +377,7 @@ class Qwen35StaticTarget(StaticTarget):
         linear_slot = {i: n for n, i in enumerate(self.linear_ids)}
         for i, layer in enumerate(self.layers):
             norm = layer.input_layernorm
-            hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm.eps, 1.0)
+            hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm_epsilon(norm), 1.0)
             if i > 0:
                 tap(i - 1, hidden)
             if self.layer_types[i] == "linear_attention":
@@ -393,7 +394,7 @@ class Qwen35StaticTarget(StaticTarget):
                 out = ops.gated_delta_verify(qkv, b, a, self.conv[i], lin.conv1d.weight.reshape(self.conv_dim, -1),
                                              lin.A_log, lin.dt_bias, self.recurrent[i], self.num_k_heads, self.k_dim,
                                              self._delta_pending, linear_slot[i])
-                out = ops.gated_rms_norm(out, z, lin.norm.weight, lin.norm.variance_epsilon)
+                out = ops.gated_rms_norm(out, z, lin.norm.weight, norm_epsilon(lin.norm))
                 delta = lin.out_proj(out.reshape(1, L, -1))
             else:
                 attn = layer.self_attn
@@ -402,7 +403,7 @@ class Qwen35StaticTarget(StaticTarget):
                 k = attn.k_proj(normed).view(1, L, self.num_kv_heads, D)
                 v = attn.v_proj(normed).view(1, L, self.num_kv_heads, D)
                 q, k, v = ops.head_norm_rope_write(query, k, v, attn.q_norm.weight, attn.k_norm.weight,
-                                                   attn.q_norm.eps, 1.0, self.cos, self.sin, positions,
+                                                   norm_epsilon(attn.q_norm), 1.0, self.cos, self.sin, positions,
                                                    self.keys[i], self.values[i])
                 if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                     self.query_keep[1][:, :, :L].copy_(q)
@@ -410,13 +411,14 @@ class Qwen35StaticTarget(StaticTarget):
                              max_context_length=bucket)  # [1, L, Hq, D]
                 delta = attn.o_proj(ops.sigmoid_mul(out, gate).reshape(1, L, -1))
             norm = layer.post_attention_layernorm
-            hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm.eps, 1.0)
+            hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm_epsilon(norm), 1.0)
             mlp = layer.mlp
             if _is_sparse_moe(mlp):
                 delta = self._sparse_moe(mlp, normed)
             else:
                 delta = mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
-        hidden, normed = ops.residual_norm(hidden, delta, self.final_norm.weight, self.final_norm.eps, 1.0)
+        hidden, normed = ops.residual_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm),
+                                           1.0)
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         self._fused_pending = L
         return self.lm_head(normed)[0]
