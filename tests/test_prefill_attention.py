@@ -112,7 +112,7 @@ def _hf_logits(model, ids):
 
 
 @pytest.mark.parametrize("variant", ["sdpa", "triton"])
-def test_static_prefill_in_chunks_matches_the_model(monkeypatch, variant):
+def test_static_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, variant):
     """Chunks of 80 (more rows than a verify block: the prefill attention) over a 230-token prompt: chunk
     boundaries inside the prompt, a short last chunk; the cache and the last logits equal the model's forward."""
     from fold_hf.generation.static_target import PREFILL_ATTENTION_MIN_ROWS, StaticTarget
@@ -126,6 +126,7 @@ def test_static_prefill_in_chunks_matches_the_model(monkeypatch, variant):
     real = pa.prefill_attention
     monkeypatch.setattr(pa, "prefill_attention", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
     logits = runner.prefill(ids, chunk=80)
+    assert not [w for w in recwarn if "prefill attention" in str(w.message)]  # the variant ran, no fallback
     n = len(runner.layers)
     assert calls == [0] * n + [80] * n + [160] * n
     want = _hf_logits(model, ids)[-1]
@@ -180,3 +181,52 @@ def test_gpu_triton_window(window):
     q, k, v = inputs(16, 8, 256, 3000, 2049, torch.bfloat16, device="cuda")
     want = prefill_attention_naive(q.float(), k.float(), v.float(), 3000, 0.0625, window)
     assert rel(prefill_attention(q, k, v, 3000, 0.0625, window, variant="triton"), want) < 2e-2
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
+@pytest.mark.parametrize("variant", ["sdpa", "triton"])
+def test_gemma_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, arch, variant):
+    """Gemma's sliding layers (window 8) and global layers over chunks of 80 (the prefill attention, the window's
+    kernel with ``triton``): the last logits equal the model's own forward."""
+    from fold_hf.generation.static_target import build_static_target
+
+    monkeypatch.setenv(pa.PREFILL_ATTENTION_ENV, variant)
+    model = tiny_target(arch, dtype=torch.float32).to(DEVICE)
+    ids = torch.randint(0, 10, (1, 230), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    runner = build_static_target(model, 256)
+    calls = []
+    real = pa.prefill_attention
+    monkeypatch.setattr(pa, "prefill_attention", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
+    import fold_hf.generation.targets.gemma as gemma
+
+    monkeypatch.setattr(gemma, "prefill_attention", pa.prefill_attention)
+    logits = runner.prefill(ids, chunk=80)
+    assert not [w for w in recwarn if "prefill attention" in str(w.message)]  # the variant ran, no fallback
+    assert len(calls) == 3 * len(runner.layers)
+    assert rel(logits.float(), _hf_logits(model, ids)[-1].float()) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("H,L,D", [(3, 37, 32), (2, 64, 48)])
+def test_merge_kernel_matches_reference(dtype, H, L, D):
+    """The split's log-sum-exp merge in one launch against its torch twin, and the merge of two halves of the keys
+    against attention over all of them."""
+    from fold_hf.kernels.prefill_attention.naive import merge_lse_reference
+    from fold_hf.kernels.prefill_attention.triton import merge_lse_triton
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, H, L, D, generator=g).to(DEVICE)
+    k = torch.randn(1, H, 50, D, generator=g).to(DEVICE)
+    v = torch.randn(1, H, 50, D, generator=g).to(DEVICE)
+
+    def part(keys, values):
+        scores = q @ keys.transpose(-1, -2) * 0.2
+        return (scores.softmax(-1) @ values).to(dtype), scores.logsumexp(-1)
+
+    (o1, l1), (o2, l2) = part(k[:, :, :20], v[:, :, :20]), part(k[:, :, 20:], v[:, :, 20:])
+    got = merge_lse_triton(o1, l1, o2, l2)
+    want = merge_lse_reference(o1, l1, o2, l2)
+    assert got.transpose(1, 2).is_contiguous() and got.dtype == dtype
+    assert rel(got, want) < (1e-6 if dtype == torch.float32 else 2e-3)
+    full = ((q @ k.transpose(-1, -2) * 0.2).softmax(-1) @ v)
+    assert rel(want, full) < (1e-5 if dtype == torch.float32 else 2e-3)

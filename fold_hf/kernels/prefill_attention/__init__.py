@@ -3,9 +3,10 @@ causal, GQA, optionally inside a sliding window.
 
 Variants (``$FOLD_HF_PREFILL_ATTENTION``; all take and return the shapes of :func:`prefill_attention`):
 
-* ``cudnn`` (default on CUDA): the prefix and the chunk's own causal block as two cuDNN flash calls merged by their
+* ``cudnn`` (default on CUDA, layers without a sliding window): the prefix and the chunk's own causal block as two cuDNN flash calls merged by their
   log-sum-exp (:mod:`.split`); ``flash``: the same with PyTorch's FA2 kernel;
-* ``triton``: our flash-attention forward with a query offset (:mod:`.triton`; also the sliding-window layers);
+* ``triton``: our flash-attention forward with a query offset (:mod:`.triton`; the default on CUDA for sliding-window
+  layers, which read only their window);
 * ``sdpa``: ``F.scaled_dot_product_attention`` with a lower-right causal bias (the path before 2026-12-04: PyTorch
   runs its FA2 kernel for it) or a boolean mask for a window; the default on the CPU.
 
@@ -16,6 +17,7 @@ cannot run a call (device, dtype, head dim, window) the call runs ``sdpa`` and a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 
@@ -33,15 +35,18 @@ __all__ = ["PREFILL_ATTENTION_ENV", "VARIANTS", "prefill_attention", "prefill_at
            "prefill_attention_sdpa", "prefill_attention_variant", "unsupported_reason"]
 
 
-def prefill_attention_variant(device: torch.device | str) -> str:
-    """The variant prefill chunks on ``device`` run: ``$FOLD_HF_PREFILL_ATTENTION`` when set, else
-    :data:`DEFAULT_CUDA` on CUDA and ``sdpa`` elsewhere."""
+def prefill_attention_variant(device: torch.device | str, windowed: bool = False) -> str:
+    """The variant prefill chunks on ``device`` run: ``$FOLD_HF_PREFILL_ATTENTION`` when set, else on CUDA
+    :data:`DEFAULT_CUDA` (``triton`` for a sliding-window layer: the flash libraries take no window) and ``sdpa``
+    elsewhere."""
     value = os.environ.get(PREFILL_ATTENTION_ENV, "")
     if value:
         if value not in VARIANTS:
             raise ValueError(f"{PREFILL_ATTENTION_ENV} must be one of {VARIANTS}, got {value!r}")
         return value
-    return DEFAULT_CUDA if torch.device(device).type == "cuda" else "sdpa"
+    if torch.device(device).type != "cuda":
+        return "sdpa"
+    return "triton" if windowed else DEFAULT_CUDA
 
 
 def unsupported_reason(variant: str, q: torch.Tensor, window: int | None) -> str | None:
@@ -61,7 +66,8 @@ def unsupported_reason(variant: str, q: torch.Tensor, window: int | None) -> str
         return None
     from ...import_utils import is_triton_available
 
-    if not is_triton_available() or os.environ.get("FOLD_HF_DISABLE_TRITON") == "1":
+    interpreted = q.device.type == "cpu" and importlib.util.find_spec("triton") is not None  # TRITON_INTERPRET=1
+    if not (interpreted or is_triton_available()) or os.environ.get("FOLD_HF_DISABLE_TRITON") == "1":
         return "triton prefill attention: Triton is not available (or FOLD_HF_DISABLE_TRITON=1)"
     from .triton import MAX_HEAD_DIM
 
@@ -105,7 +111,9 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     Returns:
         ``[B, Hq, L, D]`` in ``q``'s dtype (possibly a view of ``[B, L, Hq, D]`` memory).
     """
-    variant = variant or prefill_attention_variant(q.device)
+    if window is not None and window >= k.shape[2]:  # every query sees its whole prefix
+        window = None
+    variant = variant or prefill_attention_variant(q.device, windowed=window is not None)
     if variant not in VARIANTS:
         raise ValueError(f"prefill attention variant must be one of {VARIANTS}, got {variant!r}")
     reason = unsupported_reason(variant, q, window)

@@ -42,3 +42,17 @@ def prefill_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
         visible = visible & (pos - key < window)
     scores = scores.masked_fill(~visible, float("-inf"))
     return torch.matmul(scores.softmax(-1), vf).to(q.dtype)
+
+
+def merge_lse_reference(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """Merge two partial attentions of the same queries over disjoint key sets by their log-sum-exp.
+
+    Args:
+        out1, out2: ``[B, H, L, D]`` normalized outputs over each key set.
+        lse1, lse2: ``[B, H, L]`` fp32 natural-log sums of the exponentiated scores of each set.
+
+    Returns:
+        ``[B, H, L, D]`` in ``out2``'s dtype: ``out1 * w + out2 * (1 - w)``, ``w = sigmoid(lse1 - lse2)``.
+    """
+    weight = torch.sigmoid(lse1.float() - lse2.float()).unsqueeze(-1)
+    return out2.float().lerp(out1.float(), weight).to(out2.dtype)

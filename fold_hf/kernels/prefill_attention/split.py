@@ -4,7 +4,7 @@ A chunk's ``L`` queries at ``start ..`` over the cache prefix ``[0, start + L)``
 every query sees in full (no mask), plus the chunk's own ``L`` keys, seen causally (a square causal block). Both
 run at flash speed (``torch.ops.aten._scaled_dot_product_cudnn_attention`` / ``_scaled_dot_product_flash_attention``,
 which return the log-sum-exp of each row); the two results merge as ``o = o1 * w + o2 * (1 - w)``,
-``w = sigmoid(lse1 - lse2)``. SDPA with a lower-right causal bias instead runs PyTorch's FA2 kernel, about
+``w = sigmoid(lse1 - lse2)``, in one Triton launch that writes the ``[B, L, Hq, D]`` layout the o-projection reads. SDPA with a lower-right causal bias instead runs PyTorch's FA2 kernel, about
 1.6x slower than cuDNN on an H200 (benchmarks/results/2026-12-04-nvidia-h200-prefill).
 """
 
@@ -32,7 +32,7 @@ def expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def prefill_attention_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
-                            backend: str = "cudnn", gqa_native: bool = True) -> torch.Tensor:
+                            backend: str = "cudnn", gqa_native: bool = True, merge: str = "triton") -> torch.Tensor:
     """Causal attention of a chunk with a query offset (no sliding window), semantics of
     :func:`~fold_hf.kernels.prefill_attention.naive.prefill_attention_naive`.
 
@@ -40,6 +40,8 @@ def prefill_attention_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
         q: ``[B, Hq, L, D]`` queries at ``start ..``; k, v: ``[B, Hkv, start + L, D]``.
         backend: ``"cudnn"`` or ``"flash"``.
         gqa_native: pass ``Hkv < Hq`` keys to the kernel as they are (it maps the heads); else repeat them first.
+        merge: ``"triton"`` (:func:`~.triton.merge_lse_triton`, one launch) or ``"torch"``
+            (:func:`~.naive.merge_lse_reference`, five elementwise kernels).
 
     Returns:
         ``[B, Hq, L, D]`` in ``q``'s dtype.
@@ -53,5 +55,10 @@ def prefill_attention_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     if start == 0:
         return out2
     out1, lse1 = _with_lse(backend, q, k[:, :, :start], v[:, :, :start], False, scale)
-    weight = torch.sigmoid(lse1 - lse2).unsqueeze(-1)  # share of the prefix in the row's softmax mass
-    return out2.float().lerp_(out1.float(), weight).to(q.dtype)
+    if merge == "triton":  # one launch, written in [B, L, Hq, D] order (the o-projection's layout)
+        from .triton import merge_lse_triton
+
+        return merge_lse_triton(out1, lse1, out2, lse2)
+    from .naive import merge_lse_reference
+
+    return merge_lse_reference(out1, lse1, out2, lse2)

@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim bound; measured on an H200 (see the module's results)
-CONFIGS = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)}
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim bound; D 128: the best of 5 on an H200 (528 TFLOP/s at 32K in
+# chunks of 8192; benchmarks/results/2026-12-04-nvidia-h200-prefill), D 256: the largest that fits shared memory
+CONFIGS = {64: (128, 64, 4, 3), 128: (128, 128, 8, 3), 256: (64, 32, 4, 2)}
 MAX_HEAD_DIM = 256
 
 
@@ -159,4 +160,41 @@ def prefill_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         D=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, HAS_WINDOW=window is not None,
         FP32_DOT=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    return out
+
+
+@triton.jit
+def _merge_lse_kernel(O1, LSE1, O2, LSE2, OUT, L, num_heads, s1b, s1h, s1l, s2b, s2h, s2l, sob, soh, sol,
+                      D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // num_heads
+    h = bh % num_heads
+    rows = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
+    cols = tl.arange(0, BLOCK_D)
+    ok_r = rows < L
+    ok = ok_r[:, None] & (cols < D)[None, :]
+    lse1 = tl.load(LSE1 + bh * L + rows, mask=ok_r, other=0.0)
+    lse2 = tl.load(LSE2 + bh * L + rows, mask=ok_r, other=0.0)
+    w = 1.0 / (1.0 + tl.exp(lse2 - lse1))
+    o1 = tl.load(O1 + b * s1b + h * s1h + rows[:, None] * s1l + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    o2 = tl.load(O2 + b * s2b + h * s2h + rows[:, None] * s2l + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    out = o2 + w[:, None] * (o1 - o2)
+    tl.store(OUT + b * sob + h * soh + rows[:, None] * sol + cols[None, :], out.to(OUT.dtype.element_ty), mask=ok)
+
+
+def merge_lse_triton(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """:func:`~fold_hf.kernels.prefill_attention.naive.merge_lse_reference` in one launch (``out1, out2
+    [B, H, L, D]`` with a contiguous head dim, ``lse1, lse2 [B, H, L]`` fp32); the result is written in
+    ``[B, L, H, D]`` memory order and returned as a ``[B, H, L, D]`` view."""
+    B, H, L, D = out2.shape
+    if out1.shape != out2.shape or out1.stride(-1) != 1 or out2.stride(-1) != 1:
+        raise ValueError(f"out1 {tuple(out1.shape)} / out2 {tuple(out2.shape)} must match with a contiguous head dim")
+    lse1 = lse1.reshape(B, H, L).float().contiguous()
+    lse2 = lse2.reshape(B, H, L).float().contiguous()
+    out = torch.empty(B, L, H, D, device=out2.device, dtype=out2.dtype).transpose(1, 2)
+    block_l = 32
+    _merge_lse_kernel[(B * H, triton.cdiv(L, block_l))](
+        out1, lse1, out2, lse2, out, L, H, out1.stride(0), out1.stride(1), out1.stride(2),
+        out2.stride(0), out2.stride(1), out2.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        D=D, BLOCK_D=max(16, _next_pow2(D)), BLOCK_L=block_l, num_warps=4)
     return out
