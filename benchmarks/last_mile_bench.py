@@ -191,8 +191,19 @@ VARIANTS = {
 }
 
 
+# prefill settings timed against the default at --prefill-variant-contexts (rows ours[<name>]; issue 36)
+PREFILL_VARIANTS = {
+    "before": {"FOLD_HF_PREFILL_ATTENTION": "sdpa", "FOLD_HF_FUSED_PREFILL": "0"},  # the prefill before issue 36
+    "sdpa": {"FOLD_HF_PREFILL_ATTENTION": "sdpa"},  # SDPA with a lower-right causal bias (PyTorch's FA2)
+    "flash": {"FOLD_HF_PREFILL_ATTENTION": "flash"},  # prefix + diagonal on FA2, merged by log-sum-exp
+    "cudnn": {"FOLD_HF_PREFILL_ATTENTION": "cudnn"},  # prefix + diagonal on cuDNN, merged by log-sum-exp
+    "triton": {"FOLD_HF_PREFILL_ATTENTION": "triton"},  # our flash-attention kernel with a query offset
+    "modules": {"FOLD_HF_FUSED_PREFILL": "0"},  # the layers' module kernels instead of the fused elementwise ops
+}
+
+
 # ------------------------------------------------------------------------------------------------ prefill
-def our_prefill(target, prompt: torch.Tensor, chunk: int, engine: str, fresh: bool) -> dict:
+def our_prefill(target, prompt: torch.Tensor, chunk: int, engine: str, fresh: bool, drafter=None) -> dict:
     """TTFT of our fast loop (AR, one new token) and the call's peak memory; ``fresh`` frees the session first (the
     cache is then allocated inside the call and counted in its peak)."""
     device = prompt.device
@@ -202,7 +213,7 @@ def our_prefill(target, prompt: torch.Tensor, chunk: int, engine: str, fresh: bo
             torch.cuda.empty_cache()
     before = reset_peak(device)
     start = sync_clock(device)
-    result = fast_generate(target, None, input_ids=prompt, max_new_tokens=1, return_stats=True, engine=engine,
+    result = fast_generate(target, drafter, input_ids=prompt, max_new_tokens=1, return_stats=True, engine=engine,
                            prefill_chunk=chunk, eos_token_id=[])
     wall = sync_clock(device) - start
     return dict(ttft_s=result.ttft_s, wall_s=wall, peak_gib=peak_gib(device), allocated_before_gib=before)
@@ -272,6 +283,12 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"opt-in settings to time against the default (of {', '.join(VARIANTS)}; '' for none)")
     parser.add_argument("--variant-contexts", default="8192,32768", help="AR contexts of the --variants rows")
+    parser.add_argument("--prefill-only", action="store_true", help="only the prefill section (no AR / SD rows)")
+    parser.add_argument("--prefill-variants", default="",
+                        help=f"prefill settings to time against the default (of {', '.join(PREFILL_VARIANTS)})")
+    parser.add_argument("--prefill-variant-contexts", default="32768", help="prompt lengths of those rows")
+    parser.add_argument("--prefill-fold", action="store_true",
+                        help="also our TTFT with the drafter (its context projection in the prefill) at each P")
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-hf", action="store_true")
@@ -326,7 +343,7 @@ def main(argv=None) -> int:
 
     # ---- AR steps against the memory floor; SD rounds at one context
     contexts = [int(c) for c in args.contexts.split(",") if c]
-    for context in sorted(set(contexts) | {args.sd_context}):
+    for context in ([] if args.prefill_only else sorted(set(contexts) | {args.sd_context})):
         floor_ms = (facts["weight_bytes_per_step"] + facts["kv_bytes_per_token"] * context) / bandwidth * 1e3
         report["rows"].append({"row": "floor", "context": context, "p20_ms": floor_ms, "p50_ms": floor_ms,
                                "p80_ms": floor_ms, "n": 1})
@@ -389,7 +406,7 @@ def main(argv=None) -> int:
         save()
 
     # ---- profile of one AR step and one fold round (static engine: every launch visible)
-    if not args.no_profile:
+    if not args.no_profile and not args.prefill_only:
         drafter.set_fold_config(FoldConfig(mode="fold", window=2048, alpha=2.0))
         sd_context = args.sd_context
         profiles = [("ar", None, "", {"FOLD_HF_PDL": "1"}, sd_context),
@@ -425,6 +442,13 @@ def main(argv=None) -> int:
         if P == args.ab_context:
             runs += [(f"ours[chunk {c}]", c, our_prefill(target, prompt, c, engine, fresh=False))
                      for c in (int(c) for c in args.chunks.split(",") if c)]
+        if P in {int(c) for c in args.prefill_variant_contexts.split(",") if c}:
+            for variant in (v for v in args.prefill_variants.split(",") if v):
+                with env_var(PREFILL_VARIANTS[variant]):
+                    runs.append((f"ours[{variant}]", 8192, our_prefill(target, prompt, 8192, engine, fresh=False)))
+        if args.prefill_fold:
+            drafter.set_fold_config(FoldConfig(mode="fold", window=2048, alpha=2.0))
+            runs.append(("ours_fold", 8192, our_prefill(target, prompt, 8192, engine, fresh=False, drafter=drafter)))
         release_fast_state(target)
         if not args.skip_hf:
             runs.append(("hf", None, hf_prefill(target, prompt)))
@@ -489,6 +513,8 @@ def headline(report: dict) -> dict:
         out[f"sd_fold_{key}_over_default_8b_32k"] = ratio(p50(f"our_sd_fold[{variant}]", 32768),
                                                           p50("our_sd_fold", 32768))
     out["hf_prefill_fraction_of_compute_floor_8b_32k"] = pre("hf", 32768, "fraction_of_floor")
+    for P, tag in ((8192, "8k"), (32768, "32k"), (131072, "128k")):  # issue 36: TTFT ours / transformers'
+        out[f"prefill_over_hf_8b_{tag}"] = ratio(pre("ours", P, "ttft_s"), pre("hf", P, "ttft_s"))
     for P, tag in ((8192, "8k"), (131072, "128k")):
         out[f"prefill_fraction_of_compute_floor_8b_{tag}"] = pre("ours", P, "fraction_of_floor")
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}

@@ -63,6 +63,8 @@ from .weight_layout import (
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 PREFILL_CHUNK = 8192
+FUSED_PREFILL_ENV = "FOLD_HF_FUSED_PREFILL"  # 0: prefill chunks through the module kernels
+PREFILL_ATTENTION_MIN_ROWS = 64  # more query rows than a verify block: the prefill attention kernels
 TARGET_ATTENTIONS = ("bucket", "triton")
 
 
@@ -396,6 +398,10 @@ class StaticTarget:
         probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval), else None
         if probe is not None and probe.armed and i == probe.layer_idx:
             probe.capture(q, keys, self.scaling)
+        if L > PREFILL_ATTENTION_MIN_ROWS:  # a prefill chunk: flash-class attention (fold_hf.kernels.prefill_attention)
+            from ..kernels.prefill_attention import prefill_attention
+
+            return prefill_attention(q, keys, values, start, self.scaling)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                               scale=self.scaling, enable_gqa=True)
 
@@ -435,15 +441,51 @@ class StaticTarget:
         """
         P = input_ids.shape[1]
         logits = None
+        fused = self._fused_prefill()
         for start in range(0, P, chunk):
             piece = input_ids[:, start : start + chunk]
             taps = None
             if on_taps is not None and self.num_taps:
                 taps = torch.empty(1, piece.shape[1], self.tap_width, device=self.device, dtype=self.dtype)
-            logits = self.forward(piece, start, taps_out=taps, last_only=True)
+            if fused:
+                logits = self._prefill_chunk_fused(piece, start, taps)
+            else:
+                logits = self.forward(piece, start, taps_out=taps, last_only=True)
             if taps is not None:
                 on_taps(taps, start)
         return logits[-1]
+
+    def _fused_prefill(self) -> bool:
+        """Whether :meth:`prefill` runs its chunks through the fused layers (:meth:`_prefill_chunk_fused`): on CUDA,
+        ``$FOLD_HF_FUSED_PREFILL`` not ``0``, the Llama family's own forward and :meth:`fused_unsupported` None."""
+        import os
+
+        if self.device.type != "cuda" or os.environ.get(FUSED_PREFILL_ENV, "1") == "0":
+            return False
+        if type(self)._fused_layers is not StaticTarget._fused_layers or type(self).forward is not \
+                StaticTarget.forward or self.__dict__.get("attention_probe") is not None:
+            return False
+        return self.fused_unsupported() is None
+
+    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None):
+        """One prefill chunk ``[1, L]`` at ``start``: the fused layers' elementwise kernels (norms, rope with the
+        cache write, ``silu(gate) * up``) around cuBLAS projections and the prefill attention
+        (:func:`fold_hf.kernels.prefill_attention.prefill_attention`); logits ``[1, V]`` of the last row."""
+        from ..kernels.prefill_attention import prefill_attention
+
+        L = input_ids.shape[1]
+        if start + L > self.capacity:
+            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
+        positions = torch.arange(start, start + L, device=self.device)
+
+        def attend(i, q):  # q [1, Hq, L, D] -> [1, L, Hq, D]
+            keys, values = self.keys[i][:, :, : start + L], self.values[i][:, :, : start + L]
+            return prefill_attention(q, keys, values, start, self.scaling).transpose(1, 2)
+
+        with torch.no_grad():
+            logits = self._fused_layers(input_ids, positions, start + L, taps_out, attend=attend, last_only=True)
+        self.length = start + L
+        return logits
 
     # ------------------------------------------------------------------ device-length forward
     @torch.no_grad()
@@ -510,7 +552,7 @@ class StaticTarget:
             return self._fused_layers(input_ids, positions, bucket, taps_out)
 
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
-                      taps_out: torch.Tensor | None) -> torch.Tensor:
+                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False) -> torch.Tensor:
         if self._layer_ops is None:
             from ..kernels import default_decode_attention, default_layer_ops
 
@@ -555,8 +597,11 @@ class StaticTarget:
             q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
             if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                 self.query_keep[1][:, :, :L].copy_(q)
-            out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
-                         max_context_length=bucket)  # [1, L, Hq, D]
+            if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
+                out = attend(i, q)
+            else:
+                out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
+                             max_context_length=bucket)  # [1, L, Hq, D]
             norm = layer.post_attention_layernorm
             attn_out = _project(skinny, attn.o_proj, out.reshape(1, L, -1))
             mlp = layer.mlp
@@ -570,7 +615,7 @@ class StaticTarget:
             delta = _project(skinny, mlp.down_proj, act)
         hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm))
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
-        return linear_module(self.lm_head, normed)[0]
+        return linear_module(self.lm_head, normed[:, -1:] if last_only else normed)[0]
 
     def _head_norm(self, ops, attn, name: str, heads: torch.Tensor) -> torch.Tensor:
         """Qwen3's per-head q/k RMSNorm of ``heads [1, L, h, D]`` (read in place from a q|k|v output): the fused

@@ -67,7 +67,8 @@ from torch import nn
 
 from ...compat import norm_epsilon
 from ...kernels.common import rotate_half
-from ..static_target import StaticTarget, UnsupportedTarget
+from ...kernels.prefill_attention import prefill_attention
+from ..static_target import PREFILL_ATTENTION_MIN_ROWS, StaticTarget, UnsupportedTarget
 from .moe import experts_unsupported, stacked_experts
 
 GEMMA_WRAPPERS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration")
@@ -440,6 +441,8 @@ class GemmaStaticTarget(StaticTarget):
                     probe.capture(q, keys, self.scalings[i])
                 return self._attend_prefix_sdpa(q, keys, values, start, self.scalings[i])
             keys, values, key_pos = pending[src]
+            if L > PREFILL_ATTENTION_MIN_ROWS:  # a prefill chunk: keys at consecutive positions, the window's kernel
+                return prefill_attention(q, keys, values, keys.shape[2] - L, self.scalings[i], window)
             visible = (key_pos[None, :] <= positions[:, None]) & (positions[:, None] - key_pos[None, :] < window)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scalings[i],
                                                   enable_gqa=True)
@@ -461,6 +464,8 @@ class GemmaStaticTarget(StaticTarget):
 
     def _attend_prefix_sdpa(self, q, keys, values, start: int, scaling: float) -> torch.Tensor:
         L = q.shape[2]
+        if L > PREFILL_ATTENTION_MIN_ROWS:  # a prefill chunk (fold_hf.kernels.prefill_attention)
+            return prefill_attention(q, keys, values, start, scaling)
         if L == 1:
             mask, causal = None, False
         elif start == 0:
