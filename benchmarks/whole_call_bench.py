@@ -12,7 +12,7 @@ prompt length P and new-token count N, each a whole call timed with CUDA synchro
                     with FOLD's candidate generator; only where ``--hf-assisted`` allows: it is slow)
 * ``ttft_*``        the same calls with N = 1 (time to first token)
 
-Every row is warmed up once at its prompt length (cuDNN plans, graphs) before ``--repeats`` timed calls; medians.
+Every row is warmed up once at its prompt length with ``--warm-new`` tokens (cuDNN plans, the decode graphs) before ``--repeats`` timed calls; medians.
 Writes ``whole_call.json`` and ``whole_call.csv`` under ``--out``.
 
     python benchmarks/whole_call_bench.py --out $OUT/whole_call        (about 5 minutes on an H200)
@@ -74,6 +74,8 @@ def main() -> None:
     parser.add_argument("--long-repeats", type=int, default=1, help="timed calls per cell at prompts >= 100K")
     parser.add_argument("--hf-assisted", default="4096:64,32768:64", help="P:N cells of the hf_assisted row")
     parser.add_argument("--hf-max-prompt", type=int, default=131072, help="longest prompt of the hf rows")
+    parser.add_argument("--warm-new", type=int, default=16,
+                        help="new tokens of the warm-up call (1 warms the prefill only: the first decode then captures)")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
@@ -103,7 +105,7 @@ def main() -> None:
         for kind in kinds + (["hf_assisted"] if any(p == P for p, _ in assisted) else []):
             cells = [n for n in news if kind != "hf_assisted" or (P, n) in assisted]
             release_fast_state(target)
-            call(target, ids, 1, kind, drafter)  # warm-up at this prompt length
+            call(target, ids, args.warm_new, kind, drafter)  # warm-up at this prompt length: prefill and decode graphs
             for new in [1] + cells:
                 if kind == "hf_assisted" and new == 1:
                     continue
