@@ -55,6 +55,13 @@ def bench_method_names() -> tuple[str, ...]:
     return method_names()
 
 
+def bench_method_choices() -> tuple[str, ...]:
+    """What ``--methods`` accepts: every method and the reading modes' names as aliases (``fold`` -> ``fold-a2``)."""
+    from .bench.methods import method_choices
+
+    return method_choices()
+
+
 def _bench_suites() -> tuple[str, ...]:
     from .bench.suites import SUITES
 
@@ -97,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=int, default=2048, help="input length in tokens")
     demo.add_argument("--new-tokens", type=int, default=64, help="tokens to generate")
     demo.add_argument("--window", type=int, default=DEMO_WINDOW, help="FOLD window W")
+    demo.add_argument("--repeats", type=int, default=3,
+                      help="timed runs of each method (after a warm-up), interleaved; medians and min-max are shown")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="τ and speedup of every reading mode vs AR by input length",
@@ -123,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--train-length", type=int, default=DEMO_TRAIN_LENGTH,
                        help="the drafter's training length R (yarn, rerope)")
     bench.add_argument("--budget", type=int, help="entries streaming and cmr keep (default: 2048, the paper's B.3)")
-    bench.add_argument("--methods", nargs="+", metavar="METHOD", choices=_LazyChoices(bench_method_names),
-                       help="methods to run (AR always runs), any of: %(choices)s (default: all)")
+    bench.add_argument("--methods", nargs="+", metavar="METHOD", choices=_LazyChoices(bench_method_choices),
+                       help="methods to run (AR always runs), any of: %(choices)s; a mode's name runs its method "
+                            "(fold: fold-a2) (default: all)")
     bench.add_argument("--shard", type=_parse_shard, metavar="i/n", help="run every n-th request starting at i")
     bench.add_argument("--seed", type=int, default=0, help="seed of the request builder")
     bench.add_argument("--max-minutes", type=float, help="stop after this long (run again to resume)")
@@ -148,14 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="method compared request by request with the others (default: fold-a2)")
     summ.set_defaults(func=cmd_summarize)
 
-    doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run")
+    doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run",
+                            description="Checks a pair and a FoldConfig with the target built on the meta device from "
+                                        "its config (no target weights are loaded) and says what would run.")
     doctor.add_argument("--drafter", metavar="DIR", help="drafter directory (default: the embedded one)")
     doctor.add_argument("--target-config", metavar="DIR",
                         help="a target's config directory, checked on the meta device without weights "
                              "(default: the embedded SmolLM2 target)")
     doctor.add_argument("--config", metavar="NAME",
                         help="FoldConfig: preset name, directory, file or Hub repo id (default: the drafter's)")
-    doctor.add_argument("--context", type=int, help="context length to describe the plan at (default: 4 (W + B))")
+    doctor.add_argument("--context", type=int,
+                        help="context length to describe the plan at (default: 4 x (W + B))")
     doctor.set_defaults(func=cmd_doctor)
 
     train = sub.add_parser("train-drafter", help="train a DFlash drafter for SmolLM2-135M-Instruct",

@@ -31,13 +31,16 @@ def _device(name: str | None):
 
 
 def demo_prompt(tokenizer, tokens: int):
-    """A long real input whose continuation repeats content from far back (a retrieval-heavy request)."""
+    """The demo's input ``[1, tokens]``: the pinned text (:mod:`fold_hf.demo`) whose end restarts a function from
+    far above (a retrieval-heavy request); CliError when ``tokens`` does not fit it."""
     import torch
 
-    from .bench.suites import build_suite
+    from .demo import demo_prompt_ids
 
-    req = build_suite(tokenizer, "retrieval", [tokens], per_tier=1, new_tokens=64, seed=2)[0]
-    return torch.tensor([req["input_ids"]])
+    try:
+        return torch.tensor([demo_prompt_ids(tokenizer, tokens)])
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 class _TokenProgress:
@@ -61,15 +64,17 @@ class _TokenProgress:
             print("\r" + " " * (len(self.label) + 30) + "\r", end="", file=self.stream, flush=True)
 
 
-def round_breakdown(ar, fold, tau: float, block: int, device) -> list[str]:
+def round_breakdown(ar, fold, tau: float, block: int, device, rounds: "Spread | None" = None) -> list[str]:
     """The demo's lines on where a FOLD round's time goes against an AR step, from the :class:`RoundPhases` of the
-    AR run and the FOLD run of this process (nothing here is a constant)."""
+    AR runs and the FOLD runs of this process (summed over the repeats; nothing here is a constant). ``rounds``: the
+    per-repeat FOLD round / AR step ratios, shown beside the mean."""
     step = ar.per_round_ms()["round"]
     parts = {k: v / step for k, v in fold.per_round_ms().items()}
-    lines = [f"where the time goes (measured in this run on {device}; 1 AR step = {step:.1f} ms, "
+    spread = f" (repeats {rounds.low:.2f}-{rounds.high:.2f})" if rounds is not None and len(rounds.values) > 1 else ""
+    lines = [f"where the time goes (measured in this run on {device}, all repeats; 1 AR step = {step:.1f} ms, "
              f"its forward {ar.per_round_ms()['verify'] / step:.2f} of it):",
              f"  a FOLD round = {parts['round']:.2f} AR steps: verify of {block} rows {parts['verify']:.2f}, "
-             f"drafter {parts['draft']:.2f}, token choice and the rest {parts['other']:.2f}",
+             f"drafter {parts['draft']:.2f}, token choice and the rest {parts['other']:.2f}{spread}",
              f"  FOLD beats AR in tokens/s when tau > {parts['round']:.2f} (tau here {tau:.2f})"]
     if parts["round"] <= 2:
         return lines + ["  a round costs at most 2 AR steps here: tau above 2 pays."]
@@ -84,79 +89,134 @@ def round_breakdown(ar, fold, tau: float, block: int, device) -> list[str]:
     return lines + [f"  this device cannot bring a round under 2 AR steps: {why}."]
 
 
+def _add_phases(total, part) -> None:
+    total.rounds += part.rounds
+    total.draft_s += part.draft_s
+    total.verify_s += part.verify_s
+    total.round_s += part.round_s
+
+
 def cmd_demo(args) -> int:
     import torch
 
     from . import FoldConfig, fast_generate
-    from .generation.rounds import round_phases
+    from .demo import DEMO_INPUT, NOISE_SPREAD, Spread, noise_verdict, paired_speedups
+    from .generation.rounds import RoundPhases, round_phases
 
+    if args.repeats < 1:
+        raise CliError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.drafter:
+        _existing_dir("--drafter", args.drafter)
     device = _device(args.device)
     torch.manual_seed(0)
     t0 = time.time()
     from .pairs import load_pair
 
-    target, tokenizer, drafter = load_pair(device=device, drafter_dir=args.drafter)
+    try:
+        target, tokenizer, drafter = load_pair(device=device, drafter_dir=args.drafter)
+    except (ValueError, OSError, TypeError) as err:  # a broken drafter directory is one line, as in doctor
+        if not args.drafter:
+            raise
+        raise CliError(f"--drafter {args.drafter}: {err}") from None
     print(f"loaded SmolLM2-135M-Instruct + DFlash drafter on {device} in {time.time() - t0:.0f}s", flush=True)
     ids = demo_prompt(tokenizer, args.tokens).to(device)
-    print(f"input: {ids.shape[1]} tokens of real code whose end restarts a function from far above; "
-          f"{args.new_tokens} new tokens, greedy", flush=True)
+    print(f"input: {ids.shape[1]} tokens of real code (transformers' source, pinned in fold_hf/assets/"
+          f"{DEMO_INPUT.parent.name}) whose end restarts a function from far above; {args.new_tokens} new tokens, "
+          "greedy", flush=True)
     runs = {
         "AR (target alone)": None,
         "original drafter (dflash)": FoldConfig(mode="dflash", window=args.window),
         f"FOLD (W={args.window}, alpha=2)": FoldConfig(mode="fold", window=args.window, alpha=2.0),
     }
-    results, phases = {}, {}
-    steps = len(runs) + 1
-    for k, (name, cfg) in enumerate(runs.items(), 1):
-        print(f"[{k}/{steps}] {name} ...", end="", flush=True)
-        start = time.time()
-        with round_phases() as phases[name]:  # the fast loop: what target.generate(assistant_model=...) runs
-            res = fast_generate(target, drafter if cfg else None, input_ids=ids, max_new_tokens=args.new_tokens,
-                                fold_config=cfg, return_stats=True, eos_token_id=[],
-                                streamer=_TokenProgress(name, args.new_tokens))
-        results[name] = res
-        print(f" {time.time() - start:.0f}s" + (f", tau {res.tau:.2f}" if cfg else ""), flush=True)
-    ar = results["AR (target alone)"]
-    reference = ar.sequences
-    print(f"[{steps}/{steps}] transformers' own generate (no fold_hf), for reference ...", end="", flush=True)
+    names = list(runs)
+
+    def decode(name, input_ids, new_tokens, streamer=None):
+        cfg = runs[name]
+        return fast_generate(target, drafter if cfg else None, input_ids=input_ids, max_new_tokens=new_tokens,
+                             fold_config=cfg, return_stats=True, eos_token_id=[], streamer=streamer)
+
+    start = time.time()
+    print("[warm-up] each method once on a short input ...", end="", flush=True)
+    for name in names:  # the first call builds the session, allocator pools and threads; not timed
+        decode(name, ids[:, -256:], 8)
+    print(f" {time.time() - start:.0f}s", flush=True)
+    tpot = {name: [] for name in names}
+    taus, same = {}, {name: True for name in names}
+    phases = {name: RoundPhases() for name in names}
+    step_ms = {name: [] for name in names}  # each repeat's mean round (AR: step), for the round's spread
+    reference = None
+    for rep in range(args.repeats):
+        order = names[rep % len(names):] + names[:rep % len(names)]  # rotate, so no method is always first
+        print(f"[repeat {rep + 1}/{args.repeats}]", end="", flush=True)
+        for name in order:
+            with round_phases() as part:  # the fast loop: what target.generate(assistant_model=...) runs
+                res = decode(name, ids, args.new_tokens, _TokenProgress(name, args.new_tokens))
+            _add_phases(phases[name], part)
+            step_ms[name].append(part.per_round_ms()["round"])
+            tpot[name].append(res.tpot_s)
+            taus[name] = res.tau if res.acceptance_lengths else 1.0
+            if reference is None:  # the first repeat runs AR first
+                reference = res.sequences
+            same[name] = same[name] and torch.equal(res.sequences, reference)
+            print(f" {name.split(' (')[0]} {res.decode_s + res.ttft_s:.0f}s", end="", flush=True)
+        print(flush=True)
+    print("[reference] transformers' own generate (no fold_hf), one run ...", end="", flush=True)
     plain_tpot, plain_same = _plain_generate(target, ids, args.new_tokens, reference)
     print(f" {plain_tpot * args.new_tokens:.0f}s", flush=True)
+    speedups = {name: paired_speedups(tpot[names[0]], tpot[name]) for name in names}
     print("\ntau = tokens committed per target forward (verification round); AR commits 1 per forward")
-    print("speedup = AR time per token / the method's time per token, on this machine\n")
-    print(f"{'method':34s} {'tau':>6s} {'tok/s':>8s} {'speedup':>8s} {'same as AR':>11s}")
-    for name, res in results.items():
-        tps = 1.0 / res.tpot_s if res.tpot_s > 0 else float("nan")
-        speedup = ar.tpot_s / res.tpot_s if res.tpot_s > 0 else float("nan")
-        same = torch.equal(res.sequences, reference)
-        tau = res.tau if res.acceptance_lengths else 1.0
-        print(f"{name:34s} {tau:6.2f} {tps:8.1f} {speedup:7.2f}x {str(same):>11s}")
-    print(f"{'transformers generate (reference)':34s} {1.0:6.2f} {1.0 / plain_tpot:8.1f} "
-          f"{ar.tpot_s / plain_tpot:7.2f}x {str(plain_same):>11s}")
-    print("(the three rows above decode on fold_hf's fast loop, as target.generate(assistant_model=drafter) does "
-          "after `import fold_hf`; the last is transformers' own loop without a drafter)")
-    fold_name = list(runs)[-1]
-    print("\n" + "\n".join(round_breakdown(phases["AR (target alone)"], phases[fold_name], results[fold_name].tau,
-                                           drafter.block_size, device)))
+    print(f"tok/s and speedup: median over {args.repeats} repeats [min-max]; speedup = AR time per token / the "
+          "method's, repeat by repeat, on this machine\n")
+    print(f"{'method':34s} {'tau':>6s} {'tok/s':>20s} {'speedup vs AR':>22s} {'same as AR':>11s}")
+    for name in names:
+        tps = Spread([1.0 / t for t in tpot[name]])
+        print(f"{name:34s} {taus[name]:6.2f} {tps.show('{:.1f}'):>20s} {speedups[name].show(unit='x'):>22s} "
+              f"{str(same[name]):>11s}")
+    print(f"{'transformers generate (reference)':34s} {1.0:6.2f} {Spread([1.0 / plain_tpot]).show('{:.1f}'):>20s} "
+          f"{Spread([tpot[names[0]][-1] / plain_tpot]).show(unit='x'):>22s} {str(plain_same):>11s}")
+    print("(the first three rows decode on fold_hf's fast loop, as target.generate(assistant_model=drafter) does "
+          "after `import fold_hf`; the last is transformers' own loop without a drafter, timed once)")
+    verdicts = [v for v in (noise_verdict(name, speedups[name]) for name in names[1:]) if v]
+    print("\n" + ("\n".join(verdicts) if verdicts else
+                  f"timing: every method's speedup varied by at most {NOISE_SPREAD:.0%} of its median over the "
+                  "repeats and stayed on one side of AR: the ratios hold on this machine at this load"))
+    fold_name = names[-1]
+    rounds = Spread([f / a for f, a in zip(step_ms[fold_name], step_ms[names[0]])])
+    print("\n" + "\n".join(round_breakdown(phases[names[0]], phases[fold_name], taus[fold_name],
+                                           drafter.block_size, device, rounds)))
     text = tokenizer.decode(reference[0, ids.shape[1]:])
     print("\ncontinuation (AR):\n" + text)
-    if not all(torch.equal(r.sequences, reference) for r in results.values()):
+    if not all(same.values()):
         print("warning: an output differs from AR (numerical near-ties in low precision)", file=sys.stderr)
     return 0
 
 
+class _FirstTokenClock:
+    """A streamer for transformers' ``generate`` that notes when the first new token arrives (its first ``put``
+    carries the prompt)."""
+
+    def __init__(self):
+        self.calls, self.first = 0, None
+
+    def put(self, tokens) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 def _plain_generate(target, ids, new_tokens: int, reference) -> tuple[float, bool]:
-    """transformers' own greedy ``generate`` of ``target`` (no drafter): (seconds per new token, prefill excluded,
-    whether its tokens equal ``reference``). Its prefill is timed alone (one new token) and subtracted."""
+    """transformers' own greedy ``generate`` of ``target`` (no drafter): (seconds per new token after the first, as
+    TPOT is counted, whether its tokens equal ``reference``), from one call timed by a streamer."""
     import torch
 
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0, top_p=None, top_k=None, temperature=None)
-    start = time.perf_counter()
-    target.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-    prefill = time.perf_counter() - start
-    start = time.perf_counter()
-    out = target.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-    total = time.perf_counter() - start
-    return max(total - prefill, 1e-9) / max(new_tokens - 1, 1), bool(torch.equal(out, reference))
+    clock = _FirstTokenClock()
+    out = target.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, streamer=clock, **kw)
+    total = time.perf_counter() - clock.first
+    return max(total, 1e-9) / max(new_tokens - 1, 1), bool(torch.equal(out, reference))
 
 
 def cmd_train(args) -> int:
@@ -238,7 +298,9 @@ def cmd_bench(args) -> int:
     else:
         methods = default_methods(args.window, args.train_length, args.budget)
     if args.methods:
-        methods = [m for m in methods if m.name in set(args.methods) | {"ar"}]
+        from .bench.methods import resolve_methods
+
+        methods = [m for m in methods if m.name in set(resolve_methods(args.methods)) | {"ar"}]
     if args.shard:
         index, count = args.shard
         requests = requests[index::count]
@@ -303,17 +365,62 @@ def cmd_doctor(args) -> int:
             target = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(target_dir))
         target_name = str(target_dir)
     else:
+        import torch
+        from transformers import AutoModelForCausalLM
+
         from .embedded import require_demo_extra
-        from .modeling.gguf_target import load_smollm2
 
         require_demo_extra()
-        target, _ = load_smollm2("cpu")
+        with torch.device("meta"):  # the embedded target's config (from the GGUF's header), no weights
+            target = AutoModelForCausalLM.from_config(_embedded_target_config())
         target_name = "SmolLM2-135M-Instruct (embedded)"
     cfg = cfg or drafter.fold_config
     print(f"target: {target_name}\ndrafter: {drafter_dir}\nconfig: {cfg.to_dict()}\n")
     checks = diagnose(target, drafter, cfg, context_length=args.context)
+    if args.config:
+        preset = preset_check(args.config, target_name, getattr(target.config, "_name_or_path", "") or "")
+        if preset is not None:
+            checks.insert(0, preset)
     print(format_checks(checks))
     return 1 if any(c.status == "error" for c in checks) else 0
+
+
+def _embedded_target_config():
+    """The embedded target's transformers config without its weights: the de-quantized copy's ``config.json`` when
+    it exists, else the GGUF's header (fetched once, as the demo does)."""
+    from transformers import AutoConfig
+
+    from .modeling.gguf_target import SMOLLM2, gguf_path
+
+    converted = SMOLLM2.dequantized_dir
+    if (converted / "config.json").is_file():
+        return AutoConfig.from_pretrained(str(converted))
+    gguf = gguf_path(SMOLLM2)
+    return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def preset_check(config_name: str, target_name: str, name_or_path: str = ""):
+    """A WARN :class:`Check` when ``--config`` names a preset written for another target than the one checked (the
+    preset's target id is looked for in the target's name, path and ``_name_or_path``); None otherwise."""
+    from .modeling.presets import PRESETS
+    from .modeling.validation import Check
+
+    preset = PRESETS.get(config_name)
+    if preset is None:
+        return None
+
+    def model_name(preset_target: str) -> str:
+        return preset_target.split(" (")[0].rsplit("/", 1)[-1].lower()
+
+    seen = f"{target_name} {name_or_path}".lower()
+    if model_name(preset["target_model"]) in seen:
+        return None
+    fits = [name for name, p in PRESETS.items() if model_name(p["target_model"]) in seen]
+    hint = f"; the preset for this target is {fits[0]}" if fits else ""
+    return Check("preset", "warn", f"{config_name} describes {preset['target_model']} + {preset['drafter_model']}, "
+                                   f"not the target checked here ({target_name}): its window {preset['window']}, "
+                                   f"alpha {preset['alpha']:g} and training length {preset['train_length']} were set "
+                                   f"for that pair{hint}")
 
 
 def _print_table(summary: dict) -> None:

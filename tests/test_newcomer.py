@@ -272,3 +272,25 @@ def test_bench_shard_must_be_i_of_n(capsys):
             main(["bench", "--shard", bad])
         assert "--shard" in _error_line(capsys)
     assert build_parser().parse_args(["bench", "--shard", "1/2"]).shard == (1, 2)
+
+
+def test_demo_with_a_missing_drafter_prints_one_line(capsys):
+    """Issue #40: a 16-line traceback where doctor printed one line."""
+    assert main(["demo", "--device", "cpu", "--drafter", "/nonexistent/drafter"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "fold-hf demo: error: --drafter /nonexistent/drafter: no such directory"
+    assert "Traceback" not in captured.out + captured.err
+
+
+def test_bench_accepts_the_reading_modes_names_as_aliases(capsys):
+    from fold_hf.bench.methods import MODE_ALIASES, method_names, resolve_methods
+    from fold_hf.modeling.fold_config import MODES
+
+    args = build_parser().parse_args(["bench", "--methods", "fold", "window", "fold-a4"])
+    assert resolve_methods(args.methods) == ["fold-a2", "window", "fold-a4"]
+    assert resolve_methods(["fold", "fold-a2"]) == ["fold-a2"]  # an alias and its method run once
+    # every reading mode is accepted by its own name: a method of that name or an alias
+    assert all(mode in method_names() or mode in MODE_ALIASES for mode in MODES)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--methods", "folds"])
+    assert "invalid choice: 'folds'" in _error_line(capsys)

@@ -83,28 +83,66 @@ def test_bench_runs_end_to_end_on_a_tiny_suite(tmp_path, real_pair, monkeypatch)
 
 def test_demo_runs(capsys, real_pair, monkeypatch):
     asked = reuse_the_session_pair(monkeypatch, real_pair)
-    assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16", "--window", "128"]) == 0
+    assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16", "--window", "128",
+                 "--repeats", "3"]) == 0
     assert [a[0] for a in asked] == [None]  # the embedded pair
     printed = capsys.readouterr().out
     assert "FOLD" in printed and "original drafter" in printed and "same as AR" in printed
-    # progress per method, τ defined in one line, a speedup column (AR is 1.00x by definition)
-    assert "[1/4] AR (target alone) ..." in printed and "[3/4] FOLD" in printed
+    # the pinned input, a warm-up, then every method once per repeat
+    assert "pinned in fold_hf/assets/demo-input" in printed and "[warm-up]" in printed
+    repeats = [line for line in printed.splitlines() if line.startswith("[repeat ")]
+    assert [line.split("]")[0] for line in repeats] == ["[repeat 1/3", "[repeat 2/3", "[repeat 3/3"]
+    assert all("AR " in line and "original drafter " in line and "FOLD " in line for line in repeats)
     # the three methods decode on the fast loop (the front door's), transformers' own generate is the reference
-    assert "[4/4] transformers' own generate" in printed
+    assert "[reference] transformers' own generate" in printed
     plain = next(line for line in printed.splitlines() if line.startswith("transformers generate (reference)"))
-    assert plain.split()[-1] == "True"  # its greedy tokens equal the fast loop's AR
-    assert "tau = tokens committed per target forward" in printed
+    assert plain.split()[-1] == "True" and "(1 run)" in plain  # its greedy tokens equal the fast loop's AR
+    assert "tau = tokens committed per target forward" in printed and "median over 3 repeats" in printed
     ar_row = next(line for line in printed.splitlines() if line.startswith("AR (target alone)") and "x" in line)
-    assert " 1.00x " in ar_row and "speedup" in printed
-    # the measured breakdown of a FOLD round in AR steps: its parts add up to the round
+    assert " 1.00x [1.00-1.00] " in ar_row  # AR against itself, repeat by repeat
     import re
 
+    number = r"(\d+\.\d+)"
+    for name in ("original drafter (dflash)", "FOLD (W=128, alpha=2)"):
+        row = next(line for line in printed.splitlines() if line.startswith(name))
+        tps, low, high = map(float, re.search(rf"\s{number} \[{number}-{number}\]\s", row).groups())
+        median, s_low, s_high = map(float, re.search(rf"{number}x \[{number}-{number}\]", row).groups())
+        assert low <= tps <= high and s_low <= median <= s_high and row.split()[-1] == "True"
+    # a timing verdict is always printed: either the ratios hold or they are too noisy to trust
+    assert ("too noisy to trust the ratio" in printed) != ("the ratios hold on this machine" in printed)
+    # the measured breakdown of a FOLD round in AR steps: its parts add up to the round
     parts = re.search(r"a FOLD round = ([\d.]+) AR steps: verify of \d+ rows ([\d.]+), drafter ([\d.]+), "
-                      r"token choice and the rest (-?[\d.]+)", printed)
+                      r"token choice and the rest (-?[\d.]+) \(repeats ([\d.]+)-([\d.]+)\)", printed)
     assert parts is not None, printed
-    whole, verify, draft, rest = map(float, parts.groups())
+    whole, verify, draft, rest, low, high = map(float, parts.groups())
     assert verify > 0 and draft > 0 and abs(verify + draft + rest - whole) < 0.02
     assert "FOLD beats AR in tokens/s when tau >" in printed
+
+
+def test_demo_input_is_pinned_by_content():
+    """The demo's text is the committed file, checked by its SHA-256; the same length gives the same ids."""
+    import hashlib
+
+    from fold_hf.demo import DEMO_INPUT, DEMO_INPUT_SHA256, demo_text
+
+    assert hashlib.sha256(DEMO_INPUT.read_bytes()).hexdigest() == DEMO_INPUT_SHA256
+    assert demo_text().startswith("# file: transformers/")
+    notice = (DEMO_INPUT.parent / "README.md").read_text()
+    assert "Apache-2.0" in notice and DEMO_INPUT_SHA256 in notice
+
+
+def test_demo_prompt_restarts_a_function_from_far_above(real_pair):
+    from fold_hf.demo import demo_prompt_ids
+
+    _, tokenizer, _ = real_pair
+    for tokens in (512, 2048):
+        ids = demo_prompt_ids(tokenizer, tokens)
+        assert len(ids) == tokens and demo_prompt_ids(tokenizer, tokens) == ids
+        text = tokenizer.decode(ids)
+        head, cue = text.rsplit("# (the first function above, repeated)\n", 1)
+        assert cue[:40] in head[: len(head) // 2]  # the cue's function starts far above
+    with pytest.raises(ValueError, match="--tokens 100000"):
+        demo_prompt_ids(tokenizer, 100_000)
 
 
 class _CharTokenizer:

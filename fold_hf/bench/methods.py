@@ -31,6 +31,11 @@ _DEFAULT_METHODS: dict[str, dict | None] = {
 }
 
 
+# a reading mode's name (FoldConfig.mode) -> the method that runs it where the two names differ (``fold`` is FOLD
+# at the paper's alpha = 2); every other mode's method has the mode's name
+MODE_ALIASES = {"fold": "fold-a2"}
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -40,6 +45,21 @@ class Method:
 def method_names() -> tuple[str, ...]:
     """The names :func:`default_methods` returns, in its order (without building any config)."""
     return tuple(_DEFAULT_METHODS)
+
+
+def method_choices() -> tuple[str, ...]:
+    """What ``fold-hf bench --methods`` accepts: every method name and the mode names of :data:`MODE_ALIASES`."""
+    return (*_DEFAULT_METHODS, *MODE_ALIASES)
+
+
+def resolve_methods(names) -> list[str]:
+    """``--methods`` as method names (a mode alias becomes its method), in the order given, without repeats."""
+    out = []
+    for name in names:
+        name = MODE_ALIASES.get(name, name)
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def default_methods(window: int, train_length: int, budget: int | None = None) -> list[Method]:

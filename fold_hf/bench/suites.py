@@ -113,6 +113,13 @@ def _retrieval_request(tokenizer, files, rng, tier, cue_chars: int = 80):
     while len(text) < tier * 8:
         path, body = files[rng.randrange(len(files))]
         text += f"# file: {path}\n{body}\n"
+    return retrieval_prompt(tokenizer, text, rng, tier, cue_chars)
+
+
+def retrieval_prompt(tokenizer, text: str, rng, tier: int, cue_chars: int = 80) -> list[int] | None:
+    """``tier`` token ids: the start of ``text`` whose end restarts a function (``def``) from its first quarter
+    (``rng`` picks which), so the continuation copies content ~``tier`` tokens back; None when ``text`` is too short
+    or has no function there."""
     marker = "\n\n# (the first function above, repeated)\n"
     body_ids = _encode(tokenizer, text)[:tier]
     body_text = tokenizer.decode(body_ids)

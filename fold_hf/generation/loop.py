@@ -22,7 +22,7 @@ from ..compat import activate_linear_recording, native_linear_rollback
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.retrieval import target_attention_probe
-from .request import drafter_for_call, new_token_budget
+from .request import drafter_for_call, new_token_budget, warn_past_context
 from .rollback import LinearStateRollback, crop_attention_layers, has_linear_state
 from .rounds import decode, eager_rounds, num_proposals
 from .sampling import Sampling, TokenChoice
@@ -178,6 +178,7 @@ def generate(
         return_stats: return a :class:`GenerationResult` instead of the ``[1, P + N]`` sequences.
     """
     max_new_tokens = new_token_budget(input_ids, attention_mask, max_new_tokens, max_length)
+    warn_past_context(target, input_ids.shape[1], max_new_tokens)
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         raise ValueError(f"drafter must be a FoldDrafter, got {type(drafter).__name__}")
     prompt_len = input_ids.shape[1]

@@ -5,6 +5,7 @@ target with the call's reading mode (restored afterwards)."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
@@ -29,6 +30,42 @@ def new_token_budget(input_ids: torch.Tensor | None, attention_mask: torch.Tenso
     if max_new_tokens < 1:
         raise ValueError(f"nothing to generate: max_new_tokens={max_new_tokens} (prompt has {prompt_len} tokens)")
     return max_new_tokens
+
+
+def context_limit(target) -> int | None:
+    """The target's context in tokens: ``max_position_embeddings`` of its (text) config, None when it has none."""
+    config = getattr(target, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def past_context_message(target, prompt_len: int, max_new_tokens: int) -> str | None:
+    """What to warn when a request runs past the target's context (None when it fits or the target names none).
+
+    Warn, not refuse: transformers decodes such a prompt too (its tokenizer warns "Token indices sequence length is
+    longer than the specified maximum ..."), and a model may be used past its nominal context on purpose; but the
+    positions past it were never trained, so the user is told once, with the limit."""
+    limit = context_limit(target)
+    if limit is None or prompt_len + max_new_tokens <= limit:
+        return None
+    where = "config.max_position_embeddings"
+    if prompt_len > limit:
+        return (f"fold_hf: the prompt has {prompt_len} tokens, more than the target's context of {limit} tokens "
+                f"({where}); it is decoded anyway, as transformers does, but positions past {limit} were never "
+                f"trained and the output may degrade: keep prompt + max_new_tokens within {limit}")
+    return (f"fold_hf: the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) run past the target's "
+            f"context of {limit} tokens ({where}); the tokens past {limit} are decoded at positions the target was "
+            f"never trained on: keep prompt + max_new_tokens within {limit}")
+
+
+def warn_past_context(target, prompt_len: int, max_new_tokens: int, stacklevel: int = 3) -> None:
+    """One UserWarning (:func:`past_context_message`) when the request runs past the target's context."""
+    message = past_context_message(target, prompt_len, max_new_tokens)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..modeling.drafter import FoldDrafter
+from .request import warn_past_context
 
 NOT_ROUTED = object()
 
@@ -123,6 +124,29 @@ def _reason_not_to_route(model, args: tuple, kwargs: dict, config) -> str | None
     return fast_unsupported(model, assistant, batch_size=inputs.shape[0], capacity=inputs.shape[1] + new + block)
 
 
+def _request_config(model, kwargs: dict):
+    """The generation config transformers builds for this call (the call's settings over the model's)."""
+    names = _setting_names()
+    settings = {k: v for k, v in kwargs.items() if k in names}
+    config, _ = model._prepare_generation_config(kwargs.get("generation_config"), **settings)
+    return config
+
+
+def transformers_path(model, kwargs: dict) -> str:
+    """What transformers' own ``generate`` runs for this call, as a phrase for the not-routed warning:
+    its assisted loop with FOLD's candidate generator only when transformers' generation mode is assisted
+    generation; otherwise the mode it runs, and that the drafter is not used (e.g. beam search)."""
+    config = _request_config(model, kwargs)
+    assistant = kwargs.get("assistant_model")
+    mode = config.get_generation_mode(assistant)
+    name = str(getattr(mode, "value", mode)).replace("_", " ")
+    if assistant is None:
+        return f"transformers' {name} loop"
+    if name == "assisted generation":
+        return "transformers' assisted loop with FOLD's candidate generator"
+    return f"transformers' {name} without the assistant (that mode does not use one: the drafter is not used)"
+
+
 def route_generate(model, args: tuple, kwargs: dict):
     """``model.generate(*args, **kwargs)`` on the fast loop when the request allows it.
 
@@ -132,13 +156,15 @@ def route_generate(model, args: tuple, kwargs: dict):
     """
     from .fast import fast_generate
 
-    names = _setting_names()
-    settings = {k: v for k, v in kwargs.items() if k in names}
-    config, _ = model._prepare_generation_config(kwargs.get("generation_config"), **settings)
+    config = _request_config(model, kwargs)
     reason = _reason_not_to_route(model, args, kwargs, config)
-    if reason is not None:
-        return NOT_ROUTED, reason
     inputs = _inputs(args, kwargs)
+    if reason is not None:
+        if isinstance(inputs, torch.Tensor) and inputs.dim() == 2:  # transformers' loop says nothing about it
+            new = config.max_new_tokens if config.max_new_tokens is not None else \
+                max((config.max_length or 20) - inputs.shape[1], 0)
+            warn_past_context(model, inputs.shape[1], new, stacklevel=4)
+        return NOT_ROUTED, reason
     prompt_len = inputs.shape[1]
     prepare = getattr(model, "_prepare_special_tokens", None)
     if prepare is not None:  # transformers' own pad/eos warnings, word for word

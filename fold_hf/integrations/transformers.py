@@ -25,7 +25,7 @@ from transformers.generation.utils import GenerationMixin
 from ..compat import require_generation_hooks
 from ..generation.assisted import FoldCandidateGenerator
 from ..generation.rollback import make_rollback_cache, target_has_linear_state
-from ..generation.routing import NOT_ROUTED, route_generate
+from ..generation.routing import NOT_ROUTED, route_generate, transformers_path
 from ..modeling import attention
 from ..modeling.drafter import FoldDrafter
 from ..modeling.validation import validate_pair
@@ -109,8 +109,8 @@ def _wrap_generate(original):
         result, reason = route_generate(self, args, kwargs)
         if result is not NOT_ROUTED:
             return result
-        loop = "assisted loop with FOLD's candidate generator" if assistant is not None else "loop"
-        warnings.warn(f"fold_hf: target.generate runs transformers' {loop}, not the fast loop, because of {reason}; "
+        warnings.warn(f"fold_hf: target.generate runs {transformers_path(self, kwargs)}, not the fast loop, because of "
+                      f"{reason}; "
                       "pass fold_fast=False to choose transformers' loop without this warning",
                       UserWarning, stacklevel=2)
         return original(self, *args, **kwargs)

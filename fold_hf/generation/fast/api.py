@@ -10,7 +10,7 @@ import torch
 
 from ...modeling.drafter import FoldDrafter
 from ...modeling.fold_config import FoldConfig
-from ..request import drafter_for_call, new_token_budget
+from ..request import drafter_for_call, new_token_budget, warn_past_context
 from ..rounds import decode, num_proposals
 from ..sampling import Sampling, TokenChoice
 from ..static_drafter import commit_context
@@ -99,6 +99,7 @@ def fast_generate(
     if reason is not None:
         raise ValueError(f"fast_generate cannot run this request: {reason}")
     prompt_len = input_ids.shape[1]
+    warn_past_context(target, prompt_len, max_new_tokens)
     sampling = Sampling.from_settings(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
                                       min_new_tokens)
     device = input_ids.device
