@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fold_hf import compat
 from fold_hf.kernels import hybrid_reference as ref
 from fold_hf.kernels.gated_delta import gated_delta_states_reference
 
@@ -42,13 +43,14 @@ def test_twins_equal_the_transformers_modules():
     with torch.no_grad():
         g3.weight.normal_(generator=_gen(3))
         g4.weight.normal_(generator=_gen(4))
-        total, normed = ref.residual_norm_reference(x, d, g3.weight, g3.eps, 1.0, delta_weight=g3.weight,
-                                                    norm_delta=True, scalar=torch.tensor([0.5]))
+        total, normed = ref.residual_norm_reference(x, d, g3.weight, compat.norm_epsilon(g3), 1.0,
+                                                    delta_weight=g3.weight, norm_delta=True,
+                                                    scalar=torch.tensor([0.5]))
         torch.testing.assert_close(total, (x + g3(d)) * 0.5, atol=0, rtol=0)
         torch.testing.assert_close(normed, g3((x + g3(d)) * 0.5), atol=1e-6, rtol=1e-6)
-        _, normed = ref.residual_norm_reference(x, None, g4.weight, g4.eps, 0.0)
+        _, normed = ref.residual_norm_reference(x, None, g4.weight, compat.norm_epsilon(g4), 0.0)
         torch.testing.assert_close(normed, g4(x), atol=1e-6, rtol=1e-6)
-        _, normed = ref.residual_norm_reference(x, None, None, g4v.eps, 0.0)
+        _, normed = ref.residual_norm_reference(x, None, None, compat.norm_epsilon(g4v), 0.0)
         torch.testing.assert_close(normed, g4v(x), atol=1e-6, rtol=1e-6)
         gated = Qwen3_5RMSNormGated(8, eps=1e-6)
         gated.weight.normal_(generator=_gen(5))
