@@ -1,5 +1,5 @@
-"""The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/triton_hybrid.py) against their torch twins
-(fold_hf/kernels/hybrid_reference.py), and the twins against independent statements: the transformers modules they
+"""The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/hybrid/triton.py) against their torch twins
+(fold_hf/kernels/hybrid/naive.py), and the twins against independent statements: the transformers modules they
 replace (norms, gated norm, activations, rope) and the per-position gated delta rule (itself checked against a
 float64 loop and transformers' rule in tests/test_qwen35.py). Kernels run in Triton's interpreter on the CPU (odd
 shapes, every kernel dtype) and on the GPU (gpu-marked)."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fold_hf.kernels import hybrid_reference as ref
+from fold_hf.kernels.hybrid import naive as ref
 from fold_hf.kernels.gated_delta import gated_delta_states_reference
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -105,7 +105,7 @@ def test_gated_delta_verify_and_commit_twins_equal_the_per_position_rule():
 
 # ---------------------------------------------------------------------------------------------- kernels
 def _check_kernels(device, dtype, H, heads, D, R, ring, L):
-    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.hybrid import triton as tri
 
     tol = _tol(dtype)
     x, d = _randn(L, H, seed=1, dtype=dtype, device=device), _randn(L, H, seed=2, dtype=dtype, device=device)
@@ -175,7 +175,7 @@ def _check_kernels(device, dtype, H, heads, D, R, ring, L):
 
 
 def _check_delta(device, dtype, L, HK, HV, DK, DV, K):
-    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.hybrid import triton as tri
 
     qkv, b, a, conv, weight, a_log, dt_bias, state = _delta_inputs(L, HK, HV, DK, DV, K, dtype, device, seed=L)
     C = qkv.shape[1]
@@ -207,7 +207,7 @@ def test_layer_kernels_in_interpreter(interpreter, dtype, shape):
 
 def test_ring_attention_row_blocks_in_interpreter(interpreter):
     """More query rows (4 heads per KV head x 20 rows) than one program takes: two row blocks, a wrapped ring."""
-    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.hybrid import triton as tri
 
     q = _randn(1, 4, 20, 8, seed=1)
     kr, vr = _randn(1, 1, 24, 8, seed=2), _randn(1, 1, 24, 8, seed=3)

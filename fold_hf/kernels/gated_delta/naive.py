@@ -14,7 +14,7 @@ scaled by ``Dk ** -0.5`` (as transformers' ``torch_recurrent_gated_delta_rule`` 
 (fp64 stays fp64).
 
 :func:`gated_delta_states_reference` is the contract and the oracle of the Triton kernel
-(:func:`fold_hf.kernels.triton_gated_delta.gated_delta_states_triton`, same signature).
+(:func:`fold_hf.kernels.gated_delta.triton.gated_delta_states_triton`, same signature).
 """
 
 from __future__ import annotations
@@ -55,11 +55,3 @@ def gated_delta_states_reference(query: torch.Tensor, key: torch.Tensor, value: 
         states.append(S)
     return torch.stack(outputs), torch.stack(states)
 
-
-def default_gated_delta(device: torch.device | str):
-    """The Triton kernel on CUDA when it imports (and ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else the
-    reference."""
-    from . import import_triton_module, triton_kernels_enabled
-
-    module = import_triton_module("triton_gated_delta") if triton_kernels_enabled(device) else None
-    return module.gated_delta_states_triton if module is not None else gated_delta_states_reference

@@ -1,5 +1,5 @@
 """Triton kernels of the Qwen3.5 and Gemma target layers on the fast loop (twins with the same signatures:
-:mod:`fold_hf.kernels.hybrid_reference`). Imported only when Triton is usable.
+:mod:`fold_hf.kernels.hybrid.naive`). Imported only when Triton is usable.
 
 Through the model's modules a Qwen3.5 Gated DeltaNet layer is ~75 small kernels per step and a Gemma layer ~100 (a
 Gemma RMSNorm alone is eight, six norms a layer); at one query per step each costs a few microseconds of launch and
@@ -20,7 +20,7 @@ latency, more than reading the layer's weights. These kernels leave a layer its 
   16 rows at the Qwen3.5-9B shape thus moves 2 MB of state per layer and direction instead of writing 16 x 2 MB.
 
 Rounding follows the modules (model dtype after each op that rounds there) through ``_round_to`` and
-``enable_fp_fusion=False`` as in :mod:`fold_hf.kernels.triton_layer`; transcendental functions use libdevice on the
+``enable_fp_fusion=False`` as in :mod:`fold_hf.kernels.layer.triton`; transcendental functions use libdevice on the
 GPU (``expf``, ``log1pf``, ``tanhf`` as PyTorch's CUDA kernels) and Triton's own in the interpreter.
 """
 
@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .triton_layer import _round_to
+from ..layer.triton import _round_to
 
 _EXACT = dict(enable_fp_fusion=False)
 
@@ -98,7 +98,7 @@ def _residual_norm_kernel(HIDDEN, DELTA, DW, W, SCALAR, TOTAL, NORMED, H, eps, d
 
 def residual_norm_triton(hidden, delta, weight, eps, offset=0.0, *, norm_out=True, delta_weight=None, delta_eps=None,
                          norm_delta=False, scalar=None):
-    """:func:`~fold_hf.kernels.hybrid_reference.residual_norm_reference` (``hidden``/``delta [..., H]``)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.residual_norm_reference` (``hidden``/``delta [..., H]``)."""
     H = hidden.shape[-1]
     hidden = hidden.contiguous()
     for name, t in (("delta", delta), ("weight", weight), ("delta_weight", delta_weight)):
@@ -189,7 +189,7 @@ def _heads(x: torch.Tensor):
 
 def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offset, cos_table, sin_table, positions,
                                 key_cache, value_cache, *, norm_qk=True, norm_value=False):
-    """:func:`~fold_hf.kernels.hybrid_reference.head_norm_rope_write_reference` (queries and keys may be strided
+    """:func:`~fold_hf.kernels.hybrid.naive.head_norm_rope_write_reference` (queries and keys may be strided
     views of a wider projection)."""
     _, L, HQ, D = query.shape
     R = cos_table.shape[-1]
@@ -256,7 +256,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_tanh_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.gelu_tanh_mul_reference` (rows may be strided)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.gelu_tanh_mul_reference` (rows may be strided)."""
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
     out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
@@ -280,7 +280,7 @@ def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.const
 
 
 def sigmoid_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.sigmoid_mul_reference` (``[..., D]``; rows may be strided)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.sigmoid_mul_reference` (``[..., D]``; rows may be strided)."""
     if x.shape != gate.shape or x.dtype != gate.dtype:
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} and gate {tuple(gate.shape)} {gate.dtype} differ")
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
@@ -305,7 +305,7 @@ def _gated_rms_norm_kernel(X, Z, W, OUT, D, eps, BD: tl.constexpr, LIB: tl.const
 
 
 def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.gated_rms_norm_reference` (``x``, ``gate [..., Dv]``)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.gated_rms_norm_reference` (``x``, ``gate [..., Dv]``)."""
     D = x.shape[-1]
     if gate.shape != x.shape or weight.shape != (D,) or weight.dtype != gate.dtype:
         raise ValueError(f"x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)} "
@@ -390,7 +390,7 @@ def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, G: tl.constexpr, D: tl
 
 
 def ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.ring_attention_reference` in two launches: programs over (KV head,
+    """:func:`~fold_hf.kernels.hybrid.naive.ring_attention_reference` in two launches: programs over (KV head,
     split of the ring) keep an online softmax of all ``G * L`` query rows of their KV head (keys read once per
     head), a merge combines the splits. Returns ``[1, L, Hq, D]``."""
     _, HQ, L, D = query.shape
@@ -533,7 +533,7 @@ def _blocks(DK: int, DV: int) -> tuple[int, int, int]:
 
 def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
                               k_dim: int, pending: dict, layer: int) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
+    """:func:`~fold_hf.kernels.hybrid.naive.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
     ``b``/``a [L, Hv]`` may have strided rows)."""
     if state.dtype != torch.float32:
         raise ValueError(f"the Triton Gated DeltaNet kernels keep an fp32 state, got {state.dtype}")
@@ -595,7 +595,7 @@ def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.cons
 
 def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
                               conv_states: torch.Tensor) -> None:
-    """:func:`~fold_hf.kernels.hybrid_reference.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
+    """:func:`~fold_hf.kernels.hybrid.naive.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
     for every layer's state, one shifts every layer's convolution window."""
     NL, HV, DK, DV = states.shape
     HK = pending["q"].shape[2]

@@ -1,6 +1,6 @@
-"""Pure-torch twins of the fused kernels of the Qwen3.5 and Gemma target layers (:mod:`fold_hf.kernels.triton_hybrid`).
+"""Pure-torch twins of the fused kernels of the Qwen3.5 and Gemma target layers (:mod:`fold_hf.kernels.hybrid.triton`).
 
-The Llama-shaped fused kernels (:mod:`fold_hf.kernels.layer_reference`) cover ``w * x.to(dtype)`` norms, SiLU MLPs and
+The Llama-shaped fused kernels (:mod:`fold_hf.kernels.layer.naive`) cover ``w * x.to(dtype)`` norms, SiLU MLPs and
 full rope. Qwen3.5 and Gemma layers differ:
 
 * norms multiply in fp32 before the cast, by ``1 + w`` (Qwen3.5, Gemma-3: zero-centred weights) or ``w`` (Gemma-4),
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common import rotate_half
+from ..common import rotate_half
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, dtype: torch.dtype) -> torch.Tensor:
