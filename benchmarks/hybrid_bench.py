@@ -207,8 +207,8 @@ def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
     to the per-position-state kernel they replace; each configuration is checked against the torch twin first."""
     import os
 
-    from fold_hf.kernels.hybrid import naive as ref
-    from fold_hf.kernels.hybrid import triton as tri
+    from fold_hf.kernels.gated_delta import naive as ref
+    from fold_hf.kernels.gated_delta import triton as tri
     from fold_hf.kernels.gated_delta.triton import gated_delta_states_triton
 
     HK, HV, DK, DV, K = 16, 32, 128, 128, 4

@@ -1,24 +1,30 @@
-"""FOLD kernels on plain tensors: Triton kernels and their pure-torch twins.
+"""FOLD kernels on plain tensors: Triton kernels and their pure-torch twins, one package per op (as
+flash-linear-attention's ``ops/<op>/``): ``<op>/naive.py`` the torch twins (the CPU path and the oracles of the tests),
+``<op>/triton.py`` the Triton kernels, imported only through :func:`import_triton_module` (never on the CPU path; a
+``naive.py`` and a package's ``__init__`` never import their ``triton.py``). This module is the dispatch.
 
-* :mod:`fold_hf.kernels.fold_read.triton`: the FOLD read given as numbers (``fold_read_triton``) and the target's
-  verify attention (``decode_attention_triton``); twins in :mod:`fold_hf.kernels.fold_read.naive`;
-* :mod:`fold_hf.kernels.layer.triton`: the fused elementwise ops of the fast loop's layers; twins in
-  :mod:`fold_hf.kernels.layer.naive`;
-* :mod:`fold_hf.kernels.gemm.triton`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in
-  the gate|up product); twins in :mod:`fold_hf.kernels.gemm.naive`;
-* :mod:`fold_hf.kernels.triton_pdl`: programmatic dependent launch for the kernels above, inside
-  :func:`fold_hf.kernels.common.pdl_scope` (an AR step's fused target layers);
-* :mod:`fold_hf.kernels.hybrid.triton`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head
-  norm + partial rope + ring write, GELU-tanh, the fused Gated DeltaNet verify and its commit); twins in
-  :mod:`fold_hf.kernels.hybrid.naive`;
-* :mod:`fold_hf.kernels.select.triton`: greedy token selection on logits rows (the argmax of each row, and a
-  round's greedy verify: accepted count and last token) in two launches, ``torch.argmax``'s semantics exactly;
-  twins and the torch path in :mod:`fold_hf.kernels.select.naive`, chosen by :func:`greedy_select_ops`
-  (``$FOLD_HF_TRITON_SELECT=0``: the torch path on CUDA too).
+* :mod:`.fold_read`: the FOLD read given as numbers (``fold_read_triton``) and the target's verify attention
+  (``decode_attention_triton``, :func:`default_decode_attention`); twins ``fold_read_geometry_reference`` /
+  ``decode_attention_reference``;
+* :mod:`.layer`: the fused elementwise ops of the fast loop's layers (:func:`default_layer_ops`);
+* :mod:`.gemm`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in the gate|up product;
+  :func:`skinny_gemm_enabled`), and :mod:`.gemm.cpu`: several CPU rows through MKL's packed GEMM;
+* :mod:`.hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head norm + partial rope + ring
+  write, ring attention, GELU-tanh, sigmoid gate, gated RMSNorm) and :mod:`.gated_delta`: the gated delta rule (per
+  position states, :func:`~.gated_delta.default_gated_delta`; the fused Gated DeltaNet verify and its commit), both
+  in :func:`default_hybrid_ops`;
+* :mod:`.select`: greedy token selection on logits rows (the argmax of each row, and a round's greedy verify:
+  accepted count and last token) in two launches, ``torch.argmax``'s semantics exactly; the torch path in
+  :mod:`.select.naive`, chosen by :func:`greedy_select_ops` (``$FOLD_HF_TRITON_SELECT=0``: the torch path on CUDA
+  too);
+* :mod:`.prefill_attention`: a prefill chunk's attention (its own dispatch,
+  :func:`~.prefill_attention.prefill_attention`);
+* :mod:`.common` (dtypes, ``rotate_half``, :func:`~.common.pdl_scope`) and :mod:`.triton_pdl` (programmatic
+  dependent launch for the Triton kernels inside ``pdl_scope``: an AR step's fused target layers) are shared.
 
 This package takes tensors and imports nothing from :mod:`fold_hf.modeling` (checked by
 ``tests/test_import_graph.py``); reading a planned ``LayerRead`` through these kernels is
-:mod:`fold_hf.modeling.fold_read`. Triton is never imported on the CPU path.
+:mod:`fold_hf.modeling.fold_read`.
 """
 
 from __future__ import annotations
@@ -142,6 +148,7 @@ def default_layer_ops(device: torch.device) -> LayerOps:
 
 HYBRID_OPS = ("residual_norm", "head_norm_rope_write", "ring_attention", "gelu_tanh_mul", "sigmoid_mul",
               "gated_rms_norm", "gated_delta_verify", "gated_delta_commit")
+GATED_DELTA_OPS = ("gated_delta_verify", "gated_delta_commit")  # those of HYBRID_OPS in fold_hf.kernels.gated_delta
 
 
 class HybridOps:
@@ -160,14 +167,21 @@ class HybridOps:
 
 
 def default_hybrid_ops(device: torch.device | str) -> HybridOps:
-    """The Triton kernels of :mod:`fold_hf.kernels.hybrid.triton` on CUDA when they import (and
-    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins (:mod:`fold_hf.kernels.hybrid.naive`)."""
-    module = import_triton_module("hybrid.triton") if triton_kernels_enabled(device) else None
-    if module is not None:
-        return HybridOps("triton", **{name: getattr(module, f"{name}_triton") for name in HYBRID_OPS})
-    from .hybrid import naive as module
+    """The Triton kernels of :mod:`fold_hf.kernels.hybrid.triton` and :mod:`fold_hf.kernels.gated_delta.triton`
+    (:data:`GATED_DELTA_OPS`) on CUDA when both import (and ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their
+    torch twins (:mod:`fold_hf.kernels.hybrid.naive`, :mod:`fold_hf.kernels.gated_delta.naive`)."""
+    enabled = triton_kernels_enabled(device)
+    hybrid = import_triton_module("hybrid.triton") if enabled else None
+    delta = import_triton_module("gated_delta.triton") if hybrid is not None else None
+    if delta is not None:
+        return HybridOps("triton", **{name: getattr(delta if name in GATED_DELTA_OPS else hybrid, f"{name}_triton")
+                                      for name in HYBRID_OPS})
+    from .gated_delta.naive import gated_delta_commit_reference, gated_delta_verify_reference
+    from .hybrid import naive as hybrid
 
-    return HybridOps("torch", **{name: getattr(module, f"{name}_reference") for name in HYBRID_OPS})
+    ops = {name: getattr(hybrid, f"{name}_reference") for name in HYBRID_OPS if name not in GATED_DELTA_OPS}
+    return HybridOps("torch", gated_delta_verify=gated_delta_verify_reference,
+                     gated_delta_commit=gated_delta_commit_reference, **ops)
 
 
 class SelectOps:
@@ -234,7 +248,7 @@ def _select_ops(triton: bool) -> SelectOps:
     return SelectOps("torch")
 
 
-__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV", "SKINNY_GEMM_ENV",
+__all__ = ["GATED_DELTA_OPS", "HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV", "SKINNY_GEMM_ENV",
            "SelectOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
            "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference", "greedy_select_ops",
            "import_triton_module", "triton_unavailable_reason",

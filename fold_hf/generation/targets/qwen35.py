@@ -343,7 +343,7 @@ class Qwen35StaticTarget(StaticTarget):
         pending buffers for :meth:`accept`. Returns logits ``[L, V]``."""
         if self._hybrid_ops is None:
             from ...kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
-            from ...kernels.hybrid.naive import gated_delta_pending
+            from ...kernels.gated_delta.naive import gated_delta_pending
 
             reason = self.fused_unsupported()
             if reason is not None:
