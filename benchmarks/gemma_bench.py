@@ -135,7 +135,7 @@ def attention_times(out: Path, context: int = 32768, repeats: int = 100) -> list
     """Device time (CUDA graphs) of the decode kernel at the Gemma-4-like global layer (16 query / 4 KV heads of
     512) and at a drafter-like shape (32 / 8 of 128) for 1 and 7 rows over ``context`` cached keys: whether the
     verify's 7 rows cost the global layers more than the KV read (the SD round's ``_fold_split_kernel`` time)."""
-    from fold_hf.kernels.triton_fold import decode_attention_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
 
     rows = []
     for name, hq, hkv, d in (("global 16/4x512", 16, 4, 512), ("drafter-like 32/8x128", 32, 8, 128)):

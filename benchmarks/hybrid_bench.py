@@ -207,9 +207,9 @@ def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
     to the per-position-state kernel they replace; each configuration is checked against the torch twin first."""
     import os
 
-    from fold_hf.kernels import hybrid_reference as ref
-    from fold_hf.kernels import triton_hybrid as tri
-    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+    from fold_hf.kernels.gated_delta import naive as ref
+    from fold_hf.kernels.gated_delta import triton as tri
+    from fold_hf.kernels.gated_delta.triton import gated_delta_states_triton
 
     HK, HV, DK, DV, K = 16, 32, 128, 128, 4
     C = 2 * HK * DK + HV * DV

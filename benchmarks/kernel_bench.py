@@ -149,7 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("kernel_bench.py needs a CUDA GPU")
-    from fold_hf.kernels.triton_fold import fold_read_triton
+    from fold_hf.kernels.fold_read.triton import fold_read_triton
 
     device = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)

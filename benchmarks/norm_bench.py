@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("norm_bench needs a CUDA GPU")
-    from fold_hf.kernels.layer_reference import add_rms_norm_reference
-    from fold_hf.kernels.triton_layer import add_rms_norm_triton
+    from fold_hf.kernels.layer.naive import add_rms_norm_reference
+    from fold_hf.kernels.layer.triton import add_rms_norm_triton
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -57,9 +57,9 @@ def build(layers: int, context: int, device: torch.device, shape: dict):
 
 
 def chain(x, weights, norm, cos, sin, positions, caches, shape):
-    from fold_hf.kernels.triton_fold import decode_attention_triton
-    from fold_hf.kernels.triton_gemm import decode_linear_triton, gate_up_silu_triton
-    from fold_hf.kernels.triton_layer import add_rms_norm_triton, rope_write_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
+    from fold_hf.kernels.gemm.triton import decode_linear_triton, gate_up_silu_triton
+    from fold_hf.kernels.layer.triton import add_rms_norm_triton, rope_write_triton
 
     Hq, Hkv, D = shape["q_heads"], shape["kv_heads"], shape["head_dim"]
     hidden, delta = x, None

@@ -208,7 +208,7 @@ def _configs(kind: str, hq: int, hkv: int, rows: int, d: int) -> list[dict]:
 
 
 def attention_sweep(args, out: Path, report: dict) -> None:
-    from fold_hf.kernels.triton_fold import decode_attention_triton, fold_read_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton, fold_read_triton
 
     context = args.context
     bandwidth = report.get("llama", {}).get("bandwidth_tb_s", 4.27) * 1e12

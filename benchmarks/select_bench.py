@@ -5,9 +5,9 @@ Methods (each checked against ``torch`` before it is timed: the same n and last 
 
 * ``torch_verify``  the path before the Triton kernels: ``logits.float()`` (process()'s copy), ``argmax(-1)``,
   eq / cumprod / sum / minimum (``verify_greedy``) and the gather of ``posterior[n]``;
-* ``triton_verify`` :func:`fold_hf.kernels.triton_select.greedy_verify_triton` on the raw logits (two launches);
+* ``triton_verify`` :func:`fold_hf.kernels.select.triton.greedy_verify_triton` on the raw logits (two launches);
 * ``torch_argmax`` / ``triton_argmax``: the argmax alone (a drafter's greedy picks), ``logits.float().argmax(-1)``
-  against :func:`~fold_hf.kernels.triton_select.argmax_rows_triton`.
+  against :func:`~fold_hf.kernels.select.triton.argmax_rows_triton`.
 
 The proposals match the first half of the rows' argmax (a partial match) and the limit is a device tensor, as in the
 graphs engine. A graph holds ``--calls`` calls reading the same logits (they stay in L2, as the lm_head's output
@@ -75,8 +75,8 @@ def main(argv=None) -> int:
         raise SystemExit("select_bench needs a CUDA GPU")
     import triton
 
-    from fold_hf.kernels.select_reference import greedy_verify_torch
-    from fold_hf.kernels.triton_select import argmax_rows_triton, greedy_verify_triton
+    from fold_hf.kernels.select.naive import greedy_verify_torch
+    from fold_hf.kernels.select.triton import argmax_rows_triton, greedy_verify_triton
 
     info = machine()
     info["triton"] = triton.__version__

@@ -1,5 +1,5 @@
 """The decode step's projections on one GPU: cuBLAS (``F.linear``, plus the ``silu_mul`` kernel after gate|up)
-against the skinny Triton GEMMs of :mod:`fold_hf.kernels.triton_gemm` over a sweep of tiles, at the Llama-3.1-8B
+against the skinny Triton GEMMs of :mod:`fold_hf.kernels.gemm.triton` over a sweep of tiles, at the Llama-3.1-8B
 shape (or ``--shapes``), 1 / 10 / 16 rows, bf16.
 
 Each timing is a CUDA graph of ``--calls`` launches cycling over 8 distinct weights (so no launch finds its
@@ -111,9 +111,9 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    from fold_hf.kernels.gemm_reference import gate_up_silu_reference
-    from fold_hf.kernels.triton_gemm import PLAN_ENV, gate_up_silu_triton, skinny_linear_triton
-    from fold_hf.kernels.triton_layer import silu_mul_triton
+    from fold_hf.kernels.gemm.naive import gate_up_silu_reference
+    from fold_hf.kernels.gemm.triton import PLAN_ENV, gate_up_silu_triton, skinny_linear_triton
+    from fold_hf.kernels.layer.triton import silu_mul_triton
 
     shapes = [("qkv", 96, 64, False), ("gate_up_silu", 192, 64, True)] if args.dry_run else LLAMA_8B
     one_row, many_rows = (ONE_ROW[:2], MANY_ROWS[:1]) if args.dry_run else (ONE_ROW, MANY_ROWS)

@@ -463,7 +463,7 @@ def test_static_retrieval_steps_through_the_triton_read_in_the_interpreter(inter
     refresh: the loop's refresh needs the target)."""
     import copy
 
-    from fold_hf.kernels.triton_fold import fold_read_triton
+    from fold_hf.kernels.fold_read.triton import fold_read_triton
 
     _, base = trained_pair("llama")
     drafter = copy.deepcopy(base).float().set_fold_config(mode_config(mode))

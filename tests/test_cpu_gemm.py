@@ -1,4 +1,4 @@
-"""Multi-row CPU linears through MKL's packed GEMM (fold_hf/kernels/cpu_gemm.py) against a float64 statement of
+"""Multi-row CPU linears through MKL's packed GEMM (fold_hf/kernels/gemm/cpu.py) against a float64 statement of
 ``x W^T + b``, and the cache of packed copies against every way a weight can change under it.
 
 The rule is written here in float64 from the definition (a sum over the input features), never read from the
@@ -15,7 +15,7 @@ from torch import nn
 
 import fold_hf
 from fold_hf.generation.weight_layout import DecodeProjections
-from fold_hf.kernels import cpu_gemm
+from fold_hf.kernels.gemm import cpu as cpu_gemm
 from tiny import greedy_reference, mode_config, prompt, trained_pair
 
 needs_mkl = pytest.mark.skipif(not cpu_gemm.mkl_packed_available(),

@@ -1,6 +1,6 @@
 """The target's fused layers in the fast loop (``fused_layers``): residual add + RMSNorm, rope + cache write and
-``silu(gate) * up`` as single kernels (:mod:`fold_hf.kernels.triton_layer`) beside their torch twins
-(:mod:`fold_hf.kernels.layer_reference`).
+``silu(gate) * up`` as single kernels (:mod:`fold_hf.kernels.layer.triton`) beside their torch twins
+(:mod:`fold_hf.kernels.layer.naive`).
 
 * CPU (CI): the twins compute what the transformers modules compute, bit for bit; the static engine with fused
   layers (twins off CUDA) is lossless against HF greedy with the acceptance lengths of the foundation loop;
@@ -20,13 +20,13 @@ from transformers.models.llama import modeling_llama
 import fold_hf
 from fold_hf.generation import fast_generate
 from fold_hf.generation.static_target import UnsupportedTarget
-from fold_hf.kernels.layer_reference import (
+from fold_hf.kernels.layer.naive import (
     add_rms_norm_reference,
     rope_write_reference,
     rotate_heads_reference,
     silu_mul_reference,
 )
-from fold_hf.kernels.reference import rotate_by_tables
+from fold_hf.kernels.fold_read.naive import rotate_by_tables
 from tiny import greedy_reference, mode_config, pair_on_gpu, tiny_target, trained_pair
 from tiny import prompt as tiny_prompt
 
@@ -183,9 +183,9 @@ def test_unsupported_layers_are_named():
 
 # ------------------------------------------------------------------------------------------- kernels vs twins
 def check_kernels(device, dtype, norm_shapes, rope_shapes, silu_shapes, exact_rope: bool):
-    from fold_hf.kernels.triton_layer import add_rms_norm_triton, rope_write_triton, silu_mul_triton
+    from fold_hf.kernels.layer.triton import add_rms_norm_triton, rope_write_triton, silu_mul_triton
 
-    from fold_hf.kernels.triton_layer import rotate_heads_triton
+    from fold_hf.kernels.layer.triton import rotate_heads_triton
 
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
     for L, H, D, R, scale in ((1, 4, 16, 16, 0.25), (3, 6, 24, 16, 1.0), (10, 32, 128, 128, 128**-0.5),
@@ -471,7 +471,7 @@ def test_graph_engine_with_concatenated_projections_matches_separate_on_gpu(arch
 @pytest.mark.parametrize("warps", [4, 8, 16, 32])
 def test_norm_warps_match_the_twin_on_gpu(warps):
     # the default for a row of 4096 is 16 warps; the step's A/B rows time 8 and 32 ($FOLD_HF_NORM_WARPS)
-    from fold_hf.kernels.triton_layer import add_rms_norm_triton
+    from fold_hf.kernels.layer.triton import add_rms_norm_triton
 
     for rows, H in ((1, 4096), (10, 4096), (1, 2880)):
         hidden = randn(1, rows, H, dtype=torch.bfloat16, device="cuda", seed=H + warps, scale=5)

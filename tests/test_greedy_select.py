@@ -1,5 +1,5 @@
-"""Greedy token selection on logits rows: the Triton kernels of :mod:`fold_hf.kernels.triton_select`, their twins
-and the torch path of :mod:`fold_hf.kernels.select_reference`, the dispatcher and the token choice that uses them.
+"""Greedy token selection on logits rows: the Triton kernels of :mod:`fold_hf.kernels.select.triton`, their twins
+and the torch path of :mod:`fold_hf.kernels.select.naive`, the dispatcher and the token choice that uses them.
 
 The statement every implementation is checked against is a plain Python loop over a row's float64 values (the
 first maximum; the first NaN when a NaN is present), and the greedy verify's: the leading proposals equal to their
@@ -15,7 +15,7 @@ row's argmax, capped by the limit, and the argmax of the row after them.
   processed scores under a repetition penalty or an EOS mask, with the torch path's results), and the static and
   eager engines with them give HF greedy's tokens and the torch path's acceptance lengths.
 * CPU: the twins against the statement (fp64 too); the dispatcher returns the torch path on the CPU and never
-  imports ``triton_select`` (a subprocess, ``sys.modules``); ``$FOLD_HF_TRITON_SELECT`` is checked; the CPU token
+  imports ``select.triton`` (a subprocess, ``sys.modules``); ``$FOLD_HF_TRITON_SELECT`` is checked; the CPU token
   choice is the torch path's arithmetic exactly.
 * GPU (``@pytest.mark.gpu``): the kernels at V = 128256 (bf16, fp16, fp32; 1, 11, 16 and 17 rows) against the
   statement and ``torch.argmax``; both kernels captured in a CUDA graph and replayed over new logits, proposals and
@@ -36,7 +36,7 @@ import torch
 import fold_hf
 from fold_hf.generation import fast_generate
 from fold_hf.generation.sampling import Sampling, TokenChoice, pick, process, seen_rows, verify_greedy
-from fold_hf.kernels import select_reference as ref
+from fold_hf.kernels.select import naive as ref
 from tiny import check_graph_engine_settings, greedy_reference, mode_config, pair_on_gpu
 from tiny import prompt as tiny_prompt
 
@@ -168,8 +168,8 @@ VOCABS = (1, 7, 2047, 2048, 2049, 5000)
 def test_argmax_kernel_in_interpreter_matches_the_loop(interpreter, vocab, dtype, monkeypatch):
     """Also with the second stage's tile cut to 16 partials (one chunk a tile at 16+ rows): its running first
     maximum across tiles."""
-    from fold_hf.kernels import triton_select
-    from fold_hf.kernels.triton_select import argmax_rows_triton
+    from fold_hf.kernels.select import triton as triton_select
+    from fold_hf.kernels.select.triton import argmax_rows_triton
 
     for rows in (1, 6, 17):
         scores = score_rows(rows, vocab, dtype, seed=rows + vocab)
@@ -182,7 +182,7 @@ def test_argmax_kernel_in_interpreter_matches_the_loop(interpreter, vocab, dtype
 def test_argmax_kernel_in_interpreter_at_llama_vocab_and_small_chunks(interpreter):
     """One row of 128256 (bf16 and fp32) and chunks of 16 / 64 entries: many chunks per row, a second stage over
     several chunk tiles (rows x chunks above its tile), ties across both kinds of boundary; strided rows."""
-    from fold_hf.kernels.triton_select import argmax_rows_triton
+    from fold_hf.kernels.select.triton import argmax_rows_triton
 
     for kind, dtype in ((2, torch.bfloat16), (5, torch.float32)):
         check_argmax(argmax_rows_triton, score_rows(1, 128256, dtype, seed=kind))
@@ -198,8 +198,8 @@ def test_argmax_kernel_in_interpreter_at_llama_vocab_and_small_chunks(interprete
 @pytest.mark.parametrize("k, vocab", [(0, 7), (0, 2049), (1, 1), (3, 2048), (5, 5000), (16, 2049)])
 def test_greedy_verify_kernel_in_interpreter_matches_the_loop(interpreter, k, vocab, dtype, monkeypatch):
     """Also with the second stage's tile cut to 16 partials (several chunk tiles), and chunks of 256 entries."""
-    from fold_hf.kernels import triton_select
-    from fold_hf.kernels.triton_select import greedy_verify_triton
+    from fold_hf.kernels.select import triton as triton_select
+    from fold_hf.kernels.select.triton import greedy_verify_triton
 
     scores = score_rows(k + 1, vocab, dtype, seed=k * 7 + vocab)
     check_verify(greedy_verify_triton, scores, seed=k)
@@ -210,7 +210,7 @@ def test_greedy_verify_kernel_in_interpreter_matches_the_loop(interpreter, k, vo
 
 
 def test_greedy_verify_kernel_returns_the_posterior_and_checks_inputs(interpreter):
-    from fold_hf.kernels.triton_select import greedy_verify_triton
+    from fold_hf.kernels.select.triton import greedy_verify_triton
 
     scores = score_rows(5, 300, torch.float32, seed=3)
     proposals = torch.tensor(statement_argmax(scores)[:4])
@@ -236,7 +236,7 @@ class Recorded:
 
     def __init__(self) -> None:
         from fold_hf.kernels import SelectOps
-        from fold_hf.kernels.triton_select import argmax_rows_triton, greedy_verify_triton
+        from fold_hf.kernels.select.triton import argmax_rows_triton, greedy_verify_triton
 
         self.seen = []
 
@@ -345,7 +345,7 @@ def test_dispatcher_takes_the_torch_path_on_cpu_without_importing_triton():
         "tokens = pick(logits, Sampling())[0]\n"
         "accepted, commit = greedy_accept(top[:3], logits)\n"
         "after = sorted(m for m in sys.modules if m.split('.')[0] == 'triton')\n"
-        "clean = before == after and 'fold_hf.kernels.triton_select' not in sys.modules\n"
+        "clean = before == after and 'fold_hf.kernels.select.triton' not in sys.modules\n"
         "print(ops.backend, clean, int(n), int(final) == int(top[3]), torch.equal(tokens, top), accepted,\n"
         "      torch.equal(commit, top))\n"
     )
@@ -403,7 +403,7 @@ LLAMA_VOCAB = 128256
 @pytest.mark.gpu(reason="the kernels compiled for a CUDA device at Llama-3.1's vocabulary")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernels_match_the_loop_and_torch_on_gpu(dtype):
-    from fold_hf.kernels.triton_select import argmax_rows_triton, greedy_verify_triton
+    from fold_hf.kernels.select.triton import argmax_rows_triton, greedy_verify_triton
 
     for rows in (1, 11, 16, 17):
         scores = score_rows(rows, LLAMA_VOCAB, dtype, seed=rows).cuda()
@@ -419,7 +419,7 @@ def test_kernels_match_the_loop_and_torch_on_gpu(dtype):
 
 @pytest.mark.gpu(reason="CUDA graphs: both kernels captured and replayed over new inputs")
 def test_kernels_under_cuda_graph_replay_on_gpu():
-    from fold_hf.kernels.triton_select import argmax_rows_triton, greedy_verify_triton
+    from fold_hf.kernels.select.triton import argmax_rows_triton, greedy_verify_triton
 
     k = 16
     logits = torch.zeros(k + 1, LLAMA_VOCAB, dtype=torch.bfloat16, device="cuda")
@@ -465,7 +465,7 @@ def test_graph_engine_runs_the_select_kernels_on_gpu(monkeypatch):
     """The graphs engine calls both kernels (the drafter's greedy picks and the verify) and gives HF greedy's tokens;
     with a repetition penalty (the verify on processed scores) the torch path's tokens."""
     import fold_hf.kernels as kernels
-    from fold_hf.kernels.triton_select import argmax_rows_triton, greedy_verify_triton
+    from fold_hf.kernels.select.triton import argmax_rows_triton, greedy_verify_triton
 
     calls = []
 

@@ -1,8 +1,8 @@
-"""The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/triton_hybrid.py) against their torch twins
-(fold_hf/kernels/hybrid_reference.py), and the twins against independent statements: the transformers modules they
-replace (norms, gated norm, activations, rope) and the per-position gated delta rule (itself checked against a
-float64 loop and transformers' rule in tests/test_qwen35.py). Kernels run in Triton's interpreter on the CPU (odd
-shapes, every kernel dtype) and on the GPU (gpu-marked)."""
+"""The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/hybrid/triton.py, gated_delta/triton.py) against their
+torch twins (hybrid/naive.py, gated_delta/naive.py), and the twins against independent statements: the transformers
+modules they replace (norms, gated norm, activations, rope) and the per-position gated delta rule (itself checked
+against a float64 loop and transformers' rule in tests/test_qwen35.py). Kernels run in Triton's interpreter on the CPU
+(odd shapes, every kernel dtype) and on the GPU (gpu-marked)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from fold_hf import compat
-from fold_hf.kernels import hybrid_reference as ref
 from fold_hf.kernels.gated_delta import gated_delta_states_reference
+from fold_hf.kernels.gated_delta import naive as gdn
+from fold_hf.kernels.hybrid import naive as ref
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -89,17 +90,17 @@ def test_gated_delta_verify_and_commit_twins_equal_the_per_position_rule():
     convolution window ending at token n, for every n (independent: gated_delta_states_reference)."""
     L, HK, HV, DK, DV = 5, 2, 4, 8, 6
     qkv, b, a, conv, weight, a_log, dt_bias, state = _delta_inputs(L, HK, HV, DK, DV)
-    q, k, v, g, beta = ref.gated_delta_prepare_reference(qkv, b, a, conv, weight, a_log, dt_bias, HK, DK,
+    q, k, v, g, beta = gdn.gated_delta_prepare_reference(qkv, b, a, conv, weight, a_log, dt_bias, HK, DK,
                                                          torch.float32)
     want_out, want_states = gated_delta_states_reference(q, k, v, g, beta, state)
     window = torch.cat((conv, qkv.t()), 1)
     for n in range(L):
-        pending = ref.gated_delta_pending(2, 8, HK, DK, HV, DV, qkv.shape[1], qkv.dtype, torch.float32, "cpu")
-        out = ref.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pending, 1)
+        pending = gdn.gated_delta_pending(2, 8, HK, DK, HV, DV, qkv.shape[1], qkv.dtype, torch.float32, "cpu")
+        out = gdn.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pending, 1)
         torch.testing.assert_close(out, want_out, atol=0, rtol=0)
         states = torch.stack((torch.zeros_like(state), state))
         convs = torch.stack((torch.zeros_like(conv), conv))
-        ref.gated_delta_commit_reference(torch.tensor([n]), pending, L, states, convs)
+        gdn.gated_delta_commit_reference(torch.tensor([n]), pending, L, states, convs)
         torch.testing.assert_close(states[1], want_states[n], atol=0, rtol=0)
         torch.testing.assert_close(convs[1], window[:, n + 1 : n + 4], atol=0, rtol=0)
         assert torch.equal(states[0], torch.zeros_like(state))  # a layer whose pending rows are zero stays put
@@ -107,7 +108,7 @@ def test_gated_delta_verify_and_commit_twins_equal_the_per_position_rule():
 
 # ---------------------------------------------------------------------------------------------- kernels
 def _check_kernels(device, dtype, H, heads, D, R, ring, L):
-    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.hybrid import triton as tri
 
     tol = _tol(dtype)
     x, d = _randn(L, H, seed=1, dtype=dtype, device=device), _randn(L, H, seed=2, dtype=dtype, device=device)
@@ -177,14 +178,14 @@ def _check_kernels(device, dtype, H, heads, D, R, ring, L):
 
 
 def _check_delta(device, dtype, L, HK, HV, DK, DV, K):
-    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.gated_delta import triton as gdn_tri
 
     qkv, b, a, conv, weight, a_log, dt_bias, state = _delta_inputs(L, HK, HV, DK, DV, K, dtype, device, seed=L)
     C = qkv.shape[1]
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
-    pend = [ref.gated_delta_pending(3, L + 2, HK, DK, HV, DV, C, dtype, torch.float32, device) for _ in range(2)]
-    out = tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pend[0], 2)
-    want = ref.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pend[1], 2)
+    pend = [gdn.gated_delta_pending(3, L + 2, HK, DK, HV, DV, C, dtype, torch.float32, device) for _ in range(2)]
+    out = gdn_tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pend[0], 2)
+    want = gdn.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pend[1], 2)
     torch.testing.assert_close(out, want, **tol)
     for name in pend[0]:
         torch.testing.assert_close(pend[0][name], pend[1][name], **tol)
@@ -192,8 +193,8 @@ def _check_delta(device, dtype, L, HK, HV, DK, DV, K):
         states = [torch.stack((state * 0.5, state, state * 2)) for _ in range(2)]
         convs = [torch.stack((conv, conv, conv)) for _ in range(2)]
         nt = torch.tensor([n], device=device)
-        tri.gated_delta_commit_triton(nt, pend[1], L, states[0], convs[0])
-        ref.gated_delta_commit_reference(nt, pend[1], L, states[1], convs[1])
+        gdn_tri.gated_delta_commit_triton(nt, pend[1], L, states[0], convs[0])
+        gdn.gated_delta_commit_reference(nt, pend[1], L, states[1], convs[1])
         torch.testing.assert_close(states[0], states[1], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(convs[0], convs[1], atol=0, rtol=0)
 
@@ -209,7 +210,7 @@ def test_layer_kernels_in_interpreter(interpreter, dtype, shape):
 
 def test_ring_attention_row_blocks_in_interpreter(interpreter):
     """More query rows (4 heads per KV head x 20 rows) than one program takes: two row blocks, a wrapped ring."""
-    from fold_hf.kernels import triton_hybrid as tri
+    from fold_hf.kernels.hybrid import triton as tri
 
     q = _randn(1, 4, 20, 8, seed=1)
     kr, vr = _randn(1, 1, 24, 8, seed=2), _randn(1, 1, 24, 8, seed=3)

@@ -82,7 +82,7 @@ def import_edges(exempt: bool = True) -> dict[str, set[str]]:
 
 
 def part(module: str) -> str:
-    """``fold_hf.kernels.reference`` -> ``fold_hf.kernels``; ``fold_hf.cli`` -> itself."""
+    """``fold_hf.kernels.fold_read.naive`` -> ``fold_hf.kernels``; ``fold_hf.cli`` -> itself."""
     return ".".join(module.split(".")[:2])
 
 
@@ -162,7 +162,7 @@ def test_the_install_edge_is_the_only_exemption_and_is_lazy():
 
 
 def test_the_checker_sees_an_upward_arrow_and_a_cycle():
-    edges = {"fold_hf.kernels.reference": {"fold_hf.modeling.read_plan"},
+    edges = {"fold_hf.kernels.fold_read.naive": {"fold_hf.modeling.read_plan"},
              "fold_hf.modeling.read_plan": {"fold_hf.modeling.rope"},
              "fold_hf.modeling.attention": {"fold_hf.kernels"}, "fold_hf.kernels": set(),
              "fold_hf.modeling.rope": set()}

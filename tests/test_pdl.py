@@ -104,9 +104,9 @@ def test_fused_layers_open_the_scope_for_one_token_only(arch, interpreter, monke
 def _chain(x, weights, norm_w, cos, sin, positions, caches, layers):
     """A decode step's chain of dependent kernels at a small shape: ``layers`` times norm -> q|k|v -> rope and cache
     write -> attention -> o -> norm -> gate|up + SiLU -> down, as the fused target layers launch them."""
-    from fold_hf.kernels.triton_fold import decode_attention_triton
-    from fold_hf.kernels.triton_gemm import decode_linear_triton, gate_up_silu_triton
-    from fold_hf.kernels.triton_layer import add_rms_norm_triton, rope_write_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
+    from fold_hf.kernels.gemm.triton import decode_linear_triton, gate_up_silu_triton
+    from fold_hf.kernels.layer.triton import add_rms_norm_triton, rope_write_triton
 
     hidden, delta = x, None
     Hq, Hkv, D = 8, 2, 64

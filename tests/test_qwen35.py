@@ -449,7 +449,7 @@ def test_gated_delta_reference_against_float64_loop_and_transformers():
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 8, 8), (5, 2, 6, 12, 20), (16, 2, 4, 32, 48)])
 def test_gated_delta_triton_in_interpreter(interpreter, shape):
-    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+    from fold_hf.kernels.gated_delta.triton import gated_delta_states_triton
 
     q, k, v, gate, beta, state = _inputs(*shape)
     out, states = gated_delta_states_triton(q, k, v, gate, beta, state)
@@ -464,7 +464,7 @@ def test_gated_delta_triton_in_interpreter(interpreter, shape):
 # ---------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu(reason="the 9B shape: too slow in the interpreter (it checks small shapes)")
 def test_gated_delta_triton_on_gpu_at_the_9b_shape():
-    from fold_hf.kernels.triton_gated_delta import gated_delta_states_triton
+    from fold_hf.kernels.gated_delta.triton import gated_delta_states_triton
 
     q, k, v, gate, beta, state = (t.cuda() for t in _inputs(16, 16, 32, 128, 128, seed=3))
     out, states = gated_delta_states_triton(q, k, v, gate, beta, state)

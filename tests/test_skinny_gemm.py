@@ -1,4 +1,4 @@
-"""The decode step's skinny GEMMs (:mod:`fold_hf.kernels.triton_gemm`) and their place in the fused target layers.
+"""The decode step's skinny GEMMs (:mod:`fold_hf.kernels.gemm.triton`) and their place in the fused target layers.
 
 * Triton interpreter (CPU CI): each kernel against a float64 statement of the product (and of ``silu(g) * u``)
   over odd shapes, both paths (one row on the CUDA cores, 2-16 rows through ``tl.dot``), with and without bias;
@@ -51,7 +51,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 
 def check_gemms(device, dtype, shapes, gate_up: bool = True):
     """``gate_up``: also the gate|up products (whose plans always use ``tl.dot``)."""
-    from fold_hf.kernels.triton_gemm import gate_up_silu_triton, skinny_linear_triton
+    from fold_hf.kernels.gemm.triton import gate_up_silu_triton, skinny_linear_triton
 
     for rows, N, K, with_bias in shapes:
         seed = rows * 7 + N + K
@@ -88,7 +88,7 @@ def test_one_row_path_in_bf16_matches_the_float64_product(interpreter):
 def test_gemm_inputs_and_settings_are_checked(monkeypatch):
     pytest.importorskip("triton")
     from fold_hf.kernels import SKINNY_GEMM_ENV, skinny_gemm_enabled
-    from fold_hf.kernels.triton_gemm import PLAN_ENV, gate_up_silu_triton, gemm_plan, skinny_linear_triton
+    from fold_hf.kernels.gemm.triton import PLAN_ENV, gate_up_silu_triton, gemm_plan, skinny_linear_triton
 
     weight = torch.zeros(8, 16)
     with pytest.raises(ValueError, match="1 to 16 rows"):
@@ -101,7 +101,7 @@ def test_gemm_inputs_and_settings_are_checked(monkeypatch):
         skinny_linear_triton(torch.zeros(1, 8), weight.t())
     with pytest.raises(ValueError, match="even number of rows"):
         gate_up_silu_triton(torch.zeros(1, 16), torch.zeros(7, 16))
-    from fold_hf.kernels.triton_gemm import skinny_wins
+    from fold_hf.kernels.gemm.triton import skinny_wins
 
     # the routing measured on the H200: one row and gate|up always, a block's rows only up to 4096 x 4096
     assert skinny_wins(1, 4096, 14336) and skinny_wins(10, 28672, 4096, silu_mul=True)
@@ -127,7 +127,7 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
     """Fused layers with the Triton GEMMs (interpreter) in place of F.linear: HF greedy's tokens, the unfused loop's
     acceptance lengths; the GEMMs see the AR step's 1 row and the verify block's rows, never a prefill chunk."""
     import fold_hf.kernels as kernels
-    from fold_hf.kernels import triton_gemm
+    from fold_hf.kernels.gemm import triton as triton_gemm
 
     seen = []
 
@@ -173,7 +173,7 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
 def test_gemms_match_the_float64_product_on_gpu(dtype):
     shapes = [(1, 6144, 4096, False), (1, 4096, 14336, False), (10, 28672, 4096, False), (16, 4096, 4096, True),
               (1, 1030, 4100, True), (7, 4098, 1000, False)]
-    from fold_hf.kernels.triton_gemm import skinny_linear_triton
+    from fold_hf.kernels.gemm.triton import skinny_linear_triton
 
     check_gemms("cuda", dtype, shapes)
     x = randn(1, 1, 4096, dtype=dtype, device="cuda")

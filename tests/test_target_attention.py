@@ -115,7 +115,7 @@ def test_target_attention_comes_from_the_environment_and_is_checked(monkeypatch)
 # ---------------------------------------------------------------------------------------------------- kernel
 def kernel_vs_twin(T, L, Hq, Hkv, head_dim, dtype, device, capacity=None, as_tensor=False, num_splits=None,
                    max_context_length=None, seed=0):
-    from fold_hf.kernels.triton_fold import decode_attention_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
 
     inputs = decode_inputs(T, L, Hq, Hkv, head_dim, dtype, device=device, capacity=capacity, seed=seed)
     scaling = head_dim**-0.5
@@ -166,7 +166,7 @@ def test_kernel_matches_twin_on_gpu(L, T, Hq, Hkv, head_dim, dtype):
 @pytest.mark.parametrize("merge_kw", [dict(merge_dv_block=16), dict(merge_early_acc=False),
                                       dict(merge_dv_block=32, merge_warps=2, merge_early_acc=True)])
 def test_merge_launch_shapes_in_interpreter_match_twin(interpreter, merge_kw):
-    from fold_hf.kernels.triton_fold import decode_attention_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
 
     inputs = decode_inputs(90, 3, 6, 2, 64, torch.float32, device="cpu", capacity=200, seed=5)
     oracle = decode_attention_reference(**{k: v.double() for k, v in inputs.items()}, context_length=90,
@@ -181,7 +181,7 @@ def test_merge_launch_shapes_in_interpreter_match_twin(interpreter, merge_kw):
                                       dict(merge_early_acc=False), dict(merge_warps=4)])
 @pytest.mark.parametrize("L", [1, 10])
 def test_merge_launch_shapes_on_gpu(merge_kw, L):
-    from fold_hf.kernels.triton_fold import decode_attention_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
 
     inputs = decode_inputs(32768 - L, L, 32, 8, 128, torch.bfloat16, device="cuda", capacity=32768, seed=L)
     oracle = decode_attention_reference(**{k: v.double() for k, v in inputs.items()}, context_length=32768 - L,
@@ -196,7 +196,7 @@ def test_merge_launch_shapes_on_gpu(merge_kw, L):
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 @pytest.mark.parametrize("num_splits", [1, 7, None])
 def test_kernel_pipelining_and_splits_on_gpu(num_stages, num_splits):
-    from fold_hf.kernels.triton_fold import decode_attention_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
 
     for T, L in ((4097, 10), (777, 1)):
         inputs = decode_inputs(T, L, 32, 8, 128, torch.bfloat16, device="cuda", seed=T)
@@ -209,7 +209,7 @@ def test_kernel_pipelining_and_splits_on_gpu(num_stages, num_splits):
 
 @pytest.mark.gpu(reason="CUDA graphs: capture once, replay with new device-side lengths")
 def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
-    from fold_hf.kernels.triton_fold import decode_attention_triton
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
 
     capacity, L = 4096, 10
     inputs = decode_inputs(0, L, 16, 4, 64, torch.bfloat16, device="cuda", capacity=capacity)

@@ -95,7 +95,7 @@ def test_cpu_read_never_imports_triton():
         "before = sorted(m for m in sys.modules if m.split('.')[0] == 'triton')\n"
         "fold_attention(q, k, v, k[:, :, :4], v[:, :, :4], read, 8 ** -0.5)\n"
         "after = sorted(m for m in sys.modules if m.split('.')[0] == 'triton')\n"
-        "print(before == after and 'fold_hf.kernels.triton_fold' not in sys.modules)\n"
+        "print(before == after and 'fold_hf.kernels.fold_read.triton' not in sys.modules)\n"
     )
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env.pop("TRITON_INTERPRET", None)
@@ -140,7 +140,7 @@ def kernel_case(T, t, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, d
     oracle = fold_read_geometry_reference(
         **{k: (None if v is None else v.double()) for k, v in inputs.items()}, cos=cos.double(), sin=sin.double(),
         context_length=T, block_start=t, window=D, alpha=alpha)
-    from fold_hf.kernels.triton_fold import fold_read_triton
+    from fold_hf.kernels.fold_read.triton import fold_read_triton
 
     if as_tensors:
         lengths = dict(context_length=torch.tensor([T], dtype=torch.int32, device=device),
@@ -222,7 +222,7 @@ def test_merge_launch_shapes_match_the_oracle(interpreter, merge_kw, alpha):
 
 
 def test_merge_plan_loads_early_only_in_one_round(monkeypatch):
-    from fold_hf.kernels.triton_fold import MERGE_DV_ENV, MERGE_EARLY_ENV, _merge_tiles
+    from fold_hf.kernels.fold_read.triton import MERGE_DV_ENV, MERGE_EARLY_ENV, _merge_tiles
 
     monkeypatch.delenv(MERGE_DV_ENV, raising=False)
     monkeypatch.delenv(MERGE_EARLY_ENV, raising=False)
@@ -249,7 +249,7 @@ def test_kernel_in_interpreter_matches_oracle(interpreter, case, dtype):
 
 def test_fold_attention_in_interpreter_runs_the_kernel(interpreter, monkeypatch):
     # dispatch is CUDA-only; call the kernel path by hand on a planned read
-    from fold_hf.kernels.triton_fold import fold_read_triton
+    from fold_hf.kernels.fold_read.triton import fold_read_triton
 
     rope = rope_tables(16, 8)
     read = plan(FoldConfig(window=W, alpha=2.0), 40, 40, B, rope)
@@ -338,7 +338,7 @@ def test_kernel_with_device_lengths_and_a_larger_buffer(dtype):
 
 @pytest.mark.gpu(reason="CUDA graphs: capture once, replay with new device-side lengths")
 def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
-    from fold_hf.kernels.triton_fold import fold_read_triton
+    from fold_hf.kernels.fold_read.triton import fold_read_triton
 
     device, capacity, T0 = "cuda", 4096, 3000
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -417,7 +417,7 @@ def test_wide_heads_get_tiles_that_fit_shared_memory(dtype, rows):
     """Head dim 512 (Gemma-4's global layers): the default tiles asked the H200 for 262,144-401,664 bytes of shared
     memory (limit 232,448) and the launch failed; the plan now shrinks them under the budget, and head dims up to 256
     keep their measured defaults."""
-    from fold_hf.kernels.triton_fold import WIDE_TILE_SMEM_BYTES, _launch_plan, wide_tile_smem_estimate
+    from fold_hf.kernels.fold_read.triton import WIDE_TILE_SMEM_BYTES, _launch_plan, wide_tile_smem_estimate
 
     cuda = torch.device("cuda")  # only the defaults' device type is read; nothing is allocated
     wide = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None)
@@ -430,7 +430,7 @@ def test_wide_heads_get_tiles_that_fit_shared_memory(dtype, rows):
     pinned = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, 32, None, 3)
     assert (pinned.block_n, pinned.num_stages) == (32, 3)  # knobs the caller set are kept
     # the target's decode kernel (pre-rotated keys, no rope tiles) has a larger budget and 4 warps at wide heads
-    from fold_hf.kernels.triton_fold import DECODE_WIDE_TILE_SMEM_BYTES
+    from fold_hf.kernels.fold_read.triton import DECODE_WIDE_TILE_SMEM_BYTES
 
     decode = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
     assert wide_tile_smem_estimate(decode.block_m, decode.block_n, decode.block_d, decode.block_dv,

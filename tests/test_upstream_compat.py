@@ -128,9 +128,9 @@ def test_a_triton_module_that_fails_to_import_is_said_once(monkeypatch):
     from fold_hf import kernels
 
     monkeypatch.setattr(kernels, "triton_kernels_enabled", lambda device: True)
-    monkeypatch.setitem(sys.modules, "fold_hf.kernels.triton_layer", None)  # importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "fold_hf.kernels.layer.triton", None)  # importing it raises ImportError
     monkeypatch.setattr(kernels, "_IMPORT_FAILURES", set())
-    with pytest.warns(UserWarning, match=r"fold_hf.kernels.triton_layer failed to import \((ModuleNotFound|Import)Error"):
+    with pytest.warns(UserWarning, match=r"fold_hf.kernels.layer.triton failed to import \((ModuleNotFound|Import)Error"):
         ops = kernels.default_layer_ops("cpu")
     assert ops.backend == "torch"
     with warnings.catch_warnings():
@@ -143,9 +143,9 @@ def test_the_gated_delta_kernel_import_failure_is_said(monkeypatch):
     from fold_hf.kernels import gated_delta
 
     monkeypatch.setattr(kernels, "triton_kernels_enabled", lambda device: True)
-    monkeypatch.setitem(sys.modules, "fold_hf.kernels.triton_gated_delta", None)
+    monkeypatch.setitem(sys.modules, "fold_hf.kernels.gated_delta.triton", None)
     monkeypatch.setattr(kernels, "_IMPORT_FAILURES", set())
-    with pytest.warns(UserWarning, match="triton_gated_delta failed to import"):
+    with pytest.warns(UserWarning, match="gated_delta.triton failed to import"):
         assert gated_delta.default_gated_delta("cpu") is gated_delta.gated_delta_states_reference
 
 
@@ -174,7 +174,7 @@ def test_a_dropped_fused_drafter_step_is_said(monkeypatch):
 
 
 def test_a_failing_private_mkl_op_is_said_once_and_f_linear_runs(monkeypatch):
-    from fold_hf.kernels import cpu_gemm
+    from fold_hf.kernels.gemm import cpu as cpu_gemm
 
     if not cpu_gemm.mkl_packed_available():
         pytest.skip("this torch build has no MKL packed ops")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.select_reference import verify_greedy_torch
+from ..kernels.select.naive import verify_greedy_torch
 from ..modeling.rope import compute_dtype
 
 SAMPLING_SETTINGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "min_new_tokens")
@@ -324,7 +324,7 @@ def verify_sampled(target_scores: torch.Tensor, proposals: torch.Tensor, q: torc
 
 def verify_greedy(target_scores: torch.Tensor, proposals: torch.Tensor, limit: torch.Tensor | int):
     """Greedy verification on the device by ``torch.argmax``: (accepted n ``[1]``, the target's argmax at every row
-    ``[K + 1]``) (:func:`fold_hf.kernels.select_reference.verify_greedy_torch`; :meth:`TokenChoice.verify` takes
+    ``[K + 1]``) (:func:`fold_hf.kernels.select.naive.verify_greedy_torch`; :meth:`TokenChoice.verify` takes
     :func:`greedy_ops`, the Triton kernels on CUDA)."""
     return verify_greedy_torch(target_scores, proposals, limit)
 

@@ -9,7 +9,7 @@ in a device tensor, so a round can be captured once and replayed:
   ``d_new`` rows (the accepted tokens) count, the rest is overwritten next round;
 * the read goes through a function with the FOLD kernel contract, which takes the context length and block
   start as device tensors: ``fold_read_triton`` when Triton is there (no host read: capturable), else its torch
-  twin :func:`~fold_hf.kernels.reference.fold_read_geometry_reference` (reads the lengths on the host: the
+  twin :func:`~fold_hf.kernels.fold_read.naive.fold_read_geometry_reference` (reads the lengths on the host: the
   ``static`` engine's uncaptured path);
 * every reading mode, each as a case of that one geometry (its rules: :func:`~fold_hf.modeling.read_plan.
   read_geometry`, the planner the loop's reads use too), so the baselines run as fast as FOLD and a comparison of
@@ -38,7 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.reference import fold_read_geometry_reference, rotate_by_tables
+from ..kernels.fold_read.naive import fold_read_geometry_reference, rotate_by_tables
 from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.read_plan import RERoPE_LOG_BASE
@@ -62,7 +62,7 @@ def default_read_function(device: torch.device | str):
     ``FOLD_HF_DISABLE_TRITON`` not ``1``), else None."""
     from ..kernels import import_triton_module, triton_kernels_enabled
 
-    module = import_triton_module("triton_fold") if triton_kernels_enabled(device) else None
+    module = import_triton_module("fold_read.triton") if triton_kernels_enabled(device) else None
     return module.fold_read_triton if module is not None else None
 
 
@@ -110,7 +110,7 @@ class StaticDrafter:
         drafter: a bound :class:`FoldDrafter` whose mode is in :data:`STATIC_MODES`.
         cache: from :func:`preallocated_cache`, large enough for every entry plus one block.
         read_function: a function with the FOLD kernel contract (default: its torch twin
-            :func:`~fold_hf.kernels.reference.fold_read_geometry_reference`).
+            :func:`~fold_hf.kernels.fold_read.naive.fold_read_geometry_reference`).
         tables: the rope tables ``(cos, sin)`` of another StaticDrafter of the same drafter and cache (they do not
             depend on the reading mode), to share instead of building them again.
         layer_ops: fused elementwise ops (:func:`fold_hf.kernels.default_layer_ops`) to run the layers' norms with
@@ -447,7 +447,7 @@ def fused_projections(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.T
 
 def fused_drafter_unsupported(drafter: FoldDrafter) -> str | None:
     """Why the fused drafter layers cannot run ``drafter`` (None when they can)."""
-    from ..kernels.layer_reference import is_silu
+    from ..kernels.layer.naive import is_silu
 
     dtype = drafter.fc.weight.dtype
     if any(layer.self_attn.k_eq_v or layer.sandwich_norms for layer in drafter.layers):

@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from ..kernels.reference import grouped_logits, rotate_by_tables
+from ..kernels.fold_read.naive import grouped_logits, rotate_by_tables
 from ..modeling.retrieval import RetrievalParams
 
 _FAR_AWAY = 1 << 40  # sorts after every real entry or chunk number

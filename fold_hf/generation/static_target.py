@@ -18,11 +18,11 @@ model's; only the cache and the attention are ours:
     positions. Buckets grow with the context (length dispatch) so a short context does not pay for the whole
     capacity. The query heads of one KV head are stacked as rows, so GQA reads each KV head once.
     ``attention="triton"``: a split-context decode kernel
-    (:func:`fold_hf.kernels.triton_fold.decode_attention_triton`; its torch twin off CUDA) reads the cache
+    (:func:`fold_hf.kernels.fold_read.triton.decode_attention_triton`; its torch twin off CUDA) reads the cache
     prefix ``[0, start)`` up to a length it loads from the device, plus the block's own keys causally, so no
     ``[Hkv, G * L, S]`` fp32 score tensor is written; the bucket then only sizes the kernel's splits.
 * Fused layers (``fused=True`` with ``attention="triton"``): the norms' residual adds, the rope with the cache
-  write and the MLP's ``silu(gate) * up`` run as three fused launches (:mod:`fold_hf.kernels.triton_layer`,
+  write and the MLP's ``silu(gate) * up`` run as three fused launches (:mod:`fold_hf.kernels.layer.triton`,
   torch twins off CUDA) instead of ~30 small module kernels per layer; projections stay the model's modules
   (PEFT included). Llama-style RMSNorm, SiLU MLP and full rotary only (:meth:`StaticTarget.fused_unsupported`).
 * Projections laid out for decode (every forward, default on; ``$FOLD_HF_CONCAT_PROJECTIONS=0`` turns it off): q|k|v
@@ -30,7 +30,7 @@ model's; only the cache and the attention are ours:
   (:mod:`fold_hf.generation.weight_layout`: nothing held twice, writes through the modules reach them). A layer
   whose projections are not plain ``nn.Linear`` in the model dtype (LoRA, quantized) runs them as modules, with a
   warning naming why (:meth:`StaticTarget.decode_projections`). On CUDA a decode step's projections (1 to 16 rows)
-  in the fused layers run the skinny Triton GEMMs of :mod:`fold_hf.kernels.triton_gemm` where they measured faster
+  in the fused layers run the skinny Triton GEMMs of :mod:`fold_hf.kernels.gemm.triton` where they measured faster
   than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS. An AR
   step's Triton launches there use programmatic dependent launch (:mod:`fold_hf.kernels.triton_pdl`; ``$FOLD_HF_PDL=0``
   turns it off).
@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..compat import has_norm_epsilon, norm_epsilon
-from ..kernels.cpu_gemm import _hooked, linear_module
+from ..kernels.gemm.cpu import _hooked, linear_module
 from .taps import _unwrap
 from .weight_layout import (
     DecodeProjections,
@@ -170,7 +170,7 @@ _GATED_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 def _project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``: through ``gemm(x, weight, bias)`` (a decode step's skinny GEMM) when given and ``module`` is a
     plain, hook-free ``nn.Linear`` with a contiguous weight in ``x``'s dtype; else
-    :func:`~fold_hf.kernels.cpu_gemm.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
+    :func:`~fold_hf.kernels.gemm.cpu.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
     if (gemm is not None and type(module) is nn.Linear and module.weight.dtype == x.dtype
             and module.weight.is_contiguous() and not _hooked(module)):
         return gemm(x, module.weight, module.bias)
@@ -283,7 +283,7 @@ class StaticTarget:
 
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""
-        from ..kernels.layer_reference import is_silu
+        from ..kernels.layer.naive import is_silu
 
         if self.cos.shape[-1] != self.head_dim:
             return f"partial rotary ({self.cos.shape[-1]} of {self.head_dim} dims): the fused rope rotates all"

@@ -25,7 +25,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..kernels.cpu_gemm import linear
+from ..kernels.gemm.cpu import linear
 
 CONCAT_ENV = "FOLD_HF_CONCAT_PROJECTIONS"
 
@@ -128,7 +128,7 @@ class DecodeProjections:
     def qkv(self, hidden: torch.Tensor, gemm=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output:
         ``gemm(hidden, weight, bias)`` when given (a decode step's skinny GEMM), else
-        :func:`fold_hf.kernels.cpu_gemm.linear` (several CPU rows: MKL's packed GEMM)."""
+        :func:`fold_hf.kernels.gemm.cpu.linear` (several CPU rows: MKL's packed GEMM)."""
         if gemm is not None:
             out = gemm(hidden, self.qkv_weight, self.qkv_bias)
         else:

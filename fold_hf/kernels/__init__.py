@@ -1,24 +1,30 @@
-"""FOLD kernels on plain tensors: Triton kernels and their pure-torch twins.
+"""FOLD kernels on plain tensors: Triton kernels and their pure-torch twins, one package per op (as
+flash-linear-attention's ``ops/<op>/``): ``<op>/naive.py`` the torch twins (the CPU path and the oracles of the tests),
+``<op>/triton.py`` the Triton kernels, imported only through :func:`import_triton_module` (never on the CPU path; a
+``naive.py`` and a package's ``__init__`` never import their ``triton.py``). This module is the dispatch.
 
-* :mod:`fold_hf.kernels.triton_fold`: the FOLD read given as numbers (``fold_read_triton``) and the target's
-  verify attention (``decode_attention_triton``); twins in :mod:`fold_hf.kernels.reference`;
-* :mod:`fold_hf.kernels.triton_layer`: the fused elementwise ops of the fast loop's layers; twins in
-  :mod:`fold_hf.kernels.layer_reference`;
-* :mod:`fold_hf.kernels.triton_gemm`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in
-  the gate|up product); twins in :mod:`fold_hf.kernels.gemm_reference`;
-* :mod:`fold_hf.kernels.triton_pdl`: programmatic dependent launch for the kernels above, inside
-  :func:`fold_hf.kernels.common.pdl_scope` (an AR step's fused target layers);
-* :mod:`fold_hf.kernels.triton_hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head
-  norm + partial rope + ring write, GELU-tanh, the fused Gated DeltaNet verify and its commit); twins in
-  :mod:`fold_hf.kernels.hybrid_reference`;
-* :mod:`fold_hf.kernels.triton_select`: greedy token selection on logits rows (the argmax of each row, and a
-  round's greedy verify: accepted count and last token) in two launches, ``torch.argmax``'s semantics exactly;
-  twins and the torch path in :mod:`fold_hf.kernels.select_reference`, chosen by :func:`greedy_select_ops`
-  (``$FOLD_HF_TRITON_SELECT=0``: the torch path on CUDA too).
+* :mod:`.fold_read`: the FOLD read given as numbers (``fold_read_triton``) and the target's verify attention
+  (``decode_attention_triton``, :func:`default_decode_attention`); twins ``fold_read_geometry_reference`` /
+  ``decode_attention_reference``;
+* :mod:`.layer`: the fused elementwise ops of the fast loop's layers (:func:`default_layer_ops`);
+* :mod:`.gemm`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in the gate|up product;
+  :func:`skinny_gemm_enabled`), and :mod:`.gemm.cpu`: several CPU rows through MKL's packed GEMM;
+* :mod:`.hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head norm + partial rope + ring
+  write, ring attention, GELU-tanh, sigmoid gate, gated RMSNorm) and :mod:`.gated_delta`: the gated delta rule (per
+  position states, :func:`~.gated_delta.default_gated_delta`; the fused Gated DeltaNet verify and its commit), both
+  in :func:`default_hybrid_ops`;
+* :mod:`.select`: greedy token selection on logits rows (the argmax of each row, and a round's greedy verify:
+  accepted count and last token) in two launches, ``torch.argmax``'s semantics exactly; the torch path in
+  :mod:`.select.naive`, chosen by :func:`greedy_select_ops` (``$FOLD_HF_TRITON_SELECT=0``: the torch path on CUDA
+  too);
+* :mod:`.prefill_attention`: a prefill chunk's attention (its own dispatch,
+  :func:`~.prefill_attention.prefill_attention`);
+* :mod:`.common` (dtypes, ``rotate_half``, :func:`~.common.pdl_scope`) and :mod:`.triton_pdl` (programmatic
+  dependent launch for the Triton kernels inside ``pdl_scope``: an AR step's fused target layers) are shared.
 
 This package takes tensors and imports nothing from :mod:`fold_hf.modeling` (checked by
 ``tests/test_import_graph.py``); reading a planned ``LayerRead`` through these kernels is
-:mod:`fold_hf.modeling.fold_read`. Triton is never imported on the CPU path.
+:mod:`fold_hf.modeling.fold_read`.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ import torch
 
 from ..import_utils import is_triton_available
 from .common import compute_dtype, rotate_half
-from .reference import decode_attention_reference, fold_read_geometry_reference, rotate_by_tables
-from .select_reference import argmax_rows_torch, greedy_verify_torch
+from .fold_read.naive import decode_attention_reference, fold_read_geometry_reference, rotate_by_tables
+from .select.naive import argmax_rows_torch, greedy_verify_torch
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -77,9 +83,9 @@ def import_triton_module(name: str):
 
 def default_decode_attention(device: torch.device):
     """The target's verify attention for the opt-in ``target_attention="triton"`` on ``device``: the Triton
-    kernel (:func:`~fold_hf.kernels.triton_fold.decode_attention_triton`) on CUDA when it imports, else its
-    pure-torch twin :func:`~fold_hf.kernels.reference.decode_attention_reference` (same signature)."""
-    module = import_triton_module("triton_fold") if triton_kernels_enabled(device) else None
+    kernel (:func:`~fold_hf.kernels.fold_read.triton.decode_attention_triton`) on CUDA when it imports, else its
+    pure-torch twin :func:`~fold_hf.kernels.fold_read.naive.decode_attention_reference` (same signature)."""
+    module = import_triton_module("fold_read.triton") if triton_kernels_enabled(device) else None
     return module.decode_attention_triton if module is not None else decode_attention_reference
 
 
@@ -88,7 +94,7 @@ SKINNY_GEMM_ENV = "FOLD_HF_SKINNY_GEMM"
 
 def skinny_gemm_enabled() -> bool:
     """Whether the fused target layers run their decode projections (1 to 16 rows) through the skinny Triton GEMMs
-    of :mod:`fold_hf.kernels.triton_gemm` on CUDA (default yes; ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS, for A/B
+    of :mod:`fold_hf.kernels.gemm.triton` on CUDA (default yes; ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS, for A/B
     timings)."""
     value = os.environ.get(SKINNY_GEMM_ENV, "1")
     if value not in ("0", "1", ""):
@@ -99,8 +105,8 @@ def skinny_gemm_enabled() -> bool:
 class LayerOps:
     """The fused elementwise ops of the fast loop's fused layers (target and drafter).
 
-    ``skinny_linear`` / ``gate_up_silu``: the decode-step GEMMs (:mod:`fold_hf.kernels.triton_gemm`, or their twins
-    in :mod:`fold_hf.kernels.gemm_reference`), or None where the projections run as ``F.linear`` / the modules
+    ``skinny_linear`` / ``gate_up_silu``: the decode-step GEMMs (:mod:`fold_hf.kernels.gemm.triton`, or their twins
+    in :mod:`fold_hf.kernels.gemm.naive`), or None where the projections run as ``F.linear`` / the modules
     (the CPU path, whose multi-row products go to MKL's packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
     ``skinny_rows`` the most rows they take."""
 
@@ -116,20 +122,20 @@ class LayerOps:
 
 
 def default_layer_ops(device: torch.device) -> LayerOps:
-    """The Triton kernels of :mod:`fold_hf.kernels.triton_layer` (and the skinny GEMMs of
-    :mod:`fold_hf.kernels.triton_gemm`, see :func:`skinny_gemm_enabled`) on CUDA when they import (and
-    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins from :mod:`fold_hf.kernels.layer_reference`
+    """The Triton kernels of :mod:`fold_hf.kernels.layer.triton` (and the skinny GEMMs of
+    :mod:`fold_hf.kernels.gemm.triton`, see :func:`skinny_gemm_enabled`) on CUDA when they import (and
+    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins from :mod:`fold_hf.kernels.layer.naive`
     with the projections left to ``F.linear``."""
-    layer = import_triton_module("triton_layer") if triton_kernels_enabled(device) else None
+    layer = import_triton_module("layer.triton") if triton_kernels_enabled(device) else None
     if layer is not None:
         skinny = {}
-        gemm = import_triton_module("triton_gemm") if skinny_gemm_enabled() else None
+        gemm = import_triton_module("gemm.triton") if skinny_gemm_enabled() else None
         if gemm is not None:
             skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
                           skinny_rows=gemm.MAX_ROWS)
         return LayerOps(layer.add_rms_norm_triton, layer.rope_write_triton, layer.silu_mul_triton,
                         layer.rotate_heads_triton, "triton", **skinny)
-    from .layer_reference import (
+    from .layer.naive import (
         add_rms_norm_reference,
         rope_write_reference,
         rotate_heads_reference,
@@ -142,6 +148,7 @@ def default_layer_ops(device: torch.device) -> LayerOps:
 
 HYBRID_OPS = ("residual_norm", "head_norm_rope_write", "ring_attention", "gelu_tanh_mul", "sigmoid_mul",
               "gated_rms_norm", "gated_delta_verify", "gated_delta_commit")
+GATED_DELTA_OPS = ("gated_delta_verify", "gated_delta_commit")  # those of HYBRID_OPS in fold_hf.kernels.gated_delta
 
 
 class HybridOps:
@@ -160,14 +167,21 @@ class HybridOps:
 
 
 def default_hybrid_ops(device: torch.device | str) -> HybridOps:
-    """The Triton kernels of :mod:`fold_hf.kernels.triton_hybrid` on CUDA when they import (and
-    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins (:mod:`fold_hf.kernels.hybrid_reference`)."""
-    module = import_triton_module("triton_hybrid") if triton_kernels_enabled(device) else None
-    if module is not None:
-        return HybridOps("triton", **{name: getattr(module, f"{name}_triton") for name in HYBRID_OPS})
-    from . import hybrid_reference as module
+    """The Triton kernels of :mod:`fold_hf.kernels.hybrid.triton` and :mod:`fold_hf.kernels.gated_delta.triton`
+    (:data:`GATED_DELTA_OPS`) on CUDA when both import (and ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their
+    torch twins (:mod:`fold_hf.kernels.hybrid.naive`, :mod:`fold_hf.kernels.gated_delta.naive`)."""
+    enabled = triton_kernels_enabled(device)
+    hybrid = import_triton_module("hybrid.triton") if enabled else None
+    delta = import_triton_module("gated_delta.triton") if hybrid is not None else None
+    if delta is not None:
+        return HybridOps("triton", **{name: getattr(delta if name in GATED_DELTA_OPS else hybrid, f"{name}_triton")
+                                      for name in HYBRID_OPS})
+    from .gated_delta.naive import gated_delta_commit_reference, gated_delta_verify_reference
+    from .hybrid import naive as hybrid
 
-    return HybridOps("torch", **{name: getattr(module, f"{name}_reference") for name in HYBRID_OPS})
+    ops = {name: getattr(hybrid, f"{name}_reference") for name in HYBRID_OPS if name not in GATED_DELTA_OPS}
+    return HybridOps("torch", gated_delta_verify=gated_delta_verify_reference,
+                     gated_delta_commit=gated_delta_commit_reference, **ops)
 
 
 class SelectOps:
@@ -209,7 +223,7 @@ SELECT_ENV = "FOLD_HF_TRITON_SELECT"
 
 
 def select_kernels_enabled() -> bool:
-    """Whether greedy selection on CUDA runs the Triton kernels of :mod:`fold_hf.kernels.triton_select` (default
+    """Whether greedy selection on CUDA runs the Triton kernels of :mod:`fold_hf.kernels.select.triton` (default
     yes; ``$FOLD_HF_TRITON_SELECT=0`` keeps ``torch.argmax``, for A/B timings)."""
     value = os.environ.get(SELECT_ENV, "1")
     if value not in ("0", "1", ""):
@@ -219,22 +233,22 @@ def select_kernels_enabled() -> bool:
 
 def greedy_select_ops(device: torch.device | str) -> SelectOps:
     """Greedy token selection for logits on ``device``: the Triton kernels of
-    :mod:`fold_hf.kernels.triton_select` (two launches, no fp32 copy of the logits needed) on CUDA when they import
+    :mod:`fold_hf.kernels.select.triton` (two launches, no fp32 copy of the logits needed) on CUDA when they import
     (and neither ``FOLD_HF_DISABLE_TRITON`` is ``1`` nor :data:`SELECT_ENV` ``0``), else the torch path
-    (``torch.argmax`` then the prefix match, :mod:`fold_hf.kernels.select_reference`), what the decode loops ran
+    (``torch.argmax`` then the prefix match, :mod:`fold_hf.kernels.select.naive`), what the decode loops ran
     before the kernels."""
     return _select_ops(triton_kernels_enabled(device) and select_kernels_enabled())
 
 
 @functools.lru_cache(maxsize=None)
 def _select_ops(triton: bool) -> SelectOps:
-    module = import_triton_module("triton_select") if triton else None
+    module = import_triton_module("select.triton") if triton else None
     if module is not None:
         return SelectOps("triton", module.argmax_rows_triton, module.greedy_verify_triton)
     return SelectOps("torch")
 
 
-__all__ = ["HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV", "SKINNY_GEMM_ENV",
+__all__ = ["GATED_DELTA_OPS", "HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV", "SKINNY_GEMM_ENV",
            "SelectOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
            "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference", "greedy_select_ops",
            "import_triton_module", "triton_unavailable_reason",

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..kernels.cpu_gemm import linear_module
+from ..kernels.gemm.cpu import linear_module
 from .attention import FOLD_ATTENTION, drafter_read
 from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
@@ -76,7 +76,7 @@ class DrafterMLP(nn.Module):
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # several CPU rows run MKL's packed GEMM (kernels/cpu_gemm.py; F.linear elsewhere and under autograd)
+        # several CPU rows run MKL's packed GEMM (kernels/gemm/cpu.py; F.linear elsewhere and under autograd)
         gate = self.act(linear_module(self.gate_proj, x))
         return linear_module(self.down_proj, gate * linear_module(self.up_proj, x))
 
@@ -519,7 +519,7 @@ class FoldDrafter(PreTrainedModel):
         """Base logits ``[..., V]`` of final-normed proposal slots ``hidden [..., H]`` (before any Markov bias)."""
         if self.is_deepspec:
             return deepspec.logits(self, hidden)
-        head = self.target_lm_head  # B - 1 rows: on a CPU through MKL's packed GEMM (kernels/cpu_gemm.py)
+        head = self.target_lm_head  # B - 1 rows: on a CPU through MKL's packed GEMM (kernels/gemm/cpu.py)
         return linear_module(head, hidden.to(execution_device(head), head.weight.dtype))
 
     def pick_proposals(self, base: torch.Tensor, last_token: torch.Tensor, pick=None):

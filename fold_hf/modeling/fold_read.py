@@ -3,14 +3,14 @@
 * :func:`fold_attention_reference`: the read written from the plan's index lists and masks in pure torch, the
   oracle of every kernel and the CPU path;
 * :func:`fold_attention`: the single entry point the ``fold`` attention calls. On CUDA with Triton available it
-  runs the fused kernel :func:`fold_hf.kernels.triton_fold.fold_read_triton` for every read whose membership is
+  runs the fused kernel :func:`fold_hf.kernels.fold_read.triton.fold_read_triton` for every read whose membership is
   pure geometry: planned by ``plan_layer_read`` with true positions (``fold``, ``dflash``, ``window``,
   ``rerope``, ``yarn``, sliding layers), batch 1, bf16/fp16/fp32. Everything else (CPU tensors,
   ``streaming``'s renumbered positions, a custom region mask, fp64) runs :func:`fold_attention_reference`.
   Triton is never imported on the CPU path;
 * :func:`read_kernel_inputs`: from a plan to the kernels' plain-tensor inputs. The kernels
-  (:func:`~fold_hf.kernels.triton_fold.fold_read_triton` and its torch twin
-  :func:`~fold_hf.kernels.reference.fold_read_geometry_reference`) take the geometry as numbers (``T``, ``t``,
+  (:func:`~fold_hf.kernels.fold_read.triton.fold_read_triton` and its torch twin
+  :func:`~fold_hf.kernels.fold_read.naive.fold_read_geometry_reference`) take the geometry as numbers (``T``, ``t``,
   ``D``, ``alpha``) instead of index lists and masks, queries already rotated (Lq rows: cheap in torch), block
   keys already rotated, and cos/sin tables by which the kernel rotates window keys on the fly.
 
@@ -27,7 +27,7 @@ import torch
 
 from ..kernels import KERNEL_DTYPES, triton_kernels_enabled
 from ..kernels.common import compute_dtype
-from ..kernels.reference import grouped_logits, grouped_values
+from ..kernels.fold_read.naive import grouped_logits, grouped_values
 from .read_plan import LayerRead
 from .rope import RotaryTables
 
@@ -220,7 +220,7 @@ def fold_attention(
     Set ``FOLD_HF_DISABLE_TRITON=1`` to force the reference on CUDA.
     """
     if triton_read_applies(query, context_keys, read):
-        from ..kernels.triton_fold import fold_read_triton
+        from ..kernels.fold_read.triton import fold_read_triton
 
         return fold_read_triton(**read_kernel_inputs(query, context_keys, context_values, block_keys, block_values,
                                                      read, scaling))

@@ -19,7 +19,7 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
               static step, the verify, the acceptance and the state update) is one step, with one graph per
               (query length, attention bucket, drafter variant): the bucket grows with the context (length
               dispatch), so a short context does not read the whole capacity. The drafter's part is captured
-              when the FOLD Triton kernel (``fold_hf.kernels.triton_fold``) imports, in every reading mode
+              when the FOLD Triton kernel (``fold_hf.kernels.fold_read.triton``) imports, in every reading mode
               (the baselines too, :mod:`~fold_hf.generation.static_drafter`; cmr's phases each a variant),
               with a window-only variant until the context exceeds W; sliding-window drafter layers included,
               the window-only variant runs until some layer's far memory is non-empty (a sliding layer's: past
@@ -27,7 +27,7 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
               whenever its variant does not depend on that result (:func:`static_rounds`). Default on CUDA.
 
 * ``target_attention`` (static and graphs engines): ``"triton"`` (default on CUDA with Triton) runs the verify
-  step's attention through the decode kernel :func:`fold_hf.kernels.triton_fold.decode_attention_triton` (its
+  step's attention through the decode kernel :func:`fold_hf.kernels.fold_read.triton.decode_attention_triton` (its
   torch twin off CUDA), which reads the lengths from the device state; ``"bucket"`` (default elsewhere) attends
   over the length bucket with two matmuls and a masked fp32 softmax (far slower at long contexts: measured in
   docs/fast-path.md). The environment variable ``FOLD_HF_TARGET_ATTENTION`` sets the
@@ -35,10 +35,10 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 
 * ``fused_layers`` (static and graphs engines, with ``target_attention="triton"``): the target's norms with
   their residual adds, the rope with the cache write and the MLP's ``silu(gate) * up`` run as three fused
-  kernels per layer (:mod:`fold_hf.kernels.triton_layer`; torch twins off CUDA) instead of ~30 small module
+  kernels per layer (:mod:`fold_hf.kernels.layer.triton`; torch twins off CUDA) instead of ~30 small module
   kernels. Default: on when the attention is ``"triton"`` on CUDA and the target's layers allow it
   (:meth:`StaticTarget.fused_unsupported`); ``$FOLD_HF_FUSED_LAYERS`` (``0``/``1``) overrides. Qwen3.5 and Gemma
-  targets have their own fused layers (:mod:`fold_hf.kernels.triton_hybrid`, in their family modules).
+  targets have their own fused layers (:mod:`fold_hf.kernels.hybrid.triton`, in their family modules).
 
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.

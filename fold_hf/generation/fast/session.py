@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels import default_layer_ops, triton_unavailable_reason
-from ...kernels.reference import fold_read_geometry_reference
+from ...kernels.fold_read.naive import fold_read_geometry_reference
 from ...modeling.cache import FoldCache
 from ...modeling.drafter import FoldDrafter
 from ...modeling.rope import compute_dtype

@@ -53,7 +53,7 @@ Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` r
 (``use_bidirectional_attention`` ``True`` / ``"all"``), length-dependent rope types, experts in another layout
 (:func:`~fold_hf.generation.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the
 projections stay the model's modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
-(:mod:`fold_hf.kernels.triton_hybrid`; :meth:`GemmaStaticTarget.fused_unsupported` names what they do not cover,
+(:mod:`fold_hf.kernels.hybrid.triton`; :meth:`GemmaStaticTarget.fused_unsupported` names what they do not cover,
 and the fast loop then warns once and runs the layers on the modules).
 """
 
@@ -274,7 +274,7 @@ class GemmaStaticTarget(StaticTarget):
 
     # ------------------------------------------------------------------ what the shared machinery asks
     def fused_unsupported(self) -> str | None:
-        """Why the fused Gemma layers (:mod:`fold_hf.kernels.triton_hybrid`) cannot run this target, or None."""
+        """Why the fused Gemma layers (:mod:`fold_hf.kernels.hybrid.triton`) cannot run this target, or None."""
         kinds = {"Gemma3RMSNorm": 1.0, "Gemma4RMSNorm": 0.0}
         offsets = set()
         for i, layer in enumerate(self.layers):

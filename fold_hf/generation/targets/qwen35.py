@@ -28,7 +28,7 @@ inside the captured verify graph: a rejection costs no replay and no host read. 
 the model's own forward (transformers' cache and kernels, chunked) and its states copied in.
 
 Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
-projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.triton_hybrid`,
+projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,
 torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
 :meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer
 in one launch (docs/targets-qwen35.md).
@@ -222,7 +222,7 @@ class Qwen35StaticTarget(StaticTarget):
         return None
 
     def fused_unsupported(self) -> str | None:
-        from ...kernels.layer_reference import is_silu
+        from ...kernels.layer.naive import is_silu
 
         norms = [self.final_norm] + [n for layer in self.layers
                                      for n in (layer.input_layernorm, layer.post_attention_layernorm)]
@@ -337,13 +337,13 @@ class Qwen35StaticTarget(StaticTarget):
     # ------------------------------------------------------------------ fused layers
     def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                               taps_out: torch.Tensor | None) -> torch.Tensor:
-        """``forward_static`` with the decode kernel and the fused ops of :mod:`fold_hf.kernels.triton_hybrid`
+        """``forward_static`` with the decode kernel and the fused ops of :mod:`fold_hf.kernels.hybrid.triton`
         (torch twins off CUDA). Linear layers run their projections, one fused Gated DeltaNet kernel (conv,
         norms, gates, delta rule; no state written) and the fused gated norm; the block's inputs wait in the
         pending buffers for :meth:`accept`. Returns logits ``[L, V]``."""
         if self._hybrid_ops is None:
             from ...kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
-            from ...kernels.hybrid_reference import gated_delta_pending
+            from ...kernels.gated_delta.naive import gated_delta_pending
 
             reason = self.fused_unsupported()
             if reason is not None:

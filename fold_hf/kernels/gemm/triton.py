@@ -10,12 +10,12 @@ there is no reduce pass, and the gate|up product can end in the SiLU-and-multipl
 * :func:`gate_up_silu_triton` ``silu(x @ gate^T) * (x @ up^T)`` over one ``[2 I, K]`` gate|up buffer (the
   layout of :class:`fold_hf.generation.weight_layout.DecodeProjections`), rounding gate and up to the model dtype
   before the SiLU as the unfused modules do, then exactly as
-  :func:`fold_hf.kernels.triton_layer.silu_mul_triton`.
+  :func:`fold_hf.kernels.layer.triton.silu_mul_triton`.
 
 One row (an AR step) reduces on the CUDA cores (``[BLOCK_N, BLOCK_K]`` products summed along K); more rows (a
 verify block) use ``tl.dot`` over 16-row tiles. Accumulation is fp32 and the result is rounded once, as cuBLAS
 does; the order of the sum differs from cuBLAS', so bf16 results may differ from ``F.linear`` in the last bit.
-Twins with the same signatures: :mod:`fold_hf.kernels.gemm_reference`. Imported only when Triton is usable.
+Twins with the same signatures: :mod:`fold_hf.kernels.gemm.naive`. Imported only when Triton is usable.
 
 Shapes: ``x [..., K]`` (rows with a unit inner stride), ``weight [N, K]`` contiguous, ``bias [N]`` or None.
 """
@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .triton_layer import _EXACT, _round_to
-from .triton_pdl import launch_options, pdl_enter
+from ..layer.triton import _EXACT, _round_to
+from ..triton_pdl import launch_options, pdl_enter
 
 
 @triton.jit

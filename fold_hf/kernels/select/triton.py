@@ -20,7 +20,7 @@ takes the first chunk reporting NaN), a row of ``-inf`` gives 0, ``+inf`` is an 
 relies on ``tl.argmax`` (which does not order NaN) or on how ``tl.max`` treats NaN: NaN entries are found with
 ``x != x`` and replaced by ``-inf`` before the maximum.
 
-Pure-torch twins (the same two-level chunk plan): :mod:`fold_hf.kernels.select_reference`. Imported only when
+Pure-torch twins (the same two-level chunk plan): :mod:`fold_hf.kernels.select.naive`. Imported only when
 Triton is usable.
 """
 
@@ -175,7 +175,7 @@ def argmax_rows_triton(scores: torch.Tensor, block: int = BLOCK, num_warps: int 
 def greedy_verify_triton(scores: torch.Tensor, proposals: torch.Tensor, limit: int | torch.Tensor,
                          block: int = BLOCK, num_warps: int = NUM_WARPS, return_posterior: bool = False):
     """Greedy verification of one round in two launches: what ``verify_greedy`` and the gather of the round's
-    last token give (:func:`fold_hf.kernels.select_reference.greedy_verify_torch`), no host read.
+    last token give (:func:`fold_hf.kernels.select.naive.greedy_verify_torch`), no host read.
 
     Args:
         scores: ``[K + 1, V]`` bf16 / fp16 / fp32 target scores (raw logits or processed) at the last committed

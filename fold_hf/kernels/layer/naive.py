@@ -1,4 +1,4 @@
-"""Pure-torch twins of the target layer's fused elementwise kernels (:mod:`fold_hf.kernels.triton_layer`).
+"""Pure-torch twins of the target layer's fused elementwise kernels (:mod:`fold_hf.kernels.layer.triton`).
 
 Each function computes exactly what the transformers modules compute, rounding where they round, so that the
 fused fast path and the module path agree to the last bit wherever the order of a reduction does not differ:
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common import rotate_half
+from ..common import rotate_half
 
 
 def add_rms_norm_reference(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -87,7 +87,7 @@ def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def rotate_heads_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float,
                            out_dtype: torch.dtype) -> torch.Tensor:
     """Rotate per-token heads by rope tables in the tables' dtype, scale, cast: the drafter's query and block-key
-    rotation (:func:`~fold_hf.kernels.reference.rotate_by_tables` then ``* scale``).
+    rotation (:func:`~fold_hf.kernels.fold_read.naive.rotate_by_tables` then ``* scale``).
 
     Args:
         x: ``[1, L, H, D]`` heads as projected (and normed).
@@ -98,7 +98,7 @@ def rotate_heads_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     Returns:
         ``[1, H, L, D]`` in ``out_dtype``.
     """
-    from .reference import rotate_by_tables
+    from ..fold_read.naive import rotate_by_tables
 
     rotated = rotate_by_tables(x.transpose(1, 2), cos, sin)
     if scale != 1.0:

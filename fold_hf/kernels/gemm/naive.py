@@ -1,4 +1,4 @@
-"""Pure-torch twins of :mod:`fold_hf.kernels.triton_gemm` (same signatures, used off CUDA).
+"""Pure-torch twins of :mod:`fold_hf.kernels.gemm.triton` (same signatures, used off CUDA).
 
 Shapes: ``x [..., K]``, ``weight [N, K]``, ``bias [N]`` or None; ``gate_up_weight [2 I, K]`` (gate rows, then up).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .layer_reference import silu_mul_reference
+from ..layer.naive import silu_mul_reference
 
 
 def skinny_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Greedy token selection on logits rows in pure torch: the twins of :mod:`fold_hf.kernels.triton_select` and the
+"""Greedy token selection on logits rows in pure torch: the twins of :mod:`fold_hf.kernels.select.triton` and the
 path every device without Triton takes.
 
 * :func:`argmax_rows_reference`, :func:`greedy_verify_reference`: the kernels' two-level chunk plan stated in torch
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from .common import compute_dtype
+from ..common import compute_dtype
 
-BLOCK = 2048  # the kernels' default chunk (fold_hf.kernels.triton_select.BLOCK)
+BLOCK = 2048  # the kernels' default chunk (fold_hf.kernels.select.triton.BLOCK)
 _INT32_MAX = torch.iinfo(torch.int32).max
 
 
@@ -60,7 +60,7 @@ def argmax_rows_reference(scores: torch.Tensor, block: int = BLOCK) -> torch.Ten
 
 def greedy_verify_reference(scores: torch.Tensor, proposals: torch.Tensor, limit, block: int = BLOCK,
                             return_posterior: bool = False):
-    """Twin of :func:`fold_hf.kernels.triton_select.greedy_verify_triton`.
+    """Twin of :func:`fold_hf.kernels.select.triton.greedy_verify_triton`.
 
     Args:
         scores: ``[K + 1, V]`` target scores; proposals: ``[K]`` long; limit: int or long tensor ``[1]`` (>= 0).
@@ -97,7 +97,7 @@ def verify_greedy_torch(scores: torch.Tensor, proposals: torch.Tensor, limit):
 
 def greedy_verify_torch(scores: torch.Tensor, proposals: torch.Tensor, limit):
     """(n ``[1]`` long, the round's last token ``posterior[n]`` ``[1]`` long): :func:`verify_greedy_torch` and the
-    gather, the signature of :func:`fold_hf.kernels.triton_select.greedy_verify_triton`."""
+    gather, the signature of :func:`fold_hf.kernels.select.triton.greedy_verify_triton`."""
     n, posterior = verify_greedy_torch(scores, proposals, limit)
     return n, posterior.gather(0, n)
 

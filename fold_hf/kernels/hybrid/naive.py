@@ -1,6 +1,6 @@
-"""Pure-torch twins of the fused kernels of the Qwen3.5 and Gemma target layers (:mod:`fold_hf.kernels.triton_hybrid`).
+"""Pure-torch twins of the fused kernels of the Qwen3.5 and Gemma target layers (:mod:`fold_hf.kernels.hybrid.triton`).
 
-The Llama-shaped fused kernels (:mod:`fold_hf.kernels.layer_reference`) cover ``w * x.to(dtype)`` norms, SiLU MLPs and
+The Llama-shaped fused kernels (:mod:`fold_hf.kernels.layer.naive`) cover ``w * x.to(dtype)`` norms, SiLU MLPs and
 full rope. Qwen3.5 and Gemma layers differ:
 
 * norms multiply in fp32 before the cast, by ``1 + w`` (Qwen3.5, Gemma-3: zero-centred weights) or ``w`` (Gemma-4),
@@ -13,9 +13,8 @@ full rope. Qwen3.5 and Gemma layers differ:
 * Gemma's MLP is ``gelu_tanh(gate) * up`` (:func:`gelu_tanh_mul_reference`); Qwen3.5's gated attention output is
   ``attn * sigmoid(gate)`` (:func:`sigmoid_mul_reference`) and its Gated DeltaNet output goes through a gated
   RMSNorm ``w * norm(o) * silu(z)`` (:func:`gated_rms_norm_reference`);
-* the Gated DeltaNet step itself (conv + silu + L2 norms + gates + the delta rule) is
-  :func:`gated_delta_verify_reference`, and the rollback of a rejected block re-runs the accepted prefix from the
-  committed state (:func:`gated_delta_commit_reference`) instead of keeping ``L`` states of ``[Hv, Dk, Dv]``.
+* the Gated DeltaNet step itself (conv + silu + L2 norms + gates + the delta rule) and its commit are in
+  :mod:`fold_hf.kernels.gated_delta.naive`.
 
 Each twin rounds to the model dtype where transformers' modules round. These are the CPU path of the fused fast
 loop and the oracles of the kernels' interpreter tests.
@@ -26,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common import rotate_half
+from ..common import rotate_half
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, dtype: torch.dtype) -> torch.Tensor:
@@ -174,123 +173,5 @@ def ring_attention_reference(query: torch.Tensor, key_ring: torch.Tensor, value_
     return torch.matmul(probs, value_ring).reshape(1, hq, L, D).transpose(1, 2).contiguous()
 
 
-# ---------------------------------------------------------------------------------------------- Gated DeltaNet
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def gated_delta_prepare_reference(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
-                                  conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
-                                  num_k_heads: int, k_dim: int, state_dtype: torch.dtype):
-    """The per-token inputs of the delta rule from the block's projections (Qwen3.5's ``Qwen3_5GatedDeltaNet``).
-
-    Args:
-        qkv: ``[L, C]`` ``in_proj_qkv`` output (``C = 2 Hk Dk + Hv Dv``), model dtype.
-        b, a: ``[L, Hv]`` ``in_proj_b`` / ``in_proj_a`` outputs.
-        conv_state: ``[C, K - 1]`` the last ``K - 1`` projections before the block.
-        conv_weight: ``[C, K]`` depthwise causal convolution (no bias).
-        a_log, dt_bias: ``[Hv]``.
-
-    Returns:
-        ``q [L, Hk, Dk]`` (L2-normed, scaled by ``Dk ** -0.5``), ``k [L, Hk, Dk]`` (L2-normed), ``v [L, Hv, Dv]``,
-        ``g [L, Hv]`` (log decay), ``beta [L, Hv]``, all in ``state_dtype``: conv + silu in the model dtype, then
-        the fp32 math of the fast loop.
-    """
-    L, C = qkv.shape
-    K = conv_weight.shape[-1]
-    window = torch.cat((conv_state, qkv.transpose(0, 1).to(conv_state.dtype)), dim=1)  # [C, K - 1 + L]
-    mixed = F.conv1d(window[None].to(conv_weight.dtype), conv_weight[:, None, :], groups=C)
-    mixed = F.silu(mixed)[0].transpose(0, 1).to(qkv.dtype)  # [L, C]
-    kd = num_k_heads * k_dim
-    q = mixed[:, :kd].reshape(L, num_k_heads, k_dim).to(state_dtype)
-    k = mixed[:, kd : 2 * kd].reshape(L, num_k_heads, k_dim).to(state_dtype)
-    hv = b.shape[-1]
-    v = mixed[:, 2 * kd :].reshape(L, hv, -1).to(state_dtype)
-    q = _l2norm(q) * (k_dim ** -0.5)
-    k = _l2norm(k)
-    beta = b.sigmoid().to(state_dtype)
-    g = (-a_log.float().exp() * F.softplus(a.float() + dt_bias)).to(state_dtype)
-    assert K == conv_state.shape[1] + 1
-    return q, k, v, g, beta
-
-
-def _delta_steps(S, q, k, v, g, beta, active=None):
-    """The gated delta rule from ``S [Hv, Dk, Dv]`` over ``L`` tokens (``active [L]`` bool: inactive tokens leave
-    the state as it is); returns (outputs ``[L, Hv, Dv]``, final state)."""
-    group = v.shape[1] // k.shape[1]
-    q = q.repeat_interleave(group, dim=1)
-    k = k.repeat_interleave(group, dim=1)
-    outputs = []
-    for t in range(v.shape[0]):
-        gt, bt = g[t], beta[t]
-        if active is not None:
-            gt = gt * active[t]
-            bt = bt * active[t]
-        S = S * gt.exp()[:, None, None]
-        read = torch.einsum("hkv,hk->hv", S, k[t])
-        S = S + k[t][:, :, None] * ((v[t] - read) * bt[:, None])[:, None, :]
-        outputs.append(torch.einsum("hkv,hk->hv", S, q[t]))
-    return torch.stack(outputs), S
-
-
-def gated_delta_verify_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
-                                 k_dim: int, pending: dict, layer: int) -> torch.Tensor:
-    """One Gated DeltaNet layer over a verify block, state untouched, inputs kept for the commit.
-
-    Args:
-        qkv, b, a, conv_state, conv_weight, a_log, dt_bias: as :func:`gated_delta_prepare_reference`.
-        state: ``[Hv, Dk, Dv]`` committed recurrent state (fp32, fp64 for fp64 models); not modified.
-        pending: the commit's buffers (:func:`gated_delta_pending`); row ``layer`` receives the block's ``q``,
-            ``k``, ``v``, ``g``, ``beta`` and raw ``qkv`` rows.
-
-    Returns:
-        ``[L, Hv, Dv]`` outputs ``S_t^T q_t`` in the state dtype.
-    """
-    q, k, v, g, beta = gated_delta_prepare_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, num_k_heads,
-                                                     k_dim, state.dtype)
-    L = qkv.shape[0]
-    for name, value in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("qkv", qkv)):
-        pending[name][layer, :L] = value
-    out, _ = _delta_steps(state, q, k, v, g, beta)
-    return out
-
-
-def gated_delta_pending(num_layers: int, rows: int, num_k_heads: int, k_dim: int, num_v_heads: int, v_dim: int,
-                        conv_dim: int, dtype: torch.dtype, state_dtype: torch.dtype, device) -> dict:
-    """Buffers for the inputs of the last verify of every linear layer: ``q``/``k [NL, rows, Hk, Dk]``, ``v [NL, rows,
-    Hv, Dv]``, ``g``/``beta [NL, rows, Hv]`` (state dtype) and the raw projections ``qkv [NL, rows, C]``."""
-    z = dict(device=device, dtype=state_dtype)
-    return {"q": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
-            "k": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
-            "v": torch.zeros(num_layers, rows, num_v_heads, v_dim, **z),
-            "g": torch.zeros(num_layers, rows, num_v_heads, **z),
-            "beta": torch.zeros(num_layers, rows, num_v_heads, **z),
-            "qkv": torch.zeros(num_layers, rows, conv_dim, device=device, dtype=dtype)}
-
-
-def gated_delta_commit_reference(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
-                                 conv_states: torch.Tensor) -> None:
-    """Commit the first ``n + 1`` tokens of the last verify (``length`` rows) of every linear layer, in place.
-
-    Args:
-        n: ``[1]`` long device tensor, accepted drafts (``0 <= n < length``).
-        pending: buffers filled by the verify (:func:`gated_delta_pending`).
-        states: ``[NL, Hv, Dk, Dv]`` committed recurrent states, advanced by tokens ``0 .. n``.
-        conv_states: ``[NL, C, K - 1]`` convolution windows, shifted to end at token ``n``.
-    """
-    active = (torch.arange(length, device=n.device) <= n).to(states.dtype)
-    for layer in range(states.shape[0]):
-        _, S = _delta_steps(states[layer], pending["q"][layer, :length], pending["k"][layer, :length],
-                            pending["v"][layer, :length], pending["g"][layer, :length],
-                            pending["beta"][layer, :length], active)
-        states[layer].copy_(S)
-    K1 = conv_states.shape[2]
-    window = torch.cat((conv_states, pending["qkv"][:, :length].transpose(1, 2).to(conv_states.dtype)), 2)
-    columns = n.reshape(1) + 1 + torch.arange(K1, device=n.device)
-    conv_states.copy_(window.index_select(2, columns))
-
-
-__all__ = ["gated_delta_commit_reference", "gated_delta_pending", "gated_delta_prepare_reference",
-           "gated_delta_verify_reference", "gated_rms_norm_reference", "gelu_tanh_mul_reference",
-           "head_norm_rope_write_reference", "residual_norm_reference", "ring_attention_reference",
-           "sigmoid_mul_reference"]
+__all__ = ["gated_rms_norm_reference", "gelu_tanh_mul_reference", "head_norm_rope_write_reference",
+           "residual_norm_reference", "ring_attention_reference", "sigmoid_mul_reference"]

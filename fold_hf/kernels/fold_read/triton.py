@@ -1,7 +1,7 @@
 """Triton kernels of the FOLD read over one unrotated context cache (flash-decoding style).
 
 Imported only when Triton is usable (:func:`fold_hf.import_utils.is_triton_available`); the pure-torch twin
-with the same signature is :func:`fold_hf.kernels.reference.fold_read_geometry_reference`.
+with the same signature is :func:`fold_hf.kernels.fold_read.naive.fold_read_geometry_reference`.
 
 Layout of the work:
 
@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_pdl import launch_options, pdl_enter
+from ..triton_pdl import launch_options, pdl_enter
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)  # jit code may only read constexpr globals

@@ -1,5 +1,5 @@
 """Triton kernels of the Qwen3.5 and Gemma target layers on the fast loop (twins with the same signatures:
-:mod:`fold_hf.kernels.hybrid_reference`). Imported only when Triton is usable.
+:mod:`fold_hf.kernels.hybrid.naive`). Imported only when Triton is usable.
 
 Through the model's modules a Qwen3.5 Gated DeltaNet layer is ~75 small kernels per step and a Gemma layer ~100 (a
 Gemma RMSNorm alone is eight, six norms a layer); at one query per step each costs a few microseconds of launch and
@@ -10,17 +10,10 @@ latency, more than reading the layer's weights. These kernels leave a layer its 
 * :func:`head_norm_rope_write_triton`: q/k (and Gemma-4 v) per-head norms, partial rope and the (ring) cache write,
   one program per (token, head);
 * :func:`gelu_tanh_mul_triton`, :func:`sigmoid_mul_triton`, :func:`gated_rms_norm_triton`: the activations;
-* :func:`gated_delta_verify_triton`: a whole Gated DeltaNet step after the projections: causal conv + silu, L2 norms,
-  ``beta``/``g`` from ``b``/``a`` for all rows at once, then the delta rule token after token, one program per
-  (value head, ``BV`` value columns) holding ``S[:, cols]`` in registers (the step is written
-  ``S' = e S + k d^T``, ``d = (v - e S^T k) beta``, ``o = e S^T q + d (k . q)``: its two reductions read the same
-  state, so they do not wait for each other); it reads the committed state once and writes *no* state: the block's
-  inputs go to small pending buffers and :func:`gated_delta_commit_triton` re-runs the accepted prefix
-  ``0 .. n`` from the committed state for every linear layer in one launch (``n`` read on the device). A verify of
-  16 rows at the Qwen3.5-9B shape thus moves 2 MB of state per layer and direction instead of writing 16 x 2 MB.
+* the Gated DeltaNet verify and commit of Qwen3.5's linear layers: :mod:`fold_hf.kernels.gated_delta.triton`.
 
 Rounding follows the modules (model dtype after each op that rounds there) through ``_round_to`` and
-``enable_fp_fusion=False`` as in :mod:`fold_hf.kernels.triton_layer`; transcendental functions use libdevice on the
+``enable_fp_fusion=False`` as in :mod:`fold_hf.kernels.layer.triton`; transcendental functions use libdevice on the
 GPU (``expf``, ``log1pf``, ``tanhf`` as PyTorch's CUDA kernels) and Triton's own in the interpreter.
 """
 
@@ -33,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .triton_layer import _round_to
+from ..layer.triton import _round_to
 
 _EXACT = dict(enable_fp_fusion=False)
 
@@ -98,7 +91,7 @@ def _residual_norm_kernel(HIDDEN, DELTA, DW, W, SCALAR, TOTAL, NORMED, H, eps, d
 
 def residual_norm_triton(hidden, delta, weight, eps, offset=0.0, *, norm_out=True, delta_weight=None, delta_eps=None,
                          norm_delta=False, scalar=None):
-    """:func:`~fold_hf.kernels.hybrid_reference.residual_norm_reference` (``hidden``/``delta [..., H]``)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.residual_norm_reference` (``hidden``/``delta [..., H]``)."""
     H = hidden.shape[-1]
     hidden = hidden.contiguous()
     for name, t in (("delta", delta), ("weight", weight), ("delta_weight", delta_weight)):
@@ -189,7 +182,7 @@ def _heads(x: torch.Tensor):
 
 def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offset, cos_table, sin_table, positions,
                                 key_cache, value_cache, *, norm_qk=True, norm_value=False):
-    """:func:`~fold_hf.kernels.hybrid_reference.head_norm_rope_write_reference` (queries and keys may be strided
+    """:func:`~fold_hf.kernels.hybrid.naive.head_norm_rope_write_reference` (queries and keys may be strided
     views of a wider projection)."""
     _, L, HQ, D = query.shape
     R = cos_table.shape[-1]
@@ -256,7 +249,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_tanh_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.gelu_tanh_mul_reference` (rows may be strided)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.gelu_tanh_mul_reference` (rows may be strided)."""
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
     out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
@@ -280,7 +273,7 @@ def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.const
 
 
 def sigmoid_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.sigmoid_mul_reference` (``[..., D]``; rows may be strided)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.sigmoid_mul_reference` (``[..., D]``; rows may be strided)."""
     if x.shape != gate.shape or x.dtype != gate.dtype:
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} and gate {tuple(gate.shape)} {gate.dtype} differ")
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
@@ -305,7 +298,7 @@ def _gated_rms_norm_kernel(X, Z, W, OUT, D, eps, BD: tl.constexpr, LIB: tl.const
 
 
 def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.gated_rms_norm_reference` (``x``, ``gate [..., Dv]``)."""
+    """:func:`~fold_hf.kernels.hybrid.naive.gated_rms_norm_reference` (``x``, ``gate [..., Dv]``)."""
     D = x.shape[-1]
     if gate.shape != x.shape or weight.shape != (D,) or weight.dtype != gate.dtype:
         raise ValueError(f"x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)} "
@@ -390,7 +383,7 @@ def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, G: tl.constexpr, D: tl
 
 
 def ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.ring_attention_reference` in two launches: programs over (KV head,
+    """:func:`~fold_hf.kernels.hybrid.naive.ring_attention_reference` in two launches: programs over (KV head,
     split of the ring) keep an online softmax of all ``G * L`` query rows of their KV head (keys read once per
     head), a merge combines the splits. Returns ``[1, L, Hq, D]``."""
     _, HQ, L, D = query.shape
@@ -423,215 +416,5 @@ def ring_attention_triton(query, key_ring, value_ring, positions, window: int, s
     return out
 
 
-# ---------------------------------------------------------------------------------------------- Gated DeltaNet
-@triton.jit
-def _conv_silu_rows(QKV, CONV, CW, chan, cmask, rows, rmask, qkv_stride, KS: tl.constexpr, LIB: tl.constexpr):
-    """Causal depthwise conv of channels ``chan [BC]`` at block tokens ``rows [LP]`` over [conv state | block rows],
-    then silu, rounded as the model dtype: ``[LP, BC]`` in fp32."""
-    acc = tl.zeros((rows.shape[0], chan.shape[0]), tl.float32)
-    m2 = rmask[:, None] & cmask[None, :]
-    for j in tl.static_range(KS):
-        m = rows + j  # column of the window [C, K - 1 + L]
-        w = tl.load(CW + chan * KS + j, mask=cmask, other=0.0).to(tl.float32)
-        in_state = (m < KS - 1)[:, None]
-        col = tl.minimum(m, KS - 2)[:, None]
-        row = tl.maximum(m - (KS - 1), 0)[:, None]
-        from_state = tl.load(CONV + chan[None, :] * (KS - 1) + col, mask=m2 & in_state, other=0.0)
-        from_block = tl.load(QKV + row * qkv_stride + chan[None, :], mask=m2 & (m >= KS - 1)[:, None], other=0.0)
-        x = tl.where(in_state, from_state.to(tl.float32), from_block.to(tl.float32))
-        acc = acc + w[None, :] * x
-    dtype = QKV.dtype.element_ty
-    acc = _round_to(acc, dtype)
-    return _round_to(_silu(acc, LIB), dtype)
-
-
-@triton.jit
-def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, PB, PR, L, qkv_stride, b_stride,
-                       a_stride, scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, LIB: tl.constexpr):
-    h = tl.program_id(0)
-    vb = tl.program_id(1)
-    GROUP: tl.constexpr = HV // HK
-    hk = h // GROUP
-    KD: tl.constexpr = HK * DK
-    C: tl.constexpr = 2 * HK * DK + HV * DV
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    rl = tl.arange(0, LP)
-    mk = rk < DK
-    mv = rv < DV
-    ml = rl < L
-    qc = hk * DK + rk
-    kc = KD + hk * DK + rk
-    vc = 2 * KD + h * DV + rv
-    # prologue, all block tokens at once: conv + silu, L2 norms, gates; written to the commit's buffers. Every
-    # program sharing a key head writes the same q/k bits, so each may read back its own writes after the barrier.
-    q = _conv_silu_rows(QKV, CONV, CW, qc, mk, rl, ml, qkv_stride, KS, LIB)
-    k = _conv_silu_rows(QKV, CONV, CW, kc, mk, rl, ml, qkv_stride, KS, LIB)
-    v = _conv_silu_rows(QKV, CONV, CW, vc, mv, rl, ml, qkv_stride, KS, LIB)
-    q = q * tl.math.rsqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
-    k = k * tl.math.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
-    braw = tl.load(B + rl * b_stride + h, mask=ml, other=0.0)
-    beta = _round_to(_sigmoid(braw.to(tl.float32), LIB), braw.dtype)
-    x = tl.load(A + rl * a_stride + h, mask=ml, other=0.0).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
-    if LIB:
-        soft = tl.where(x > 20.0, x, libdevice.log1p(libdevice.exp(x)))
-    else:
-        soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    g = -_exp(tl.load(ALOG + h).to(tl.float32), LIB) * soft
-    lk = ml[:, None] & mk[None, :]
-    lv = ml[:, None] & mv[None, :]
-    tl.store(PQ + (rl[:, None] * HK + hk) * DK + rk[None, :], q, mask=lk)
-    tl.store(PK + (rl[:, None] * HK + hk) * DK + rk[None, :], k, mask=lk)
-    tl.store(PV + (rl[:, None] * HV + h) * DV + rv[None, :], v, mask=lv)
-    tl.store(PG + rl * HV + h, g, mask=ml)
-    tl.store(PB + rl * HV + h, beta, mask=ml)
-    # raw projections, for the commit's convolution window
-    tl.store(PR + rl[:, None] * C + vc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + vc[None, :], mask=lv,
-                                                         other=0.0), mask=lv)
-    if (vb == 0) & (h % GROUP == 0):
-        tl.store(PR + rl[:, None] * C + qc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + qc[None, :], mask=lk,
-                                                             other=0.0), mask=lk)
-        tl.store(PR + rl[:, None] * C + kc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + kc[None, :], mask=lk,
-                                                             other=0.0), mask=lk)
-    tl.debug_barrier()
-    # the recurrence: one token after another, the next token's inputs loaded while this one computes
-    m2 = mk[:, None] & mv[None, :]
-    s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
-    S_ = tl.load(S + s_off, mask=m2, other=0.0).to(tl.float32)
-    kt = tl.load(PK + hk * DK + rk, mask=mk, other=0.0)
-    qt = tl.load(PQ + hk * DK + rk, mask=mk, other=0.0)
-    vt = tl.load(PV + h * DV + rv, mask=mv, other=0.0)
-    gt = tl.load(PG + h)
-    bt = tl.load(PB + h)
-    for t in range(0, L):
-        nxt = tl.minimum(t + 1, L - 1)  # (the last token loads itself again, unused)
-        kn = tl.load(PK + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
-        qn = tl.load(PQ + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
-        vn = tl.load(PV + (nxt * HV + h) * DV + rv, mask=mv, other=0.0)
-        gn = tl.load(PG + nxt * HV + h)
-        bn = tl.load(PB + nxt * HV + h)
-        # S_t = e S + k delta^T, delta = (v - e S^T k) beta, o_t = S_t^T q = e S^T q + delta (k . q): both
-        # reductions read the previous state, so they run side by side instead of one after the other
-        e = _exp(gt, LIB)
-        read = tl.sum(S_ * kt[:, None], axis=0)
-        seen = tl.sum(S_ * qt[:, None], axis=0)
-        kq = tl.sum(kt * qt, axis=0)
-        delta = (vt - e * read) * bt
-        tl.store(OUT + (t * HV + h) * DV + rv, e * seen + delta * kq, mask=mv)
-        S_ = S_ * e + kt[:, None] * delta[None, :]
-        kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
-
-
-def _blocks(DK: int, DV: int) -> tuple[int, int, int]:
-    """(BK, BV, num_warps) of the Gated DeltaNet kernels; ``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS`` override
-    (benchmarks/hybrid_bench.py ``--kernel-sweep`` times the choices)."""
-    BK = _next_pow2(DK)
-    BV = int(os.environ.get("FOLD_HF_GDN_BV") or min(_next_pow2(DV), max(16, 4096 // BK)))
-    return BK, BV, int(os.environ.get("FOLD_HF_GDN_WARPS") or 4)
-
-
-def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
-                              k_dim: int, pending: dict, layer: int) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid_reference.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
-    ``b``/``a [L, Hv]`` may have strided rows)."""
-    if state.dtype != torch.float32:
-        raise ValueError(f"the Triton Gated DeltaNet kernels keep an fp32 state, got {state.dtype}")
-    L, C = qkv.shape
-    HV, DK, DV = state.shape
-    HK = num_k_heads
-    KS = conv_weight.shape[-1]
-    if DK != k_dim or HV % HK or C != 2 * HK * DK + HV * DV or conv_state.shape != (C, KS - 1) or KS < 2:
-        raise ValueError(f"shapes do not match: qkv {tuple(qkv.shape)}, state {tuple(state.shape)}, conv "
-                         f"{tuple(conv_state.shape)}, {HK} key heads of {k_dim}")
-    if L > pending["q"].shape[1]:
-        raise ValueError(f"a verify of {L} rows exceeds the pending buffers ({pending['q'].shape[1]} rows)")
-    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
-    b = b if b.stride(-1) == 1 else b.contiguous()
-    a = a if a.stride(-1) == 1 else a.contiguous()
-    out = torch.empty(L, HV, DV, device=state.device, dtype=torch.float32)
-    BK, BV, warps = _blocks(DK, DV)
-    _gdn_verify_kernel[(HV, triton.cdiv(DV, BV))](
-        qkv, b, a, conv_state.contiguous(), conv_weight.reshape(C, KS).contiguous(), a_log, dt_bias, state, out,
-        pending["q"][layer], pending["k"][layer], pending["v"][layer], pending["g"][layer], pending["beta"][layer],
-        pending["qkv"][layer], L, qkv.stride(0), b.stride(0), a.stride(0), float(k_dim ** -0.5), HK=HK, HV=HV, DK=DK,
-        DV=DV, KS=KS, BK=BK, BV=BV, LP=_next_pow2(L), LIB=_libdevice(), num_warps=warps, **_EXACT)
-    return out
-
-
-@triton.jit
-def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                       DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr):
-    pid = tl.program_id(0)
-    vb = tl.program_id(1)
-    layer = pid // HV
-    h = pid - layer * HV
-    hk = h // (HV // HK)
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    mk = rk < DK
-    mv = rv < DV
-    m2 = mk[:, None] & mv[None, :]
-    s_off = (layer * HV + h).to(tl.int64) * DK * DV + rk[:, None] * DV + rv[None, :]
-    S_ = tl.load(S + s_off, mask=m2, other=0.0)
-    n = tl.load(N)
-    base = layer.to(tl.int64) * rows
-    kt = tl.load(PK + (base * HK + hk) * DK + rk, mask=mk, other=0.0)
-    vt = tl.load(PV + (base * HV + h) * DV + rv, mask=mv, other=0.0)
-    gt = tl.load(PG + base * HV + h)
-    bt = tl.load(PB + base * HV + h)
-    for t in range(0, n + 1):  # the same steps as the verify's, one token after another
-        r = base + tl.minimum(t + 1, n)  # (the last token loads itself again, unused)
-        kn = tl.load(PK + (r * HK + hk) * DK + rk, mask=mk, other=0.0)
-        vn = tl.load(PV + (r * HV + h) * DV + rv, mask=mv, other=0.0)
-        gn = tl.load(PG + r * HV + h)
-        bn = tl.load(PB + r * HV + h)
-        e = _exp(gt, LIB)
-        delta = (vt - e * tl.sum(S_ * kt[:, None], axis=0)) * bt
-        S_ = S_ * e + kt[:, None] * delta[None, :]
-        kt, vt, gt, bt = kn, vn, gn, bn
-    tl.store(S + s_off, S_, mask=m2)
-
-
-def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
-                              conv_states: torch.Tensor) -> None:
-    """:func:`~fold_hf.kernels.hybrid_reference.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
-    for every layer's state, one shifts every layer's convolution window."""
-    NL, HV, DK, DV = states.shape
-    HK = pending["q"].shape[2]
-    BK, BV, warps = _blocks(DK, DV)
-    _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV))](
-        n, pending["k"], pending["v"], pending["g"], pending["beta"], states, pending["q"].shape[1],
-        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=warps, **_EXACT)
-    C, K1 = conv_states.shape[1], conv_states.shape[2]
-    block = min(1024, _next_pow2(C))
-    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, pending["q"].shape[1],
-                                                     K1=K1, BK1=_next_pow2(K1), BLOCK=block, num_warps=4)
-
-
-@triton.jit
-def _conv_commit_kernel(N, RAW, CONV, C, rows, K1: tl.constexpr, BK1: tl.constexpr, BLOCK: tl.constexpr):
-    """Window column ``n + 1 + j`` of [conv state | the block's raw projections] into conv state column ``j``, for
-    every layer's channels (each program reads all its old columns before writing them)."""
-    layer = tl.program_id(0)
-    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mc = chan < C
-    cols = tl.arange(0, BK1)
-    mj = cols < K1
-    n = tl.load(N)
-    src = (n + 1 + cols).to(tl.int32)  # window column of each new column
-    in_state = (src < K1)[None, :]
-    m2 = mc[:, None] & mj[None, :]
-    base = layer.to(tl.int64) * C * K1
-    old = tl.load(CONV + base + chan[:, None] * K1 + tl.minimum(src, K1 - 1)[None, :], mask=m2 & in_state,
-                  other=0.0)
-    row = tl.maximum(src - K1, 0)[None, :]
-    new = tl.load(RAW + (layer.to(tl.int64) * rows + row) * C + chan[:, None], mask=m2 & (src >= K1)[None, :],
-                  other=0.0)
-    value = tl.where(in_state, old, new)
-    tl.debug_barrier()  # a column one thread writes may be another thread's old column: every load first
-    tl.store(CONV + base + chan[:, None] * K1 + cols[None, :], value, mask=m2)
-
-
-__all__ = ["gated_delta_commit_triton", "gated_delta_verify_triton", "gated_rms_norm_triton", "gelu_tanh_mul_triton",
-           "head_norm_rope_write_triton", "residual_norm_triton", "ring_attention_triton", "sigmoid_mul_triton"]
+__all__ = ["gated_rms_norm_triton", "gelu_tanh_mul_triton", "head_norm_rope_write_triton", "residual_norm_triton",
+           "ring_attention_triton", "sigmoid_mul_triton"]

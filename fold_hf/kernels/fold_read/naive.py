@@ -1,4 +1,4 @@
-"""Pure-torch twins of the attention kernels in :mod:`fold_hf.kernels.triton_fold`, on plain tensors.
+"""Pure-torch twins of the attention kernels in :mod:`fold_hf.kernels.fold_read.triton`, on plain tensors.
 
 * :func:`fold_read_geometry_reference`: the FOLD read given as numbers (``T``, ``t``, ``D``, ``alpha``), rotated
   queries and cos/sin tables, exactly what ``fold_read_triton`` takes;
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .common import compute_dtype, rotate_half
+from ..common import compute_dtype, rotate_half
 
 
 def grouped_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -140,7 +140,7 @@ def decode_attention_reference(
     num_splits: int | None = None,
     max_context_length: int | None = None,
 ) -> torch.Tensor:
-    """The contract of :func:`fold_hf.kernels.triton_fold.decode_attention_triton` in plain torch.
+    """The contract of :func:`fold_hf.kernels.fold_read.triton.decode_attention_triton` in plain torch.
 
     Causal attention of a block of ``L`` rotated queries at positions ``T .. T + L - 1`` over the cache prefix
     ``[0, T)`` followed by the block itself (row ``r`` sees block keys ``0 .. r``). A tensor length is read

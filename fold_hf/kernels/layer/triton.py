@@ -13,7 +13,7 @@ fused launches:
 Each rounds to the model dtype where transformers rounds (products and sums of the rope, the norm's cast before
 its weight), and uses libdevice's ``expf`` and correctly rounded division as PyTorch's CUDA silu does,
 so results differ from the modules only through the order of the norm's sum. Twins with the same signatures:
-:mod:`fold_hf.kernels.layer_reference`. Imported only when Triton is usable.
+:mod:`fold_hf.kernels.layer.naive`. Imported only when Triton is usable.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .triton_pdl import launch_options, pdl_enter
+from ..triton_pdl import launch_options, pdl_enter
 
 
 def _next_pow2(n: int) -> int:
@@ -93,7 +93,7 @@ def _token_head_strides(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int] |
 def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                         eps: float, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then RMSNorm; shapes and semantics of
-    :func:`~fold_hf.kernels.layer_reference.add_rms_norm_reference` (``hidden [..., H]``, ``weight [H]``).
+    :func:`~fold_hf.kernels.layer.naive.add_rms_norm_reference` (``hidden [..., H]``, ``weight [H]``).
 
     Without ``delta``, ``hidden`` may be strided in its leading dims (e.g. ``[1, L, heads, D]`` heads sliced out of
     a fused q|k|v projection, read in place); the outputs are contiguous. ``num_warps``: a tuning override (default
@@ -188,7 +188,7 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       sin_table: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
                       value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rotary embedding of the block's queries and keys, keys and values written into the cache; shapes and
-    semantics of :func:`~fold_hf.kernels.layer_reference.rope_write_reference`. The cache buffers must have a
+    semantics of :func:`~fold_hf.kernels.layer.naive.rope_write_reference`. The cache buffers must have a
     contiguous head dim and equal strides (``[1, Hkv, capacity, D]`` as :class:`StaticTarget` allocates). The
     inputs may have a token stride of their own (heads of a fused q|k|v projection, read in place)."""
     _, L, Hq, D = query.shape
@@ -241,7 +241,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` (``[..., I]``, one dtype); the semantics of
-    :func:`~fold_hf.kernels.layer_reference.silu_mul_reference`. The inputs may have strided rows (the two halves
+    :func:`~fold_hf.kernels.layer.naive.silu_mul_reference`. The inputs may have strided rows (the two halves
     of a fused gate|up projection are read in place); the output is contiguous."""
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
@@ -289,7 +289,7 @@ def _rotate_heads_kernel(X, COS, SIN, OUT, num_tokens, num_heads, head_dim, scal
 def rotate_heads_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float,
                         out_dtype: torch.dtype) -> torch.Tensor:
     """Rotate ``[1, L, H, D]`` heads by fp32 tables ``[L, R]``, scale, cast to ``out_dtype``, as ``[1, H, L, D]``;
-    the semantics of :func:`~fold_hf.kernels.layer_reference.rotate_heads_reference` (partial rotary: channels
+    the semantics of :func:`~fold_hf.kernels.layer.naive.rotate_heads_reference` (partial rotary: channels
     past ``R`` are only scaled)."""
     _, L, H, D = x.shape
     R = cos.shape[-1]

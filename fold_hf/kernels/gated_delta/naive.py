@@ -1,0 +1,183 @@
+"""The gated delta rule over a short block with the recurrent state at *every* position (torch reference).
+
+Gated DeltaNet (Qwen3.5's linear-attention layers) keeps one state ``S [Hv, Dk, Dv]`` per layer. Per token ``t``
+and value head ``h`` (query/key head ``h // (Hv / Hk)``)::
+
+    S   <- S * exp(g_t)                         # gated decay, g_t <= 0
+    S   <- S + k_t (beta_t (v_t - S^T k_t))^T    # delta rule: write v_t at k_t, replacing what k_t read
+    o_t  = S^T q_t
+
+A speculative verify runs a block of ``L`` tokens but only the first ``n + 1`` are kept; rather than undo and
+replay, the verify keeps ``S`` after every position and acceptance selects ``states[n]`` (what serving engines
+do for multi-token prediction on hybrid models). ``q`` and ``k`` arrive already L2-normalized and ``q`` already
+scaled by ``Dk ** -0.5`` (as transformers' ``torch_recurrent_gated_delta_rule`` prepares them); all math in fp32
+(fp64 stays fp64).
+
+:func:`gated_delta_states_reference` is the contract and the oracle of the Triton kernel
+(:func:`fold_hf.kernels.gated_delta.triton.gated_delta_states_triton`, same signature).
+
+The fused verify of a whole Gated DeltaNet step after the projections (conv + silu + L2 norms + gates + the delta
+rule, :func:`gated_delta_verify_reference`) writes no state; the rollback of a rejected block re-runs the accepted
+prefix from the committed state (:func:`gated_delta_commit_reference`) instead of keeping ``L`` states of
+``[Hv, Dk, Dv]``: the twins of :func:`fold_hf.kernels.gated_delta.triton.gated_delta_verify_triton` and
+:func:`~fold_hf.kernels.gated_delta.triton.gated_delta_commit_triton` (the fused Qwen3.5
+layers).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def gated_delta_states_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                                 beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated delta rule over ``L`` tokens from ``state``, keeping every intermediate state.
+
+    Args:
+        query: ``[L, Hk, Dk]`` L2-normalized and scaled queries.
+        key: ``[L, Hk, Dk]`` L2-normalized keys.
+        value: ``[L, Hv, Dv]`` values (``Hv`` a multiple of ``Hk``).
+        g: ``[L, Hv]`` log decay (``<= 0``).
+        beta: ``[L, Hv]`` write strength in ``(0, 1)``.
+        state: ``[Hv, Dk, Dv]`` state before the first token (fp32 or fp64; not modified).
+
+    Returns:
+        (outputs ``[L, Hv, Dv]``, states ``[L, Hv, Dk, Dv]``, state after each token), in ``state.dtype``.
+    """
+    dtype = state.dtype
+    L, Hk, _ = key.shape
+    Hv = value.shape[1]
+    group = Hv // Hk
+    q = query.to(dtype).repeat_interleave(group, dim=1)
+    k = key.to(dtype).repeat_interleave(group, dim=1)
+    v, g, beta = value.to(dtype), g.to(dtype), beta.to(dtype)
+    S = state
+    outputs, states = [], []
+    for t in range(L):
+        S = S * g[t].exp()[:, None, None]
+        read = torch.einsum("hkv,hk->hv", S, k[t])
+        delta = (v[t] - read) * beta[t][:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        outputs.append(torch.einsum("hkv,hk->hv", S, q[t]))
+        states.append(S)
+    return torch.stack(outputs), torch.stack(states)
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_prepare_reference(qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
+                                  conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
+                                  num_k_heads: int, k_dim: int, state_dtype: torch.dtype):
+    """The per-token inputs of the delta rule from the block's projections (Qwen3.5's ``Qwen3_5GatedDeltaNet``).
+
+    Args:
+        qkv: ``[L, C]`` ``in_proj_qkv`` output (``C = 2 Hk Dk + Hv Dv``), model dtype.
+        b, a: ``[L, Hv]`` ``in_proj_b`` / ``in_proj_a`` outputs.
+        conv_state: ``[C, K - 1]`` the last ``K - 1`` projections before the block.
+        conv_weight: ``[C, K]`` depthwise causal convolution (no bias).
+        a_log, dt_bias: ``[Hv]``.
+
+    Returns:
+        ``q [L, Hk, Dk]`` (L2-normed, scaled by ``Dk ** -0.5``), ``k [L, Hk, Dk]`` (L2-normed), ``v [L, Hv, Dv]``,
+        ``g [L, Hv]`` (log decay), ``beta [L, Hv]``, all in ``state_dtype``: conv + silu in the model dtype, then
+        the fp32 math of the fast loop.
+    """
+    L, C = qkv.shape
+    K = conv_weight.shape[-1]
+    window = torch.cat((conv_state, qkv.transpose(0, 1).to(conv_state.dtype)), dim=1)  # [C, K - 1 + L]
+    mixed = F.conv1d(window[None].to(conv_weight.dtype), conv_weight[:, None, :], groups=C)
+    mixed = F.silu(mixed)[0].transpose(0, 1).to(qkv.dtype)  # [L, C]
+    kd = num_k_heads * k_dim
+    q = mixed[:, :kd].reshape(L, num_k_heads, k_dim).to(state_dtype)
+    k = mixed[:, kd : 2 * kd].reshape(L, num_k_heads, k_dim).to(state_dtype)
+    hv = b.shape[-1]
+    v = mixed[:, 2 * kd :].reshape(L, hv, -1).to(state_dtype)
+    q = _l2norm(q) * (k_dim ** -0.5)
+    k = _l2norm(k)
+    beta = b.sigmoid().to(state_dtype)
+    g = (-a_log.float().exp() * F.softplus(a.float() + dt_bias)).to(state_dtype)
+    assert K == conv_state.shape[1] + 1
+    return q, k, v, g, beta
+
+
+def _delta_steps(S, q, k, v, g, beta, active=None):
+    """The gated delta rule from ``S [Hv, Dk, Dv]`` over ``L`` tokens (``active [L]`` bool: inactive tokens leave
+    the state as it is); returns (outputs ``[L, Hv, Dv]``, final state)."""
+    group = v.shape[1] // k.shape[1]
+    q = q.repeat_interleave(group, dim=1)
+    k = k.repeat_interleave(group, dim=1)
+    outputs = []
+    for t in range(v.shape[0]):
+        gt, bt = g[t], beta[t]
+        if active is not None:
+            gt = gt * active[t]
+            bt = bt * active[t]
+        S = S * gt.exp()[:, None, None]
+        read = torch.einsum("hkv,hk->hv", S, k[t])
+        S = S + k[t][:, :, None] * ((v[t] - read) * bt[:, None])[:, None, :]
+        outputs.append(torch.einsum("hkv,hk->hv", S, q[t]))
+    return torch.stack(outputs), S
+
+
+def gated_delta_verify_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
+                                 k_dim: int, pending: dict, layer: int) -> torch.Tensor:
+    """One Gated DeltaNet layer over a verify block, state untouched, inputs kept for the commit.
+
+    Args:
+        qkv, b, a, conv_state, conv_weight, a_log, dt_bias: as :func:`gated_delta_prepare_reference`.
+        state: ``[Hv, Dk, Dv]`` committed recurrent state (fp32, fp64 for fp64 models); not modified.
+        pending: the commit's buffers (:func:`gated_delta_pending`); row ``layer`` receives the block's ``q``,
+            ``k``, ``v``, ``g``, ``beta`` and raw ``qkv`` rows.
+
+    Returns:
+        ``[L, Hv, Dv]`` outputs ``S_t^T q_t`` in the state dtype.
+    """
+    q, k, v, g, beta = gated_delta_prepare_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, num_k_heads,
+                                                     k_dim, state.dtype)
+    L = qkv.shape[0]
+    for name, value in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("qkv", qkv)):
+        pending[name][layer, :L] = value
+    out, _ = _delta_steps(state, q, k, v, g, beta)
+    return out
+
+
+def gated_delta_pending(num_layers: int, rows: int, num_k_heads: int, k_dim: int, num_v_heads: int, v_dim: int,
+                        conv_dim: int, dtype: torch.dtype, state_dtype: torch.dtype, device) -> dict:
+    """Buffers for the inputs of the last verify of every linear layer: ``q``/``k [NL, rows, Hk, Dk]``, ``v [NL, rows,
+    Hv, Dv]``, ``g``/``beta [NL, rows, Hv]`` (state dtype) and the raw projections ``qkv [NL, rows, C]``."""
+    z = dict(device=device, dtype=state_dtype)
+    return {"q": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
+            "k": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
+            "v": torch.zeros(num_layers, rows, num_v_heads, v_dim, **z),
+            "g": torch.zeros(num_layers, rows, num_v_heads, **z),
+            "beta": torch.zeros(num_layers, rows, num_v_heads, **z),
+            "qkv": torch.zeros(num_layers, rows, conv_dim, device=device, dtype=dtype)}
+
+
+def gated_delta_commit_reference(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
+                                 conv_states: torch.Tensor) -> None:
+    """Commit the first ``n + 1`` tokens of the last verify (``length`` rows) of every linear layer, in place.
+
+    Args:
+        n: ``[1]`` long device tensor, accepted drafts (``0 <= n < length``).
+        pending: buffers filled by the verify (:func:`gated_delta_pending`).
+        states: ``[NL, Hv, Dk, Dv]`` committed recurrent states, advanced by tokens ``0 .. n``.
+        conv_states: ``[NL, C, K - 1]`` convolution windows, shifted to end at token ``n``.
+    """
+    active = (torch.arange(length, device=n.device) <= n).to(states.dtype)
+    for layer in range(states.shape[0]):
+        _, S = _delta_steps(states[layer], pending["q"][layer, :length], pending["k"][layer, :length],
+                            pending["v"][layer, :length], pending["g"][layer, :length],
+                            pending["beta"][layer, :length], active)
+        states[layer].copy_(S)
+    K1 = conv_states.shape[2]
+    window = torch.cat((conv_states, pending["qkv"][:, :length].transpose(1, 2).to(conv_states.dtype)), 2)
+    columns = n.reshape(1) + 1 + torch.arange(K1, device=n.device)
+    conv_states.copy_(window.index_select(2, columns))
+
+
+__all__ = ["gated_delta_commit_reference", "gated_delta_pending", "gated_delta_prepare_reference",
+           "gated_delta_states_reference", "gated_delta_verify_reference"]

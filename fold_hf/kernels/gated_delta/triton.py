@@ -1,0 +1,300 @@
+"""Triton kernel of the gated delta rule with per-position states (contract:
+:func:`fold_hf.kernels.gated_delta.gated_delta_states_reference`). Imported only when Triton is usable.
+
+One program per (value head, block of ``BV`` value columns) holds ``S[:, cols]`` (``[Dk, BV]`` fp32) in registers
+and walks the ``L`` block tokens, writing the output and the state after each token: the state is read once and
+written ``L`` times, no ``[L, Hv, Dk, Dv]`` intermediate is recomputed. Columns of ``S`` are independent in the
+delta rule (the read ``S^T k`` and the update are per column), which is what makes the split exact.
+
+The fused Qwen3.5 layers (:func:`fold_hf.kernels.default_hybrid_ops`) run
+:func:`gated_delta_verify_triton`, a whole Gated DeltaNet step after the projections: causal conv + silu, L2 norms,
+``beta``/``g`` from ``b``/``a`` for all rows at once, then the delta rule token after token, one program per
+(value head, ``BV`` value columns) holding ``S[:, cols]`` in registers (the step is written
+``S' = e S + k d^T``, ``d = (v - e S^T k) beta``, ``o = e S^T q + d (k . q)``: its two reductions read the same
+state, so they do not wait for each other); it reads the committed state once and writes *no* state: the block's
+inputs go to small pending buffers and :func:`gated_delta_commit_triton` re-runs the accepted prefix
+``0 .. n`` from the committed state for every linear layer in one launch (``n`` read on the device). A verify of
+16 rows at the Qwen3.5-9B shape thus moves 2 MB of state per layer and direction instead of writing 16 x 2 MB.
+
+Twins: :mod:`fold_hf.kernels.gated_delta.naive`. Rounding and transcendental functions as in
+:mod:`fold_hf.kernels.hybrid.triton` (whose helpers these kernels share).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ..hybrid.triton import _EXACT, _exp, _libdevice, _sigmoid, _silu
+from ..layer.triton import _round_to
+
+
+@triton.jit
+def _gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, states_ptr, L,
+                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr):
+    h = tl.program_id(0)
+    vb = tl.program_id(1)
+    hk = h // (HV // HK)
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    mk = rk < DK
+    mv = rv < DV
+    m2 = mk[:, None] & mv[None, :]
+    s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
+    S = tl.load(s_ptr + s_off, mask=m2, other=0.0).to(tl.float32)
+    for t in range(0, L):
+        k = tl.load(k_ptr + (t * HK + hk) * DK + rk, mask=mk, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + (t * HK + hk) * DK + rk, mask=mk, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + (t * HV + h) * DV + rv, mask=mv, other=0.0).to(tl.float32)
+        gate = tl.load(g_ptr + t * HV + h).to(tl.float32)
+        beta = tl.load(b_ptr + t * HV + h).to(tl.float32)
+        S = S * tl.exp(gate)
+        read = tl.sum(S * k[:, None], axis=0)
+        delta = (v - read) * beta
+        S = S + k[:, None] * delta[None, :]
+        out = tl.sum(S * q[:, None], axis=0)
+        tl.store(o_ptr + (t * HV + h) * DV + rv, out, mask=mv)
+        tl.store(states_ptr + t * HV * DK * DV + s_off, S, mask=m2)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def gated_delta_states_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                              beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`~fold_hf.kernels.gated_delta.gated_delta_states_reference` (fp32 state)."""
+    if state.dtype != torch.float32:
+        raise ValueError(f"the Triton gated delta kernel keeps an fp32 state, got {state.dtype}")
+    L, HK, DK = key.shape
+    HV, DV = value.shape[1], value.shape[2]
+    if HV % HK:
+        raise ValueError(f"{HV} value heads are not a multiple of {HK} key heads")
+    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    g, beta, state = g.contiguous(), beta.contiguous(), state.contiguous()
+    out = torch.empty(L, HV, DV, device=state.device, dtype=torch.float32)
+    states = torch.empty(L, HV, DK, DV, device=state.device, dtype=torch.float32)
+    BK = _next_pow2(DK)
+    BV = min(_next_pow2(DV), max(16, 4096 // BK))
+    grid = (HV, triton.cdiv(DV, BV))
+    _gated_delta_kernel[grid](query, key, value, g, beta, state, out, states, L, HK=HK, HV=HV, DK=DK, DV=DV,
+                              BK=BK, BV=BV)
+    return out, states
+
+
+# ------------------------------------------------------------------------------------ Gated DeltaNet verify + commit
+@triton.jit
+def _conv_silu_rows(QKV, CONV, CW, chan, cmask, rows, rmask, qkv_stride, KS: tl.constexpr, LIB: tl.constexpr):
+    """Causal depthwise conv of channels ``chan [BC]`` at block tokens ``rows [LP]`` over [conv state | block rows],
+    then silu, rounded as the model dtype: ``[LP, BC]`` in fp32."""
+    acc = tl.zeros((rows.shape[0], chan.shape[0]), tl.float32)
+    m2 = rmask[:, None] & cmask[None, :]
+    for j in tl.static_range(KS):
+        m = rows + j  # column of the window [C, K - 1 + L]
+        w = tl.load(CW + chan * KS + j, mask=cmask, other=0.0).to(tl.float32)
+        in_state = (m < KS - 1)[:, None]
+        col = tl.minimum(m, KS - 2)[:, None]
+        row = tl.maximum(m - (KS - 1), 0)[:, None]
+        from_state = tl.load(CONV + chan[None, :] * (KS - 1) + col, mask=m2 & in_state, other=0.0)
+        from_block = tl.load(QKV + row * qkv_stride + chan[None, :], mask=m2 & (m >= KS - 1)[:, None], other=0.0)
+        x = tl.where(in_state, from_state.to(tl.float32), from_block.to(tl.float32))
+        acc = acc + w[None, :] * x
+    dtype = QKV.dtype.element_ty
+    acc = _round_to(acc, dtype)
+    return _round_to(_silu(acc, LIB), dtype)
+
+
+@triton.jit
+def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, PB, PR, L, qkv_stride, b_stride,
+                       a_stride, scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, LIB: tl.constexpr):
+    h = tl.program_id(0)
+    vb = tl.program_id(1)
+    GROUP: tl.constexpr = HV // HK
+    hk = h // GROUP
+    KD: tl.constexpr = HK * DK
+    C: tl.constexpr = 2 * HK * DK + HV * DV
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    rl = tl.arange(0, LP)
+    mk = rk < DK
+    mv = rv < DV
+    ml = rl < L
+    qc = hk * DK + rk
+    kc = KD + hk * DK + rk
+    vc = 2 * KD + h * DV + rv
+    # prologue, all block tokens at once: conv + silu, L2 norms, gates; written to the commit's buffers. Every
+    # program sharing a key head writes the same q/k bits, so each may read back its own writes after the barrier.
+    q = _conv_silu_rows(QKV, CONV, CW, qc, mk, rl, ml, qkv_stride, KS, LIB)
+    k = _conv_silu_rows(QKV, CONV, CW, kc, mk, rl, ml, qkv_stride, KS, LIB)
+    v = _conv_silu_rows(QKV, CONV, CW, vc, mv, rl, ml, qkv_stride, KS, LIB)
+    q = q * tl.math.rsqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
+    k = k * tl.math.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+    braw = tl.load(B + rl * b_stride + h, mask=ml, other=0.0)
+    beta = _round_to(_sigmoid(braw.to(tl.float32), LIB), braw.dtype)
+    x = tl.load(A + rl * a_stride + h, mask=ml, other=0.0).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
+    if LIB:
+        soft = tl.where(x > 20.0, x, libdevice.log1p(libdevice.exp(x)))
+    else:
+        soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+    g = -_exp(tl.load(ALOG + h).to(tl.float32), LIB) * soft
+    lk = ml[:, None] & mk[None, :]
+    lv = ml[:, None] & mv[None, :]
+    tl.store(PQ + (rl[:, None] * HK + hk) * DK + rk[None, :], q, mask=lk)
+    tl.store(PK + (rl[:, None] * HK + hk) * DK + rk[None, :], k, mask=lk)
+    tl.store(PV + (rl[:, None] * HV + h) * DV + rv[None, :], v, mask=lv)
+    tl.store(PG + rl * HV + h, g, mask=ml)
+    tl.store(PB + rl * HV + h, beta, mask=ml)
+    # raw projections, for the commit's convolution window
+    tl.store(PR + rl[:, None] * C + vc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + vc[None, :], mask=lv,
+                                                         other=0.0), mask=lv)
+    if (vb == 0) & (h % GROUP == 0):
+        tl.store(PR + rl[:, None] * C + qc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + qc[None, :], mask=lk,
+                                                             other=0.0), mask=lk)
+        tl.store(PR + rl[:, None] * C + kc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + kc[None, :], mask=lk,
+                                                             other=0.0), mask=lk)
+    tl.debug_barrier()
+    # the recurrence: one token after another, the next token's inputs loaded while this one computes
+    m2 = mk[:, None] & mv[None, :]
+    s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
+    S_ = tl.load(S + s_off, mask=m2, other=0.0).to(tl.float32)
+    kt = tl.load(PK + hk * DK + rk, mask=mk, other=0.0)
+    qt = tl.load(PQ + hk * DK + rk, mask=mk, other=0.0)
+    vt = tl.load(PV + h * DV + rv, mask=mv, other=0.0)
+    gt = tl.load(PG + h)
+    bt = tl.load(PB + h)
+    for t in range(0, L):
+        nxt = tl.minimum(t + 1, L - 1)  # (the last token loads itself again, unused)
+        kn = tl.load(PK + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
+        qn = tl.load(PQ + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
+        vn = tl.load(PV + (nxt * HV + h) * DV + rv, mask=mv, other=0.0)
+        gn = tl.load(PG + nxt * HV + h)
+        bn = tl.load(PB + nxt * HV + h)
+        # S_t = e S + k delta^T, delta = (v - e S^T k) beta, o_t = S_t^T q = e S^T q + delta (k . q): both
+        # reductions read the previous state, so they run side by side instead of one after the other
+        e = _exp(gt, LIB)
+        read = tl.sum(S_ * kt[:, None], axis=0)
+        seen = tl.sum(S_ * qt[:, None], axis=0)
+        kq = tl.sum(kt * qt, axis=0)
+        delta = (vt - e * read) * bt
+        tl.store(OUT + (t * HV + h) * DV + rv, e * seen + delta * kq, mask=mv)
+        S_ = S_ * e + kt[:, None] * delta[None, :]
+        kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
+
+
+def _blocks(DK: int, DV: int) -> tuple[int, int, int]:
+    """(BK, BV, num_warps) of the Gated DeltaNet kernels; ``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS`` override
+    (benchmarks/hybrid_bench.py ``--kernel-sweep`` times the choices)."""
+    BK = _next_pow2(DK)
+    BV = int(os.environ.get("FOLD_HF_GDN_BV") or min(_next_pow2(DV), max(16, 4096 // BK)))
+    return BK, BV, int(os.environ.get("FOLD_HF_GDN_WARPS") or 4)
+
+
+def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
+                              k_dim: int, pending: dict, layer: int) -> torch.Tensor:
+    """:func:`~fold_hf.kernels.hybrid.naive.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
+    ``b``/``a [L, Hv]`` may have strided rows)."""
+    if state.dtype != torch.float32:
+        raise ValueError(f"the Triton Gated DeltaNet kernels keep an fp32 state, got {state.dtype}")
+    L, C = qkv.shape
+    HV, DK, DV = state.shape
+    HK = num_k_heads
+    KS = conv_weight.shape[-1]
+    if DK != k_dim or HV % HK or C != 2 * HK * DK + HV * DV or conv_state.shape != (C, KS - 1) or KS < 2:
+        raise ValueError(f"shapes do not match: qkv {tuple(qkv.shape)}, state {tuple(state.shape)}, conv "
+                         f"{tuple(conv_state.shape)}, {HK} key heads of {k_dim}")
+    if L > pending["q"].shape[1]:
+        raise ValueError(f"a verify of {L} rows exceeds the pending buffers ({pending['q'].shape[1]} rows)")
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    b = b if b.stride(-1) == 1 else b.contiguous()
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    out = torch.empty(L, HV, DV, device=state.device, dtype=torch.float32)
+    BK, BV, warps = _blocks(DK, DV)
+    _gdn_verify_kernel[(HV, triton.cdiv(DV, BV))](
+        qkv, b, a, conv_state.contiguous(), conv_weight.reshape(C, KS).contiguous(), a_log, dt_bias, state, out,
+        pending["q"][layer], pending["k"][layer], pending["v"][layer], pending["g"][layer], pending["beta"][layer],
+        pending["qkv"][layer], L, qkv.stride(0), b.stride(0), a.stride(0), float(k_dim ** -0.5), HK=HK, HV=HV, DK=DK,
+        DV=DV, KS=KS, BK=BK, BV=BV, LP=_next_pow2(L), LIB=_libdevice(), num_warps=warps, **_EXACT)
+    return out
+
+
+@triton.jit
+def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                       DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr):
+    pid = tl.program_id(0)
+    vb = tl.program_id(1)
+    layer = pid // HV
+    h = pid - layer * HV
+    hk = h // (HV // HK)
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    mk = rk < DK
+    mv = rv < DV
+    m2 = mk[:, None] & mv[None, :]
+    s_off = (layer * HV + h).to(tl.int64) * DK * DV + rk[:, None] * DV + rv[None, :]
+    S_ = tl.load(S + s_off, mask=m2, other=0.0)
+    n = tl.load(N)
+    base = layer.to(tl.int64) * rows
+    kt = tl.load(PK + (base * HK + hk) * DK + rk, mask=mk, other=0.0)
+    vt = tl.load(PV + (base * HV + h) * DV + rv, mask=mv, other=0.0)
+    gt = tl.load(PG + base * HV + h)
+    bt = tl.load(PB + base * HV + h)
+    for t in range(0, n + 1):  # the same steps as the verify's, one token after another
+        r = base + tl.minimum(t + 1, n)  # (the last token loads itself again, unused)
+        kn = tl.load(PK + (r * HK + hk) * DK + rk, mask=mk, other=0.0)
+        vn = tl.load(PV + (r * HV + h) * DV + rv, mask=mv, other=0.0)
+        gn = tl.load(PG + r * HV + h)
+        bn = tl.load(PB + r * HV + h)
+        e = _exp(gt, LIB)
+        delta = (vt - e * tl.sum(S_ * kt[:, None], axis=0)) * bt
+        S_ = S_ * e + kt[:, None] * delta[None, :]
+        kt, vt, gt, bt = kn, vn, gn, bn
+    tl.store(S + s_off, S_, mask=m2)
+
+
+def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
+                              conv_states: torch.Tensor) -> None:
+    """:func:`~fold_hf.kernels.hybrid.naive.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
+    for every layer's state, one shifts every layer's convolution window."""
+    NL, HV, DK, DV = states.shape
+    HK = pending["q"].shape[2]
+    BK, BV, warps = _blocks(DK, DV)
+    _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV))](
+        n, pending["k"], pending["v"], pending["g"], pending["beta"], states, pending["q"].shape[1],
+        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=warps, **_EXACT)
+    C, K1 = conv_states.shape[1], conv_states.shape[2]
+    block = min(1024, _next_pow2(C))
+    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, pending["q"].shape[1],
+                                                     K1=K1, BK1=_next_pow2(K1), BLOCK=block, num_warps=4)
+
+
+@triton.jit
+def _conv_commit_kernel(N, RAW, CONV, C, rows, K1: tl.constexpr, BK1: tl.constexpr, BLOCK: tl.constexpr):
+    """Window column ``n + 1 + j`` of [conv state | the block's raw projections] into conv state column ``j``, for
+    every layer's channels (each program reads all its old columns before writing them)."""
+    layer = tl.program_id(0)
+    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mc = chan < C
+    cols = tl.arange(0, BK1)
+    mj = cols < K1
+    n = tl.load(N)
+    src = (n + 1 + cols).to(tl.int32)  # window column of each new column
+    in_state = (src < K1)[None, :]
+    m2 = mc[:, None] & mj[None, :]
+    base = layer.to(tl.int64) * C * K1
+    old = tl.load(CONV + base + chan[:, None] * K1 + tl.minimum(src, K1 - 1)[None, :], mask=m2 & in_state,
+                  other=0.0)
+    row = tl.maximum(src - K1, 0)[None, :]
+    new = tl.load(RAW + (layer.to(tl.int64) * rows + row) * C + chan[:, None], mask=m2 & (src >= K1)[None, :],
+                  other=0.0)
+    value = tl.where(in_state, old, new)
+    tl.debug_barrier()  # a column one thread writes may be another thread's old column: every load first
+    tl.store(CONV + base + chan[:, None] * K1 + cols[None, :], value, mask=m2)
+
+
+__all__ = ["gated_delta_commit_triton", "gated_delta_states_triton", "gated_delta_verify_triton"]
