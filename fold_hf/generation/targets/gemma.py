@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...compat import norm_epsilon
+from ...compat import has_norm_epsilon, norm_epsilon
 from ...kernels.common import rotate_half
 from ...kernels.prefill_attention import prefill_attention
 from ..static_target import PREFILL_ATTENTION_MIN_ROWS, StaticTarget, UnsupportedTarget
@@ -290,7 +290,7 @@ class GemmaStaticTarget(StaticTarget):
                 norms.append(layer.post_per_layer_input_norm)
             for norm in norms:
                 kind = type(norm).__name__
-                if kind not in kinds or not hasattr(norm, "eps"):
+                if kind not in kinds or not has_norm_epsilon(norm):
                     return f"layer {i}: norm {kind} is not a Gemma RMSNorm"
                 weight = getattr(norm, "weight", None)
                 if weight is not None and weight.dtype != self.dtype:

@@ -245,7 +245,7 @@ class Qwen35StaticTarget(StaticTarget):
             if not is_silu(mlp.act_fn):
                 return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
         for norm in norms:
-            if type(norm).__name__ not in NORMS or not hasattr(norm, "eps"):
+            if type(norm).__name__ not in NORMS or not has_norm_epsilon(norm):
                 return f"norm {type(norm).__name__} is not Qwen3.5's zero-centred RMSNorm"
             if norm.weight.dtype != self.dtype:
                 return f"norm weights in {norm.weight.dtype}, activations in {self.dtype}"
