@@ -33,6 +33,12 @@ def test_bench_rejects_a_misspelled_method_and_lists_the_valid_ones(capsys):
         assert repr(name) in line
 
 
+def test_bench_takes_the_mode_name_fold_as_fold_a2():
+    from fold_hf.bench.methods import resolve_methods
+
+    assert resolve_methods(["fold", "fold-a2", "window"]) == ["fold-a2", "window"]
+
+
 def test_bench_rejects_an_unknown_suite(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--suites", "foo", "--build-only"])
