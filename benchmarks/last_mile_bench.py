@@ -17,24 +17,34 @@ Random Llama-3.1-8B-shape target (bf16, built on the GPU) and the z-lab DFlash-s
   ``[norm32]`` the add + RMSNorm's warps (default 16), ``[default]`` the default again in a fresh session after them;
 * ``our_sd_fold`` / ``our_sd_dflash``: the speculative round (block 10, W 2048, α 2) at ``--sd-context``;
   ``[one_at_a_time]`` rows (``$FOLD_HF_PIPELINE_ROUNDS=0``): each round's result read before the next is queued;
-* prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``,
-  a warm session, so the cache is allocated already; the 128K row releases it first to count the cache in the peak)
-  and transformers' ``generate`` (sdpa), against the compute floor: bf16 FLOPs of the layer weights over every
-  prompt token + the lm_head over the last one + causal attention (2 · Hq · D · P (P + 1) per layer), at the peak
-  bf16 matmul throughput measured here (best of 8192³ GEMMs); peak GPU memory of each request at ``--peak-context``
-  (``torch.cuda.max_memory_allocated`` during the call, weights included, and the part above what was allocated
-  before it); ``--chunks`` adds our prefill at other chunk sizes at ``--ab-context``;
+* prefill: time to first token of a P-token prompt for our fast loop (``fast_generate(..., max_new_tokens=1)``)
+  and transformers' ``generate`` (sdpa), both timed from call to return (one token: the prefill and its first
+  token; ``prefill_s`` keeps our loop's own prefill clock beside it). Protocol (:func:`ttft_calls`), per prompt
+  length and per system: one warm-up call AT THAT LENGTH, timed and reported as ``first_call_s`` (cuDNN builds an
+  execution plan per new shape inside it), then ``--prefill-repeats`` timed calls whose median is ``ttft_s``
+  (``warm_median_s``); the headline's keys take the warm medians and ``*_first_call`` keys the first calls. A
+  process warm-up at a quarter of the shortest length runs first (kernels compiled, cuBLAS picked: not per-shape
+  costs). Our session stays allocated between calls except at ``--peak-context``, where every call of ours frees
+  it first (the cache is then allocated inside the call and counted in its peak and its time, as transformers'
+  is in each of its calls); the ``hf`` rows run after our session is released. Compute floor: bf16 FLOPs of the
+  layer weights over every prompt token + the lm_head over the last one + causal attention
+  (2 · Hq · D · P (P + 1) per layer), at the peak bf16 matmul throughput measured here (best of 8192³ GEMMs);
+  peak GPU memory (``torch.cuda.max_memory_allocated`` during a call, weights included; ``peak_gib`` the most of
+  the row's calls, ``first_call_peak_gib`` the first's); ``--chunks`` adds our prefill at other chunk sizes at
+  ``--ab-context`` (every prefill row follows the protocol);
 * profile (``torch.profiler``, CUDA kernels, the ``static`` engine so every launch is seen): top kernels of one
   AR step and one ``fold`` round at ``--sd-context``, and of our prefill at ``--ab-context`` (which attention
   kernel the prefill runs). With PDL a kernel's time counts from its early start (its programs wait on the one
   before), so the kernel sums overlap; ``ar_<T>[no_pdl]`` is the same step without PDL, kernels back to back; ``ar_<T>[<variant>]`` each variant's step.
 
-Writes ``last_mile.json`` (``headline``: the issue's keys; ``rows``; ``prefill``; ``profile``; ``machine``) and
-``last_mile.csv`` under ``--out``, and logs as it goes (a run cut by a time limit keeps what it measured: the JSON
-is rewritten after every section).
+Writes ``last_mile.json`` (``headline``: the issue's keys; ``rows``; ``prefill``; ``profile``; ``machine``),
+``last_mile.csv`` (the decode rows) and ``last_mile_prefill.csv`` (the prefill rows) under ``--out``, and logs as
+it goes (a run cut by a time limit keeps what it measured: the JSON is rewritten after every section).
 
     python benchmarks/last_mile_bench.py --out $OUT/perf          (about 3 minutes on an H200)
     python benchmarks/last_mile_bench.py --out /tmp/x --dry-run   (CPU: tiny shapes, checks the script runs)
+    python benchmarks/last_mile_bench.py --out $OUT/perf --prefill-only --no-profile --chunks ''
+        --prefill 8192,32768,131072 --prefill-repeats 3,3,1         (TTFT only, about 1.5 minutes)
 """
 
 from __future__ import annotations
@@ -204,8 +214,10 @@ PREFILL_VARIANTS = {
 
 # ------------------------------------------------------------------------------------------------ prefill
 def our_prefill(target, prompt: torch.Tensor, chunk: int, engine: str, fresh: bool, drafter=None) -> dict:
-    """TTFT of our fast loop (AR, one new token) and the call's peak memory; ``fresh`` frees the session first (the
-    cache is then allocated inside the call and counted in its peak)."""
+    """TTFT of our fast loop (AR, one new token; ``prompt`` ``[1, P]``): ``ttft_s`` the call's wall time (as
+    transformers' is timed), ``prefill_s`` the loop's own clock (prefill and first token, without the call's
+    setup), and the call's peak memory; ``fresh`` frees the session first (the cache is then allocated inside the
+    call and counted in its peak)."""
     device = prompt.device
     if fresh:
         release_fast_state(target)
@@ -216,7 +228,8 @@ def our_prefill(target, prompt: torch.Tensor, chunk: int, engine: str, fresh: bo
     result = fast_generate(target, drafter, input_ids=prompt, max_new_tokens=1, return_stats=True, engine=engine,
                            prefill_chunk=chunk, eos_token_id=[])
     wall = sync_clock(device) - start
-    return dict(ttft_s=result.ttft_s, wall_s=wall, peak_gib=peak_gib(device), allocated_before_gib=before)
+    return dict(ttft_s=wall, prefill_s=result.ttft_s, wall_s=wall, peak_gib=peak_gib(device),
+                allocated_before_gib=before)
 
 
 def hf_prefill(target, prompt: torch.Tensor) -> dict:
@@ -234,6 +247,55 @@ def hf_prefill(target, prompt: torch.Tensor) -> dict:
                     error=f"out of memory: {str(err)[:200]}")
     wall = sync_clock(device) - start
     return dict(ttft_s=wall, wall_s=wall, peak_gib=peak_gib(device), allocated_before_gib=before)
+
+
+PREFILL_FIELDS = ["gpu", "torch", "transformers", "date", "row", "prompt", "chunk", "repeats", "first_call_s",
+                  "warm_median_s", "floor_s", "fraction_of_floor", "first_call_fraction_of_floor",
+                  "first_call_peak_gib", "peak_gib", "error"]
+
+
+def rounded(value, digits: int = 3):
+    return None if value is None else round(value, digits)
+
+
+def ttft_calls(call, repeats: int) -> dict:
+    """The TTFT protocol at one prompt length: ``call()`` (a dict with ``ttft_s``, ``peak_gib``, as
+    :func:`our_prefill`) once as the warm-up, timed, then ``repeats`` times more; returns the warm-up's row with
+    ``first_call_s``, ``warm_s`` (the repeats' times), ``warm_median_s`` and ``ttft_s`` (= the median, or the first
+    call's time when ``repeats`` is 0), ``first_call_peak_gib`` and ``peak_gib`` (the most of all calls). A call
+    that fails (an ``error`` key) ends the row."""
+    first = call()
+    row = {**first, "first_call_s": first.get("ttft_s"), "first_call_peak_gib": first.get("peak_gib"),
+           "first_call_prefill_s": first.get("prefill_s"), "repeats": 0, "warm_s": []}
+    warm = []
+    for _ in range(repeats if first.get("ttft_s") is not None else 0):
+        res = call()
+        if res.get("ttft_s") is None:
+            row["error"] = res.get("error")
+            break
+        warm.append(res)
+    times = [r["ttft_s"] for r in warm]
+    peaks = [p for p in [first.get("peak_gib")] + [r.get("peak_gib") for r in warm] if p is not None]
+    row.update(repeats=len(warm), warm_s=times, warm_median_s=median(times),
+               ttft_s=median(times) if times else first.get("ttft_s"), peak_gib=max(peaks) if peaks else None)
+    if warm and warm[0].get("prefill_s") is not None:
+        row["prefill_s"] = median([r["prefill_s"] for r in warm])
+    return row
+
+
+def median(values: list[float]) -> float | None:
+    """The median (the lower middle of an even count: a time that was measured); None for no values."""
+    return sorted(values)[(len(values) - 1) // 2] if values else None
+
+
+def prefill_repeats(spec: str, lengths: list[int]) -> dict[int, int]:
+    """``--prefill-repeats``: one count for every length, or one per ``--prefill`` length in its order."""
+    counts = [int(c) for c in spec.split(",") if c]
+    if len(counts) == 1:
+        counts = counts * len(lengths)
+    if len(counts) != len(lengths):
+        raise SystemExit(f"--prefill-repeats {spec!r}: give one count or one per --prefill length ({len(lengths)})")
+    return dict(zip(lengths, counts))
 
 
 # ------------------------------------------------------------------------------------------------ profile
@@ -278,6 +340,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sd-context", type=int, default=32768)
     parser.add_argument("--ab-context", type=int, default=32768, help="A/B rows (separate projections, chunks)")
     parser.add_argument("--prefill", default="8192,32768,131072", help="prompt lengths of the TTFT rows")
+    parser.add_argument("--prefill-repeats", default="",
+                        help="timed calls after each length's warm-up: one count, or one per --prefill length "
+                             "(e.g. 3,3,1); default 3 below 64K tokens and 1 from there (a 128K call is ~11 s)")
     parser.add_argument("--peak-context", type=int, default=131072)
     parser.add_argument("--chunks", default="4096,16384", help="extra prefill chunk sizes at --ab-context")
     parser.add_argument("--variants", default=",".join(VARIANTS),
@@ -310,7 +375,7 @@ def main(argv=None) -> int:
             setattr(args, name, "64,128")
         variant_contexts = {128}
         args.sd_context = args.ab_context = args.peak_context = 128
-        args.rounds, args.repeats = 3, 1
+        args.rounds, args.repeats, args.prefill_repeats = 3, 1, "2"
     else:
         if not torch.cuda.is_available():
             raise SystemExit("last_mile_bench needs a CUDA GPU (or --dry-run)")
@@ -323,7 +388,7 @@ def main(argv=None) -> int:
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.01)
     peak_flops = peak_matmul_flops(device, 8192 if device.type == "cuda" else 256)
     log(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, peak bf16 matmul {peak_flops / 1e12:.0f} TFLOP/s")
-    report = {"machine": machine() if device.type == "cuda" else {"device": "cpu"}, "dry_run": args.dry_run,
+    report = {"machine": machine() if device.type == "cuda" else cpu_machine(), "dry_run": args.dry_run,
               "bandwidth_tb_s": bandwidth / 1e12, "peak_matmul_tflop_s": peak_flops / 1e12, "facts": facts,
               "rows": [], "prefill": [], "profile": {}, "headline": {}}
 
@@ -335,6 +400,11 @@ def main(argv=None) -> int:
                                     extrasaction="ignore")
             writer.writeheader()
             writer.writerows(report["rows"])
+        with (out / "last_mile_prefill.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=PREFILL_FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows({**{k: report["machine"].get(k) for k in ("gpu", "torch", "transformers", "date")},
+                              **r} for r in report["prefill"])
 
     def add(name: str, context: int, seconds: list[float]) -> None:
         row = {"row": name, "context": context, **percentiles(seconds)}
@@ -427,38 +497,48 @@ def main(argv=None) -> int:
         release_fast_state(target)
         save()
 
-    # ---- prefill: TTFT against the compute floor, peak memory
+    # ---- prefill: TTFT against the compute floor, peak memory (protocol: the module docstring, ttft_calls)
     prefill = [int(p) for p in args.prefill.split(",") if p]
+    repeats = (prefill_repeats(args.prefill_repeats, prefill) if args.prefill_repeats
+               else {P: 3 if P < 65536 else 1 for P in prefill})
     vocab_cap = min(target.config.vocab_size, 32000)
-    if prefill:
-        warm = torch.randint(0, vocab_cap, (1, min(prefill)), device=device)
-        our_prefill(target, warm, 8192, engine, fresh=True)  # cuBLAS / attention kernels picked once
+    if prefill:  # kernels compiled and cuBLAS picked once, at a length no row uses (no per-shape plans of a row)
+        warm = torch.randint(0, vocab_cap, (1, max(16, min(prefill) // 4)), device=device)
+        our_prefill(target, warm, 8192, engine, fresh=True)
         if not args.skip_hf:
             hf_prefill(target, warm)
     for P in sorted(prefill):
         prompt = torch.randint(0, vocab_cap, (1, P), device=device)
         floor_s = prefill_flops(facts, P) / peak_flops
-        runs = [("ours", 8192, our_prefill(target, prompt, 8192, engine, fresh=P == args.peak_context))]
+        fresh = P == args.peak_context
+        n = repeats[P]
+        runs = [("ours", 8192, ttft_calls(lambda: our_prefill(target, prompt, 8192, engine, fresh=fresh), n))]
         if P == args.ab_context:
-            runs += [(f"ours[chunk {c}]", c, our_prefill(target, prompt, c, engine, fresh=False))
+            runs += [(f"ours[chunk {c}]", c, ttft_calls(lambda c=c: our_prefill(target, prompt, c, engine, fresh=False),
+                                                        n))
                      for c in (int(c) for c in args.chunks.split(",") if c)]
         if P in {int(c) for c in args.prefill_variant_contexts.split(",") if c}:
             for variant in (v for v in args.prefill_variants.split(",") if v):
                 with env_var(PREFILL_VARIANTS[variant]):
-                    runs.append((f"ours[{variant}]", 8192, our_prefill(target, prompt, 8192, engine, fresh=False)))
+                    runs.append((f"ours[{variant}]", 8192,
+                                 ttft_calls(lambda: our_prefill(target, prompt, 8192, engine, fresh=False), n)))
         if args.prefill_fold:
             drafter.set_fold_config(FoldConfig(mode="fold", window=2048, alpha=2.0))
-            runs.append(("ours_fold", 8192, our_prefill(target, prompt, 8192, engine, fresh=False, drafter=drafter)))
+            runs.append(("ours_fold", 8192, ttft_calls(
+                lambda: our_prefill(target, prompt, 8192, engine, fresh=False, drafter=drafter), n)))
         release_fast_state(target)
         if not args.skip_hf:
-            runs.append(("hf", None, hf_prefill(target, prompt)))
+            runs.append(("hf", None, ttft_calls(lambda: hf_prefill(target, prompt), n)))
         for name, chunk, res in runs:
             res.update(row=name, prompt=P, chunk=chunk, floor_s=floor_s,
-                       fraction_of_floor=floor_s / res["ttft_s"] if res.get("ttft_s") else None)
+                       fraction_of_floor=floor_s / res["ttft_s"] if res.get("ttft_s") else None,
+                       first_call_fraction_of_floor=floor_s / res["first_call_s"] if res.get("first_call_s") else None)
             report["prefill"].append(res)
-            log(f"prefill {name:>16} P={P:>6}: ttft {res['ttft_s'] and round(res['ttft_s'], 3)} s "
-                f"(floor {floor_s:.3f} s, fraction {res['fraction_of_floor'] and round(res['fraction_of_floor'], 3)})"
-                f", peak {res['peak_gib'] and round(res['peak_gib'], 2)} GiB")
+            log(f"prefill {name:>16} P={P:>6}: first call {rounded(res['first_call_s'])} s, "
+                f"warm median {rounded(res['warm_median_s'])} s of {res['repeats']} (floor {floor_s:.3f} s, "
+                f"fraction warm {rounded(res['fraction_of_floor'])} / "
+                f"first {rounded(res['first_call_fraction_of_floor'])})"
+                f", peak {rounded(res['peak_gib'], 2)} GiB" + (f", {res['error']}" if res.get("error") else ""))
         save()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -513,11 +593,27 @@ def headline(report: dict) -> dict:
         out[f"sd_fold_{key}_over_default_8b_32k"] = ratio(p50(f"our_sd_fold[{variant}]", 32768),
                                                           p50("our_sd_fold", 32768))
     out["hf_prefill_fraction_of_compute_floor_8b_32k"] = pre("hf", 32768, "fraction_of_floor")
-    for P, tag in ((8192, "8k"), (32768, "32k"), (131072, "128k")):  # issue 36: TTFT ours / transformers'
+    for P, tag in ((8192, "8k"), (32768, "32k"), (131072, "128k")):  # issue 36: TTFT ours / transformers' (warm)
         out[f"prefill_over_hf_8b_{tag}"] = ratio(pre("ours", P, "ttft_s"), pre("hf", P, "ttft_s"))
     for P, tag in ((8192, "8k"), (131072, "128k")):
         out[f"prefill_fraction_of_compute_floor_8b_{tag}"] = pre("ours", P, "fraction_of_floor")
+    # the same from each length's first call (the warm-up: cuDNN's plans for the length built inside it)
+    for P, tag in ((8192, "8k"), (32768, "32k"), (131072, "128k")):
+        out[f"prefill_over_hf_8b_{tag}_first_call"] = ratio(pre("ours", P, "first_call_s"),
+                                                             pre("hf", P, "first_call_s"))
+        out[f"prefill_fraction_of_compute_floor_8b_{tag}_first_call"] = pre("ours", P, "first_call_fraction_of_floor")
+    out["hf_prefill_fraction_of_compute_floor_8b_32k_first_call"] = pre("hf", 32768, "first_call_fraction_of_floor")
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+def cpu_machine() -> dict:
+    """The dry run's ``machine``: the CPU, the versions and the date."""
+    import datetime
+
+    import transformers
+
+    return {"device": "cpu", "gpu": "cpu (dry run)", "torch": torch.__version__,
+            "transformers": transformers.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 def tiny_pair():
