@@ -52,6 +52,20 @@ def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
+# the pair's shape (flags of main, module docstring) and the dry run's tiny one
+SHAPE = dict(layers=48, hidden=3840, mlp=15360, heads=16, kv_heads=8, head_dim=256, global_head_dim=512,
+             global_kv_heads=4, window_target=1024, global_every=6, vocab=262144, drafter_heads=32,
+             drafter_kv_heads=8, drafter_head_dim=128)
+TINY_SHAPE = dict(layers=8, hidden=64, mlp=128, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
+                  global_kv_heads=1, window_target=16, global_every=4, vocab=64, drafter_heads=4, drafter_kv_heads=2,
+                  drafter_head_dim=16)
+
+
+def shape_args(tiny: bool, max_positions: int) -> argparse.Namespace:
+    """:func:`build_pair`'s ``args`` at the default shape (``tiny``: the dry run's) for ``max_positions``."""
+    return argparse.Namespace(**(TINY_SHAPE if tiny else SHAPE), max_positions=max_positions)
+
+
 def build_pair(args, device: str, dtype: torch.dtype):
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
@@ -191,11 +205,8 @@ def main(argv=None) -> int:
                              "(static engine) per context under OUT/profile/")
     parser.add_argument("--modules-row", action="store_true",
                         help="also time the AR step through the model's modules (fused_layers=False)")
-    for name, default in (("layers", 48), ("hidden", 3840), ("mlp", 15360), ("heads", 16), ("kv-heads", 8),
-                          ("head-dim", 256), ("global-head-dim", 512), ("global-kv-heads", 4),
-                          ("window-target", 1024), ("global-every", 6), ("vocab", 262144), ("drafter-heads", 32),
-                          ("drafter-kv-heads", 8), ("drafter-head-dim", 128)):
-        parser.add_argument(f"--{name}", type=int, default=default)
+    for name, default in SHAPE.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     parser.add_argument("--attention-times", action="store_true",
                         help="only time the decode kernel at the global-layer and drafter-like shapes (GPU)")
     args = parser.parse_args(argv)
@@ -203,9 +214,7 @@ def main(argv=None) -> int:
         attention_times(Path(args.out))
         return 0
     if args.dry_run:
-        args.layers, args.hidden, args.mlp, args.heads, args.kv_heads, args.head_dim = 8, 64, 128, 4, 2, 16
-        args.global_head_dim, args.global_kv_heads, args.window_target, args.global_every = 32, 1, 16, 4
-        args.vocab, args.drafter_heads, args.drafter_kv_heads, args.drafter_head_dim = 64, 4, 2, 16
+        vars(args).update(TINY_SHAPE)
         args.contexts = "64" if args.contexts == "64" else "64,160"
         args.rounds, args.repeats, args.fold_window = 3, 1, 32
         device, dtype, engine = "cpu", torch.float32, "static"
