@@ -258,3 +258,27 @@ def test_exact_kernels_rows_are_invariant_in_bf16_on_gpu():
             alone = attend(q[:, :, r : r + 1], kc, vc, None, None, torch.tensor([T + r], device="cuda"), 0.088,
                            max_context_length=T + r + 1)
             assert torch.equal(block[0, r], alone[0, 0]), (T, r)
+
+
+def test_exact_mode_benchmark_runs_tiny(interpreter, tmp_path):
+    """``benchmarks/exact_mode_bench.py --tiny``: every piece on both paths at tiny shapes, correct against its
+    reference, the exact pieces' rows the same bits across row counts, CSV and JSON written."""
+    import csv
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "exact_mode_bench.py"
+    spec = importlib.util.spec_from_file_location("exact_mode_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    summary = bench.main(["--out", str(tmp_path), "--tiny", "--rows", "1,4"])
+    rows = list(csv.DictReader((tmp_path / "exact_mode.csv").open()))
+    pieces = {"qkv", "o_proj", "gate_up_silu", "down", "lm_head", "attention", "rms_norm_x2"}
+    assert {(r["piece"], r["path"], r["rows"]) for r in rows} == {(p, path, m) for p in pieces
+                                                                  for path in ("default", "exact") for m in "14"}
+    assert all(float(r["rel_err"]) < 1e-5 for r in rows), [(r["piece"], r["rel_err"]) for r in rows]
+    assert all(r["invariant"] == "True" for r in rows if r["path"] == "exact")
+    assert summary["exact_invariant"] is True
+    assert json.loads((tmp_path / "exact_mode.json").read_text())["summary"] == summary
+    assert summary["exact_ar_over_default_shape_pieces"] > 0
