@@ -40,46 +40,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from skinny_gemm_bench import log, pct, time_calls  # noqa: E402
 
 LLAMA_8B = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256, context=32768,
                 layers=32)
 TINY = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, vocab=200, context=100, layers=2)
 
 
-def log(*args) -> None:
-    print(time.strftime("%H:%M:%S"), *args, flush=True)
-
-
 def time_us(fn, operands: list, calls: int, reps: int, device: torch.device) -> float:
-    """p50 microseconds per call of ``fn(operand)``, cycling over ``operands`` (one CUDA graph of ``calls``)."""
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for i in range(calls):
-            fn(operands[i % len(operands)])
-        return (time.perf_counter() - start) / calls * 1e6
-    for op in operands:  # compile and warm up outside the capture
-        fn(op)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        fn(operands[0])
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(operands[i % len(operands)])
-    graph.replay()
-    torch.cuda.synchronize(device)
-    times = []
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(15):
-        begin.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / (reps * calls))
-    return sorted(times)[7]
+    """p50 microseconds per call of ``fn(operand)``, cycling over ``operands`` (one CUDA graph of ``calls``;
+    :func:`skinny_gemm_bench.time_calls`)."""
+    return pct(time_calls(lambda _, op: fn(op), operands, None, calls, reps, device), 0.5)
 
 
 def row_mismatches(fn, x: torch.Tensor, counts=(5, 16)) -> int:

@@ -12,8 +12,10 @@ the number of rows ``L`` or by the bucket):
   instructions wherever it sits in the tile;
 * a row skips (bit for bit: its state is kept by ``tl.where``) every tile with no key it may see, so the tiles the
   block's later rows need do not touch it;
-* the merge folds row ``r``'s splits ``0 .. (T + r) // SPLIT_KEYS`` one after another in split order: the same
-  splits in the same order for the same position, whatever ``L`` or the bucket.
+* the merge reads row ``r``'s splits ``0 .. (T + r) // SPLIT_KEYS`` only: their largest maximum first (exact in any
+  order), then the rescaled sums ``MERGE_CHUNK`` splits at a time (a fixed tree within a chunk, where unused slots
+  add exact zeros), chunks accumulated in split order: the same sums in the same order for the same position,
+  whatever ``L`` or the bucket.
 
 Logits in base 2 (``exp2``, the scale folded in), fp32 accumulation, ``p`` rounded to the value dtype before its
 dot (as flash attention does). Twin with the same signature: :mod:`fold_hf.kernels.exact_attention.naive`.
@@ -31,9 +33,12 @@ from ..triton_pdl import launch_options, pdl_enter
 LOG2E = 1.4426950408889634
 SPLIT_KEYS = 512  # keys per split program, fixed by position
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 4  # fixed tiles (see the module docstring)
+MERGE_CHUNK = 16  # splits one merge step loads at once
 
 
-@triton.jit
+# no specialization on the row count, the start or the split count (Triton compiles an int argument equal to 1 or
+# divisible by 16 as a variant of its own): every call runs one binary per model shape
+@triton.jit(do_not_specialize=["ctx_value", "num_rows", "L", "num_splits"])
 def _exact_split_kernel(Q, KC, VC, CTX_PTR, ctx_value, PART_M, PART_L, PART_ACC,
                         stride_kh, stride_kn, stride_vh, stride_vn, num_rows, L, head_dim, value_dim, qk_scale,
                         num_splits, LEN_FROM_PTR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -90,10 +95,10 @@ def _exact_split_kernel(Q, KC, VC, CTX_PTR, ctx_value, PART_M, PART_L, PART_ACC,
     tl.store(PART_ACC + part[:, None] * value_dim + offs_dv[None, :], acc, mask=m_ok[:, None] & dv_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ctx_value", "num_rows", "L", "num_splits"])
 def _exact_merge_kernel(PART_M, PART_L, PART_ACC, OUT, CTX_PTR, ctx_value, num_rows, L, G, value_dim, num_splits,
-                        out_row_stride, LEN_FROM_PTR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_DV: tl.constexpr,
-                        PDL: tl.constexpr):
+                        out_row_stride, LEN_FROM_PTR: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr,
+                        BLOCK_DV: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     head = tl.program_id(0)
     row = tl.program_id(1)
@@ -105,23 +110,29 @@ def _exact_merge_kernel(PART_M, PART_L, PART_ACC, OUT, CTX_PTR, ctx_value, num_r
     g = row // L
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < value_dim
+    offs_c = tl.arange(0, CHUNK)
     used = (T + r) // SPLIT + 1  # the splits holding keys 0 .. T + r, each non-empty
     base = (head * num_splits).to(tl.int64) * num_rows + row
-    m_run = float("-inf")
-    l_run = 0.0
-    out = tl.zeros([BLOCK_DV], tl.float32)
-    for s in range(0, used):  # in split order: the same splits, the same order, for the same position
-        part = base + s * num_rows
-        m_s = tl.load(PART_M + part)
-        l_s = tl.load(PART_L + part)
-        acc_s = tl.load(PART_ACC + part * value_dim + offs_dv, mask=dv_ok, other=0.0)
-        m_new = tl.maximum(m_run, m_s)
-        c_run = tl.math.exp2(m_run - m_new)
-        c_s = tl.math.exp2(m_s - m_new)
-        l_run = l_run * c_run + l_s * c_s
-        out = out * c_run + acc_s * c_s
-        m_run = m_new
-    out = out / l_run
+    # pass 1: the largest split maximum (a maximum is exact in any order)
+    m_max = tl.full([CHUNK], float("-inf"), tl.float32)
+    for first in range(0, used, CHUNK):
+        s_ok = first + offs_c < used
+        m_max = tl.maximum(m_max, tl.load(PART_M + base + (first + offs_c) * num_rows, mask=s_ok,
+                                          other=float("-inf")))
+    m_all = tl.max(m_max, 0)
+    # pass 2: the splits rescaled to it, CHUNK at a time (a fixed tree within a chunk; unused slots add +0), chunks
+    # folded in order: the same sums in the same order for the same position
+    l_tot = tl.zeros([CHUNK], tl.float32)
+    acc_tot = tl.zeros([CHUNK, BLOCK_DV], tl.float32)
+    for first in range(0, used, CHUNK):
+        s_ok = first + offs_c < used
+        part = base + (first + offs_c) * num_rows
+        w = tl.math.exp2(tl.load(PART_M + part, mask=s_ok, other=float("-inf")) - m_all)
+        l_tot += tl.load(PART_L + part, mask=s_ok, other=0.0) * w
+        acc = tl.load(PART_ACC + part[:, None] * value_dim + offs_dv[None, :], mask=s_ok[:, None] & dv_ok[None, :],
+                      other=0.0)
+        acc_tot += acc * w[:, None]
+    out = tl.sum(acc_tot, 0) / tl.sum(l_tot, 0)
     dst = OUT + r.to(tl.int64) * out_row_stride + (head * G + g) * value_dim
     tl.store(dst + offs_dv, out.to(OUT.dtype.element_ty), mask=dv_ok)
 
@@ -210,7 +221,7 @@ def exact_decode_attention_triton(
         num_stages=3 if device.type == "cuda" else 1, **launch_options(device))
     _exact_merge_kernel[(Hkv, num_rows)](
         part_m, part_l, part_acc, out, ctx_ptr, ctx_value, num_rows, L, G, Dv, num_splits, out.stride(1),
-        LEN_FROM_PTR=from_ptr, SPLIT=split_keys, BLOCK_DV=_pow2(Dv), num_warps=4, **launch_options(device))
+        LEN_FROM_PTR=from_ptr, SPLIT=split_keys, CHUNK=MERGE_CHUNK, BLOCK_DV=_pow2(Dv), num_warps=4, **launch_options(device))
     return out
 
 

@@ -84,6 +84,11 @@ def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 
+# the exact GEMMs' kernel: the same source compiled without specializing on the row count (Triton otherwise
+# compiles M == 1 and M % 16 == 0 as variants of their own), so every row count runs one binary
+_exact_gemm_kernel = triton.jit(do_not_specialize=["M"])(_skinny_gemm_kernel.fn)
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     """Tiles of one skinny GEMM launch (``use_dot`` False: one row reduced on the CUDA cores)."""
@@ -146,7 +151,7 @@ def skinny_wins(rows: int, out_features: int, in_features: int, silu_mul: bool =
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, up_rows: int,
-            silu_mul: bool, plan: GemmPlan | None = None) -> torch.Tensor:
+            silu_mul: bool, exact: bool = False) -> torch.Tensor:
     if x.dtype != weight.dtype:
         raise ValueError(f"x is {x.dtype}, the weight {weight.dtype}")
     if not weight.is_contiguous():
@@ -158,14 +163,16 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     M = rows.shape[0]
-    if plan is None and not 1 <= M <= MAX_ROWS:  # an exact plan tiles any number of rows (16 a program)
+    if not exact and not 1 <= M <= MAX_ROWS:  # the exact plan tiles any number of rows (16 a program)
         raise ValueError(f"the skinny GEMM takes 1 to {MAX_ROWS} rows, got {M}")
     out = torch.empty(*x.shape[:-1], out_features, device=x.device, dtype=x.dtype)
     if M == 0:
         return out
-    plan = plan or gemm_plan(M, out_features, K, silu_mul, x.element_size())
+    plan = exact_plan(x.element_size(), silu_mul) if exact else gemm_plan(M, out_features, K, silu_mul,
+                                                                            x.element_size())
     grid = (triton.cdiv(out_features, plan.block_n), triton.cdiv(M, plan.block_m))
-    _skinny_gemm_kernel[grid](
+    kernel = _exact_gemm_kernel if exact else _skinny_gemm_kernel
+    kernel[grid](
         rows, weight, bias if bias is not None else weight, out, M, out_features, K, rows.stride(0),
         weight.stride(0), out_features, up_rows,
         HAS_BIAS=bias is not None, SILU_MUL=silu_mul, USE_DOT=plan.use_dot, BLOCK_M=plan.block_m,
@@ -205,7 +212,7 @@ def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """``F.linear(x, weight, bias)`` for ``x [..., K]`` of any number of rows, ``weight [N, K]`` -> ``[..., N]``,
     under :func:`exact_plan`: row ``r``'s result is bit for bit the same whatever the other rows are and however
     many there are (one row alone, a verify block, a prefill chunk)."""
-    return _launch(x, weight, bias, weight.shape[0], 0, silu_mul=False, plan=exact_plan(x.element_size()))
+    return _launch(x, weight, bias, weight.shape[0], 0, silu_mul=False, exact=True)
 
 
 def exact_gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
@@ -215,7 +222,7 @@ def exact_gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
     if gate_up_weight.shape[0] % 2:
         raise ValueError(f"a gate|up weight has an even number of rows, got {gate_up_weight.shape[0]}")
     width = gate_up_weight.shape[0] // 2
-    return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True, plan=exact_plan(x.element_size(), silu_mul=True))
+    return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True, exact=True)
 
 
 __all__ = ["MAX_ROWS", "PLAN_ENV", "GemmPlan", "decode_linear_triton", "exact_gate_up_silu_triton",
