@@ -6,6 +6,7 @@
   (:func:`~fold_hf.kernels.exact_attention.triton.exact_decode_attention_triton`);
 * INVARIANCE: row ``r`` of a call with ``M`` rows equals, bit for bit, the same row computed alone and within other
   ``M`` (attention: a block at ``T`` against each row as an AR step at ``T + r``, with other data past its position);
+  the kernels exact mode keeps as they are (rope with the cache write, ``silu(gate) * up``, the argmax) likewise;
 * the invariance check fails on a split-K GEMM whose split follows the row count (defined here), so it can fail.
 
 What the interpreter proves: the kernels' arithmetic order (tiles, splits, merge order, masking, the skipped
@@ -145,6 +146,34 @@ def test_rms_norm_matches_float64_and_rows_are_invariant(dtype, tol, interpreter
 
     assert row_mismatches(norm, both, (1, 4, 13)) == []
     assert row_mismatches(lambda rows: add_rms_norm_triton(rows, None, w, 1e-6)[1], x, (1, 6, 13)) == []
+
+
+def test_rope_silu_and_select_rows_are_invariant(interpreter):
+    """The rest of the exact path keeps its kernels: the rope with the cache write and ``silu(gate) * up`` are
+    elementwise, the argmax exact in any order; each row (token) alone gives the bits it gives among others."""
+    from fold_hf.kernels.layer.triton import rope_write_triton, silu_mul_triton
+    from fold_hf.kernels.select.triton import argmax_rows_triton
+
+    dtype, L, Hq, Hkv, D, capacity = torch.float16, 5, 4, 2, 16, 40
+    q, k, v = (randn(1, L, h, D, dtype=dtype, seed=seed) for h, seed in ((Hq, 30), (Hkv, 31), (Hkv, 32)))
+    cos, sin = randn(capacity, D, dtype=dtype, seed=40), randn(capacity, D, dtype=dtype, seed=41)
+    positions = torch.arange(17, 17 + L)
+
+    def rope(rows):  # rows [M, 1]: token indices -> [M, ...] each token's q, k, v and cache entries
+        idx = rows[:, 0]
+        kc, vc = torch.zeros(1, Hkv, capacity, D, dtype=dtype), torch.zeros(1, Hkv, capacity, D, dtype=dtype)
+        qo, ko, vo = rope_write_triton(q[:, idx], k[:, idx], v[:, idx], cos, sin, positions[idx], kc, vc)
+        cache = torch.cat([kc[0, :, positions[idx]], vc[0, :, positions[idx]]], -1)  # [Hkv, M, 2D]
+        return torch.cat([qo[0].transpose(0, 1).flatten(1), ko[0].transpose(0, 1).flatten(1),
+                          vo[0].transpose(0, 1).flatten(1), cache.transpose(0, 1).flatten(1)], -1)
+
+    assert row_mismatches(rope, torch.arange(L)[:, None], (1, 3, 5)) == []
+    gate_up = randn(6, 2, 50, dtype=dtype, seed=42)
+    assert row_mismatches(lambda rows: silu_mul_triton(rows[:, 0], rows[:, 1]), gate_up, (1, 4, 6)) == []
+    scores = randn(6, 300, dtype=dtype, seed=43)
+    scores[3, 7] = scores[3, 200] = scores[3].max() + 1  # a tie: the first index, alone or not
+    assert row_mismatches(lambda rows: argmax_rows_triton(rows)[:, None], scores, (1, 4, 6)) == []
+    assert argmax_rows_triton(scores[3:4])[0] == 7
 
 
 # ------------------------------------------------------------------ attention
