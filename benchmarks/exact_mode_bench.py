@@ -68,23 +68,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-def gemm_pieces(shape: dict, ops: dict, device, dtype, copies: int):
-    """(name, fn(x, w), weights, K, reference fn) for the layer's GEMMs and the lm_head, per path."""
+def gemm_pieces(shape: dict, device, dtype, copies: int):
+    """(name, kind, weights, K, reference fn) for the layer's GEMMs and the lm_head; ``weights``: ``copies``
+    random ``[N, K]`` weights made on the device (the 8B lm_head is a GiB each)."""
     from fold_hf.kernels.gemm.naive import gate_up_silu_reference
 
     H, I, V = shape["hidden"], shape["intermediate"], shape["vocab"]
     qkv = (shape["heads"] + 2 * shape["kv_heads"]) * shape["head_dim"]
-    g = torch.Generator().manual_seed(0)
-
-    def weights(n, k):
-        return [(torch.randn(n, k, generator=g) / k**0.5).to(device=device, dtype=dtype) for _ in range(copies)]
-
-    linear_ref = torch.nn.functional.linear
+    g = torch.Generator(device=device).manual_seed(0)
     specs = [("qkv", qkv, H, "linear"), ("o_proj", H, shape["heads"] * shape["head_dim"], "linear"),
              ("gate_up_silu", 2 * I, H, "gate_up"), ("down", H, I, "linear"), ("lm_head", V, H, "lm_head")]
     for name, n, k, kind in specs:
-        ref = gate_up_silu_reference if kind == "gate_up" else linear_ref
-        yield name, ops[kind], weights(n, k), k, ref
+        weights = [(torch.randn(n, k, generator=g, device=device, dtype=dtype) * k**-0.5) for _ in range(copies)]
+        yield name, kind, weights, k, gate_up_silu_reference if kind == "gate_up" else torch.nn.functional.linear
 
 
 def main(argv=None) -> dict:
@@ -137,16 +133,17 @@ def main(argv=None) -> dict:
 
     g = torch.Generator().manual_seed(1)
     max_rows = max(row_counts + list(check_counts))
-    for path, ops in paths.items():
-        for name, fn, weights, K, ref in gemm_pieces(shape, ops, device, dtype, copies):
-            x_all = torch.randn(max_rows, K, generator=g).to(device=device, dtype=dtype)
-            w0 = weights[0]
+    for name, kind, weights, K, ref in gemm_pieces(shape, device, dtype, copies):  # the same weights for both paths
+        x_all = torch.randn(max_rows, K, generator=g).to(device=device, dtype=dtype)
+        w0 = weights[0]
+        for path, ops in paths.items():
+            fn = ops[kind]
             bad = row_mismatches(lambda rows: fn(rows, w0), x_all, check_counts)
             for M in row_counts:
                 x = x_all[:M]
                 rel = rel_err(fn(x, w0), ref(x.float(), w0.float()))
                 record(name, path, M, time_us(lambda w: fn(x, w), weights, calls, reps, device), rel, bad)
-            del weights
+        del weights, w0
 
     # attention over the context: the block at T = context - M (its keys in the cache), the default kernel's bucket
     # the whole context (as a graph per bucket runs it)
