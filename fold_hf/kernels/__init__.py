@@ -19,6 +19,9 @@ flash-linear-attention's ``ops/<op>/``): ``<op>/naive.py`` the torch twins (the 
   too);
 * :mod:`.prefill_attention`: a prefill chunk's attention (its own dispatch,
   :func:`~.prefill_attention.prefill_attention`);
+* :mod:`.exact_attention` and :mod:`.exact`: the exact mode's row-count-invariant kernels (the decode / verify
+  attention with splits fixed by key position; :func:`~.exact.exact_layer_ops` and
+  :func:`~.exact.exact_decode_attention`, docs/exact-mode.md);
 * :mod:`.common` (dtypes, ``rotate_half``, :func:`~.common.pdl_scope`) and :mod:`.triton_pdl` (programmatic
   dependent launch for the Triton kernels inside ``pdl_scope``: an AR step's fused target layers) are shared.
 

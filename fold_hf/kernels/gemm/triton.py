@@ -15,6 +15,8 @@ there is no reduce pass, and the gate|up product can end in the SiLU-and-multipl
 One row (an AR step) reduces on the CUDA cores (``[BLOCK_N, BLOCK_K]`` products summed along K); more rows (a
 verify block) use ``tl.dot`` over 16-row tiles. Accumulation is fp32 and the result is rounded once, as cuBLAS
 does; the order of the sum differs from cuBLAS', so bf16 results may differ from ``F.linear`` in the last bit.
+The exact variants (:func:`exact_linear_triton`, :func:`exact_gate_up_silu_triton`) run one fixed plan
+(:func:`exact_plan`) for any number of rows, so a row's result does not depend on the row count (issue 37).
 Twins with the same signatures: :mod:`fold_hf.kernels.gemm.naive`. Imported only when Triton is usable.
 
 Shapes: ``x [..., K]`` (rows with a unit inner stride), ``weight [N, K]`` contiguous, ``bias [N]`` or None.
@@ -82,6 +84,11 @@ def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 
+# the exact GEMMs' kernel: the same source compiled without specializing on the row count (Triton otherwise
+# compiles M == 1 and M % 16 == 0 as variants of their own), so every row count runs one binary
+_exact_gemm_kernel = triton.jit(do_not_specialize=["M"])(_skinny_gemm_kernel.fn)
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     """Tiles of one skinny GEMM launch (``use_dot`` False: one row reduced on the CUDA cores)."""
@@ -96,6 +103,18 @@ class GemmPlan:
 
 MAX_ROWS = 16  # rows one launch of this kernel takes (a verify block); more rows go to cuBLAS (a prefill chunk)
 PLAN_ENV = "FOLD_HF_SKINNY_GEMM_PLAN"  # benchmarks: "block_n,block_k,warps,stages[,dot]" for every launch
+
+
+def exact_plan(element_bytes: int = 2, silu_mul: bool = False) -> GemmPlan:
+    """The one plan of the exact GEMMs (:func:`exact_linear_triton`, :func:`exact_gate_up_silu_triton`): ``tl.dot``
+    over 16-row tiles of 16 columns and 512-wide K tiles (the gate|up product: 32 columns, 256-wide K tiles, the
+    plan :func:`gemm_plan` gives it for every row count), K tiles halved in fp32, 4 warps, whatever the number of
+    rows: every row is reduced by the same instructions in the same order (issue 37, ``docs/exact-mode.md``).
+    ``$FOLD_HF_SKINNY_GEMM_PLAN`` does not apply."""
+    shrink = max(1, element_bytes // 2)
+    if silu_mul:
+        return GemmPlan(16, 32, 256 // shrink, 4, 3, True)
+    return GemmPlan(16, 16, 512 // shrink, 4, 3, True)
 
 
 def gemm_plan(rows: int, out_features: int, in_features: int, silu_mul: bool = False,
@@ -115,10 +134,10 @@ def gemm_plan(rows: int, out_features: int, in_features: int, silu_mul: bool = F
         return GemmPlan(16 if use_dot else 1, block_n, block_k, warps, stages, use_dot)
     shrink = max(1, element_bytes // 2)
     if silu_mul:
-        return GemmPlan(16, 32, 256 // shrink, 4, 3, True)
+        return exact_plan(element_bytes, silu_mul=True)
     if rows == 1:
         return GemmPlan(1, 16, 512 // shrink, 2, 3, False)
-    return GemmPlan(16, 16, 512 // shrink, 4, 3, True)
+    return exact_plan(element_bytes)  # several rows: the exact plan
 
 
 def skinny_wins(rows: int, out_features: int, in_features: int, silu_mul: bool = False) -> bool:
@@ -132,7 +151,7 @@ def skinny_wins(rows: int, out_features: int, in_features: int, silu_mul: bool =
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, up_rows: int,
-            silu_mul: bool) -> torch.Tensor:
+            silu_mul: bool, exact: bool = False) -> torch.Tensor:
     if x.dtype != weight.dtype:
         raise ValueError(f"x is {x.dtype}, the weight {weight.dtype}")
     if not weight.is_contiguous():
@@ -144,12 +163,16 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     M = rows.shape[0]
-    if not 1 <= M <= MAX_ROWS:
+    if not exact and not 1 <= M <= MAX_ROWS:  # the exact plan tiles any number of rows (16 a program)
         raise ValueError(f"the skinny GEMM takes 1 to {MAX_ROWS} rows, got {M}")
     out = torch.empty(*x.shape[:-1], out_features, device=x.device, dtype=x.dtype)
-    plan = gemm_plan(M, out_features, K, silu_mul, x.element_size())
+    if M == 0:
+        return out
+    plan = exact_plan(x.element_size(), silu_mul) if exact else gemm_plan(M, out_features, K, silu_mul,
+                                                                            x.element_size())
     grid = (triton.cdiv(out_features, plan.block_n), triton.cdiv(M, plan.block_m))
-    _skinny_gemm_kernel[grid](
+    kernel = _exact_gemm_kernel if exact else _skinny_gemm_kernel
+    kernel[grid](
         rows, weight, bias if bias is not None else weight, out, M, out_features, K, rows.stride(0),
         weight.stride(0), out_features, up_rows,
         HAS_BIAS=bias is not None, SILU_MUL=silu_mul, USE_DOT=plan.use_dot, BLOCK_M=plan.block_m,
@@ -185,5 +208,23 @@ def gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
     return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True)
 
 
-__all__ = ["MAX_ROWS", "PLAN_ENV", "GemmPlan", "decode_linear_triton", "gate_up_silu_triton", "gemm_plan",
-           "skinny_linear_triton", "skinny_wins"]
+def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for ``x [..., K]`` of any number of rows, ``weight [N, K]`` -> ``[..., N]``,
+    under :func:`exact_plan`: row ``r``'s result is bit for bit the same whatever the other rows are and however
+    many there are (one row alone, a verify block, a prefill chunk)."""
+    return _launch(x, weight, bias, weight.shape[0], 0, silu_mul=False, exact=True)
+
+
+def exact_gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
+                              gate_up_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`gate_up_silu_triton` under :func:`exact_plan` (any number of rows, row-count invariant):
+    ``x [..., K]``, ``gate_up_weight [2 I, K]`` -> ``[..., I]``."""
+    if gate_up_weight.shape[0] % 2:
+        raise ValueError(f"a gate|up weight has an even number of rows, got {gate_up_weight.shape[0]}")
+    width = gate_up_weight.shape[0] // 2
+    return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True, exact=True)
+
+
+__all__ = ["MAX_ROWS", "PLAN_ENV", "GemmPlan", "decode_linear_triton", "exact_gate_up_silu_triton",
+           "exact_linear_triton", "exact_plan", "gate_up_silu_triton", "gemm_plan", "skinny_linear_triton",
+           "skinny_wins"]
