@@ -34,17 +34,24 @@ from ..layer.triton import _round_to
 
 
 @triton.jit
-def _gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, states_ptr, L,
-                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr):
-    h = tl.program_id(0)
-    vb = tl.program_id(1)
+def _state_tile(h, vb, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
+    """Value head ``h``'s key head and its ``S[:, cols]`` tile: ``(hk, rk [BK], rv [BV], mk, mv, m2 [BK, BV])``
+    for value-column block ``vb``."""
     hk = h // (HV // HK)
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
     mk = rk < DK
     mv = rv < DV
-    m2 = mk[:, None] & mv[None, :]
+    return hk, rk, rv, mk, mv, mk[:, None] & mv[None, :]
+
+
+@triton.jit
+def _gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, states_ptr, L,
+                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr):
+    h = tl.program_id(0)
+    hk, rk, rv, mk, mv, m2 = _state_tile(h, tl.program_id(1), HK, HV, DK, DV, BK, BV)
     s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
     S = tl.load(s_ptr + s_off, mask=m2, other=0.0).to(tl.float32)
     for t in range(0, L):
@@ -230,12 +237,7 @@ def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.cons
     vb = tl.program_id(1)
     layer = pid // HV
     h = pid - layer * HV
-    hk = h // (HV // HK)
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    mk = rk < DK
-    mv = rv < DV
-    m2 = mk[:, None] & mv[None, :]
+    hk, rk, rv, mk, mv, m2 = _state_tile(h, vb, HK, HV, DK, DV, BK, BV)
     s_off = (layer * HV + h).to(tl.int64) * DK * DV + rk[:, None] * DV + rv[None, :]
     S_ = tl.load(S + s_off, mask=m2, other=0.0)
     n = tl.load(N)

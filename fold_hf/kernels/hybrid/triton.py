@@ -226,11 +226,16 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
 
 # ---------------------------------------------------------------------------------------------- activations
 @triton.jit
-def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
+def _elementwise_block(n, width, BLOCK: tl.constexpr):
+    """This program's ``BLOCK`` flat offsets into ``n`` elements of rows of ``width``: (offs, in range, row, col)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
     row = offs // width
-    col = offs - row * width
+    return offs, offs < n, row, offs - row * width
+
+
+@triton.jit
+def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
+    offs, ok, row, col = _elementwise_block(n, width, BLOCK)
     g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0)
     u = tl.load(UP + row * up_row + col, mask=ok, other=0.0)
     x = g.to(tl.float32)
@@ -248,24 +253,27 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
+def _pairwise(kernel, a: torch.Tensor, b: torch.Tensor, names: tuple[str, str]) -> torch.Tensor:
+    """Launch an elementwise ``kernel`` of two same-shape tensors ``[..., D]`` (rows may be strided) into a new
+    contiguous output of ``a``'s dtype; ``names`` name them in the error when shapes or dtypes differ."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"{names[0]} {tuple(a.shape)} {a.dtype} and {names[1]} {tuple(b.shape)} {b.dtype} differ")
+    out = torch.empty(a.shape, device=a.device, dtype=a.dtype)
+    ar, br = _rows(a), _rows(b)
+    n, block = a.numel(), 1024
+    kernel[(triton.cdiv(n, block),)](ar, br, out, n, a.shape[-1], ar.stride(0), br.stride(0),
+                                     BLOCK=block, LIB=_libdevice(), num_warps=4, **_EXACT)
+    return out
+
+
 def gelu_tanh_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """:func:`~fold_hf.kernels.hybrid.naive.gelu_tanh_mul_reference` (rows may be strided)."""
-    if gate.shape != up.shape or gate.dtype != up.dtype:
-        raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
-    out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
-    g, u = _rows(gate), _rows(up)
-    n, block = gate.numel(), 1024
-    _gelu_tanh_mul_kernel[(triton.cdiv(n, block),)](g, u, out, n, gate.shape[-1], g.stride(0), u.stride(0),
-                                                    BLOCK=block, LIB=_libdevice(), num_warps=4, **_EXACT)
-    return out
+    return _pairwise(_gelu_tanh_mul_kernel, gate, up, ("gate", "up"))
 
 
 @triton.jit
 def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
-    row = offs // width
-    col = offs - row * width
+    offs, ok, row, col = _elementwise_block(n, width, BLOCK)
     x = tl.load(X + row * x_row + col, mask=ok, other=0.0)
     g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0).to(tl.float32)
     sig = _round_to(_sigmoid(g, LIB), x.dtype)
@@ -274,14 +282,7 @@ def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.const
 
 def sigmoid_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`~fold_hf.kernels.hybrid.naive.sigmoid_mul_reference` (``[..., D]``; rows may be strided)."""
-    if x.shape != gate.shape or x.dtype != gate.dtype:
-        raise ValueError(f"x {tuple(x.shape)} {x.dtype} and gate {tuple(gate.shape)} {gate.dtype} differ")
-    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    xr, gr = _rows(x), _rows(gate)
-    n, block = x.numel(), 1024
-    _sigmoid_mul_kernel[(triton.cdiv(n, block),)](xr, gr, out, n, x.shape[-1], xr.stride(0), gr.stride(0),
-                                                  BLOCK=block, LIB=_libdevice(), num_warps=4, **_EXACT)
-    return out
+    return _pairwise(_sigmoid_mul_kernel, x, gate, ("x", "gate"))
 
 
 @triton.jit
