@@ -43,7 +43,8 @@ def fold_attention_reference(
     return_lse: bool = False,
     context_keys_rotated: torch.Tensor | None = None,
 ):
-    """FOLD read of one layer.
+    """FOLD read of one layer: the plan's key sets, rotations and masks, read by
+    :func:`~fold_hf.kernels.fold_read.naive.fold_read_masked` (accumulating in fp32, fp64 for fp64 inputs).
 
     Args:
         query: ``[b, Hq, Lq, D]`` block queries, **unrotated** (after q_norm).
