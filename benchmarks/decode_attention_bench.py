@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("decode_attention_bench needs a CUDA GPU")
-    from fold_hf.kernels.fold_read.triton import decode_attention_triton, default_num_splits
+    from fold_hf.kernels.fold_read.launch import default_num_splits
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton
 
     device = torch.device("cuda")
     Hq, Hkv, D, scaling = 32, 8, 128, 128**-0.5

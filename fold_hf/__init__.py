@@ -9,26 +9,21 @@ idempotent; :func:`uninstall` undoes it). The names are imported on first use, s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .import_utils import lazy_attributes
 
 __version__ = "0.1.0"
 
-# public name -> submodule that defines it
+# submodule -> the public names it defines
 _EXPORTS = {
-    "FoldCache": ".modeling",
-    "FoldConfig": ".modeling",
-    "FoldDrafter": ".modeling",
-    "FoldDrafterConfig": ".modeling",
-    "GenerationResult": ".generation",
-    "fast_generate": ".generation",
-    "generate": ".generation",
-    "install": ".integrations.transformers",
-    "load_embedded_pair": ".embedded",
-    "uninstall": ".integrations.transformers",
+    ".embedded": ("load_embedded_pair",),
+    ".generation": ("GenerationResult", "fast_generate", "generate"),
+    ".integrations.transformers": ("install", "uninstall"),
+    ".modeling": ("FoldCache", "FoldConfig", "FoldDrafter", "FoldDrafterConfig"),
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .embedded import load_embedded_pair
@@ -37,13 +32,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .modeling import FoldCache, FoldConfig, FoldDrafter, FoldDrafterConfig
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'fold_hf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value  # later look-ups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())

@@ -1,5 +1,5 @@
-"""The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/hybrid/triton.py, gated_delta/triton.py) against their
-torch twins (hybrid/naive.py, gated_delta/naive.py), and the twins against independent statements: the transformers
+"""The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/hybrid/, gemma/ and gated_delta/ triton.py) against their
+torch twins (their naive.py), and the twins against independent statements: the transformers
 modules they replace (norms, gated norm, activations, rope) and the per-position gated delta rule (itself checked
 against a float64 loop and transformers' rule in tests/test_qwen35.py). Kernels run in Triton's interpreter on the CPU
 (odd shapes, every kernel dtype) and on the GPU (gpu-marked)."""
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from fold_hf import compat
 from fold_hf.kernels.gated_delta import gated_delta_states_reference
 from fold_hf.kernels.gated_delta import naive as gdn
+from fold_hf.kernels.gemma import naive as gemma
 from fold_hf.kernels.hybrid import naive as ref
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -56,8 +57,8 @@ def test_twins_equal_the_transformers_modules():
         gated = Qwen3_5RMSNormGated(8, eps=1e-6)
         gated.weight.normal_(generator=_gen(5))
         o, z = _randn(6, 8, seed=6), _randn(6, 8, seed=7)
-        torch.testing.assert_close(ref.gated_rms_norm_reference(o, z, gated.weight, 1e-6), gated(o, z), atol=0, rtol=0)
-        torch.testing.assert_close(ref.gelu_tanh_mul_reference(o, z), F.gelu(o, approximate="tanh") * z)
+        torch.testing.assert_close(gdn.gated_rms_norm_reference(o, z, gated.weight, 1e-6), gated(o, z), atol=0, rtol=0)
+        torch.testing.assert_close(gemma.gelu_tanh_mul_reference(o, z), F.gelu(o, approximate="tanh") * z)
         # partial rope (Qwen3.5: the first R dims rotate), positions picked from a table
         q, k = _randn(1, 3, 2, 16, seed=8), _randn(1, 3, 1, 16, seed=9)
         cos, sin = _randn(10, 6, seed=10), _randn(10, 6, seed=11)
@@ -108,6 +109,8 @@ def test_gated_delta_verify_and_commit_twins_equal_the_per_position_rule():
 
 # ---------------------------------------------------------------------------------------------- kernels
 def _check_kernels(device, dtype, H, heads, D, R, ring, L):
+    from fold_hf.kernels.gated_delta import triton as gdn_tri
+    from fold_hf.kernels.gemma import triton as gemma_tri
     from fold_hf.kernels.hybrid import triton as tri
 
     tol = _tol(dtype)
@@ -150,8 +153,8 @@ def _check_kernels(device, dtype, H, heads, D, R, ring, L):
         query, None, None, qw, None, 1e-6, 0.0, cos, sin, positions, None, None)[0], **tol)
     torch.testing.assert_close(tri.sigmoid_mul_triton(query, gate), ref.sigmoid_mul_reference(query, gate), **tol)
     up = _randn(L, 3, 2 * H, seed=12, dtype=dtype, device=device)
-    torch.testing.assert_close(tri.gelu_tanh_mul_triton(up[..., :H], up[..., H:]),
-                               ref.gelu_tanh_mul_reference(up[..., :H], up[..., H:]), **tol)
+    torch.testing.assert_close(gemma_tri.gelu_tanh_mul_triton(up[..., :H], up[..., H:]),
+                               gemma.gelu_tanh_mul_reference(up[..., :H], up[..., H:]), **tol)
     # ring attention: a ring of `ring` slots holding the last positions (top = 40 + L - 1), window 5 / 9. The kernel
     # keeps its scores in fp32 (as SDPA does in the model's own path) where the twin's bf16/fp16 matmul rounds them
     # to the dtype: with unscaled logits of ~50 (scale 1.0, head dim 256) that rounding (ulp 0.25) moves softmax
@@ -162,19 +165,19 @@ def _check_kernels(device, dtype, H, heads, D, R, ring, L):
     vr = _randn(1, heads // 2 or 1, ring, D, seed=17, dtype=dtype, device=device)
 
     def ring_oracle(pos, window, scale):
-        return ref.ring_attention_reference(rq.float(), kr.float(), vr.float(), pos, window, scale).to(dtype)
+        return gemma.ring_attention_reference(rq.float(), kr.float(), vr.float(), pos, window, scale).to(dtype)
 
     if heads % kr.shape[1] == 0:
         for window in (5, 9):
-            torch.testing.assert_close(tri.ring_attention_triton(rq, kr, vr, positions, window, D ** -0.5),
+            torch.testing.assert_close(gemma_tri.ring_attention_triton(rq, kr, vr, positions, window, D ** -0.5),
                                        ring_oracle(positions, window, D ** -0.5), **tol)
         early = torch.arange(0, L, device=device)  # a ring not yet wrapped: slots past the top are empty
-        torch.testing.assert_close(tri.ring_attention_triton(rq, kr, vr, early, 4, 1.0), ring_oracle(early, 4, 1.0),
-                                   **tol)
+        torch.testing.assert_close(gemma_tri.ring_attention_triton(rq, kr, vr, early, 4, 1.0),
+                                   ring_oracle(early, 4, 1.0), **tol)
     o = _randn(L, heads, D, seed=13, device=device)
     z = _randn(L, heads, D, seed=14, dtype=dtype, device=device)
-    torch.testing.assert_close(tri.gated_rms_norm_triton(o, z, qw, 1e-6), ref.gated_rms_norm_reference(o, z, qw, 1e-6),
-                               **tol)
+    torch.testing.assert_close(gdn_tri.gated_rms_norm_triton(o, z, qw, 1e-6),
+                               gdn.gated_rms_norm_reference(o, z, qw, 1e-6), **tol)
 
 
 def _check_delta(device, dtype, L, HK, HV, DK, DV, K):
@@ -210,13 +213,13 @@ def test_layer_kernels_in_interpreter(interpreter, dtype, shape):
 
 def test_ring_attention_row_blocks_in_interpreter(interpreter):
     """More query rows (4 heads per KV head x 20 rows) than one program takes: two row blocks, a wrapped ring."""
-    from fold_hf.kernels.hybrid import triton as tri
+    from fold_hf.kernels.gemma import triton as gemma_tri
 
     q = _randn(1, 4, 20, 8, seed=1)
     kr, vr = _randn(1, 1, 24, 8, seed=2), _randn(1, 1, 24, 8, seed=3)
     positions = torch.arange(50, 70)
-    torch.testing.assert_close(tri.ring_attention_triton(q, kr, vr, positions, 4, 0.5),
-                               ref.ring_attention_reference(q, kr, vr, positions, 4, 0.5), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gemma_tri.ring_attention_triton(q, kr, vr, positions, 4, 0.5),
+                               gemma.ring_attention_reference(q, kr, vr, positions, 4, 0.5), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype,shape", [(torch.float32, (1, 1, 1, 8, 8, 4)), (torch.bfloat16, (5, 2, 6, 12, 20, 4)),

@@ -222,21 +222,21 @@ def test_merge_launch_shapes_match_the_oracle(interpreter, merge_kw, alpha):
 
 
 def test_merge_plan_loads_early_only_in_one_round(monkeypatch):
-    from fold_hf.kernels.fold_read.triton import MERGE_DV_ENV, MERGE_EARLY_ENV, _merge_tiles
+    from fold_hf.kernels.fold_read.launch import MERGE_DV_ENV, MERGE_EARLY_ENV, merge_tiles
 
     monkeypatch.delenv(MERGE_DV_ENV, raising=False)
     monkeypatch.delenv(MERGE_EARLY_ENV, raising=False)
     # the 8B decode at 32K: 33 splits padded to 64, every one in one load, two programs of 64 value dims a row
-    plan = _merge_tiles(33, 128, None)
+    plan = merge_tiles(33, 128, None)
     assert (plan.block_s, plan.split_chunk, plan.block_dv, plan.dv_programs, plan.early_acc) == (64, 64, 64, 2, True)
     assert plan.num_warps == 4
-    whole = _merge_tiles(33, 128, None, dv_block=128)
+    whole = merge_tiles(33, 128, None, dv_block=128)
     assert (whole.block_dv, whole.dv_programs, whole.num_warps) == (128, 1, 8)
-    assert _merge_tiles(5, 32, None).block_dv == 32  # never wider than the value dims
-    assert not _merge_tiles(33, 128, 8).early_acc  # loaded in chunks: the maxima come first
+    assert merge_tiles(5, 32, None).block_dv == 32  # never wider than the value dims
+    assert not merge_tiles(33, 128, 8).early_acc  # loaded in chunks: the maxima come first
     monkeypatch.setenv(MERGE_DV_ENV, "32")
     monkeypatch.setenv(MERGE_EARLY_ENV, "0")
-    plan = _merge_tiles(33, 128, None)
+    plan = merge_tiles(33, 128, None)
     assert (plan.block_dv, plan.dv_programs, plan.early_acc, plan.num_warps) == (32, 4, False, 4)
 
 
@@ -417,33 +417,33 @@ def test_wide_heads_get_tiles_that_fit_shared_memory(dtype, rows):
     """Head dim 512 (Gemma-4's global layers): the default tiles asked the H200 for 262,144-401,664 bytes of shared
     memory (limit 232,448) and the launch failed; the plan now shrinks them under the budget, and head dims up to 256
     keep their measured defaults."""
-    from fold_hf.kernels.fold_read.triton import WIDE_TILE_SMEM_BYTES, _launch_plan, wide_tile_smem_estimate
+    from fold_hf.kernels.fold_read.launch import WIDE_TILE_SMEM_BYTES, launch_plan, wide_tile_smem_estimate
 
     cuda = torch.device("cuda")  # only the defaults' device type is read; nothing is allocated
-    wide = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None)
+    wide = launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None)
     assert wide_tile_smem_estimate(wide.block_m, wide.block_n, wide.block_d, wide.block_dv, wide.num_stages,
                                    dtype) <= WIDE_TILE_SMEM_BYTES
     # the estimate reproduces the failed request of the old bf16 defaults (64 x 512 queries, 3 stages of 32 keys)
     assert wide_tile_smem_estimate(64, 32, 512, 512, 3, torch.bfloat16) == 262144
-    narrow = _launch_plan(64, 128, 128, 8, 32768, dtype, cuda, 8, None, None, None, None)
+    narrow = launch_plan(64, 128, 128, 8, 32768, dtype, cuda, 8, None, None, None, None)
     assert (narrow.block_m, narrow.block_n, narrow.num_stages) == (64, 64, 3)
-    pinned = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, 32, None, 3)
+    pinned = launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, 32, None, 3)
     assert (pinned.block_n, pinned.num_stages) == (32, 3)  # knobs the caller set are kept
     # the target's decode kernel (pre-rotated keys, no rope tiles) has a larger budget and 4 warps at wide heads
-    from fold_hf.kernels.fold_read.triton import DECODE_WIDE_TILE_SMEM_BYTES
+    from fold_hf.kernels.fold_read.launch import DECODE_WIDE_TILE_SMEM_BYTES
 
-    decode = _launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+    decode = launch_plan(rows, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
     assert wide_tile_smem_estimate(decode.block_m, decode.block_n, decode.block_d, decode.block_dv,
                                    decode.num_stages, dtype) <= DECODE_WIDE_TILE_SMEM_BYTES
     assert decode.num_warps == 4
     if dtype == torch.bfloat16 and rows in (4, 12):  # the fastest plan measured at 4 rows on the H200
         assert (decode.block_m, decode.block_n, decode.num_stages) == (16, 32, 2)
     if dtype == torch.bfloat16:  # and at 28 rows (Gemma-4's 7-row verify, 4 query heads a KV head)
-        seven = _launch_plan(28, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+        seven = launch_plan(28, 512, 512, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
         assert (seven.block_m, seven.block_n, seven.num_stages, seven.num_warps) == (32, 32, 2, 4)
-    qwen = _launch_plan(64, 256, 256, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+    qwen = launch_plan(64, 256, 256, 4, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
     assert (qwen.block_m, qwen.block_n, qwen.num_stages, qwen.num_warps) == (64, 32, 2, 4)  # fastest measured
-    assert _launch_plan(64, 256, 256, 4, 32768, dtype, cuda, 8, None, None, None, None).num_warps == 8  # FOLD read
-    narrow_decode = _launch_plan(64, 128, 128, 8, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
+    assert launch_plan(64, 256, 256, 4, 32768, dtype, cuda, 8, None, None, None, None).num_warps == 8  # FOLD read
+    narrow_decode = launch_plan(64, 128, 128, 8, 32768, dtype, cuda, 8, None, None, None, None, decode=True)
     assert (narrow_decode.block_m, narrow_decode.block_n, narrow_decode.num_stages, narrow_decode.num_warps) == (
         64, 64, 3, 4)

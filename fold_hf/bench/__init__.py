@@ -22,31 +22,20 @@ suite names, e.g. for ``fold-hf bench --help``, imports neither torch nor transf
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-# public name -> the part that defines it
+from ..import_utils import lazy_attributes
+
+# part -> the public names it defines
 _EXPORTS = {
-    "BENCH_ENGINES": ".methods",
-    "Method": ".methods",
-    "default_methods": ".methods",
-    "method_names": ".methods",
-    "window_sweep_methods": ".methods",
-    "DEFAULT_TIERS": ".suites",
-    "SUITES": ".suites",
-    "build_suite": ".suites",
-    "load_requests": ".suites",
-    "save_requests": ".suites",
-    "machine_info": ".run",
-    "run_bench": ".run",
-    "length_retention": ".summary",
-    "paired_comparison": ".summary",
-    "summarize": ".summary",
-    "PLOT_METRICS": ".plots",
-    "plot_figure": ".plots",
+    ".methods": ("BENCH_ENGINES", "Method", "default_methods", "method_names", "window_sweep_methods"),
+    ".plots": ("PLOT_METRICS", "plot_figure"),
+    ".run": ("machine_info", "run_bench"),
+    ".suites": ("DEFAULT_TIERS", "SUITES", "build_suite", "load_requests", "save_requests"),
+    ".summary": ("length_retention", "paired_comparison", "summarize"),
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .methods import BENCH_ENGINES, Method, default_methods, method_names, window_sweep_methods
@@ -56,13 +45,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .summary import length_retention, paired_comparison, summarize
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())

@@ -9,10 +9,10 @@ flash-linear-attention's ``ops/<op>/``): ``<op>/naive.py`` the torch twins (the 
 * :mod:`.layer`: the fused elementwise ops of the fast loop's layers (:func:`default_layer_ops`);
 * :mod:`.gemm`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in the gate|up product;
   :func:`skinny_gemm_enabled`), and :mod:`.gemm.cpu`: several CPU rows through MKL's packed GEMM;
-* :mod:`.hybrid`: the fused ops of Qwen3.5 and Gemma target layers (Gemma norms, per-head norm + partial rope + ring
-  write, ring attention, GELU-tanh, sigmoid gate, gated RMSNorm) and :mod:`.gated_delta`: the gated delta rule (per
-  position states, :func:`~.gated_delta.default_gated_delta`; the fused Gated DeltaNet verify and its commit), both
-  in :func:`default_hybrid_ops`;
+* :mod:`.hybrid`: the fused ops Qwen3.5 and Gemma target layers share (residual norms, per-head norm + partial
+  rope + ring write, the sigmoid gate), :mod:`.gemma`: Gemma's own (ring attention, GELU-tanh), and
+  :mod:`.gated_delta`: the gated delta rule (per position states, :func:`~.gated_delta.default_gated_delta`; the
+  fused Gated DeltaNet verify, its commit and its gated RMSNorm output), all in :func:`default_hybrid_ops`;
 * :mod:`.select`: greedy token selection on logits rows (the argmax of each row, and a round's greedy verify:
   accepted count and last token) in two launches, ``torch.argmax``'s semantics exactly; the torch path in
   :mod:`.select.naive`, chosen by :func:`greedy_select_ops` (``$FOLD_HF_TRITON_SELECT=0``: the torch path on CUDA
@@ -149,9 +149,14 @@ def default_layer_ops(device: torch.device) -> LayerOps:
                     "torch")
 
 
-HYBRID_OPS = ("residual_norm", "head_norm_rope_write", "ring_attention", "gelu_tanh_mul", "sigmoid_mul",
-              "gated_rms_norm", "gated_delta_verify", "gated_delta_commit")
-GATED_DELTA_OPS = ("gated_delta_verify", "gated_delta_commit")  # those of HYBRID_OPS in fold_hf.kernels.gated_delta
+# each op of the Qwen3.5 / Gemma target layers -> the package (fold_hf.kernels.<package>) whose naive.py and triton.py
+# define <op>_reference and <op>_triton
+HYBRID_OP_PACKAGES = {
+    "residual_norm": "hybrid", "head_norm_rope_write": "hybrid", "ring_attention": "gemma", "gelu_tanh_mul": "gemma",
+    "sigmoid_mul": "hybrid", "gated_rms_norm": "gated_delta", "gated_delta_verify": "gated_delta",
+    "gated_delta_commit": "gated_delta",
+}
+HYBRID_OPS = tuple(HYBRID_OP_PACKAGES)
 
 
 class HybridOps:
@@ -170,21 +175,33 @@ class HybridOps:
 
 
 def default_hybrid_ops(device: torch.device | str) -> HybridOps:
-    """The Triton kernels of :mod:`fold_hf.kernels.hybrid.triton` and :mod:`fold_hf.kernels.gated_delta.triton`
-    (:data:`GATED_DELTA_OPS`) on CUDA when both import (and ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their
-    torch twins (:mod:`fold_hf.kernels.hybrid.naive`, :mod:`fold_hf.kernels.gated_delta.naive`)."""
-    enabled = triton_kernels_enabled(device)
-    hybrid = import_triton_module("hybrid.triton") if enabled else None
-    delta = import_triton_module("gated_delta.triton") if hybrid is not None else None
-    if delta is not None:
-        return HybridOps("triton", **{name: getattr(delta if name in GATED_DELTA_OPS else hybrid, f"{name}_triton")
-                                      for name in HYBRID_OPS})
-    from .gated_delta.naive import gated_delta_commit_reference, gated_delta_verify_reference
-    from .hybrid import naive as hybrid
+    """The Triton kernels of :mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton` and
+    :mod:`fold_hf.kernels.gated_delta.triton` (:data:`HYBRID_OP_PACKAGES`) on CUDA when all of them import (and
+    ``FOLD_HF_DISABLE_TRITON`` is not ``1``), else their torch twins (the packages' ``naive`` modules)."""
+    packages = tuple(dict.fromkeys(HYBRID_OP_PACKAGES.values()))
+    kernels = {}
+    if triton_kernels_enabled(device):
+        for package in packages:
+            module = import_triton_module(f"{package}.triton")
+            if module is None:
+                break
+            kernels[package] = module
+    if len(kernels) == len(packages):
+        return HybridOps("triton", **{op: getattr(kernels[package], f"{op}_triton")
+                                      for op, package in HYBRID_OP_PACKAGES.items()})
+    from .gated_delta.naive import (
+        gated_delta_commit_reference,
+        gated_delta_verify_reference,
+        gated_rms_norm_reference,
+    )
+    from .gemma.naive import gelu_tanh_mul_reference, ring_attention_reference
+    from .hybrid.naive import head_norm_rope_write_reference, residual_norm_reference, sigmoid_mul_reference
 
-    ops = {name: getattr(hybrid, f"{name}_reference") for name in HYBRID_OPS if name not in GATED_DELTA_OPS}
-    return HybridOps("torch", gated_delta_verify=gated_delta_verify_reference,
-                     gated_delta_commit=gated_delta_commit_reference, **ops)
+    return HybridOps("torch", residual_norm=residual_norm_reference,
+                     head_norm_rope_write=head_norm_rope_write_reference, ring_attention=ring_attention_reference,
+                     gelu_tanh_mul=gelu_tanh_mul_reference, sigmoid_mul=sigmoid_mul_reference,
+                     gated_rms_norm=gated_rms_norm_reference, gated_delta_verify=gated_delta_verify_reference,
+                     gated_delta_commit=gated_delta_commit_reference)
 
 
 class SelectOps:
@@ -251,9 +268,8 @@ def _select_ops(triton: bool) -> SelectOps:
     return SelectOps("torch")
 
 
-__all__ = ["GATED_DELTA_OPS", "HYBRID_OPS", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV", "SKINNY_GEMM_ENV",
-           "SelectOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
+__all__ = ["HYBRID_OPS", "HYBRID_OP_PACKAGES", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV",
+           "SKINNY_GEMM_ENV", "SelectOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
            "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference", "greedy_select_ops",
-           "import_triton_module", "triton_unavailable_reason",
-           "rotate_by_tables", "rotate_half", "select_kernels_enabled", "skinny_gemm_enabled",
-           "triton_kernels_enabled"]
+           "import_triton_module", "triton_unavailable_reason", "rotate_by_tables", "rotate_half",
+           "select_kernels_enabled", "skinny_gemm_enabled", "triton_kernels_enabled"]

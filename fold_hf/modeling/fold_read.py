@@ -1,7 +1,8 @@
 """The FOLD read of one layer from its planned geometry (:class:`~fold_hf.modeling.read_plan.LayerRead`).
 
-* :func:`fold_attention_reference`: the read written from the plan's index lists and masks in pure torch, the
-  oracle of every kernel and the CPU path;
+* :func:`fold_attention_reference`: the read from the plan's index lists and masks in pure torch (the CPU path):
+  the plan's key sets, rotations and masks handed to :func:`fold_hf.kernels.fold_read.naive.fold_read_masked`, the
+  one statement of the read's math;
 * :func:`fold_attention`: the single entry point the ``fold`` attention calls. On CUDA with Triton available it
   runs the fused kernel :func:`fold_hf.kernels.fold_read.triton.fold_read_triton` for every read whose membership is
   pure geometry: planned by ``plan_layer_read`` with true positions (``fold``, ``dflash``, ``window``,
@@ -20,14 +21,13 @@ This module is where plans meet kernels: :mod:`fold_hf.kernels` takes tensors an
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import torch
 
 from ..kernels import KERNEL_DTYPES, triton_kernels_enabled
 from ..kernels.common import compute_dtype
-from ..kernels.fold_read.naive import grouped_logits, grouped_values
+from ..kernels.fold_read.naive import fold_read_masked
 from .read_plan import LayerRead
 from .rope import RotaryTables
 
@@ -43,7 +43,8 @@ def fold_attention_reference(
     return_lse: bool = False,
     context_keys_rotated: torch.Tensor | None = None,
 ):
-    """FOLD read of one layer.
+    """FOLD read of one layer: the plan's key sets, rotations and masks, read by
+    :func:`~fold_hf.kernels.fold_read.naive.fold_read_masked` (accumulating in fp32, fp64 for fp64 inputs).
 
     Args:
         query: ``[b, Hq, Lq, D]`` block queries, **unrotated** (after q_norm).
@@ -81,39 +82,16 @@ def fold_attention_reference(
         near_k = rope.rotate(context_keys[:, :, read.near_index], read.near_key_pos)
     near_k = torch.cat((near_k, rope.rotate(block_keys, read.query_pos)), dim=2)
     near_v = torch.cat((context_values[:, :, read.near_index], block_values), dim=2).to(acc)
-    q_near = rope.rotate(q, read.query_pos)
-    s_near = grouped_logits(q_near, near_k) * row_scale
     block_cols = torch.ones(Lq, Lq, dtype=torch.bool, device=query.device)
     near_mask = torch.cat((read.near_mask, block_cols), dim=1)
-    s_near = s_near.masked_fill(~near_mask, -math.inf)
-    lse_near = torch.logsumexp(s_near, dim=-1)
-    o_near = grouped_values(torch.exp(s_near - lse_near[..., None]), near_v)
-
-    out, lse = o_near, lse_near
+    far = None
     if read.far_stop > 0:
-        far_k = context_keys[:, :, : read.far_stop].to(acc)
-        far_v = context_values[:, :, : read.far_stop].to(acc)
-        # the key sits unrotated; the query carries the whole distance D + r and both rope scalings
-        q_far = rope.rotate(q, read.far_distance, scale=rope.attention_scaling**2)
-        s_far = grouped_logits(q_far, far_k) * row_scale
-        s_far = s_far.masked_fill(~read.far_mask, -math.inf)
-        has_far = read.far_mask.any(dim=-1)  # [Lq]
-        if math.isinf(read.alpha):
-            top = s_far.argmax(dim=-1, keepdim=True)
-            log_mass_far = s_far.gather(-1, top).squeeze(-1)
-            weights = torch.zeros_like(s_far).scatter_(-1, top, 1.0)
-        else:
-            scaled = s_far * read.alpha
-            lse_scaled = torch.logsumexp(scaled, dim=-1)
-            log_mass_far = lse_scaled / read.alpha
-            # a row without far entries has lse -inf: exp(-inf - 0) = 0 weights instead of NaN (no NaN pass over the
-            # weights, whose o_far the merge then multiplies by w_far = 0)
-            weights = torch.exp(scaled - torch.where(has_far, lse_scaled, torch.zeros_like(lse_scaled))[..., None])
-        o_far = grouped_values(weights, far_v)
-        w_far = torch.sigmoid(log_mass_far - lse_near)
-        w_far = torch.where(has_far, w_far, torch.zeros_like(w_far))
-        out = o_near + w_far[..., None] * (o_far - o_near)
-        lse = torch.where(has_far, torch.logaddexp(lse_near, log_mass_far), lse_near)
+        # far keys sit unrotated; the query carries the whole distance D + r and both rope scalings
+        far = (rope.rotate(q, read.far_distance, scale=rope.attention_scaling**2),
+               context_keys[:, :, : read.far_stop].to(acc), context_values[:, :, : read.far_stop].to(acc),
+               read.far_mask)
+    out, lse = fold_read_masked(rope.rotate(q, read.query_pos), near_k, near_v, near_mask, row_scale, far,
+                                read.alpha)
 
     out = out.reshape(b, Hq, Lq, -1).transpose(1, 2).to(query.dtype)
     if return_lse:
@@ -145,25 +123,12 @@ def kernel_supports(read: LayerRead) -> bool:
     return bool(read.geometry_from_plan and read.true_positions and read.block_start is not None)
 
 
-def read_kernel_inputs(
-    query: torch.Tensor,
-    context_keys: torch.Tensor,
-    context_values: torch.Tensor,
-    block_keys: torch.Tensor,
-    block_values: torch.Tensor,
-    read: LayerRead,
-    scaling: float,
-) -> dict:
+def read_kernel_inputs(query: torch.Tensor, context_keys: torch.Tensor, context_values: torch.Tensor,
+                       block_keys: torch.Tensor, block_values: torch.Tensor, read: LayerRead, scaling: float) -> dict:
     """Keyword arguments of the fused kernels for one layer's read (batch 1).
 
-    Args:
-        query: ``[1, Hq, Lq, Dh]`` unrotated block queries.
-        context_keys: ``[1, Hkv, T, Dh]`` unrotated context keys (a view of the cache buffer is fine).
-        context_values: ``[1, Hkv, T, Dv]``.
-        block_keys: ``[1, Hkv, Lq, Dh]`` unrotated block keys.
-        block_values: ``[1, Hkv, Lq, Dv]``.
-        read: a read from :func:`plan_layer_read` (:func:`kernel_supports` is True).
-        scaling: logit scale.
+    Args: as :func:`fold_attention_reference`, with ``b = 1`` (the context tensors may be views of the cache
+    buffer) and a read from :func:`plan_layer_read` for which :func:`kernel_supports` is True.
 
     Returns:
         ``query_near``/``query_far`` ``[1, Hq, Lq, Dh]`` (``query.dtype``; ``query_far`` None without far
@@ -205,16 +170,9 @@ def triton_read_applies(query: torch.Tensor, context_keys: torch.Tensor, read: L
     return kernel_supports(read) and triton_kernels_enabled(query.device)
 
 
-def fold_attention(
-    query: torch.Tensor,
-    context_keys: torch.Tensor,
-    context_values: torch.Tensor,
-    block_keys: torch.Tensor,
-    block_values: torch.Tensor,
-    read: LayerRead,
-    scaling: float,
-    context_keys_rotated: torch.Tensor | None = None,
-) -> torch.Tensor:
+def fold_attention(query: torch.Tensor, context_keys: torch.Tensor, context_values: torch.Tensor,
+                   block_keys: torch.Tensor, block_values: torch.Tensor, read: LayerRead, scaling: float,
+                   context_keys_rotated: torch.Tensor | None = None) -> torch.Tensor:
     """FOLD read of one layer; shapes as in :func:`fold_attention_reference`. Returns ``[b, Lq, Hq, Dv]``.
 
     Set ``FOLD_HF_DISABLE_TRITON=1`` to force the reference on CUDA.

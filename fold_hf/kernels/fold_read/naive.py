@@ -1,7 +1,11 @@
 """Pure-torch twins of the attention kernels in :mod:`fold_hf.kernels.fold_read.triton`, on plain tensors.
 
+* :func:`fold_read_masked`: the FOLD read from explicit key sets and masks, the one statement of its math in the
+  package (the read from a planned ``LayerRead``, :func:`fold_hf.modeling.fold_read.fold_attention_reference`,
+  builds those sets from the plan's index lists and calls it);
 * :func:`fold_read_geometry_reference`: the FOLD read given as numbers (``T``, ``t``, ``D``, ``alpha``), rotated
-  queries and cos/sin tables, exactly what ``fold_read_triton`` takes;
+  queries and cos/sin tables, exactly what ``fold_read_triton`` takes (sets and masks from the geometry, then
+  :func:`fold_read_masked`);
 * :func:`decode_attention_reference`: the target's verify attention (``decode_attention_triton``).
 
 Math (docs/design.md §2, paper Eqs. 1-4), per block row r and head h:
@@ -12,9 +16,8 @@ Math (docs/design.md §2, paper Eqs. 1-4), per block row r and head h:
              o_F = softmax(alpha s~) V,  log Z_F = logsumexp(alpha s~) / alpha
     merge:   o = o_N + sigmoid(log Z_F - lse_N) (o_F - o_N)              (o = o_N when F_r is empty)
 
-Everything accumulates in fp32 whatever the input dtype. This module takes tensors only and imports nothing from
-:mod:`fold_hf.modeling`; the read from a planned ``LayerRead`` (index lists and masks, the oracle of these twins)
-is :func:`fold_hf.modeling.fold_read.fold_attention_reference`.
+The twins accumulate in fp32 whatever the input dtype (fp64 for fp64; :func:`fold_read_masked` computes in the
+dtype its callers cast to). This module takes tensors only and imports nothing from :mod:`fold_hf.modeling`.
 """
 
 from __future__ import annotations
@@ -51,6 +54,58 @@ def rotate_by_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
 
 
+def fold_read_masked(
+    query_near: torch.Tensor,
+    near_keys: torch.Tensor,
+    near_values: torch.Tensor,
+    near_mask: torch.Tensor,
+    row_scale,
+    far: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    alpha: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FOLD read (the equations above) from explicit key sets and masks, in the inputs' dtype.
+
+    Args:
+        query_near: ``[b, Hkv, G, Lq, Dh]`` queries rotated at their positions (G query heads per KV head).
+        near_keys: ``[b, Hkv, N, Dh]`` window keys rotated at their positions, block keys included.
+        near_values: ``[b, Hkv, N, Dv]``.
+        near_mask: ``[Lq, N]`` bool, True where row r reads entry j in its window.
+        row_scale: logit scale, a float or ``[Lq, 1]``.
+        far: ``(query_far [b, Hkv, G, Lq, Dh], far_keys [b, Hkv, F, Dh], far_values [b, Hkv, F, Dv],
+            far_mask [Lq, F])``: queries rotated at the far distance, unrotated keys; None = no far memory.
+        alpha: far concentration (``math.inf`` = top-1 read).
+
+    Returns:
+        ``(out [b, Hkv, G, Lq, Dv], lse [b, Hkv, G, Lq])``: the merged output and log-mass.
+    """
+    s_near = grouped_logits(query_near, near_keys) * row_scale
+    s_near = s_near.masked_fill(~near_mask, -math.inf)
+    lse_near = torch.logsumexp(s_near, dim=-1)
+    o_near = grouped_values(torch.exp(s_near - lse_near[..., None]), near_values)
+    if far is None:
+        return o_near, lse_near
+    query_far, far_keys, far_values, far_mask = far
+    s_far = grouped_logits(query_far, far_keys) * row_scale
+    s_far = s_far.masked_fill(~far_mask, -math.inf)
+    has_far = far_mask.any(dim=-1)  # [Lq]
+    if math.isinf(alpha):
+        top = s_far.argmax(dim=-1, keepdim=True)
+        log_mass_far = s_far.gather(-1, top).squeeze(-1)
+        weights = torch.zeros_like(s_far).scatter_(-1, top, 1.0)
+    else:
+        scaled = s_far * alpha
+        lse_scaled = torch.logsumexp(scaled, dim=-1)
+        log_mass_far = lse_scaled / alpha
+        # a row without far entries has lse -inf: exp(-inf - 0) = 0 weights instead of NaN (no NaN pass over the
+        # weights, whose o_far the merge then multiplies by w_far = 0)
+        weights = torch.exp(scaled - torch.where(has_far, lse_scaled, torch.zeros_like(lse_scaled))[..., None])
+    o_far = grouped_values(weights, far_values)
+    w_far = torch.sigmoid(log_mass_far - lse_near)
+    w_far = torch.where(has_far, w_far, torch.zeros_like(w_far))
+    out = o_near + w_far[..., None] * (o_far - o_near)
+    return out, torch.where(has_far, torch.logaddexp(lse_near, log_mass_far), lse_near)
+
+
 def fold_read_geometry_reference(
     query_near: torch.Tensor,
     query_far: torch.Tensor | None,
@@ -66,7 +121,8 @@ def fold_read_geometry_reference(
     alpha: float,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """The fused kernels' contract in plain torch (the CPU oracle of :func:`fold_read_triton`).
+    """The fused kernels' contract in plain torch (the CPU oracle of :func:`fold_read_triton`): the geometry
+    turned into key sets and masks, then :func:`fold_read_masked`.
 
     Membership comes from geometry alone: row ``r`` sits at ``p = t + r``; context entry ``j < T`` is in its
     window iff ``window is None or p - j < window``, else in its far memory when ``query_far`` is given.
@@ -96,36 +152,18 @@ def fold_read_geometry_reference(
     Hkv = context_keys.shape[1]
     G = Hq // Hkv
     acc = compute_dtype(query_near.dtype)
-    q_near = query_near.to(acc).view(Hkv, G, Lq, Dh)
-    keys = context_keys[0, :, :T].to(acc)
-    values = context_values[0, :, :T].to(acc)
+    keys = context_keys[:, :, :T].to(acc)
+    values = context_values[:, :, :T].to(acc)
     keys_at_positions = rotate_by_tables(keys, cos[:T].to(acc), sin[:T].to(acc))
     dist = (t + torch.arange(Lq, device=keys.device))[:, None] - torch.arange(T, device=keys.device)[None, :]
     in_window = torch.ones_like(dist, dtype=torch.bool) if window is None else dist < window
-
-    s_near = torch.cat((grouped_logits(q_near[None], keys_at_positions[None])[0],
-                        grouped_logits(q_near[None], block_keys[:, :].to(acc))[0]), dim=-1)
     near_mask = torch.cat((in_window, torch.ones(Lq, Lq, dtype=torch.bool, device=dist.device)), dim=1)
-    s_near = s_near.masked_fill(~near_mask, -math.inf)
-    lse_near = torch.logsumexp(s_near, dim=-1)
-    near_values = torch.cat((values, block_values[0].to(acc)), dim=1)  # [Hkv, T + Lq, Dv]
-    out = grouped_values(torch.softmax(s_near, dim=-1)[None], near_values[None])[0]
-
+    far = None
     if query_far is not None:
-        far_mask = ~in_window
-        has_far = far_mask.any(dim=-1)  # [Lq]
-        s_far = grouped_logits(query_far.to(acc).view(1, Hkv, G, Lq, Dh), keys[None])[0]
-        s_far = s_far.masked_fill(~far_mask, -math.inf)
-        if math.isinf(alpha):
-            top = s_far.argmax(dim=-1, keepdim=True)
-            log_mass_far = s_far.gather(-1, top).squeeze(-1)
-            weights = torch.zeros_like(s_far).scatter_(-1, top, 1.0)
-        else:
-            log_mass_far = torch.logsumexp(alpha * s_far, dim=-1) / alpha
-            weights = torch.softmax(alpha * s_far, dim=-1)
-        o_far = grouped_values(torch.nan_to_num(weights)[None], values[None])[0]
-        w_far = torch.where(has_far, torch.sigmoid(log_mass_far - lse_near), torch.zeros_like(lse_near))
-        out = out + w_far[..., None] * (torch.nan_to_num(o_far) - out)
+        far = (query_far.to(acc).view(1, Hkv, G, Lq, Dh), keys, values, ~in_window)
+    out, _ = fold_read_masked(
+        query_near.to(acc).view(1, Hkv, G, Lq, Dh), torch.cat((keys_at_positions, block_keys.to(acc)), dim=2),
+        torch.cat((values, block_values.to(acc)), dim=2), near_mask, 1.0, far, alpha)
     return out.reshape(Hq, Lq, -1).transpose(0, 1)[None].to(query_near.dtype)
 
 

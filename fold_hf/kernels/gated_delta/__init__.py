@@ -1,6 +1,8 @@
 """The gated delta rule of Qwen3.5's linear-attention layers (Gated DeltaNet).
 
 * :mod:`.naive`: the torch twins: :func:`~.naive.gated_delta_states_reference` (every position's state over a block);
+* the fused Gated DeltaNet step of Qwen3.5's fast-loop layers: verify, commit and the gated RMSNorm of its output
+  (``gated_delta_*`` and ``gated_rms_norm_*`` in both modules, chosen by :func:`fold_hf.kernels.default_hybrid_ops`);
 * :mod:`.triton`: the Triton kernels (imported only through :func:`default_gated_delta` /
   :func:`fold_hf.kernels.import_triton_module`, never on the CPU path).
 """

@@ -21,7 +21,8 @@ rule, :func:`gated_delta_verify_reference`) writes no state; the rollback of a r
 prefix from the committed state (:func:`gated_delta_commit_reference`) instead of keeping ``L`` states of
 ``[Hv, Dk, Dv]``: the twins of :func:`fold_hf.kernels.gated_delta.triton.gated_delta_verify_triton` and
 :func:`~fold_hf.kernels.gated_delta.triton.gated_delta_commit_triton` (the fused Qwen3.5
-layers).
+layers). The layer's output then goes through a gated RMSNorm ``w * norm(o) * silu(z)``
+(:func:`gated_rms_norm_reference`).
 """
 
 from __future__ import annotations
@@ -179,5 +180,23 @@ def gated_delta_commit_reference(n: torch.Tensor, pending: dict, length: int, st
     conv_states.copy_(window.index_select(2, columns))
 
 
+def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5's ``RMSNormGated``: ``(w * norm(x.to(dtype)).to(dtype) * silu(gate.float())).to(dtype)``.
+
+    Args:
+        x: ``[..., Dv]`` (fp32 kernel output; rounded to ``gate``'s dtype first, as the model's layer feeds it).
+        gate: ``[..., Dv]`` in the model dtype (the ``z`` projection, per head).
+        weight: ``[Dv]`` in the model dtype.
+
+    Returns:
+        ``[..., Dv]`` in ``gate``'s dtype.
+    """
+    dtype = gate.dtype
+    xf = x.to(dtype).to(torch.promote_types(dtype, torch.float32))
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * normed.to(dtype)
+    return (out * F.silu(gate.to(xf.dtype))).to(dtype)
+
+
 __all__ = ["gated_delta_commit_reference", "gated_delta_pending", "gated_delta_prepare_reference",
-           "gated_delta_states_reference", "gated_delta_verify_reference"]
+           "gated_delta_states_reference", "gated_delta_verify_reference", "gated_rms_norm_reference"]

@@ -15,6 +15,7 @@ state, so they do not wait for each other); it reads the committed state once an
 inputs go to small pending buffers and :func:`gated_delta_commit_triton` re-runs the accepted prefix
 ``0 .. n`` from the committed state for every linear layer in one launch (``n`` read on the device). A verify of
 16 rows at the Qwen3.5-9B shape thus moves 2 MB of state per layer and direction instead of writing 16 x 2 MB.
+:func:`gated_rms_norm_triton` is the layer's gated output norm, one program per row.
 
 Twins: :mod:`fold_hf.kernels.gated_delta.naive`. Rounding and transcendental functions as in
 :mod:`fold_hf.kernels.hybrid.triton` (whose helpers these kernels share).
@@ -34,17 +35,24 @@ from ..layer.triton import _round_to
 
 
 @triton.jit
-def _gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, states_ptr, L,
-                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr):
-    h = tl.program_id(0)
-    vb = tl.program_id(1)
+def _state_tile(h, vb, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
+    """Value head ``h``'s key head and its ``S[:, cols]`` tile: ``(hk, rk [BK], rv [BV], mk, mv, m2 [BK, BV])``
+    for value-column block ``vb``."""
     hk = h // (HV // HK)
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
     mk = rk < DK
     mv = rv < DV
-    m2 = mk[:, None] & mv[None, :]
+    return hk, rk, rv, mk, mv, mk[:, None] & mv[None, :]
+
+
+@triton.jit
+def _gated_delta_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, states_ptr, L,
+                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr):
+    h = tl.program_id(0)
+    hk, rk, rv, mk, mv, m2 = _state_tile(h, tl.program_id(1), HK, HV, DK, DV, BK, BV)
     s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
     S = tl.load(s_ptr + s_off, mask=m2, other=0.0).to(tl.float32)
     for t in range(0, L):
@@ -197,7 +205,7 @@ def _blocks(DK: int, DV: int) -> tuple[int, int, int]:
 
 def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
                               k_dim: int, pending: dict, layer: int) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid.naive.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
+    """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
     ``b``/``a [L, Hv]`` may have strided rows)."""
     if state.dtype != torch.float32:
         raise ValueError(f"the Triton Gated DeltaNet kernels keep an fp32 state, got {state.dtype}")
@@ -230,12 +238,7 @@ def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.cons
     vb = tl.program_id(1)
     layer = pid // HV
     h = pid - layer * HV
-    hk = h // (HV // HK)
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    mk = rk < DK
-    mv = rv < DV
-    m2 = mk[:, None] & mv[None, :]
+    hk, rk, rv, mk, mv, m2 = _state_tile(h, vb, HK, HV, DK, DV, BK, BV)
     s_off = (layer * HV + h).to(tl.int64) * DK * DV + rk[:, None] * DV + rv[None, :]
     S_ = tl.load(S + s_off, mask=m2, other=0.0)
     n = tl.load(N)
@@ -259,7 +262,7 @@ def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.cons
 
 def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
                               conv_states: torch.Tensor) -> None:
-    """:func:`~fold_hf.kernels.hybrid.naive.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
+    """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
     for every layer's state, one shifts every layer's convolution window."""
     NL, HV, DK, DV = states.shape
     HK = pending["q"].shape[2]
@@ -297,4 +300,32 @@ def _conv_commit_kernel(N, RAW, CONV, C, rows, K1: tl.constexpr, BK1: tl.constex
     tl.store(CONV + base + chan[:, None] * K1 + cols[None, :], value, mask=m2)
 
 
-__all__ = ["gated_delta_commit_triton", "gated_delta_states_triton", "gated_delta_verify_triton"]
+# ---------------------------------------------------------------------------------------------- output norm
+@triton.jit
+def _gated_rms_norm_kernel(X, Z, W, OUT, D, eps, BD: tl.constexpr, LIB: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BD)
+    ok = offs < D
+    z = tl.load(Z + row * D + offs, mask=ok, other=0.0)
+    dtype = z.dtype
+    x = _round_to(tl.load(X + row * D + offs, mask=ok, other=0.0).to(tl.float32), dtype)
+    n = _round_to(x * tl.math.rsqrt(tl.sum(x * x, 0) / D + eps), dtype)
+    o = _round_to(tl.load(W + offs, mask=ok, other=0.0).to(tl.float32) * n, dtype)
+    tl.store(OUT + row * D + offs, _round_to(o * _silu(z.to(tl.float32), LIB), dtype).to(dtype), mask=ok)
+
+
+def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`~fold_hf.kernels.gated_delta.naive.gated_rms_norm_reference` (``x``, ``gate [..., Dv]``)."""
+    D = x.shape[-1]
+    if gate.shape != x.shape or weight.shape != (D,) or weight.dtype != gate.dtype:
+        raise ValueError(f"x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)} "
+                         f"{weight.dtype} do not match")
+    x, gate = x.contiguous(), gate.contiguous()
+    out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
+    _gated_rms_norm_kernel[(x.numel() // D,)](x, gate, weight, out, D, float(eps), BD=_next_pow2(D), LIB=_libdevice(),
+                                             num_warps=1 if D <= 256 else 4, **_EXACT)
+    return out
+
+
+__all__ = ["gated_delta_commit_triton", "gated_delta_states_triton", "gated_delta_verify_triton",
+           "gated_rms_norm_triton"]

@@ -1,4 +1,4 @@
-"""Pure-torch twins of the fused kernels of the Qwen3.5 and Gemma target layers (:mod:`fold_hf.kernels.hybrid.triton`).
+"""Pure-torch twins of the fused kernels Qwen3.5 and Gemma target layers share (:mod:`fold_hf.kernels.hybrid.triton`).
 
 The Llama-shaped fused kernels (:mod:`fold_hf.kernels.layer.naive`) cover ``w * x.to(dtype)`` norms, SiLU MLPs and
 full rope. Qwen3.5 and Gemma layers differ:
@@ -10,10 +10,9 @@ full rope. Qwen3.5 and Gemma layers differ:
 * queries and keys are RMS-normed per head before a rope that may be partial (Qwen3.5 rotates the first 64 of 256
   dims; Gemma-4's global table is ``cos 1, sin 0`` past its proportional part), sliding layers write into a ring:
   :func:`head_norm_rope_write_reference`;
-* Gemma's MLP is ``gelu_tanh(gate) * up`` (:func:`gelu_tanh_mul_reference`); Qwen3.5's gated attention output is
-  ``attn * sigmoid(gate)`` (:func:`sigmoid_mul_reference`) and its Gated DeltaNet output goes through a gated
-  RMSNorm ``w * norm(o) * silu(z)`` (:func:`gated_rms_norm_reference`);
-* the Gated DeltaNet step itself (conv + silu + L2 norms + gates + the delta rule) and its commit are in
+* Qwen3.5's gated attention output is ``attn * sigmoid(gate)`` (:func:`sigmoid_mul_reference`);
+* Gemma's MLP product and sliding-layer ring attention are in :mod:`fold_hf.kernels.gemma.naive`; the Gated
+  DeltaNet step (conv + silu + L2 norms + gates + the delta rule), its commit and its gated RMSNorm output in
   :mod:`fold_hf.kernels.gated_delta.naive`.
 
 Each twin rounds to the model dtype where transformers' modules round. These are the CPU path of the fused fast
@@ -23,7 +22,6 @@ loop and the oracles of the kernels' interpreter tests.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..common import rotate_half
 
@@ -113,65 +111,9 @@ def head_norm_rope_write_reference(query: torch.Tensor, key: torch.Tensor | None
     return q, k, v
 
 
-def gelu_tanh_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``gelu(gate, approximate="tanh") * up`` (Gemma's MLP before ``down_proj``), ``[..., I]``."""
-    return F.gelu(gate, approximate="tanh") * up
-
-
 def sigmoid_mul_reference(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(gate)`` (Qwen3.5's gated attention output), ``[..., D]`` of one dtype; contiguous result."""
     return (x * torch.sigmoid(gate)).contiguous()
 
 
-def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3.5's ``RMSNormGated``: ``(w * norm(x.to(dtype)).to(dtype) * silu(gate.float())).to(dtype)``.
-
-    Args:
-        x: ``[..., Dv]`` (fp32 kernel output; rounded to ``gate``'s dtype first, as the model's layer feeds it).
-        gate: ``[..., Dv]`` in the model dtype (the ``z`` projection, per head).
-        weight: ``[Dv]`` in the model dtype.
-
-    Returns:
-        ``[..., Dv]`` in ``gate``'s dtype.
-    """
-    dtype = gate.dtype
-    xf = x.to(dtype).to(torch.promote_types(dtype, torch.float32))
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out = weight * normed.to(dtype)
-    return (out * F.silu(gate.to(xf.dtype))).to(dtype)
-
-
-def ring_attention_reference(query: torch.Tensor, key_ring: torch.Tensor, value_ring: torch.Tensor,
-                             positions: torch.Tensor, window: int, scaling: float) -> torch.Tensor:
-    """Sliding-window attention of a block over a ring cache (Gemma's sliding layers on the fast loop).
-
-    Slot ``s`` of the ring (``R`` slots) holds position ``top - ((top - s) mod R)`` with ``top = positions[-1]`` (the
-    block's own rows are already written); query row ``r`` sees the slots whose position ``p`` has ``p >= 0``,
-    ``p <= positions[r]`` and ``positions[r] - p < window``. Scores in fp32 (fp64 for fp64), probabilities cast to
-    the values' dtype before the second product, as the module path's ``masked_attention``.
-
-    Args:
-        query: ``[1, Hq, L, D]`` rotated queries.
-        key_ring, value_ring: ``[1, Hkv, R, D]``.
-        positions: ``[L]`` long, consecutive.
-
-    Returns:
-        ``[1, L, Hq, D]`` in the values' dtype.
-    """
-    R = key_ring.shape[2]
-    top = positions[-1]
-    slot_pos = top - torch.remainder(top - torch.arange(R, device=positions.device), R)
-    delta = positions[:, None] - slot_pos[None, :]
-    visible = (slot_pos[None, :] >= 0) & (delta >= 0) & (delta < window)
-    _, hq, L, D = query.shape
-    hkv = key_ring.shape[1]
-    group = hq // hkv
-    rows = query.reshape(1, hkv, group * L, D)
-    scores = torch.matmul(rows, key_ring.transpose(-1, -2)).to(torch.promote_types(query.dtype, torch.float32))
-    scores = (scores * scaling).masked_fill(~visible.repeat(group, 1), float("-inf"))
-    probs = scores.softmax(-1).to(value_ring.dtype)
-    return torch.matmul(probs, value_ring).reshape(1, hq, L, D).transpose(1, 2).contiguous()
-
-
-__all__ = ["gated_rms_norm_reference", "gelu_tanh_mul_reference", "head_norm_rope_write_reference",
-           "residual_norm_reference", "ring_attention_reference", "sigmoid_mul_reference"]
+__all__ = ["head_norm_rope_write_reference", "residual_norm_reference", "sigmoid_mul_reference"]

@@ -9,8 +9,11 @@ latency, more than reading the layer's weights. These kernels leave a layer its 
   the next norm in one pass (one program per row);
 * :func:`head_norm_rope_write_triton`: q/k (and Gemma-4 v) per-head norms, partial rope and the (ring) cache write,
   one program per (token, head);
-* :func:`gelu_tanh_mul_triton`, :func:`sigmoid_mul_triton`, :func:`gated_rms_norm_triton`: the activations;
-* the Gated DeltaNet verify and commit of Qwen3.5's linear layers: :mod:`fold_hf.kernels.gated_delta.triton`.
+* :func:`sigmoid_mul_triton`: Qwen3.5's gated attention output;
+* the helpers the other fused target-layer kernels share (``_exp``, ``_sigmoid``, ``_silu``, ``_pairwise``, ...).
+
+Gemma-only ops (GELU-tanh MLP, ring attention) are in :mod:`fold_hf.kernels.gemma.triton`; the Gated DeltaNet
+verify, commit and output norm of Qwen3.5's linear layers in :mod:`fold_hf.kernels.gated_delta.triton`.
 
 Rounding follows the modules (model dtype after each op that rounds there) through ``_round_to`` and
 ``enable_fp_fusion=False`` as in :mod:`fold_hf.kernels.layer.triton`; transcendental functions use libdevice on the
@@ -226,21 +229,11 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
 
 # ---------------------------------------------------------------------------------------------- activations
 @triton.jit
-def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
+def _elementwise_block(n, width, BLOCK: tl.constexpr):
+    """This program's ``BLOCK`` flat offsets into ``n`` elements of rows of ``width``: (offs, in range, row, col)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
     row = offs // width
-    col = offs - row * width
-    g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0)
-    u = tl.load(UP + row * up_row + col, mask=ok, other=0.0)
-    x = g.to(tl.float32)
-    inner = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
-    if LIB:
-        th = libdevice.tanh(inner)
-    else:
-        th = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
-    gelu = _round_to(0.5 * x * (1.0 + th), g.dtype)
-    tl.store(OUT + offs, _round_to(gelu * u.to(tl.float32), g.dtype).to(g.dtype), mask=ok)
+    return offs, offs < n, row, offs - row * width
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -248,24 +241,22 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-def gelu_tanh_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid.naive.gelu_tanh_mul_reference` (rows may be strided)."""
-    if gate.shape != up.shape or gate.dtype != up.dtype:
-        raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
-    out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
-    g, u = _rows(gate), _rows(up)
-    n, block = gate.numel(), 1024
-    _gelu_tanh_mul_kernel[(triton.cdiv(n, block),)](g, u, out, n, gate.shape[-1], g.stride(0), u.stride(0),
-                                                    BLOCK=block, LIB=_libdevice(), num_warps=4, **_EXACT)
+def _pairwise(kernel, a: torch.Tensor, b: torch.Tensor, names: tuple[str, str]) -> torch.Tensor:
+    """Launch an elementwise ``kernel`` of two same-shape tensors ``[..., D]`` (rows may be strided) into a new
+    contiguous output of ``a``'s dtype; ``names`` name them in the error when shapes or dtypes differ."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"{names[0]} {tuple(a.shape)} {a.dtype} and {names[1]} {tuple(b.shape)} {b.dtype} differ")
+    out = torch.empty(a.shape, device=a.device, dtype=a.dtype)
+    ar, br = _rows(a), _rows(b)
+    n, block = a.numel(), 1024
+    kernel[(triton.cdiv(n, block),)](ar, br, out, n, a.shape[-1], ar.stride(0), br.stride(0),
+                                     BLOCK=block, LIB=_libdevice(), num_warps=4, **_EXACT)
     return out
 
 
 @triton.jit
 def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
-    row = offs // width
-    col = offs - row * width
+    offs, ok, row, col = _elementwise_block(n, width, BLOCK)
     x = tl.load(X + row * x_row + col, mask=ok, other=0.0)
     g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0).to(tl.float32)
     sig = _round_to(_sigmoid(g, LIB), x.dtype)
@@ -274,147 +265,7 @@ def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.const
 
 def sigmoid_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`~fold_hf.kernels.hybrid.naive.sigmoid_mul_reference` (``[..., D]``; rows may be strided)."""
-    if x.shape != gate.shape or x.dtype != gate.dtype:
-        raise ValueError(f"x {tuple(x.shape)} {x.dtype} and gate {tuple(gate.shape)} {gate.dtype} differ")
-    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    xr, gr = _rows(x), _rows(gate)
-    n, block = x.numel(), 1024
-    _sigmoid_mul_kernel[(triton.cdiv(n, block),)](xr, gr, out, n, x.shape[-1], xr.stride(0), gr.stride(0),
-                                                  BLOCK=block, LIB=_libdevice(), num_warps=4, **_EXACT)
-    return out
+    return _pairwise(_sigmoid_mul_kernel, x, gate, ("x", "gate"))
 
 
-@triton.jit
-def _gated_rms_norm_kernel(X, Z, W, OUT, D, eps, BD: tl.constexpr, LIB: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BD)
-    ok = offs < D
-    z = tl.load(Z + row * D + offs, mask=ok, other=0.0)
-    dtype = z.dtype
-    x = _round_to(tl.load(X + row * D + offs, mask=ok, other=0.0).to(tl.float32), dtype)
-    n = _round_to(x * tl.math.rsqrt(tl.sum(x * x, 0) / D + eps), dtype)
-    o = _round_to(tl.load(W + offs, mask=ok, other=0.0).to(tl.float32) * n, dtype)
-    tl.store(OUT + row * D + offs, _round_to(o * _silu(z.to(tl.float32), LIB), dtype).to(dtype), mask=ok)
-
-
-def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid.naive.gated_rms_norm_reference` (``x``, ``gate [..., Dv]``)."""
-    D = x.shape[-1]
-    if gate.shape != x.shape or weight.shape != (D,) or weight.dtype != gate.dtype:
-        raise ValueError(f"x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)} "
-                         f"{weight.dtype} do not match")
-    x, gate = x.contiguous(), gate.contiguous()
-    out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
-    _gated_rms_norm_kernel[(x.numel() // D,)](x, gate, weight, out, D, float(eps), BD=_next_pow2(D), LIB=_libdevice(),
-                                             num_warps=1 if D <= 256 else 4, **_EXACT)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- ring attention
-@triton.jit
-def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_head, kv_row, chunks_per_split,
-                       G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       IEEE: tl.constexpr):
-    kvh = tl.program_id(0)
-    sp = tl.program_id(1)
-    nsp = tl.num_programs(1)
-    rows_total = tl.num_programs(2) * BM
-    rm = tl.program_id(2) * BM + tl.arange(0, BM)  # row m = g * L + r: query head kvh * G + g, block row r
-    rd = tl.arange(0, BD)
-    md = rd < D
-    mm = rm < G * L
-    r = rm % L
-    g = rm // L
-    pos = tl.load(POS + r, mask=mm, other=0)
-    top = tl.load(POS + L - 1)
-    q = tl.load(Q + ((kvh * G + g) * L + r)[:, None] * D + rd[None, :], mask=mm[:, None] & md[None, :], other=0.0)
-    m_i = tl.full((BM,), -1.0e30, tl.float32)
-    l_i = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((BM, BD), tl.float32)
-    for c in range(0, chunks_per_split):
-        s = (sp * chunks_per_split + c) * BN + tl.arange(0, BN)
-        ms = s < R
-        k = tl.load(KR + kvh * kv_head + s[:, None] * kv_row + rd[None, :], mask=ms[:, None] & md[None, :],
-                    other=0.0)
-        v = tl.load(VR + kvh * kv_head + s[:, None] * kv_row + rd[None, :], mask=ms[:, None] & md[None, :],
-                    other=0.0)
-        slot_pos = top - (((top - s) % R) + R) % R
-        delta = pos[:, None] - slot_pos[None, :]
-        visible = (slot_pos >= 0)[None, :] & ms[None, :] & mm[:, None] & (delta >= 0) & (delta < window)
-        if IEEE:  # fp32 inputs (or the interpreter, whose bf16/fp16 dot is wrong): fp32 products
-            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
-        else:
-            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        scores = tl.where(visible, scores, -1.0e30)
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.where(visible, tl.exp(scores - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32),
-                                                input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        m_i = m_new
-    base = kvh * nsp + sp
-    tl.store(PACC + (base * rows_total + rm)[:, None] * BD + rd[None, :], acc)
-    tl.store(PM + base * rows_total + rm, m_i)
-    tl.store(PL + base * rows_total + rm, l_i)
-
-
-@triton.jit
-def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                       BS: tl.constexpr):
-    kvh = tl.program_id(0)
-    m = tl.program_id(1)  # row g * L + r
-    r = m % L
-    g = m // L
-    rs = tl.arange(0, BS)
-    ok = rs < nsp
-    rd = tl.arange(0, BD)
-    base = kvh * nsp + rs
-    mx = tl.load(PM + base * BM + m, mask=ok, other=-1.0e30)
-    lx = tl.load(PL + base * BM + m, mask=ok, other=0.0)
-    top = tl.max(mx, 0)
-    w = tl.where(ok, tl.exp(mx - top), 0.0)
-    acc = tl.load(PACC + (base * BM + m)[:, None] * BD + rd[None, :], mask=ok[:, None], other=0.0)
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(lx * w, 0)
-    tl.store(OUT + (r * HQ + kvh * G + g) * D + rd, out.to(OUT.dtype.element_ty), mask=rd < D)
-
-
-def ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.hybrid.naive.ring_attention_reference` in two launches: programs over (KV head,
-    split of the ring) keep an online softmax of all ``G * L`` query rows of their KV head (keys read once per
-    head), a merge combines the splits. Returns ``[1, L, Hq, D]``."""
-    _, HQ, L, D = query.shape
-    HKV, R = key_ring.shape[1], key_ring.shape[2]
-    if HQ % HKV or key_ring.shape[-1] != D or value_ring.shape != key_ring.shape or key_ring.stride(-1) != 1:
-        raise ValueError(f"query {tuple(query.shape)} and rings {tuple(key_ring.shape)} / "
-                         f"{tuple(value_ring.shape)} do not match")
-    if key_ring.stride() != value_ring.stride():
-        raise ValueError("key and value rings must share strides")
-    G = HQ // HKV
-    query = query.contiguous()
-    BD = max(16, _next_pow2(D))
-    BM = min(64, max(16, _next_pow2(G * L)))  # query rows per program (more rows: more programs)
-    row_blocks = triton.cdiv(G * L, BM)
-    BN = 64 if BD <= 128 else (32 if BD <= 256 else 16)
-    chunks = triton.cdiv(R, BN)
-    per_split = triton.cdiv(chunks, max(1, 128 // HKV))
-    splits = triton.cdiv(chunks, per_split)
-    part_acc = torch.empty(HKV, splits, row_blocks * BM, BD, device=query.device, dtype=torch.float32)
-    part_m = torch.empty(HKV, splits, row_blocks * BM, device=query.device, dtype=torch.float32)
-    part_l = torch.empty_like(part_m)
-    _ring_split_kernel[(HKV, splits, row_blocks)](query, key_ring, value_ring, positions, part_acc, part_m, part_l, L, R,
-                                      int(window), float(scaling), key_ring.stride(1), key_ring.stride(2), per_split,
-                                      G=G, D=D, BD=BD, BM=BM, BN=BN,
-                                      IEEE=query.dtype == torch.float32 or not _libdevice(),
-                                      num_warps=4)
-    out = torch.empty(1, L, HQ, D, device=query.device, dtype=value_ring.dtype)
-    _ring_merge_kernel[(HKV, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, row_blocks * BM, G=G, D=D,
-                                     BD=BD, BS=_next_pow2(splits), num_warps=4)
-    return out
-
-
-__all__ = ["gated_rms_norm_triton", "gelu_tanh_mul_triton", "head_norm_rope_write_triton", "residual_norm_triton",
-           "ring_attention_triton", "sigmoid_mul_triton"]
+__all__ = ["head_norm_rope_write_triton", "residual_norm_triton", "sigmoid_mul_triton"]

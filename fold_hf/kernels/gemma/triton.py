@@ -1,0 +1,148 @@
+"""Triton kernels of the Gemma-only fused ops (twins with the same signatures: :mod:`fold_hf.kernels.gemma.naive`).
+Imported only when Triton is usable.
+
+* :func:`gelu_tanh_mul_triton`: Gemma's MLP activation, one pass over ``gate`` and ``up``;
+* :func:`ring_attention_triton`: the sliding layers' attention over their ring cache in two launches (a split pass
+  keeping an online softmax per KV head and ring split, then a merge).
+
+Rounding and transcendental functions as in :mod:`fold_hf.kernels.hybrid.triton`, whose helpers these kernels share.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ..hybrid.triton import _elementwise_block, _libdevice, _next_pow2, _pairwise
+from ..layer.triton import _round_to
+
+
+# ---------------------------------------------------------------------------------------------- GELU-tanh product
+@triton.jit
+def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
+    offs, ok, row, col = _elementwise_block(n, width, BLOCK)
+    g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0)
+    u = tl.load(UP + row * up_row + col, mask=ok, other=0.0)
+    x = g.to(tl.float32)
+    inner = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
+    if LIB:
+        th = libdevice.tanh(inner)
+    else:
+        th = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+    gelu = _round_to(0.5 * x * (1.0 + th), g.dtype)
+    tl.store(OUT + offs, _round_to(gelu * u.to(tl.float32), g.dtype).to(g.dtype), mask=ok)
+
+
+def gelu_tanh_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """:func:`~fold_hf.kernels.gemma.naive.gelu_tanh_mul_reference` (rows may be strided)."""
+    return _pairwise(_gelu_tanh_mul_kernel, gate, up, ("gate", "up"))
+
+
+# ---------------------------------------------------------------------------------------------- ring attention
+@triton.jit
+def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_head, kv_row, chunks_per_split,
+                       G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       IEEE: tl.constexpr):
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    nsp = tl.num_programs(1)
+    rows_total = tl.num_programs(2) * BM
+    rm = tl.program_id(2) * BM + tl.arange(0, BM)  # row m = g * L + r: query head kvh * G + g, block row r
+    rd = tl.arange(0, BD)
+    md = rd < D
+    mm = rm < G * L
+    r = rm % L
+    g = rm // L
+    pos = tl.load(POS + r, mask=mm, other=0)
+    top = tl.load(POS + L - 1)
+    q = tl.load(Q + ((kvh * G + g) * L + r)[:, None] * D + rd[None, :], mask=mm[:, None] & md[None, :], other=0.0)
+    m_i = tl.full((BM,), -1.0e30, tl.float32)
+    l_i = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, BD), tl.float32)
+    for c in range(0, chunks_per_split):
+        s = (sp * chunks_per_split + c) * BN + tl.arange(0, BN)
+        ms = s < R
+        k = tl.load(KR + kvh * kv_head + s[:, None] * kv_row + rd[None, :], mask=ms[:, None] & md[None, :],
+                    other=0.0)
+        v = tl.load(VR + kvh * kv_head + s[:, None] * kv_row + rd[None, :], mask=ms[:, None] & md[None, :],
+                    other=0.0)
+        slot_pos = top - (((top - s) % R) + R) % R
+        delta = pos[:, None] - slot_pos[None, :]
+        visible = (slot_pos >= 0)[None, :] & ms[None, :] & mm[:, None] & (delta >= 0) & (delta < window)
+        if IEEE:  # fp32 inputs (or the interpreter, whose bf16/fp16 dot is wrong): fp32 products
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        scores = tl.where(visible, scores, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.where(visible, tl.exp(scores - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32),
+                                                input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m_i = m_new
+    base = kvh * nsp + sp
+    tl.store(PACC + (base * rows_total + rm)[:, None] * BD + rd[None, :], acc)
+    tl.store(PM + base * rows_total + rm, m_i)
+    tl.store(PL + base * rows_total + rm, l_i)
+
+
+@triton.jit
+def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                       BS: tl.constexpr):
+    kvh = tl.program_id(0)
+    m = tl.program_id(1)  # row g * L + r
+    r = m % L
+    g = m // L
+    rs = tl.arange(0, BS)
+    ok = rs < nsp
+    rd = tl.arange(0, BD)
+    base = kvh * nsp + rs
+    mx = tl.load(PM + base * BM + m, mask=ok, other=-1.0e30)
+    lx = tl.load(PL + base * BM + m, mask=ok, other=0.0)
+    top = tl.max(mx, 0)
+    w = tl.where(ok, tl.exp(mx - top), 0.0)
+    acc = tl.load(PACC + (base * BM + m)[:, None] * BD + rd[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(lx * w, 0)
+    tl.store(OUT + (r * HQ + kvh * G + g) * D + rd, out.to(OUT.dtype.element_ty), mask=rd < D)
+
+
+def ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float) -> torch.Tensor:
+    """:func:`~fold_hf.kernels.gemma.naive.ring_attention_reference` in two launches: programs over (KV head,
+    split of the ring) keep an online softmax of all ``G * L`` query rows of their KV head (keys read once per
+    head), a merge combines the splits. Returns ``[1, L, Hq, D]``."""
+    _, HQ, L, D = query.shape
+    HKV, R = key_ring.shape[1], key_ring.shape[2]
+    if HQ % HKV or key_ring.shape[-1] != D or value_ring.shape != key_ring.shape or key_ring.stride(-1) != 1:
+        raise ValueError(f"query {tuple(query.shape)} and rings {tuple(key_ring.shape)} / "
+                         f"{tuple(value_ring.shape)} do not match")
+    if key_ring.stride() != value_ring.stride():
+        raise ValueError("key and value rings must share strides")
+    G = HQ // HKV
+    query = query.contiguous()
+    BD = max(16, _next_pow2(D))
+    BM = min(64, max(16, _next_pow2(G * L)))  # query rows per program (more rows: more programs)
+    row_blocks = triton.cdiv(G * L, BM)
+    BN = 64 if BD <= 128 else (32 if BD <= 256 else 16)
+    chunks = triton.cdiv(R, BN)
+    per_split = triton.cdiv(chunks, max(1, 128 // HKV))
+    splits = triton.cdiv(chunks, per_split)
+    part_acc = torch.empty(HKV, splits, row_blocks * BM, BD, device=query.device, dtype=torch.float32)
+    part_m = torch.empty(HKV, splits, row_blocks * BM, device=query.device, dtype=torch.float32)
+    part_l = torch.empty_like(part_m)
+    _ring_split_kernel[(HKV, splits, row_blocks)](
+        query, key_ring, value_ring, positions, part_acc, part_m, part_l, L, R, int(window), float(scaling),
+        key_ring.stride(1), key_ring.stride(2), per_split, G=G, D=D, BD=BD, BM=BM, BN=BN,
+        IEEE=query.dtype == torch.float32 or not _libdevice(), num_warps=4)
+    out = torch.empty(1, L, HQ, D, device=query.device, dtype=value_ring.dtype)
+    _ring_merge_kernel[(HKV, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, row_blocks * BM, G=G, D=D,
+                                     BD=BD, BS=_next_pow2(splits), num_warps=4)
+    return out
+
+
+__all__ = ["gelu_tanh_mul_triton", "ring_attention_triton"]
