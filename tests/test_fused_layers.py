@@ -413,7 +413,7 @@ def test_target_projections_laid_out_once_equal_the_modules(arch, bias, monkeypa
 def test_wrapped_target_projection_runs_as_its_module(monkeypatch):
     """A target projection wrapped by an adapter (a Linear subclass adding a delta, as LoRA does) runs as its module,
     with a warning naming it; the other layers keep the concatenated GEMMs; tokens = HF greedy."""
-    from fold_hf.generation import weight_layout
+    from fold_hf.targets import weight_layout
 
     class WithDelta(nn.Linear):
         def forward(self, x):
