@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_bench import graphed, measure_bandwidth, percentiles, time_cuda, versions  # noqa: E402
 
-from fold_hf.generation.static_target import bucket_length  # noqa: E402
+from fold_hf.targets.base import bucket_length  # noqa: E402
 from fold_hf.kernels import decode_attention_reference  # noqa: E402
 
 T0 = time.time()

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fold_hf  # noqa: E402
 from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig  # noqa: E402
-from fold_hf.generation.taps import HiddenTaps, decoder_layers  # noqa: E402
+from fold_hf.targets.taps import HiddenTaps, decoder_layers  # noqa: E402
 from fold_hf.modeling.drafter import execution_device  # noqa: E402
 from fold_hf.training import dflash_loss, sample_anchors  # noqa: E402
 

@@ -2,7 +2,7 @@
 Llama-3.1-8B shape (batch 1, one row), timed with and without PDL and for each place a kernel lets its successor
 launch (``$FOLD_HF_PDL_MODE``, :data:`fold_hf.kernels.triton_pdl.MODES`).
 
-Per layer, as ``static_target._forward_static_fused`` launches them: residual add + RMSNorm -> q|k|v (skinny GEMM) ->
+Per layer, as ``targets.llama._forward_static_fused`` launches them: residual add + RMSNorm -> q|k|v (skinny GEMM) ->
 rope and cache write -> decode attention (split + merge) over ``--context`` cached entries -> o -> add + norm ->
 gate|up + SiLU -> down; ``--layers`` layers with their own random bf16 weights (so nothing stays in L2 between
 layers), then the final norm. No lm_head, embedding or sampling: this is the chain PDL changes. Also the same chain

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_bench import versions  # noqa: E402
 
 from fold_hf import FoldConfig  # noqa: E402
-from fold_hf.generation.taps import HiddenTaps  # noqa: E402
+from fold_hf.targets.taps import HiddenTaps  # noqa: E402
 from fold_hf.modeling.drafter import FoldDrafter  # noqa: E402
 from fold_hf.train_drafter import TrainSettings, drafter_config_for  # noqa: E402
 from fold_hf.training import dflash_loss, sample_anchors  # noqa: E402

@@ -105,7 +105,7 @@ def linear_state_restore(layer, saved: dict) -> None:
 def native_linear_rollback() -> bool:
     """Whether this transformers' linear-attention cache layers roll back their recurrent state themselves (5.25:
     ``activate_past_recording(recurrent_states_to_keep=n)`` records the state after each verified position and
-    ``crop(-m)`` restores it); on older releases fold_hf snapshots and replays (:mod:`fold_hf.generation.rollback`)."""
+    ``crop(-m)`` restores it); on older releases fold_hf snapshots and replays (:mod:`fold_hf.targets.rollback`)."""
     from transformers import cache_utils
 
     mixin = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .generation.taps import HiddenTaps
 from .modeling.drafter import FoldDrafter
 from .modeling.drafter_config import FoldDrafterConfig, default_target_layer_ids
 from .modeling.fold_config import FoldConfig
 from .modeling.validation import target_text_config
+from .targets.taps import HiddenTaps
 from .training import dflash_loss, sample_anchors
 
 

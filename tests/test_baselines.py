@@ -371,10 +371,10 @@ def test_static_retrieval_step_with_the_fused_layer_ops_drafts_what_the_loop_dra
 
 def test_cmr_on_a_target_whose_verify_keeps_no_queries_warns_and_stays_lossless(monkeypatch):
     from fold_hf.generation import fast
-    from fold_hf.generation.static_target import StaticTarget
+    from fold_hf.targets.llama import LlamaStaticTarget
 
     target, drafter = trained_pair("llama")
-    monkeypatch.setattr(StaticTarget, "keep_queries_unsupported", lambda self: "no query tap (test)")
+    monkeypatch.setattr(LlamaStaticTarget, "keep_queries_unsupported", lambda self: "no query tap (test)")
     fast.release_fast_state(target)
     ids = torch.randint(0, MASK_ID, (1, 120), generator=torch.Generator().manual_seed(7))
     fast._WARNED.clear()  # warnings come once per process
@@ -409,7 +409,7 @@ def static_rounds_against_the_loop(drafter, commits, read_function=None, prompt_
     taps, then ``commits[k]`` rows before round k (round 0 commits none); asserts the same proposals every round.
     Returns (static step, loop cache, context length)."""
     from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
-    from fold_hf.generation.taps import HiddenTaps
+    from fold_hf.targets.taps import HiddenTaps
 
     target, _ = trained_pair("llama")
     ids = torch.randint(0, MASK_ID, (1, prompt_length + sum(commits) + 1), generator=torch.Generator().manual_seed(21))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import fold_hf
-from fold_hf.generation.weight_layout import DecodeProjections
+from fold_hf.targets.weight_layout import DecodeProjections
 from fold_hf.kernels.gemm import cpu as cpu_gemm
 from tiny import greedy_reference, mode_config, prompt, trained_pair
 

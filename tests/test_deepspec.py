@@ -23,8 +23,8 @@ from fold_hf.generation import fast as fast_module
 from fold_hf.generation import fast_generate
 from fold_hf.generation.fast import release_fast_state
 from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
-from fold_hf.generation.taps import HiddenTaps
-from fold_hf.generation.targets import gemma
+from fold_hf.targets.taps import HiddenTaps
+from fold_hf.targets import gemma
 from fold_hf.kernels import default_layer_ops
 from deepspec_tiny import (MASK_ID, deepspec_config, deepspec_weights, markov_step_distributions, reference_block,
                            target_bigram, tiny_gemma4_target, write_checkpoint)

@@ -85,7 +85,7 @@ def test_tap_of_the_last_layer_reads_through_the_offloaded_final_norm(dispatched
 
 def _features(target, drafter, ids):
     """``[1, n, n_taps * H]`` tapped hidden states of ``ids`` ``[1, n]``."""
-    from fold_hf.generation.taps import HiddenTaps
+    from fold_hf.targets.taps import HiddenTaps
 
     taps = HiddenTaps(target, drafter.config.target_layer_ids)
     with taps, torch.no_grad():

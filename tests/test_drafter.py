@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fold_hf import FoldConfig
-from fold_hf.generation.taps import HiddenTaps
+from fold_hf.targets.taps import HiddenTaps
 from fold_hf.training import dflash_loss, drafter_block_hidden
 from tiny import MASK_ID, share, tiny_drafter, tiny_target
 

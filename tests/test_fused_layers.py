@@ -19,7 +19,7 @@ from transformers.models.llama import modeling_llama
 
 import fold_hf
 from fold_hf.generation import fast_generate
-from fold_hf.generation.static_target import UnsupportedTarget
+from fold_hf.targets.base import UnsupportedTarget
 from fold_hf.kernels.layer.naive import (
     add_rms_norm_reference,
     rope_write_reference,
@@ -364,12 +364,12 @@ def test_wrapped_drafter_projection_runs_as_its_module(monkeypatch):
 
 # ------------------------------------------------------------------------------ target projections laid out
 def static_logits(target, ids: torch.Tensor, concat: str, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(host-length forward logits, fused static verify logits) of a fresh StaticTarget, with
+    """(host-length forward logits, fused static verify logits) of a fresh LlamaStaticTarget, with
     ``$FOLD_HF_CONCAT_PROJECTIONS=concat``: the prompt but its last 3 tokens, then those 3 as one verify block."""
-    from fold_hf.generation.static_target import StaticTarget
+    from fold_hf.targets.llama import LlamaStaticTarget
 
     monkeypatch.setenv("FOLD_HF_CONCAT_PROJECTIONS", concat)
-    runner = StaticTarget(target, 64)
+    runner = LlamaStaticTarget(target, 64)
     P = ids.shape[1]
     prefill = runner.forward(ids[:, : P - 3], 0)
     verify = runner.forward_static(ids[:, P - 3 :], torch.arange(P - 3, P), 64, attention="triton", fused=True)
@@ -381,7 +381,7 @@ def test_target_projections_laid_out_once_equal_the_modules(arch, bias, monkeypa
     """The static target's q|k|v and gate|up as one GEMM each (fp32, CPU): its parameters become views of the
     concatenated buffers (held once, same values, saved as before), and both its host-length forward and its fused
     verify give the logits of the module-by-module path."""
-    from fold_hf.generation.weight_layout import DecodeProjections
+    from fold_hf.targets.weight_layout import DecodeProjections
 
     target = tiny_target(arch, seed=5, layers=2, dtype=torch.float32)
     if bias:  # biases on q/k/v and gate/up/down too: concatenated with their weights
@@ -413,7 +413,7 @@ def test_target_projections_laid_out_once_equal_the_modules(arch, bias, monkeypa
 def test_wrapped_target_projection_runs_as_its_module(monkeypatch):
     """A target projection wrapped by an adapter (a Linear subclass adding a delta, as LoRA does) runs as its module,
     with a warning naming it; the other layers keep the concatenated GEMMs; tokens = HF greedy."""
-    from fold_hf.generation import weight_layout
+    from fold_hf.targets import weight_layout
 
     class WithDelta(nn.Linear):
         def forward(self, x):
@@ -437,7 +437,7 @@ def test_wrapped_target_projection_runs_as_its_module(monkeypatch):
 
 
 def test_concat_setting_is_checked(monkeypatch):
-    from fold_hf.generation.weight_layout import concat_projections_enabled
+    from fold_hf.targets.weight_layout import concat_projections_enabled
 
     monkeypatch.setenv("FOLD_HF_CONCAT_PROJECTIONS", "yes")
     with pytest.raises(ValueError, match="FOLD_HF_CONCAT_PROJECTIONS"):

@@ -16,8 +16,9 @@ import torch
 import fold_hf
 from fold_hf.generation import fast as fast_module
 from fold_hf.generation.fast import fast_generate, fast_unsupported, release_fast_state
-from fold_hf.generation.static_target import build_static_target
-from fold_hf.generation.targets import gemma
+from fold_hf.targets import gemma
+from fold_hf.targets.base import UnsupportedTarget
+from fold_hf.targets.registry import build_static_target
 from tiny import (GEMMA3_IMAGE_ID, GEMMA4_PLACEHOLDERS, GEMMA_VARIANTS, GEMMA_WINDOW, MASK_ID, PATHS,
                   assert_step_reads_nothing_on_the_host, fit_drafter, greedy_reference, mode_config, run_path, share,
                   tiny_drafter, tiny_target)
@@ -197,7 +198,7 @@ def test_what_the_fast_path_refuses_or_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fast_module.resolve_fused_layers(None, "triton", runner, "static") is False  # once only
-    with pytest.raises(fold_hf.generation.static_target.UnsupportedTarget, match="fused"):
+    with pytest.raises(UnsupportedTarget, match="fused"):
         fast_module.resolve_fused_layers(True, "triton", runner, "static")
     # the drafter's step keeps its fused kernels when only the target's layer type turned them off
     assert fast_module.settings.resolve_fused_drafter(False, None, "triton", runner, "static") is True

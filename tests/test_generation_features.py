@@ -137,7 +137,7 @@ def test_repeated_calls_share_no_state(tiny_pair):
     assert torch.equal(first.sequences, again.sequences)
     assert first.acceptance_lengths == again.acceptance_lengths
     # no hooks left behind on the target
-    from fold_hf.generation.taps import decoder_layers
+    from fold_hf.targets.taps import decoder_layers
 
     layers, _ = decoder_layers(target)
     assert all(len(layer._forward_hooks) == 0 for layer in layers)

@@ -243,7 +243,7 @@ def test_hybrid_kernels_on_gpu(dtype):
 def test_fused_step_matches_the_module_step_in_bf16_on_gpu(arch):
     """One verify of 7 rows after a prefill: the fused step's logits and (Qwen3.5) committed states after accept(n)
     agree with the module step's in bf16 (the fp32 tests check exactness; this catches bf16-only kernel paths)."""
-    from fold_hf.generation.static_target import build_static_target
+    from fold_hf.targets.registry import build_static_target
     from tiny import tiny_target
 
     if arch == "qwen35":

@@ -2,13 +2,17 @@
 no cycle between modules, no cycle between the package's parts, and no arrow from a lower layer up to a higher one.
 
 Layers, lowest first: ``import_utils`` and ``compat`` (what we read of transformers' internals); ``kernels`` (takes tensors, imports nothing from ``modeling``);
-``modeling``; ``generation`` / ``training`` / ``data`` / ``doctor``; ``integrations`` (the one place that patches
+``modeling``; ``targets`` (our forward of each target family, the registry of families, taps, rollback); ``generation`` / ``training`` / ``data`` / ``doctor``; ``integrations`` (the one place that patches
 transformers); the package root; ``bench`` /
 ``train_drafter``; ``commands`` (what each CLI command does); ``cli`` (argparse and dispatch). A part not listed here (a new module) must still not close a cycle.
 
 One arrow is exempt, by design and checked here: :data:`INSTALL_EDGE`, the lazy import inside ``FoldDrafter.__init__``
 that installs the transformers integration when a drafter is created (so ``target.generate(assistant_model=drafter)``
 works whatever was imported).
+
+Modules are imported by import statements, so the graph sees them: ``importlib.import_module`` takes a literal name (an
+edge of the graph like an import statement) except in the few lazy imports of :data:`COMPUTED_IMPORTS`, and never
+names a module under ``fold_hf.targets`` (the target families are imported by ``fold_hf.targets.registry``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ LAYER = {
     "fold_hf.compat": 0,
     "fold_hf.kernels": 1,
     "fold_hf.modeling": 2,
+    "fold_hf.targets": 2.5,
     "fold_hf.generation": 3,
     "fold_hf.training": 3,
     "fold_hf.data": 3,
@@ -39,6 +44,74 @@ LAYER = {
 
 
 INSTALL_EDGE = ("fold_hf.modeling.drafter", "fold_hf.integrations.transformers")
+
+# the imports by a computed name that stay, each bounded: a package's public names imported on first use (the modules
+# are the literal values of its ``_EXPORTS`` table) and kernels' Triton modules (``fold_hf.kernels.<name>``)
+COMPUTED_IMPORTS = {
+    "fold_hf": "_EXPORTS[name]",
+    "fold_hf.bench": "_EXPORTS[name]",
+    "fold_hf.kernels": "f'{__name__}.{name}'",
+}
+FAMILIES = "fold_hf.targets"  # no module under it is imported by a string
+
+
+def _dynamic_imports(tree: ast.AST) -> list[ast.Call]:
+    """Every ``importlib.import_module(...)``, ``import_module(...)`` and ``__import__(...)`` call."""
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in ("import_module", "__import__"):
+                calls.append(node)
+    return calls
+
+
+def _absolute(name: str, module: str, is_package: bool) -> str:
+    """``name`` as ``import_module(name, package)`` resolves it from inside ``module`` (a relative name from the
+    module's package)."""
+    if not name.startswith("."):
+        return name
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    level = len(name) - len(name.lstrip("."))
+    base = package[: len(package) - level + 1]
+    return ".".join(base + ([name.lstrip(".")] if name.lstrip(".") else []))
+
+
+def _literal_targets(module: str, tree: ast.AST, is_package: bool) -> list[str]:
+    """The module names a lazy ``_EXPORTS[name]`` import of ``module`` can reach (its table's literal values)."""
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            values = node.value.values if isinstance(node.value, ast.Dict) else [None]
+            if not all(isinstance(v, ast.Constant) and isinstance(v.value, str) for v in values):
+                return [f"<{module}._EXPORTS has a value that is not a literal string>"]
+            return [_absolute(v.value, module, is_package) for v in values]
+    return [f"<{module} has no _EXPORTS table>"]
+
+
+def _same(expression: str, node: ast.expr) -> bool:
+    """Whether ``node`` is the expression written ``expression`` (compared as trees, not as text)."""
+    return ast.dump(ast.parse(expression, mode="eval").body) == ast.dump(node)
+
+
+def computed_import_problems(module: str, source: str, is_package: bool = False) -> list[str]:
+    """What is wrong with ``module``'s imports by name: a computed name outside :data:`COMPUTED_IMPORTS`, or a name
+    (literal, or a value of its ``_EXPORTS`` table) under :data:`FAMILIES`."""
+    tree = ast.parse(source)
+    problems = []
+    for call in _dynamic_imports(tree):
+        arg = call.args[0]
+        where = f"{module}:{call.lineno}"
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            names = [_absolute(arg.value, module, is_package)]
+        elif module in COMPUTED_IMPORTS and _same(COMPUTED_IMPORTS[module], arg):
+            names = _literal_targets(module, tree, is_package) if "_EXPORTS" in ast.unparse(arg) else []
+        else:
+            problems.append(f"{where} imports a computed name {ast.unparse(arg)} (import the module by name)")
+            continue
+        problems += [f"{where} imports {n} by a string" for n in names
+                     if n.startswith("<") or n == FAMILIES or n.startswith(FAMILIES + ".")]
+    return problems
 
 
 def modules() -> dict[str, Path]:
@@ -59,7 +132,10 @@ def import_edges(exempt: bool = True) -> dict[str, set[str]]:
     for name, path in mods.items():
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        literal_calls = {c for c in _dynamic_imports(tree)
+                         if isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str)}
+        for node in ast.walk(tree):
             found = []
             if isinstance(node, ast.ImportFrom):
                 base = package[: len(package) - node.level + 1] if node.level else []
@@ -68,6 +144,8 @@ def import_edges(exempt: bool = True) -> dict[str, set[str]]:
                 found += [f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in mods]
             elif isinstance(node, ast.Import):
                 found += [alias.name for alias in node.names]
+            elif node in literal_calls:  # importlib.import_module("fold_hf...") is an import too
+                found.append(_absolute(node.args[0].value, name, path.name == "__init__.py"))
             for target in found:
                 if not target or not (target == "fold_hf" or target.startswith("fold_hf.")):
                     continue
@@ -176,3 +254,39 @@ def test_one_rotate_half():
     written = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if "torch.cat((-" in p.read_text() and p.name != "common.py")
     assert not written, f"rotate_half written again in {written}: use fold_hf.kernels.common.rotate_half"
+
+
+def test_no_module_imported_by_a_computed_name_and_no_family_by_a_string():
+    """Every import by name is visible to the graph: a literal (an edge above) or one of :data:`COMPUTED_IMPORTS`, and
+    none reaches a target family module, so the family registry imports its families by import statements."""
+    problems = []
+    for name, path in modules().items():
+        problems += computed_import_problems(name, path.read_text(), path.name == "__init__.py")
+    assert not problems, "; ".join(problems)
+
+
+def test_the_registry_imports_every_family():
+    """Each module under fold_hf/targets that declares ``ARCHITECTURES`` (a family) is imported by the registry."""
+    families = sorted(name for name, path in modules().items() if name.startswith("fold_hf.targets.")
+                      and any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "ARCHITECTURES"
+                                                                for t in n.targets)
+                              for n in ast.parse(path.read_text()).body))
+    assert {"fold_hf.targets.llama", "fold_hf.targets.qwen35", "fold_hf.targets.gemma"} <= set(families)
+    registry = import_edges()["fold_hf.targets.registry"]
+    assert not set(families) - {"fold_hf.targets.registry"} - registry, f"families the registry misses: {families}"
+
+
+def test_the_checker_sees_a_family_imported_by_a_string():
+    """The registry of before (a table of module paths, ``importlib.import_module(path)``), a literal family name, and
+    a computed name in a package that has no such lazy import all fail; a lazy export table may not name a family."""
+    old = ('import importlib\nFAMILIES = {"Gemma3ForCausalLM": "fold_hf.targets.gemma"}\n'
+           "def family(name):\n    return importlib.import_module(FAMILIES[name]).register()[name]\n")
+    assert computed_import_problems("fold_hf.generation.static_target", old)
+    literal = "from importlib import import_module\nqwen = import_module('..targets.qwen35', __name__)\n"
+    assert computed_import_problems("fold_hf.generation.loop", literal)
+    assert computed_import_problems("fold_hf.targets.registry", "import importlib\nimportlib.import_module('.gemma', __package__)\n")
+    exports = ('import importlib\n_EXPORTS = {"x": ".targets.gemma"}\n'
+               "def __getattr__(name):\n    return importlib.import_module(_EXPORTS[name], __name__)\n")
+    assert computed_import_problems("fold_hf", exports, is_package=True) == [
+        "fold_hf:4 imports fold_hf.targets.gemma by a string"]
+    assert not computed_import_problems("fold_hf", exports.replace(".targets.gemma", ".modeling"), is_package=True)

@@ -5,7 +5,7 @@ import torch
 
 import fold_hf
 from fold_hf import FoldConfig
-from fold_hf.generation.taps import HiddenTaps
+from fold_hf.targets.taps import HiddenTaps
 from tiny import MASK_ID, trained_pair
 
 peft = pytest.importorskip("peft", reason="peft is an optional extra (pip install -e '.[peft]')")

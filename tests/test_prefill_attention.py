@@ -6,7 +6,7 @@ cache prefix, causal, GQA, optional sliding window.
   interpreter has no bf16 dot);
 * the SDPA form (the CPU default) against the reference, and the fallback warning when a variant cannot run;
 * :class:`StaticTarget`'s prefill with chunks (the kernel in place of SDPA) against the model's own forward, and
-  the fused prefill chunk (:meth:`StaticTarget._prefill_chunk_fused`, torch twins on the CPU) against the module
+  the fused prefill chunk (:meth:`LlamaStaticTarget._prefill_chunk_fused`, torch twins on the CPU) against the module
   path;
 * GPU (``@pytest.mark.gpu``): the cuDNN / FA2 split with its log-sum-exp merge, and the kernel in bf16 at 8B
   shapes.
@@ -115,12 +115,13 @@ def _hf_logits(model, ids):
 def test_static_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, variant):
     """Chunks of 80 (more rows than a verify block: the prefill attention) over a 230-token prompt: chunk
     boundaries inside the prompt, a short last chunk; the cache and the last logits equal the model's forward."""
-    from fold_hf.generation.static_target import PREFILL_ATTENTION_MIN_ROWS, StaticTarget
+    from fold_hf.targets.base import PREFILL_ATTENTION_MIN_ROWS
+    from fold_hf.targets.llama import LlamaStaticTarget
 
     monkeypatch.setenv(pa.PREFILL_ATTENTION_ENV, variant)
     model = tiny_target("llama", dtype=torch.float32).to(DEVICE)
     ids = torch.randint(0, 10, (1, 230), generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    runner = StaticTarget(model, 256)
+    runner = LlamaStaticTarget(model, 256)
     assert 80 > PREFILL_ATTENTION_MIN_ROWS
     calls = []
     real = pa.prefill_attention
@@ -131,7 +132,7 @@ def test_static_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, varian
     assert calls == [0] * n + [80] * n + [160] * n
     want = _hf_logits(model, ids)[-1]
     assert rel(logits.float(), want.float()) < 1e-4
-    whole = StaticTarget(model, 256)
+    whole = LlamaStaticTarget(model, 256)
     whole.prefill(ids, chunk=256)
     for i in range(len(runner.layers)):
         assert rel(runner.keys[i][:, :, :230], whole.keys[i][:, :, :230]) < 1e-5
@@ -140,14 +141,14 @@ def test_static_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, varian
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_fused_prefill_chunk_matches_module_path(arch):
-    """:meth:`StaticTarget._prefill_chunk_fused` (the fused elementwise ops, torch twins on the CPU, and the prefill
+    """:meth:`LlamaStaticTarget._prefill_chunk_fused` (the fused elementwise ops, torch twins on the CPU, and the prefill
     attention) gives the module path's logits, cache and taps over chunks of 70."""
-    from fold_hf.generation.static_target import StaticTarget
+    from fold_hf.targets.llama import LlamaStaticTarget
 
     model = tiny_target(arch, dtype=torch.float32)
     ids = torch.randint(0, 10, (1, 150), generator=torch.Generator().manual_seed(5))
     taps_ids = [0, 2, len(model.model.layers) - 1]
-    ref, fused = StaticTarget(model, 160, taps_ids), StaticTarget(model, 160, taps_ids)
+    ref, fused = LlamaStaticTarget(model, 160, taps_ids), LlamaStaticTarget(model, 160, taps_ids)
     assert not fused._fused_prefill()  # CPU: the module path by default
     for start in (0, 70, 140):
         piece = ids[:, start : start + 70]
@@ -188,7 +189,7 @@ def test_gpu_triton_window(window):
 def test_gemma_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, arch, variant):
     """Gemma's sliding layers (window 8) and global layers over chunks of 80 (the prefill attention, the window's
     kernel with ``triton``): the last logits equal the model's own forward."""
-    from fold_hf.generation.static_target import build_static_target
+    from fold_hf.targets.registry import build_static_target
 
     monkeypatch.setenv(pa.PREFILL_ATTENTION_ENV, variant)
     model = tiny_target(arch, dtype=torch.float32).to(DEVICE)
@@ -197,7 +198,7 @@ def test_gemma_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, arch, v
     calls = []
     real = pa.prefill_attention
     monkeypatch.setattr(pa, "prefill_attention", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
-    import fold_hf.generation.targets.gemma as gemma
+    import fold_hf.targets.gemma as gemma
 
     monkeypatch.setattr(gemma, "prefill_attention", pa.prefill_attention)
     logits = runner.prefill(ids, chunk=80)

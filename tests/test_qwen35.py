@@ -186,8 +186,8 @@ def test_variant_forwards_match_the_model(arch):
     positions passed), a verify whose rows after the first are rejected (``accept(0)``), the true rows, then the same
     with the device-length step (bucket, decode-kernel twin, fused twins). A wrapper carries rope deltas an image
     request would have left (-3): the positions must not see them."""
-    from fold_hf.generation.static_target import build_static_target
-    from fold_hf.generation.targets.qwen35 import Qwen35StaticTarget
+    from fold_hf.targets.registry import build_static_target
+    from fold_hf.targets.qwen35 import Qwen35StaticTarget
 
     target = tiny_target(arch, seed=2)
     taps, P, L = (1, 3, 7), 21, 4
@@ -228,7 +228,7 @@ def test_variant_forwards_match_the_model(arch):
 def test_moe_block_matches_the_model_float64():
     """The capturable MoE step (router and shared expert modules, experts gathered by device indices) against the
     model's own ``Qwen3_5MoeSparseMoeBlock`` (its eager loop over the experts hit), fp64, every layer, 37 tokens."""
-    from fold_hf.generation.targets.qwen35 import Qwen35StaticTarget
+    from fold_hf.targets.qwen35 import Qwen35StaticTarget
 
     target = tiny_target("qwen35_moe", seed=4)
     x = torch.randn(1, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -246,7 +246,7 @@ def test_moe_step_reads_nothing_on_the_host():
     the model's own experts (their eager loop) cannot, which is what this check catches."""
     from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
-    from fold_hf.generation.static_target import build_static_target
+    from fold_hf.targets.registry import build_static_target
 
     target = tiny_target("qwen35_moe", seed=4)
     runner = build_static_target(target, capacity=64, tap_layer_ids=(1, 3))
@@ -294,7 +294,7 @@ def test_snapshot_rollback_equals_accepted_prefix_only():
     """After a 5-token verify of which 2 tokens are kept, the cache equals one that only ever saw those 2."""
     from transformers import DynamicCache
 
-    from fold_hf.generation.rollback import LinearStateRollback
+    from fold_hf.targets.rollback import LinearStateRollback
 
     target = qwen35_target()
     ids = prompt(11, 14)
@@ -326,7 +326,7 @@ def test_snapshot_rollback_equals_accepted_prefix_only():
 
 def test_static_target_accept_selects_the_position_state():
     """The fast path's verify keeps every position's state; accept(n) equals running only the first n + 1."""
-    from fold_hf.generation.targets.qwen35 import Qwen35StaticTarget
+    from fold_hf.targets.qwen35 import Qwen35StaticTarget
 
     target = qwen35_target()
     ids, block = prompt(21, 13), prompt(22, 4)

@@ -53,7 +53,7 @@ def test_static_sliding_step_equals_eager_drafts():
     """Draft by draft: the static step's tokens equal the eager drafter's greedy tokens at several context lengths."""
     from fold_hf.generation.static_drafter import StaticDrafter, commit_context, preallocated_cache
     from fold_hf.kernels import default_layer_ops
-    from fold_hf.generation.taps import HiddenTaps
+    from fold_hf.targets.taps import HiddenTaps
 
     target, drafter = sliding_pair()
     for mode in ("fold", "streaming", "rerope"):

@@ -263,7 +263,8 @@ def _oracle(monkeypatch, drafter, ref):
 def test_the_round_loop_rolls_back_by_the_release_mechanism_or_ours(rollback, monkeypatch):
     """Forced partial acceptances (every count 1..B) on the round loop: with transformers' own recording where this
     release has it (5.25), and with our snapshot + replay (what 5.17 runs; forced here on any release)."""
-    from fold_hf.generation import loop, rollback as rollback_module
+    from fold_hf.generation import loop
+    from fold_hf.targets import rollback as rollback_module
 
     if rollback == "transformers" and not compat.native_linear_rollback():
         pytest.skip(f"transformers {compat.TRANSFORMERS_VERSION} records no recurrent states (ours runs)")

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 import fold_hf
 from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig
-from fold_hf.generation.taps import HiddenTaps
+from fold_hf.targets.taps import HiddenTaps
 from fold_hf.training import dflash_loss, sample_anchors
 
 VOCAB = 12

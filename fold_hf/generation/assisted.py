@@ -8,7 +8,7 @@ makes ``GenerationMixin._get_candidate_generator`` return :class:`FoldCandidateG
 Hybrid targets (Qwen3.5: linear-attention layers with recurrent state): on transformers 5.25 the cache records the
 state after every verified position itself (``activate_past_recording(recurrent_states_to_keep=``
 :attr:`FoldCandidateGenerator.num_drafting_tokens` ``)``, called by the assisted loop) and ``crop`` restores it; on
-older releases the target's cache becomes a rolling-back cache (:func:`fold_hf.generation.rollback.make_rollback_cache`):
+older releases the target's cache becomes a rolling-back cache (:func:`fold_hf.targets.rollback.make_rollback_cache`):
 the generator snapshots the linear states before each verify, ``crop`` restores them, and the generator replays the
 accepted tokens.
 
@@ -28,8 +28,8 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..modeling.drafter import FoldDrafter
 from ..modeling.retrieval import TargetAttentionProbe, retrieval_state
-from .targets.gemma import slices_before_taps
-from .taps import HiddenTaps, _unwrap
+from ..targets.gemma import slices_before_taps
+from ..targets.taps import HiddenTaps, _unwrap
 
 class FoldCandidateGenerator(CandidateGenerator):
     """Drafts a block per round with a :class:`FoldDrafter`; only accepted positions enter its cache."""

@@ -22,13 +22,13 @@ from ..compat import activate_linear_recording, native_linear_rollback
 from ..modeling.drafter import FoldDrafter
 from ..modeling.fold_config import FoldConfig
 from ..modeling.retrieval import target_attention_probe
+from ..targets.gemma import slices_before_taps
+from ..targets.registry import prepare_text_request
+from ..targets.rollback import LinearStateRollback, crop_attention_layers, has_linear_state
+from ..targets.taps import HiddenTaps, _unwrap
 from .request import drafter_for_call, new_token_budget, warn_past_context
-from .rollback import LinearStateRollback, crop_attention_layers, has_linear_state
 from .rounds import decode, eager_rounds, num_proposals
 from .sampling import Sampling, TokenChoice
-from .static_target import prepare_text_request
-from .taps import HiddenTaps, _unwrap
-from .targets.gemma import slices_before_taps
 from .tracker import StopStrings, Tracker, eos_ids
 
 

@@ -43,7 +43,7 @@ from ..modeling.cache import FoldCache
 from ..modeling.drafter import FoldDrafter
 from ..modeling.read_plan import RERoPE_LOG_BASE
 from ..modeling.rope import compute_dtype
-from .weight_layout import concatenated_rows as _fuse_rows
+from ..targets.weight_layout import concatenated_rows as _fuse_rows
 
 STATIC_MODES = ("fold", "window", "dflash", "rerope", "yarn", "streaming", "infllm", "cmr")
 CUT_SLOT = 6  # state slot receiving the proposals a DeepSpec confidence threshold keeps (the fast loop reads it)

@@ -21,7 +21,7 @@ CMR (:class:`CMRRounds`, every layer)
     counts drafting rounds and picks the round's captured step: ``initial`` (the most recent chunks), ``refresh``
     (every ``cmr_refresh`` rounds: the softmax of the target's query at ``t - 1`` in its last full-attention layer
     over the target's cached keys, heads averaged, mean per chunk, the best chunks; the query is kept by the verify
-    step of cmr requests only, :meth:`~fold_hf.generation.static_target.StaticTarget.keep_queries`) or ``grow``
+    step of cmr requests only, :meth:`~fold_hf.targets.base.StaticTarget.keep_queries`) or ``grow``
     (chunks started since the selection join it). The selected entries are gathered into a fixed-size buffer,
     valid ones first, and read renumbered ``0 .. K-1`` with the block right after them.
 """

@@ -24,11 +24,11 @@ from transformers.generation.utils import GenerationMixin
 
 from ..compat import require_generation_hooks
 from ..generation.assisted import FoldCandidateGenerator
-from ..generation.rollback import make_rollback_cache, target_has_linear_state
 from ..generation.routing import NOT_ROUTED, route_generate, transformers_path
 from ..modeling import attention
 from ..modeling.drafter import FoldDrafter
 from ..modeling.validation import validate_pair
+from ..targets.rollback import make_rollback_cache, target_has_linear_state
 
 _INSTALLED_ATTR = "_fold_hf_installed"
 

@@ -1,5 +1,5 @@
 """Where a transformers causal LM keeps its decoder layers: found once here for every part that hooks the target
-(the hidden-state taps of :mod:`fold_hf.generation.taps`, the target-attention probe of
+(the hidden-state taps of :mod:`fold_hf.targets.taps`, the target-attention probe of
 :mod:`fold_hf.modeling.retrieval`)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM through its own ``forward``):
 
-* the target runs through :class:`~fold_hf.generation.static_target.StaticTarget`: our forward over the
+* the target runs through its family's :class:`~fold_hf.targets.base.StaticTarget`: our forward over the
   model's own modules with a preallocated KV cache; rollback rewinds a length;
 * the drafter's :class:`~fold_hf.modeling.cache.FoldCache` is preallocated for the whole request (nothing
   reallocates) and the prompt's context is committed chunk by chunk during the prefill;
@@ -43,11 +43,10 @@ What changes against :mod:`fold_hf.generation.loop` (which runs any causal LM th
 * ``drafter=None`` is autoregressive decoding on the same machinery (block size 1), so AR and speculative
   timings compare like with like.
 
-Targets: the Llama family (see :data:`SUPPORTED_ARCHITECTURES`) and the families registered in
-:data:`~fold_hf.generation.static_target.TARGET_FAMILIES` (Gemma-3 / Gemma-4 text: :mod:`fold_hf.generation.targets.gemma`, with ring caches
-for sliding layers; Qwen3.5: :mod:`fold_hf.generation.targets.qwen35`, whose
-verify keeps the linear-attention state of every block position (fused layers: the block's inputs) and
-``accept(n)`` selects (re-runs) the accepted one on the device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
+Targets: the families of :data:`fold_hf.targets.registry.FAMILIES`: the Llama family (:mod:`fold_hf.targets.llama`;
+its architectures are :data:`SUPPORTED_ARCHITECTURES`), Gemma-3 / Gemma-4 text (:mod:`fold_hf.targets.gemma`, with ring
+caches for sliding layers), Qwen3.5 (:mod:`fold_hf.targets.qwen35`, whose verify keeps the linear-attention state
+of every block position (fused layers: the block's inputs) and ``accept(n)`` selects (re-runs) the accepted one on the device, inside the captured verify); batch 1; anything else raises a ValueError saying why (use
 :func:`fold_hf.generate` for those). The round loop of the eager engine is
 :func:`fold_hf.generation.rounds.eager_rounds`, the one :func:`fold_hf.generate` runs; EOS, stop strings, streamers
 and the returned :class:`GenerationResult` come from :class:`~fold_hf.generation.tracker.Tracker`.
@@ -63,7 +62,7 @@ request's rounds: host-length or device-length), :mod:`.device_rounds` (the stat
 
 from __future__ import annotations
 
-from ..static_target import SUPPORTED_ARCHITECTURES
+from ...targets.llama import ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from .api import ENGINES, fast_generate, fast_unsupported
 from .device_rounds import Launched
 from .session import KEPT_DRAFT_MODES, SESSION_ATTR, drafter_cache_of, release_fast_state, session_for

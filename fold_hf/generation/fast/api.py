@@ -10,11 +10,12 @@ import torch
 
 from ...modeling.drafter import FoldDrafter
 from ...modeling.fold_config import FoldConfig
+from ...targets.base import PREFILL_CHUNK, UnsupportedTarget
+from ...targets.registry import check_target
 from ..request import drafter_for_call, new_token_budget, warn_past_context
 from ..rounds import decode, num_proposals
 from ..sampling import Sampling, TokenChoice
 from ..static_drafter import commit_context
-from ..static_target import PREFILL_CHUNK, UnsupportedTarget, check_target
 from ..stats import GenerationResult
 from ..tracker import StopStrings, Tracker, eos_ids
 from .engine import StaticRunner, run_rounds

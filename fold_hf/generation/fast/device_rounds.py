@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 
 from ...modeling.retrieval import last_full_attention_layer
+from ...targets.base import StaticTarget, bucket_length
 from ..rounds import num_proposals, propose
 from ..sampling import TokenChoice
 from ..static_drafter import CUT_SLOT
-from ..static_target import StaticTarget, bucket_length
 from ..tracker import Tracker
 from .session import Session
 from .settings import pipelined_rounds_enabled

@@ -9,9 +9,9 @@ import contextlib
 import torch
 
 from ...modeling.retrieval import TargetAttentionProbe, retrieval_state
+from ...targets.base import StaticTarget
 from ..rounds import eager_rounds
 from ..sampling import TokenChoice
-from ..static_target import StaticTarget
 from ..tracker import Tracker
 from .device_rounds import static_rounds
 from .session import Session

@@ -11,6 +11,7 @@ from ...kernels.fold_read.naive import fold_read_geometry_reference
 from ...modeling.cache import FoldCache
 from ...modeling.drafter import FoldDrafter
 from ...modeling.rope import compute_dtype
+from ...targets.registry import build_static_target
 from ..graphs import CapturedStep, EagerStep
 from ..static_drafter import (
     StaticDrafter,
@@ -19,7 +20,6 @@ from ..static_drafter import (
     preallocated_cache,
     static_drafter_unsupported,
 )
-from ..static_target import build_static_target
 from .settings import warn_once
 
 ENGINES = ("eager", "static", "graphs")

@@ -9,7 +9,7 @@ import warnings
 import torch
 
 from ...kernels import triton_kernels_enabled
-from ..static_target import TARGET_ATTENTIONS, StaticTarget, UnsupportedTarget
+from ...targets.base import TARGET_ATTENTIONS, StaticTarget, UnsupportedTarget
 
 _WARNED: set[str] = set()
 

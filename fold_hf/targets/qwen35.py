@@ -38,7 +38,7 @@ The same runner takes the MoE variant and the multimodal wrappers (text-only ids
 * ``Qwen3_5MoeForCausalLM``: the cache is dense Qwen3.5's; only the MLP differs: every layer's ``mlp`` is a
   ``Qwen3_5MoeSparseMoeBlock``: a router ``gate`` (``softmax`` in fp32 over ``E`` experts, top-k, the k weights
   renormalised to sum to 1; the model's own module), the routed experts (stacked ``gate_up_proj [E, 2 I, H]`` /
-  ``down_proj [E, H, I]``, run by :func:`~fold_hf.generation.targets.moe.stacked_experts`: gather by the device
+  ``down_proj [E, H, I]``, run by :func:`~fold_hf.targets.moe.stacked_experts`: gather by the device
   indices + batched matmuls, no host read, fixed shapes) and a shared expert (the model's MLP module) scaled by
   ``sigmoid(shared_expert_gate(x))``: ``mlp(x) = experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
 * ``Qwen3_5ForConditionalGeneration`` / ``Qwen3_5MoeForConditionalGeneration``: the config nests the text model's
@@ -51,7 +51,7 @@ The same runner takes the MoE variant and the multimodal wrappers (text-only ids
   transformers' loop, saying why).
 
 Not covered (``check`` says so): activations other than silu, experts stored in another layout
-(:func:`~fold_hf.generation.targets.moe.experts_unsupported`).
+(:func:`~fold_hf.targets.moe.experts_unsupported`).
 """
 
 from __future__ import annotations
@@ -59,11 +59,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...compat import has_norm_epsilon, norm_epsilon
-from ...modeling.rope import compute_dtype
-from ..static_target import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
-from ..taps import HiddenTaps, _unwrap
+from ..compat import has_norm_epsilon, norm_epsilon
+from ..modeling.rope import compute_dtype
+from .base import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
+from .common import tap_writer, wrapped_text_parts
 from .moe import experts_unsupported, stacked_experts
+from .taps import HiddenTaps, _unwrap
 
 # the multimodal wrappers: text config in config.text_config, text decoder at model.model.language_model
 WRAPPERS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
@@ -78,17 +79,7 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 def text_parts(model):
     """(text config, text decoder) of a Qwen3.5 causal LM or of its multimodal wrapper; raises
     :class:`UnsupportedTarget` on an unexpected layout."""
-    name = type(model).__name__
-    if name in WRAPPERS:
-        config = getattr(model.config, "text_config", None)
-        decoder = getattr(getattr(model, "model", None), "language_model", None)
-        where = ".model.language_model"
-    else:
-        config, decoder, where = model.config, getattr(model, "model", None), ".model"
-    if config is None or decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
-        raise UnsupportedTarget(f"{name} has no {where}.layers / {where}.rotary_emb or no text config "
-                                "(unexpected transformers layout)")
-    return config, decoder
+    return wrapped_text_parts(model, WRAPPERS)
 
 
 def prepare_text_request(model) -> None:
@@ -148,7 +139,7 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 class Qwen35StaticTarget(StaticTarget):
-    """:class:`~fold_hf.generation.static_target.StaticTarget` for Qwen3.5 (same interface, batch 1).
+    """:class:`~fold_hf.targets.base.StaticTarget` for Qwen3.5 (same interface, batch 1).
 
     Attention layers keep ``[1, Hkv, capacity, D]`` key/value buffers (``None`` at linear layers); linear layers
     keep ``conv[i] [C, K - 1]`` and ``recurrent[i] [Hv, Dk, Dv]``. Every forward over a block leaves its
@@ -158,23 +149,14 @@ class Qwen35StaticTarget(StaticTarget):
     def __init__(self, target, capacity: int, tap_layer_ids=()) -> None:
         model = _unwrap(target)
         check(model, capacity)
-        config, self.decoder = text_parts(model)
-        self.model = model
-        self.config = config  # the text model's (a wrapper's config.text_config)
-        self.layers = self.decoder.layers
+        config, decoder = text_parts(model)
+        self._setup(model, config, decoder, capacity, tap_layer_ids)  # config: a wrapper's config.text_config
         self.layer_types = list(config.layer_types)
-        self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.final_norm = self.decoder.norm
         attn = next(layer.self_attn for layer, t in zip(self.layers, self.layer_types) if t == "full_attention")
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
-        self.capacity = int(capacity)
-        self.tap_layer_ids = list(tap_layer_ids)
-        weight = self.embed.weight
-        self.device, self.dtype = weight.device, weight.dtype
         self.state_dtype = compute_dtype(self.dtype)
         import sys
 
@@ -211,9 +193,6 @@ class Qwen35StaticTarget(StaticTarget):
             cos, sin = self.decoder.rotary_emb(probe, positions)
         self.cos, self.sin = cos.reshape(-1, self.capacity, cos.shape[-1])[0], sin.reshape(
             -1, self.capacity, sin.shape[-1])[0]  # [capacity, rotary dims]
-        self.length = 0
-        self._decode_attention = None
-        self._layer_ops = None
         self._gated_delta = None
 
     def keep_queries_unsupported(self) -> str | None:
@@ -222,7 +201,7 @@ class Qwen35StaticTarget(StaticTarget):
         return None
 
     def fused_unsupported(self) -> str | None:
-        from ...kernels.layer.naive import is_silu
+        from ..kernels.layer.naive import is_silu
 
         norms = [self.final_norm] + [n for layer in self.layers
                                      for n in (layer.input_layernorm, layer.post_attention_layernorm)]
@@ -267,7 +246,7 @@ class Qwen35StaticTarget(StaticTarget):
     @staticmethod
     def _sparse_moe(mlp, hidden: torch.Tensor) -> torch.Tensor:
         """``Qwen3_5MoeSparseMoeBlock`` of ``hidden [1, L, H]`` as a capturable step: the model's router, shared
-        expert and shared gate modules, the routed experts by :func:`~fold_hf.generation.targets.moe.stacked_experts`
+        expert and shared gate modules, the routed experts by :func:`~fold_hf.targets.moe.stacked_experts`
         (no host read: the experts are gathered by the router's device indices). Same order of operations as the
         model: ``experts(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
         x = hidden.reshape(-1, hidden.shape[-1])
@@ -281,7 +260,7 @@ class Qwen35StaticTarget(StaticTarget):
     def _linear(self, i: int, layer, hidden: torch.Tensor) -> torch.Tensor:
         """Gated DeltaNet over the block ``hidden [1, L, H]`` from the committed state; keeps every position's
         state pending. Returns ``[1, L, H]``."""
-        from ...kernels.gated_delta import default_gated_delta
+        from ..kernels.gated_delta import default_gated_delta
 
         if self._gated_delta is None:
             self._gated_delta = default_gated_delta(self.device)
@@ -342,8 +321,8 @@ class Qwen35StaticTarget(StaticTarget):
         norms, gates, delta rule; no state written) and the fused gated norm; the block's inputs wait in the
         pending buffers for :meth:`accept`. Returns logits ``[L, V]``."""
         if self._hybrid_ops is None:
-            from ...kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
-            from ...kernels.gated_delta.naive import gated_delta_pending
+            from ..kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
+            from ..kernels.gated_delta.naive import gated_delta_pending
 
             reason = self.fused_unsupported()
             if reason is not None:
@@ -360,15 +339,7 @@ class Qwen35StaticTarget(StaticTarget):
         if L > FUSED_MAX_ROWS:
             raise ValueError(f"a fused Qwen3.5 step takes at most {FUSED_MAX_ROWS} rows, got {L}")
         context_length = positions[:1].to(torch.int32)
-        taps = {}
-        for slot, lid in enumerate(self.tap_layer_ids):
-            taps.setdefault(lid, []).append(slot)
-        H = self.config.hidden_size
-
-        def tap(layer_id: int, value: torch.Tensor) -> None:
-            if taps_out is not None:
-                for slot in taps.get(layer_id, ()):
-                    taps_out[:, :, slot * H : (slot + 1) * H] = value
+        tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
 
         self._pending.clear()
         hidden = self.embed(input_ids)
@@ -440,7 +411,7 @@ class Qwen35StaticTarget(StaticTarget):
     def _run_layers(self, input_ids, cos, sin, write_kv, attend, taps_out, last_only):
         hidden = self.embed(input_ids)
         L = input_ids.shape[1]
-        H = hidden.shape[-1]
+        tap = tap_writer(self.tap_layer_ids, hidden.shape[-1], taps_out)
         last_layer = len(self.layers) - 1
         self._pending.clear()
         self._fused_pending = None
@@ -462,9 +433,7 @@ class Qwen35StaticTarget(StaticTarget):
                 hidden = residual + attn.o_proj(out * torch.sigmoid(gate))
             hidden = hidden + self._mlp(layer, layer.post_attention_layernorm(hidden))
             if taps_out is not None and i in self.tap_layer_ids:
-                tapped = self.final_norm(hidden) if i == last_layer else hidden
-                for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
-                    taps_out[:, :, slot * H : (slot + 1) * H] = tapped
+                tap(i, self.final_norm(hidden) if i == last_layer else hidden)
         hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
         return self.lm_head(hidden)[0]
 
@@ -518,10 +487,4 @@ class Qwen35StaticTarget(StaticTarget):
         return logits
 
 
-def register() -> dict:
-    """This family's entry for :data:`fold_hf.generation.static_target.TARGET_FAMILIES`."""
-    return {name: (check, Qwen35StaticTarget) for name in ARCHITECTURES}
-
-
-__all__ = ["ARCHITECTURES", "WRAPPERS", "Qwen35StaticTarget", "check", "prepare_text_request", "register",
-           "text_parts"]
+__all__ = ["ARCHITECTURES", "WRAPPERS", "Qwen35StaticTarget", "check", "prepare_text_request", "text_parts"]

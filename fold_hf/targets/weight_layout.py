@@ -10,7 +10,7 @@ the parameters laid out so and returns a view of the same buffer; after ``.to()`
 its own) it concatenates them again.
 
 Family-free: the drafter's fused step (:func:`fold_hf.generation.static_drafter.fused_projections`) and the static
-target's decode steps (:meth:`fold_hf.generation.static_target.StaticTarget.decode_projections`) both use it; any
+target's decode steps (:meth:`fold_hf.targets.llama.LlamaStaticTarget.decode_projections`) both use it; any
 target family whose layers have q/k/v and gate/up projections can (:func:`decode_projections`).
 
 A model whose parameters became such views saves as before: transformers' ``save_pretrained`` clones tensors that

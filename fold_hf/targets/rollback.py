@@ -19,7 +19,7 @@ rollback here is snapshot and recompute, family-free, on any cache whose layers 
    verified block, restores the snapshot, and replays the ``n + 1`` accepted tokens through the target, so
    every state is exactly the target's state after the accepted prefix. A fully accepted block costs nothing.
 
-The fast path (:mod:`fold_hf.generation.targets.qwen35`) instead computes the state at every block position
+The fast path (:mod:`fold_hf.targets.qwen35`) instead computes the state at every block position
 during the verify and selects the accepted one, without a replay.
 """
 

@@ -44,17 +44,17 @@ wrappers do differently for text (transformers 5.24), and so do we:
 
 **MoE block** (Gemma-4, ``enable_moe_block``): besides the dense MLP each layer has a router (the model's module:
 scale-free norm, ``scale``, projection, fp32 softmax, top-k, renormalised, ``per_expert_scale``) and stacked experts
-(:func:`~fold_hf.generation.targets.moe.stacked_experts`: gathered by the router's device indices, no host read);
+(:func:`~fold_hf.targets.moe.stacked_experts`: gathered by the router's device indices, no host read);
 the feed-forward output is ``post_feedforward_layernorm(post_feedforward_layernorm_1(mlp(pre_ff(h))) +
 post_feedforward_layernorm_2(experts(pre_feedforward_layernorm_2(h))))``, with the router reading ``h`` (the residual
 stream before the MLP), as the model's layer computes it.
 
 Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): bidirectional attention
 (``use_bidirectional_attention`` ``True`` / ``"all"``), length-dependent rope types, experts in another layout
-(:func:`~fold_hf.generation.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the
+(:func:`~fold_hf.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the
 projections stay the model's modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
-(:mod:`fold_hf.kernels.hybrid.triton`; :meth:`GemmaStaticTarget.fused_unsupported` names what they do not cover,
-and the fast loop then warns once and runs the layers on the modules).
+(:mod:`fold_hf.kernels.hybrid.triton`, from :mod:`fold_hf.targets.gemma_fused`, whose ``fused_unsupported`` names what
+they do not cover, and the fast loop then warns once and runs the layers on the modules).
 """
 
 from __future__ import annotations
@@ -65,14 +65,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...compat import has_norm_epsilon, norm_epsilon
-from ...kernels.common import rotate_half
-from ...kernels.prefill_attention import prefill_attention
-from ..static_target import PREFILL_ATTENTION_MIN_ROWS, StaticTarget, UnsupportedTarget
+from ..kernels.common import rotate_half
+from ..kernels.prefill_attention import prefill_attention
+from .base import PREFILL_ATTENTION_MIN_ROWS, TARGET_ATTENTIONS, StaticTarget, UnsupportedTarget
+from .common import tap_writer, wrapped_text_parts
+from .gemma_fused import GemmaFusedLayers
 from .moe import experts_unsupported, stacked_experts
+from .taps import _unwrap
 
-GEMMA_WRAPPERS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration")
-GEMMA_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM") + GEMMA_WRAPPERS
+WRAPPERS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration")
+ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma4ForCausalLM") + WRAPPERS
 RING_SLACK = 64  # ring entries beyond the window: the most rows one verify may write and then roll back, minus one
 # (read when a runner is built: tests set it small so the tiny targets wrap their rings)
 
@@ -80,17 +82,7 @@ RING_SLACK = 64  # ring entries beyond the window: the most rows one verify may 
 def text_parts(model: nn.Module):
     """(text config, text decoder) of a Gemma causal LM or of its multimodal wrapper (``config.text_config``,
     ``model.model.language_model``); raises :class:`UnsupportedTarget` on an unexpected layout."""
-    name = type(model).__name__
-    if name in GEMMA_WRAPPERS:
-        config = getattr(model.config, "text_config", None)
-        decoder = getattr(getattr(model, "model", None), "language_model", None)
-        where = ".model.language_model"
-    else:
-        config, decoder, where = model.config, getattr(model, "model", None), ".model"
-    if config is None or decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
-        raise UnsupportedTarget(f"{name} has no {where}.layers / {where}.rotary_emb or no text config "
-                                "(unexpected transformers layout)")
-    return config, decoder
+    return wrapped_text_parts(model, WRAPPERS)
 
 
 def _text_token_map(model: nn.Module, config) -> tuple[list[int], int] | None:
@@ -155,67 +147,49 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return torch.matmul(probs, values).reshape(1, hq, L, D)
 
 
-def _is_gelu_tanh(act, device, dtype) -> bool:
-    """Whether the MLP's activation module computes ``gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``)."""
-    if type(act).__name__ != "GELUTanh":
-        return False
-    probe = torch.linspace(-6, 6, 97, device=device, dtype=dtype)
-    with torch.no_grad():
-        return torch.equal(act(probe), F.gelu(probe, approximate="tanh"))
+def check(model: nn.Module, capacity: int | None = None) -> None:
+    """Raise :class:`UnsupportedTarget` when :class:`GemmaStaticTarget` cannot run ``model`` (unwrapped)."""
+    name = type(model).__name__
+    config, decoder = text_parts(model)
+    if getattr(config, "enable_moe_block", False):
+        for i, layer in enumerate(decoder.layers):
+            router = getattr(layer, "router", None)
+            if router is None or not hasattr(layer, "experts"):
+                raise UnsupportedTarget(f"{name} with enable_moe_block: layer {i} has no router / experts "
+                                        "(unexpected transformers layout)")
+            reason = experts_unsupported(layer.experts)
+            if reason is not None:
+                raise UnsupportedTarget(f"{name} with enable_moe_block: layer {i}: {reason}; use fold_hf.generate")
+    bidirectional = getattr(config, "use_bidirectional_attention", None)
+    if bidirectional in (True, "all"):
+        raise UnsupportedTarget(f"{name} with use_bidirectional_attention={bidirectional!r} is not causal")
+    rope = getattr(config, "rope_parameters", None) or {}
+    for layer_type in set(config.layer_types):
+        params = rope.get(layer_type) or {}
+        rope_type = params.get("rope_type", "default")
+        if "dynamic" in rope_type or rope_type == "longrope":
+            raise UnsupportedTarget(f"{layer_type} layers use rope_type {rope_type!r}, which changes with the "
+                                    "length; the fast loop needs a fixed rope table")
+    unknown = set(config.layer_types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise UnsupportedTarget(f"{name} has layer types {sorted(unknown)}; the fast loop runs sliding_attention "
+                                "and full_attention layers")
 
 
-class GemmaStaticTarget(StaticTarget):
-    """:class:`StaticTarget` for Gemma-3 / Gemma-4 text targets (module docstring).
+class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
+    """:class:`~fold_hf.targets.base.StaticTarget` for Gemma-3 / Gemma-4 text targets (module docstring; the fused
+    layers in :class:`~fold_hf.targets.gemma_fused.GemmaFusedLayers`).
 
     Per layer ``i``: ``self.windows[i]`` (None for a global layer), ``self.keys[i]`` / ``self.values[i]`` of shape
     ``[1, Hkv_i, capacity, D_i]`` (global) or ``[1, Hkv_i, R_i, D_i]`` (sliding ring), shared tensors for
     KV-shared layers (``self.kv_source[i]`` names the layer that writes them).
     """
 
-    @classmethod
-    def check(cls, model: nn.Module, capacity: int | None = None) -> None:
-        name = type(model).__name__
-        config, decoder = text_parts(model)
-        if getattr(config, "enable_moe_block", False):
-            for i, layer in enumerate(decoder.layers):
-                router = getattr(layer, "router", None)
-                if router is None or not hasattr(layer, "experts"):
-                    raise UnsupportedTarget(f"{name} with enable_moe_block: layer {i} has no router / experts "
-                                            "(unexpected transformers layout)")
-                reason = experts_unsupported(layer.experts)
-                if reason is not None:
-                    raise UnsupportedTarget(f"{name} with enable_moe_block: layer {i}: {reason}; use fold_hf.generate")
-        bidirectional = getattr(config, "use_bidirectional_attention", None)
-        if bidirectional in (True, "all"):
-            raise UnsupportedTarget(f"{name} with use_bidirectional_attention={bidirectional!r} is not causal")
-        rope = getattr(config, "rope_parameters", None) or {}
-        for layer_type in set(config.layer_types):
-            params = rope.get(layer_type) or {}
-            rope_type = params.get("rope_type", "default")
-            if "dynamic" in rope_type or rope_type == "longrope":
-                raise UnsupportedTarget(f"{layer_type} layers use rope_type {rope_type!r}, which changes with the "
-                                        "length; the fast loop needs a fixed rope table")
-        unknown = set(config.layer_types) - {"sliding_attention", "full_attention"}
-        if unknown:
-            raise UnsupportedTarget(f"{name} has layer types {sorted(unknown)}; the fast loop runs sliding_attention "
-                                    "and full_attention layers")
-
     def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:  # noqa: D107
-        from ..taps import _unwrap
-
         model = _unwrap(target)
-        self.check(model, capacity)
-        self.model = model
-        config, self.decoder = text_parts(model)
-        self.config = config  # the text model's (a wrapper's config.text_config)
-        self.layers = self.decoder.layers
-        self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.final_norm = self.decoder.norm
-        self.capacity = int(capacity)
-        self.tap_layer_ids = list(tap_layer_ids)
-        weight = self.embed.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        check(model, capacity)
+        config, decoder = text_parts(model)
+        self._setup(model, config, decoder, capacity, tap_layer_ids)  # config: a wrapper's config.text_config
         self.num_heads = config.num_attention_heads
         self.layer_types = list(config.layer_types)
         self.final_softcap = getattr(config, "final_logit_softcapping", None) if _applies_final_softcap(model) else None
@@ -266,49 +240,10 @@ class GemmaStaticTarget(StaticTarget):
                 cos, sin = self.decoder.rotary_emb(probe, positions, layer_type)
                 self.tables[layer_type] = (cos[0], sin[0])  # [capacity, D_type]
         self.cos, self.sin = self.tables[self.layer_types[0]]
-        self.length = 0
-        self._decode_attention = None
-        self._layer_ops = None
         self._hybrid_ops = None
         self._norm_offset = None
 
     # ------------------------------------------------------------------ what the shared machinery asks
-    def fused_unsupported(self) -> str | None:
-        """Why the fused Gemma layers (:mod:`fold_hf.kernels.hybrid.triton`) cannot run this target, or None."""
-        kinds = {"Gemma3RMSNorm": 1.0, "Gemma4RMSNorm": 0.0}
-        offsets = set()
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            norms = [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
-                     layer.post_feedforward_layernorm, attn.q_norm]
-            for name in ("k_norm", "v_norm"):  # KV-shared layers have neither
-                if getattr(attn, name, None) is not None:
-                    norms.append(getattr(attn, name))
-                    if norm_epsilon(getattr(attn, name)) != norm_epsilon(attn.q_norm):
-                        return f"layer {i}: q and {name} norms with different eps"
-            if self.ple:
-                norms.append(layer.post_per_layer_input_norm)
-            for norm in norms:
-                kind = type(norm).__name__
-                if kind not in kinds or not has_norm_epsilon(norm):
-                    return f"layer {i}: norm {kind} is not a Gemma RMSNorm"
-                weight = getattr(norm, "weight", None)
-                if weight is not None and weight.dtype != self.dtype:
-                    return f"layer {i}: norm weights in {weight.dtype}, activations in {self.dtype}"
-                offsets.add(kinds[kind])
-            mlp = layer.mlp
-            if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
-                return f"layer {i}: MLP {type(mlp).__name__} is not gate/up/down"
-            if not _is_gelu_tanh(mlp.act_fn, self.device, self.dtype):
-                return f"layer {i}: MLP activation {type(mlp.act_fn).__name__} is not GELU-tanh"
-        if len(offsets) != 1:
-            return "norms of both Gemma kinds in one model"
-        self._norm_offset = offsets.pop()
-        for layer_type, (cos, _) in self.tables.items():
-            if cos.shape[-1] % 2:
-                return f"{layer_type} rope table of odd width {cos.shape[-1]}"
-        return None
-
     def bytes_held(self) -> int:
         unique = {id(t): t for t in self.keys + self.values}
         return sum(t.numel() * t.element_size() for t in unique.values())
@@ -347,11 +282,21 @@ class GemmaStaticTarget(StaticTarget):
         hit = (input_ids[..., None] == ids).any(-1)
         return torch.where(hit, torch.full_like(input_ids, replacement), input_ids)
 
+    def _embed(self, input_ids: torch.Tensor):
+        """``(hidden [1, L, H], per-layer inputs [1, L, n_layers, d] or None)`` of ``input_ids [1, L]``: the text
+        ids (:meth:`_text_ids`) through the model's scaled embedding, and Gemma-4's per-layer inputs (PLE)."""
+        input_ids = self._text_ids(input_ids)
+        hidden = self.embed(input_ids)
+        if not self.ple:
+            return hidden, None
+        per_layer = self.decoder.get_per_layer_inputs(input_ids, hidden)
+        return hidden, self.decoder.project_per_layer_inputs(hidden, per_layer)
+
     @staticmethod
     def _moe_branch(layer, mlp_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The feed-forward output before ``post_feedforward_layernorm``: ``mlp_out`` itself, or with Gemma-4's MoE
         block ``post_ff_1(mlp_out) + post_ff_2(experts(pre_ff_2(residual)))``, the router reading ``residual`` (the
-        stream before the MLP); the experts by :func:`~fold_hf.generation.targets.moe.stacked_experts`."""
+        stream before the MLP); the experts by :func:`~fold_hf.targets.moe.stacked_experts`."""
         if not getattr(layer, "enable_moe_block", False):
             return mlp_out
         flat = residual.reshape(-1, residual.shape[-1])
@@ -376,14 +321,9 @@ class GemmaStaticTarget(StaticTarget):
     def _run_layers(self, input_ids: torch.Tensor, positions, write_kv, attend, taps_out, last_only: bool):
         """Shared body of every forward: ``write_kv(i, k, v)`` stores layer i's new entries, ``attend(i, q)`` returns
         ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (``[1, V]`` with ``last_only``), soft-capped as the model."""
-        input_ids = self._text_ids(input_ids)
-        hidden = self.embed(input_ids)
-        per_layer = None
-        if self.ple:
-            per_layer = self.decoder.project_per_layer_inputs(
-                hidden, self.decoder.get_per_layer_inputs(input_ids, hidden))  # [1, L, n_layers, d]
+        hidden, per_layer = self._embed(input_ids)
         L = input_ids.shape[1]
-        H = hidden.shape[-1]
+        tap = tap_writer(self.tap_layer_ids, hidden.shape[-1], taps_out)
         last_layer = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(hidden), positions)
@@ -393,9 +333,7 @@ class GemmaStaticTarget(StaticTarget):
             hidden = self._tail(layer, hidden, layer.self_attn.o_proj(out),
                                 per_layer[:, :, i] if per_layer is not None else None)
             if taps_out is not None and i in self.tap_layer_ids:
-                tapped = self.final_norm(hidden) if i == last_layer else hidden
-                for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
-                    taps_out[:, :, slot * H : (slot + 1) * H] = tapped
+                tap(i, self.final_norm(hidden) if i == last_layer else hidden)
         hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
         logits = self.lm_head(hidden)[0]
         if self.final_softcap is not None:
@@ -502,8 +440,6 @@ class GemmaStaticTarget(StaticTarget):
         ``bucket`` (``attention="bucket"``) or through the decode kernel (``"triton"``). ``fused=True`` raises
         :class:`UnsupportedTarget`.
         """
-        from ..static_target import TARGET_ATTENTIONS
-
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
         if fused and attention != "triton":
@@ -514,7 +450,7 @@ class GemmaStaticTarget(StaticTarget):
                              f"({self.ring_slack} + 1)")
         use_kernel = attention == "triton"
         if use_kernel and self._decode_attention is None:
-            from ...kernels import default_decode_attention
+            from ..kernels import default_decode_attention
 
             self._decode_attention = default_decode_attention(self.device)
         if fused:
@@ -557,96 +493,3 @@ class GemmaStaticTarget(StaticTarget):
 
         return self._run_layers(input_ids, positions, write_kv, self._keeping_queries(attend), taps_out,
                                 last_only=False)
-
-    def _forward_static_fused(self, input_ids, positions, bucket: int, taps_out) -> torch.Tensor:
-        """The device-length forward with fused layers: per layer the projections, one kernel for the q/k/v norms,
-        rope and the (ring) cache write, the ring attention kernel (sliding layers, two launches) or the decode
-        kernel (global layers), one kernel for the sandwich norm + residual + next norm after the attention and one
-        after the MLP (with ``layer_scalar``), GELU-tanh fused with ``up``. Per-layer inputs (PLE) keep their gate
-        and projection on the modules."""
-        if self._hybrid_ops is None:
-            from ...kernels import default_hybrid_ops
-
-            reason = self.fused_unsupported()
-            if reason is not None:
-                raise UnsupportedTarget(f"fused layers: {reason}")
-            self._hybrid_ops = default_hybrid_ops(self.device)
-        ops, decode = self._hybrid_ops, self._decode_attention
-        offset = self._norm_offset
-        context_length = positions[:1].to(torch.int32)
-        block_kv = {}
-        L = input_ids.shape[1]
-        H = self.config.hidden_size
-        input_ids = self._text_ids(input_ids)
-        hidden = self.embed(input_ids)
-        per_layer = None
-        if self.ple:
-            per_layer = self.decoder.project_per_layer_inputs(
-                hidden, self.decoder.get_per_layer_inputs(input_ids, hidden))  # [1, L, n_layers, d]
-
-        def weight(norm):
-            return getattr(norm, "weight", None)
-
-        first = self.layers[0].input_layernorm
-        hidden, normed = ops.residual_norm(hidden, None, weight(first), norm_epsilon(first), offset)
-        n_layers = len(self.layers)
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            D = self.head_dims[i]
-            cos, sin = self.tables[self.layer_types[i]]
-            q = attn.q_proj(normed).view(1, L, -1, D)
-            if self.kv_source[i] == i:
-                raw_k = attn.k_proj(normed).view(1, L, -1, D)
-                v_proj = getattr(attn, "v_proj", None)
-                raw_v = v_proj(normed).view(1, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
-                q, k, v = ops.head_norm_rope_write(q, raw_k, raw_v, weight(attn.q_norm), weight(attn.k_norm),
-                                                   norm_epsilon(attn.q_norm), offset, cos, sin, positions, self.keys[i],
-                                                   self.values[i],
-                                                   norm_value=getattr(attn, "v_norm", None) is not None)
-                block_kv[i] = (k, v)
-            else:
-                q, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None,
-                                                   norm_epsilon(attn.q_norm), offset,
-                                                   cos, sin, positions, None, None)
-            src = self.kv_source[i]
-            if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
-                self.query_keep[1][:, :, :L].copy_(q)
-            if self.windows[i] is not None:
-                out = ops.ring_attention(q, self.keys[src], self.values[src], positions, self.windows[i],
-                                         self.scalings[i])
-            else:
-                k, v = block_kv[src]
-                out = decode(q, self.keys[src], self.values[src], k, v, context_length, scaling=self.scalings[i],
-                             max_context_length=bucket)
-            out = out.reshape(1, L, -1)  # [1, L, Hq, D] from both kernels
-            post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
-            hidden, normed = ops.residual_norm(hidden, attn.o_proj(out), weight(pre), norm_epsilon(pre), offset,
-                                               delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True)
-            mlp = layer.mlp
-            delta = mlp.down_proj(ops.gelu_tanh_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
-            delta = self._moe_branch(layer, delta, hidden)  # Gemma-4's MoE block on the modules (else delta)
-            after = self.layers[i + 1].input_layernorm if i + 1 < n_layers else self.final_norm
-            post = layer.post_feedforward_layernorm
-            scalar = getattr(layer, "layer_scalar", None)
-            if per_layer is not None:
-                hidden, _ = ops.residual_norm(hidden, delta, None, norm_epsilon(post), offset, norm_out=False,
-                                              delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True)
-                gated = layer.act_fn(layer.per_layer_input_gate(hidden)) * per_layer[:, :, i]
-                delta, post = layer.per_layer_projection(gated), layer.post_per_layer_input_norm
-            hidden, normed = ops.residual_norm(hidden, delta, weight(after), norm_epsilon(after), offset,
-                                               delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True,
-                                               scalar=scalar)
-            if taps_out is not None and i in self.tap_layer_ids:
-                tapped = normed if i == n_layers - 1 else hidden  # the last layer's tap is after the final norm
-                for slot in (n for n, lid in enumerate(self.tap_layer_ids) if lid == i):
-                    taps_out[:, :, slot * H : (slot + 1) * H] = tapped
-        logits = self.lm_head(normed)[0]
-        if self.final_softcap is not None:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return logits
-
-
-def register() -> dict:
-    """{architecture: (check(model, capacity), runner class)} for :data:`~fold_hf.generation.static_target.
-    TARGET_FAMILIES`."""
-    return {name: (GemmaStaticTarget.check, GemmaStaticTarget) for name in GEMMA_ARCHITECTURES}

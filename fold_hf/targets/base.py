@@ -1,0 +1,337 @@
+"""`StaticTarget`: our own forward of a target over its own weights with a preallocated KV cache, family-free.
+
+transformers' ``forward`` costs tens of milliseconds of Python per step at 8B scale (docs/design.md §6) and its
+``DynamicCache`` reallocates; neither can be captured in a CUDA graph. A family runner (:mod:`fold_hf.targets.llama`,
+:mod:`~fold_hf.targets.qwen35`, :mod:`~fold_hf.targets.gemma`; :mod:`fold_hf.targets.registry` says which runs an
+architecture) calls the model's own submodules, so every weight is the model's own (no copies, PEFT wrappers
+included) and the numerics follow the model's; only the cache and the attention are ours. This base class holds what
+does not depend on the family:
+
+* KV cache: one ``[1, Hkv, capacity, D]`` key and value buffer per layer, keys stored rotated as transformers
+  stores them. Rollback = rewind a length: entries past the length are never read and get overwritten.
+* RoPE: the model's rotary embedding evaluated once for positions ``0 .. capacity-1`` (elementwise, so a table
+  lookup gives the same values as calling it per step).
+* Attention, two forms, around the family's ``_run_layers`` (its layers, given how to write and read the cache):
+  - ``forward`` (host lengths): SDPA over the exact prefix ``[0, start + Lq)``; no mask for one query (flash
+    decoding), a lower-right causal bias for several.
+  - ``forward_static`` (device lengths, fixed shapes, CUDA-graph friendly): positions come from a device
+    tensor; attention reads a fixed *bucket* of the cache ``[0, S)`` with a mask built on device from the
+    positions. Buckets grow with the context (length dispatch, :func:`bucket_length`) so a short context does not
+    pay for the whole capacity. The query heads of one KV head are stacked as rows, so GQA reads each KV head once.
+    ``attention="triton"``: a split-context decode kernel
+    (:func:`fold_hf.kernels.fold_read.triton.decode_attention_triton`; its torch twin off CUDA) reads the cache
+    prefix ``[0, start)`` up to a length it loads from the device, plus the block's own keys causally, so no
+    ``[Hkv, G * L, S]`` fp32 score tensor is written; the bucket then only sizes the kernel's splits.
+    ``fused=True``: the family's fused layers (:meth:`StaticTarget.fused_unsupported` says why not).
+* Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
+  :class:`~fold_hf.targets.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
+* cmr's query tap (:meth:`StaticTarget.keep_queries`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PREFILL_CHUNK = 8192
+PREFILL_ATTENTION_MIN_ROWS = 64  # more query rows than a verify block: the prefill attention kernels
+TARGET_ATTENTIONS = ("bucket", "triton")
+
+
+class UnsupportedTarget(ValueError):
+    """The fast loop cannot run this target (the message says why)."""
+
+
+def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
+    """Attention length of the static forward for ``needed`` keys: a multiple of a step that grows with the
+    length (at most 1/8 of it), so the padding read is at most ~12.5% and few buckets (graphs) exist."""
+    if needed > capacity:
+        raise ValueError(f"{needed} keys do not fit the cache capacity {capacity}")
+    step = max(minimum, 2 ** max(0, math.floor(math.log2(max(needed, 1))) - 3))
+    return min(capacity, -(-needed // step) * step)
+
+
+class StaticTarget:
+    """Forward passes of a causal LM over a preallocated KV cache (batch 1): the family-free part (module docstring).
+
+    A family runner is built as ``Runner(target, capacity, tap_layer_ids)`` (``target``: the transformers model or a
+    PEFT wrapper of one; ``capacity``: cache length in tokens, prompt + generated + one block of slack;
+    ``tap_layer_ids``: the drafter's tapped layers, ``hidden_states[l + 1]`` of each, or ``()``). It calls
+    :meth:`_setup`, sets ``num_heads``, ``num_kv_heads``, ``head_dim``, ``scaling``, ``keys`` / ``values`` and the rope
+    table ``cos`` / ``sin`` ``[capacity, D]``, and gives :meth:`_run_layers` (or its own forwards).
+    """
+
+    def _setup(self, model: nn.Module, config, decoder: nn.Module, capacity: int, tap_layer_ids) -> None:
+        """What every family sets first: the model, its text ``config`` and ``decoder`` (with ``.layers`` and
+        ``.norm``; a multimodal wrapper's text model), the embedding, head, capacity, taps, device and dtype."""
+        self.model = model
+        self.config = config  # the text model's config (a multimodal wrapper's config.text_config)
+        self.decoder = decoder
+        self.layers = decoder.layers
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.final_norm = decoder.norm
+        self.capacity = int(capacity)
+        self.tap_layer_ids = list(tap_layer_ids)
+        weight = self.embed.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
+        self._decode_attention = None  # resolved on first use of attention="triton"
+        self._layer_ops = None  # resolved on first use of fused=True
+
+    def accept(self, n) -> None:
+        """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
+        rolls back by its length; families with recurrent state select the accepted position's state."""
+
+    def step_state(self) -> list[torch.Tensor]:
+        """Buffers a verify both reads and overwrites (:meth:`accept` commits a recurrent family's state into the
+        buffer the next verify starts from), so that a captured step's warm-up runs can restore them
+        (:class:`fold_hf.generation.graphs.CapturedStep`). Empty for a KV cache: its writes are idempotent."""
+        return []
+
+    # ------------------------------------------------------------------ cmr's query tap (a separate hook)
+    query_keep = None  # (layer index, [1, Hq, rows, D] buffer) while a cmr request runs, else None
+
+    def keep_queries_unsupported(self) -> str | None:
+        """Why :meth:`keep_queries` cannot run on this target (None when it can): a family says so when its
+        device-length forwards copy the kept layer's queries."""
+        return f"{type(self).__name__}'s verify step does not keep its queries"
+
+    def kept_query_keys(self, layer_idx: int) -> tuple[torch.Tensor, float]:
+        """The key cache ``[1, Hkv, capacity, Dh]`` and logit scale that layer ``layer_idx``'s kept queries attend
+        with (a family with shared KV or per-layer scales says which)."""
+        return self.keys[layer_idx], self.scaling
+
+    def keep_queries(self, layer_idx: int | None, rows: int = 0) -> torch.Tensor | None:
+        """CMR's refreshes read the target's attention of one query (:mod:`fold_hf.generation.static_retrieval`):
+        from now on :meth:`forward_static` copies layer ``layer_idx``'s rotated queries of its ``rows`` rows into
+        the returned ``[1, Hq, rows, D]`` buffer (one small copy per verify, in that layer only); ``None`` stops.
+        Only cmr requests turn this on, and the fast loop keys its captured verify steps by it, so every other
+        mode's verify is unchanged."""
+        if layer_idx is None:
+            self.query_keep = None
+            return None
+        reason = self.keep_queries_unsupported()
+        if reason is not None:
+            raise UnsupportedTarget(reason)
+        # one buffer per (layer, rows) for the runner's lifetime: captured steps of earlier requests read it
+        buffers = self.__dict__.setdefault("_kept_queries", {})
+        if (layer_idx, rows) not in buffers:
+            heads, head_dim = self.kept_query_shape(layer_idx)
+            buffers[(layer_idx, rows)] = torch.zeros(1, heads, rows, head_dim, device=self.device, dtype=self.dtype)
+        self.query_keep = (layer_idx, buffers[(layer_idx, rows)])
+        return self.query_keep[1]
+
+    def kept_query_shape(self, layer_idx: int) -> tuple[int, int]:
+        """(query heads, head dim) of layer ``layer_idx``."""
+        return self.num_heads, self.head_dim
+
+    def _keeping_queries(self, attend):
+        """``attend`` that first copies the kept layer's queries (:meth:`keep_queries`), or ``attend`` itself."""
+        keep = self.query_keep
+        if keep is None:
+            return attend
+        layer, buffer = keep
+
+        def attend_and_keep(i, q):
+            if i == layer:
+                buffer[:, :, : q.shape[2]].copy_(q)
+            return attend(i, q)
+
+        return attend_and_keep
+
+    def fused_unsupported(self) -> str | None:
+        """Why the fused-layer path cannot run this target (None when it can)."""
+        return f"{type(self).__name__} has no fused layers"
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_taps(self) -> int:
+        return len(self.tap_layer_ids)
+
+    @property
+    def tap_width(self) -> int:
+        return self.num_taps * self.config.hidden_size
+
+    def bytes_held(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    # ------------------------------------------------------------------ the family's layers
+    def _run_layers(self, input_ids: torch.Tensor, cos, sin, write_kv, attend, taps_out: torch.Tensor | None,
+                    last_only: bool) -> torch.Tensor:
+        """Shared body of every forward, the family's: ``input_ids [1, L]``, rope rows ``cos`` / ``sin`` ``[L, D]``;
+        ``write_kv(i, k, v)`` stores the new entries of layer ``i``, ``attend(i, q)`` returns ``[1, Hq, L, D]``.
+        Returns logits ``[L, V]`` (or ``[1, V]`` with ``last_only``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no _run_layers")
+
+    # ------------------------------------------------------------------ host-length forward
+    def prefix_mask(self, L: int, start: int):
+        """``(attn_mask, is_causal)`` of ``L`` queries at ``start ..`` over the prefix ``[0, start + L)``: none for one
+        query, causal from 0, else lower-right causal (for a CPU verify block a boolean mask built once per forward:
+        SDPA would materialize the bias object again in every layer)."""
+        if L == 1:
+            return None, False
+        if start == 0:
+            return None, True
+        if self.device.type == "cpu" and L <= 64:  # a verify block (a prefill chunk keeps the bias object)
+            mask = torch.ones(L, start + L, dtype=torch.bool)
+            mask[:, start:] = torch.ones(L, L, dtype=torch.bool).tril()
+            return mask, False
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(L, start + L), False
+
+    def _attend_prefix(self, i: int, q: torch.Tensor, start: int, prefix_mask=None) -> torch.Tensor:
+        L = q.shape[2]
+        keys = self.keys[i][:, :, : start + L]
+        values = self.values[i][:, :, : start + L]
+        mask, causal = prefix_mask if prefix_mask is not None else self.prefix_mask(L, start)
+        probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval), else None
+        if probe is not None and probe.armed and i == probe.layer_idx:
+            probe.capture(q, keys, self.scaling)
+        if L > PREFILL_ATTENTION_MIN_ROWS:  # a prefill chunk: flash-class attention (fold_hf.kernels.prefill_attention)
+            from ..kernels.prefill_attention import prefill_attention
+
+            return prefill_attention(q, keys, values, start, self.scaling)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                              scale=self.scaling, enable_gqa=True)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Run ``input_ids [1, L]`` at positions ``start .. start+L-1``; the cache then holds ``start + L`` tokens.
+
+        Args:
+            taps_out: ``[1, L, n_taps * H]`` buffer receiving the tapped features, or None.
+            last_only: return only the last row's logits.
+
+        Returns:
+            logits ``[L, V]`` (``[1, V]`` with ``last_only``) in the model's dtype.
+        """
+        L = input_ids.shape[1]
+        if start + L > self.capacity:
+            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
+        cos, sin = self.cos[start : start + L], self.sin[start : start + L]
+
+        def write_kv(i, k, v):
+            self.keys[i][:, :, start : start + L] = k
+            self.values[i][:, :, start : start + L] = v
+
+        mask = self.prefix_mask(L, start)
+        logits = self._run_layers(input_ids, cos, sin, write_kv, lambda i, q: self._attend_prefix(i, q, start, mask),
+                                  taps_out, last_only)
+        self.length = start + L
+        return logits
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None) -> torch.Tensor:
+        """Fill the cache with the prompt ``[1, P]`` in chunks; returns the last position's logits ``[V]``.
+
+        ``on_taps(features [1, c, n_taps * H], start)`` receives each chunk's tapped features (so a 128K prompt
+        never holds all its taps at once).
+        """
+        P = input_ids.shape[1]
+        logits = None
+        fused = self._fused_prefill()
+        for start in range(0, P, chunk):
+            piece = input_ids[:, start : start + chunk]
+            taps = None
+            if on_taps is not None and self.num_taps:
+                taps = torch.empty(1, piece.shape[1], self.tap_width, device=self.device, dtype=self.dtype)
+            if fused:
+                logits = self._prefill_chunk_fused(piece, start, taps)
+            else:
+                logits = self.forward(piece, start, taps_out=taps, last_only=True)
+            if taps is not None:
+                on_taps(taps, start)
+        return logits[-1]
+
+    def _fused_prefill(self) -> bool:
+        """Whether :meth:`prefill` runs its chunks through the family's fused layers (``_prefill_chunk_fused``)."""
+        return False
+
+    # ------------------------------------------------------------------ device-length forward
+    @torch.no_grad()
+    def forward_static(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                       taps_out: torch.Tensor | None = None, attention: str = "bucket",
+                       fused: bool = False) -> torch.Tensor:
+        """CUDA-graph-friendly forward: nothing here reads a device value on the host.
+
+        Args:
+            input_ids: ``[1, L]`` tokens.
+            positions: ``[L]`` long device tensor, consecutive positions of the tokens (start = cache length).
+            bucket: S, keys read by the attention (static; ``positions[-1] < S <= capacity``); keys past each
+                query's position are masked.
+            taps_out: ``[1, L, n_taps * H]`` buffer for the tapped features, or None.
+            attention: ``"bucket"`` (two matmuls over the bucket with a masked fp32 softmax) or ``"triton"``
+                (the decode kernel over the prefix ``[0, positions[0])`` plus the block; its torch twin when the
+                kernel cannot run here). Both give the causal attention of the block.
+            fused: with ``attention="triton"``, run the layers' elementwise work as fused kernels (module
+                docstring); raises :class:`UnsupportedTarget` when :meth:`fused_unsupported` says why not.
+
+        Returns:
+            logits ``[L, V]``.
+        """
+        if attention not in TARGET_ATTENTIONS:
+            raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
+        if fused:
+            if attention != "triton":
+                raise ValueError("fused layers run with attention='triton' (the decode kernel)")
+            return self._forward_static_fused(input_ids, positions, bucket, taps_out)
+        L = input_ids.shape[1]
+        cos, sin = self.cos[positions], self.sin[positions]
+        if attention == "triton":
+            return self._forward_static_decode(input_ids, positions, bucket, cos, sin, taps_out)
+        group = self.num_heads // self.num_kv_heads
+        key_index = torch.arange(bucket, device=positions.device)
+        visible = (key_index[None, :] <= positions[:, None]).repeat(group, 1)  # rows ordered (head in group, query)
+        hidden_keys = ~visible
+
+        def write_kv(i, k, v):
+            self.keys[i].index_copy_(2, positions, k)
+            self.values[i].index_copy_(2, positions, v)
+
+        def attend(i, q):
+            q_rows = q.reshape(1, self.num_kv_heads, group * L, self.head_dim)
+            keys = self.keys[i][:, :, :bucket]
+            values = self.values[i][:, :, :bucket]
+            scores = torch.matmul(q_rows, keys.transpose(-1, -2)).float() * self.scaling
+            scores = scores.masked_fill(hidden_keys, -math.inf)
+            probs = scores.softmax(-1).to(values.dtype)
+            return torch.matmul(probs, values).reshape(1, self.num_heads, L, self.head_dim)
+
+        return self._run_layers(input_ids, cos, sin, write_kv, self._keeping_queries(attend), taps_out,
+                                last_only=False)
+
+    def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                              taps_out: torch.Tensor | None) -> torch.Tensor:
+        """``forward_static`` with the family's fused layers; raises :class:`UnsupportedTarget` here."""
+        raise UnsupportedTarget(f"fused layers: {self.fused_unsupported()}")
+
+    def _forward_static_decode(self, input_ids, positions, bucket: int, cos, sin, taps_out) -> torch.Tensor:
+        """``forward_static`` with the decode kernel: the new entries go into the cache as usual, and the kernel
+        reads the cache before the block (length ``positions[0]``, loaded on the device) and the block itself."""
+        if self._decode_attention is None:
+            from ..kernels import default_decode_attention
+
+            self._decode_attention = default_decode_attention(self.device)
+        decode = self._decode_attention
+        context_length = positions[:1].to(torch.int32)
+        block_kv = {}
+
+        def write_kv(i, k, v):
+            self.keys[i].index_copy_(2, positions, k)
+            self.values[i].index_copy_(2, positions, v)
+            block_kv[i] = (k, v)
+
+        def attend(i, q):
+            k, v = block_kv.pop(i)
+            out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
+                         max_context_length=bucket)  # [1, L, Hq, D]
+            return out.transpose(1, 2)
+
+        return self._run_layers(input_ids, cos, sin, write_kv, self._keeping_queries(attend), taps_out,
+                                last_only=False)

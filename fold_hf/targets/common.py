@@ -1,0 +1,45 @@
+"""Pieces more than one target family uses: the tap writer of a forward, the text parts of a multimodal wrapper.
+
+Family-free: what a family knows of its own architectures (wrapper class names, config fields) it passes in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import UnsupportedTarget
+
+
+def tap_writer(tap_layer_ids, hidden_size: int, taps_out: torch.Tensor | None):
+    """``tap(layer_id, value)``: writes ``value [1, L, H]`` into every slot of ``taps_out [1, L, n_taps * H]`` that
+    taps layer ``layer_id`` (one layer may fill several slots; ``H = hidden_size``); does nothing when ``taps_out``
+    is None."""
+    slots: dict[int, list[int]] = {}
+    for slot, lid in enumerate(tap_layer_ids):
+        slots.setdefault(lid, []).append(slot)
+    H = hidden_size
+
+    def tap(layer_id: int, value: torch.Tensor) -> None:
+        if taps_out is not None:
+            for slot in slots.get(layer_id, ()):
+                taps_out[:, :, slot * H : (slot + 1) * H] = value
+
+    return tap
+
+
+def wrapped_text_parts(model: nn.Module, wrappers: tuple[str, ...]):
+    """(text config, text decoder) of a causal LM (``config``, ``model.model``) or, when its class is one of
+    ``wrappers``, of a multimodal wrapper (``config.text_config``, ``model.model.language_model``); raises
+    :class:`UnsupportedTarget` on an unexpected layout."""
+    name = type(model).__name__
+    if name in wrappers:
+        config = getattr(model.config, "text_config", None)
+        decoder = getattr(getattr(model, "model", None), "language_model", None)
+        where = ".model.language_model"
+    else:
+        config, decoder, where = model.config, getattr(model, "model", None), ".model"
+    if config is None or decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
+        raise UnsupportedTarget(f"{name} has no {where}.layers / {where}.rotary_emb or no text config "
+                                "(unexpected transformers layout)")
+    return config, decoder

@@ -1,0 +1,313 @@
+"""The Llama-style target family on the fast loop: Llama (SmolLM2 included), Mistral, Qwen2, Qwen3.
+
+:class:`LlamaStaticTarget` is :class:`~fold_hf.targets.base.StaticTarget` over the model's embedding, RMSNorms,
+q/k/v/o projections, q/k norms where the model has them (Qwen3), MLP, final norm and lm_head; on top of the base:
+
+* Fused layers (``fused=True`` with ``attention="triton"``): the norms' residual adds, the rope with the cache
+  write and the MLP's ``silu(gate) * up`` run as three fused launches (:mod:`fold_hf.kernels.layer.triton`,
+  torch twins off CUDA) instead of ~30 small module kernels per layer; projections stay the model's modules
+  (PEFT included). Llama-style RMSNorm, SiLU MLP and full rotary only (:meth:`LlamaStaticTarget.fused_unsupported`).
+  On CUDA the prefill chunks run through them too (``$FOLD_HF_FUSED_PREFILL=0`` turns that off).
+* Projections laid out for decode (every forward, default on; ``$FOLD_HF_CONCAT_PROJECTIONS=0`` turns it off): q|k|v
+  and gate|up run as one GEMM each over buffers the model's own q/k/v and gate/up parameters become views of
+  (:mod:`fold_hf.targets.weight_layout`: nothing held twice, writes through the modules reach them). A layer
+  whose projections are not plain ``nn.Linear`` in the model dtype (LoRA, quantized) runs them as modules, with a
+  warning naming why (:meth:`LlamaStaticTarget.decode_projections`). On CUDA a decode step's projections (1 to 16
+  rows) in the fused layers run the skinny Triton GEMMs of :mod:`fold_hf.kernels.gemm.triton` where they measured
+  faster than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS.
+  An AR step's Triton launches there use programmatic dependent launch (:mod:`fold_hf.kernels.triton_pdl`;
+  ``$FOLD_HF_PDL=0`` turns it off).
+
+Supported: :data:`ARCHITECTURES`, without sliding-window layers shorter than the capacity and without
+position-dependent rope (``dynamic``, ``longrope``). Anything else raises
+:class:`~fold_hf.targets.base.UnsupportedTarget` naming why (:func:`check`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from ..compat import has_norm_epsilon, norm_epsilon
+from ..kernels.gemm.cpu import _hooked, linear_module
+from .base import StaticTarget, UnsupportedTarget
+from .common import tap_writer
+from .taps import _unwrap
+from .weight_layout import (
+    DecodeProjections,
+    concat_projections_enabled,
+    decode_projections_unsupported,
+    warn_separate_once,
+)
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+FUSED_PREFILL_ENV = "FOLD_HF_FUSED_PREFILL"  # 0: prefill chunks through the module kernels
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+# MLPs computing down_proj(act_fn(gate_proj(x)) * up_proj(x)), which the host-length forward may run as gate|up
+_GATED_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
+
+
+def _sliding_window_of(model, layer) -> int | None:
+    window = getattr(layer.self_attn, "sliding_window", None)
+    if window is None and type(model).__name__ == "MistralForCausalLM":
+        window = getattr(model.config, "sliding_window", None)
+    return window
+
+
+def check(model: nn.Module, capacity: int | None = None) -> None:
+    """Raise :class:`UnsupportedTarget` when :class:`LlamaStaticTarget` cannot run ``model`` (unwrapped)."""
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        raise UnsupportedTarget(f"the Llama family runs {', '.join(ARCHITECTURES)}; {name} is not one of them")
+    decoder = getattr(model, "model", None)
+    if decoder is None or not hasattr(decoder, "layers") or not hasattr(decoder, "rotary_emb"):
+        raise UnsupportedTarget(f"{name} has no .model.layers / .model.rotary_emb (unexpected transformers layout)")
+    rope_type = getattr(decoder.rotary_emb, "rope_type", "default")
+    if isinstance(rope_type, str) and ("dynamic" in rope_type or rope_type == "longrope"):
+        raise UnsupportedTarget(f"rope_type {rope_type!r} changes the frequencies with the length; the fast loop "
+                                "needs a fixed rope table")
+    if capacity is not None:
+        for i, layer in enumerate(decoder.layers):
+            window = _sliding_window_of(model, layer)
+            if window is not None and window < capacity:
+                raise UnsupportedTarget(f"layer {i} uses a sliding window of {window} tokens, shorter than this "
+                                        f"request ({capacity} tokens); the fast loop attends to the full context")
+
+
+def _project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``: through ``gemm(x, weight, bias)`` (a decode step's skinny GEMM) when given and ``module`` is a
+    plain, hook-free ``nn.Linear`` with a contiguous weight in ``x``'s dtype; else
+    :func:`~fold_hf.kernels.gemm.cpu.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
+    if (gemm is not None and type(module) is nn.Linear and module.weight.dtype == x.dtype
+            and module.weight.is_contiguous() and not _hooked(module)):
+        return gemm(x, module.weight, module.bias)
+    return linear_module(module, x)
+
+
+class LlamaStaticTarget(StaticTarget):
+    """:class:`~fold_hf.targets.base.StaticTarget` of a Llama-family causal LM (module docstring; batch 1).
+
+    Args:
+        target: the transformers model (or a PEFT wrapper of one).
+        capacity: cache length in tokens (prompt + generated + one block of slack).
+        tap_layer_ids: the drafter's tapped layers (``hidden_states[l + 1]`` of each), or ``()``.
+    """
+
+    def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:
+        model = _unwrap(target)
+        check(model, capacity)
+        self._setup(model, model.config, model.model, capacity, tap_layer_ids)
+        attn = self.layers[0].self_attn
+        config = self.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        shape = (1, self.num_kv_heads, self.capacity, self.head_dim)
+        self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        with torch.no_grad():
+            positions = torch.arange(self.capacity, device=self.device)[None]
+            probe = torch.empty(1, 1, self.head_dim, device=self.device, dtype=self.dtype)
+            cos, sin = self.decoder.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0], sin[0]  # [capacity, D]
+
+    def keep_queries_unsupported(self) -> str | None:
+        """Both device-length forwards copy the kept layer's queries, unless a subclass replaced them."""
+        if type(self).forward_static is not StaticTarget.forward_static or \
+                type(self)._run_layers is not LlamaStaticTarget._run_layers:
+            return f"{type(self).__name__}'s verify step does not keep its queries"
+        return None
+
+    def fused_unsupported(self) -> str | None:
+        """Why the fused-layer path cannot run this target (None when it can)."""
+        from ..kernels.layer.naive import is_silu
+
+        if self.cos.shape[-1] != self.head_dim:
+            return f"partial rotary ({self.cos.shape[-1]} of {self.head_dim} dims): the fused rope rotates all"
+        norms = [self.final_norm] + [n for layer in self.layers
+                                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        for norm in norms:
+            if type(norm).__name__ not in _RMS_NORMS or not has_norm_epsilon(norm):
+                return f"norm {type(norm).__name__} is not a Llama-style RMSNorm"
+            if norm.weight.dtype != self.dtype:
+                return f"norm weights in {norm.weight.dtype}, activations in {self.dtype}"
+        for layer in self.layers:
+            mlp = layer.mlp
+            if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+                return f"MLP {type(mlp).__name__} is not gate/up/down"
+            if not is_silu(mlp.act_fn):
+                return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
+        return None
+
+    def decode_projections(self, layer) -> DecodeProjections | None:
+        """Layer ``layer``'s q|k|v and gate|up as one GEMM each (:mod:`~fold_hf.targets.weight_layout`; the first
+        call lays the weights out, later calls find them so), or None: off by ``$FOLD_HF_CONCAT_PROJECTIONS=0``, or
+        the layer's projections are not plain Linears in the model dtype (warned once, naming why)."""
+        if not concat_projections_enabled():
+            return None
+        reason = decode_projections_unsupported(layer.self_attn, layer.mlp, self.dtype)
+        if reason is not None:
+            warn_separate_once(f"static target: {reason}")
+            return None
+        return DecodeProjections(layer.self_attn, layer.mlp)
+
+    # ------------------------------------------------------------------ one layer
+    def _qkv(self, layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             projections: DecodeProjections | None = None):
+        """Normed hidden ``[1, L, H]`` -> rotated q ``[1, Hq, L, D]``, rotated k and v ``[1, Hkv, L, D]``."""
+        attn = layer.self_attn
+        shape = (*hidden.shape[:-1], -1, self.head_dim)
+        if projections is not None:
+            q, k, v = (x.view(shape) for x in projections.qkv(hidden))
+        else:
+            q, k, v = attn.q_proj(hidden).view(shape), attn.k_proj(hidden).view(shape), attn.v_proj(hidden).view(shape)
+        if getattr(attn, "q_norm", None) is not None:
+            q = attn.q_norm(q)
+        if getattr(attn, "k_norm", None) is not None:
+            k = attn.k_norm(k)
+        v = v.transpose(1, 2)
+        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None])
+        return q, k, v
+
+    def _run_layers(self, input_ids: torch.Tensor, cos, sin, write_kv, attend, taps_out: torch.Tensor | None,
+                    last_only: bool) -> torch.Tensor:
+        """Shared body of every forward (:meth:`StaticTarget._run_layers`). ``write_kv(i, k, v)`` stores the new entries of layer ``i``,
+        ``attend(i, q)`` returns ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (or ``[1, V]`` with ``last_only``)."""
+        hidden = self.embed(input_ids)
+        L = input_ids.shape[1]
+        tap = tap_writer(self.tap_layer_ids, hidden.shape[-1], taps_out)
+        last_layer = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            residual = hidden
+            projections = self.decode_projections(layer)
+            q, k, v = self._qkv(layer, layer.input_layernorm(hidden), cos, sin, projections)
+            write_kv(i, k, v)
+            out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
+            hidden = residual + linear_module(layer.self_attn.o_proj, out)
+            mlp, normed = layer.mlp, layer.post_attention_layernorm(hidden)
+            if projections is not None and type(mlp).__name__ in _GATED_MLPS:
+                gate, up = projections.gate_up(normed)
+                hidden = hidden + linear_module(mlp.down_proj, mlp.act_fn(gate) * up)
+            else:
+                hidden = hidden + mlp(normed)
+            if taps_out is not None and i in self.tap_layer_ids:
+                tap(i, self.final_norm(hidden) if i == last_layer else hidden)
+        hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
+        return linear_module(self.lm_head, hidden)[0]
+
+    def _fused_prefill(self) -> bool:
+        """Whether :meth:`prefill` runs its chunks through the fused layers (:meth:`_prefill_chunk_fused`): on CUDA,
+        ``$FOLD_HF_FUSED_PREFILL`` not ``0``, the Llama family's own forward and :meth:`fused_unsupported` None."""
+        import os
+
+        if self.device.type != "cuda" or os.environ.get(FUSED_PREFILL_ENV, "1") == "0":
+            return False
+        if type(self)._fused_layers is not LlamaStaticTarget._fused_layers or type(self).forward is not \
+                StaticTarget.forward or self.__dict__.get("attention_probe") is not None:
+            return False
+        return self.fused_unsupported() is None
+
+    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None):
+        """One prefill chunk ``[1, L]`` at ``start``: the fused layers' elementwise kernels (norms, rope with the
+        cache write, ``silu(gate) * up``) around cuBLAS projections and the prefill attention
+        (:func:`fold_hf.kernels.prefill_attention.prefill_attention`); logits ``[1, V]`` of the last row."""
+        from ..kernels.prefill_attention import prefill_attention
+
+        L = input_ids.shape[1]
+        if start + L > self.capacity:
+            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
+        positions = torch.arange(start, start + L, device=self.device)
+
+        def attend(i, q):  # q [1, Hq, L, D] -> [1, L, Hq, D]
+            keys, values = self.keys[i][:, :, : start + L], self.values[i][:, :, : start + L]
+            return prefill_attention(q, keys, values, start, self.scaling).transpose(1, 2)
+
+        with torch.no_grad():
+            logits = self._fused_layers(input_ids, positions, start + L, taps_out, attend=attend, last_only=True)
+        self.length = start + L
+        return logits
+
+    def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                              taps_out: torch.Tensor | None) -> torch.Tensor:
+        """``forward_static`` with the decode kernel and the fused elementwise kernels. The residual add of each
+        sublayer happens inside the next norm, so the tap of layer ``i`` is written when layer ``i + 1`` (or the
+        final norm) forms it. An AR step (one token) launches its Triton kernels with programmatic dependent launch
+        (:func:`fold_hf.kernels.common.pdl_scope`); a verify block or a prefill chunk without."""
+        from ..kernels.common import pdl_scope
+
+        with pdl_scope(input_ids.shape[1] == 1):
+            return self._fused_layers(input_ids, positions, bucket, taps_out)
+
+    def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False) -> torch.Tensor:
+        if self._layer_ops is None:
+            from ..kernels import default_decode_attention, default_layer_ops
+
+            reason = self.fused_unsupported()
+            if reason is not None:
+                raise UnsupportedTarget(f"fused layers: {reason}")
+            self._layer_ops = default_layer_ops(self.device)
+            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
+        ops, decode = self._layer_ops, self._decode_attention
+        L = input_ids.shape[1]
+        context_length = positions[:1].to(torch.int32)
+        tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
+
+        # a decode step's rows (AR 1, a verify block) go through the skinny GEMMs where the ops have them; a prefill
+        # chunk through cuBLAS
+        skinny = ops.skinny_linear if ops.skinny_linear is not None and L <= ops.skinny_rows else None
+        hidden = self.embed(input_ids)
+        delta = None
+        for i, layer in enumerate(self.layers):
+            norm = layer.input_layernorm
+            attn = layer.self_attn
+            projections = self.decode_projections(layer)
+            hidden, normed = ops.add_rms_norm(hidden, delta, norm.weight, norm_epsilon(norm))
+            if i > 0:
+                tap(i - 1, hidden)
+            if projections is not None:  # one GEMM; the heads are read in place by the norms and the rope
+                q, k, v = projections.qkv(normed, skinny)
+            else:
+                q, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
+            q = q.view(1, L, self.num_heads, self.head_dim)
+            k = k.view(1, L, self.num_kv_heads, self.head_dim)
+            v = v.view(1, L, self.num_kv_heads, self.head_dim)
+            q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
+            q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
+            if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                self.query_keep[1][:, :, :L].copy_(q)
+            if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
+                out = attend(i, q)
+            else:
+                out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
+                             max_context_length=bucket)  # [1, L, Hq, D]
+            norm = layer.post_attention_layernorm
+            attn_out = _project(skinny, attn.o_proj, out.reshape(1, L, -1))
+            mlp = layer.mlp
+            hidden, normed = ops.add_rms_norm(hidden, attn_out, norm.weight, norm_epsilon(norm))
+            if projections is not None and skinny is not None:  # one launch: gate|up, then silu(gate) * up
+                act = ops.gate_up_silu(normed, projections.gate_up_weight, projections.gate_up_bias)
+            else:
+                gate, up = projections.gate_up(normed) if projections is not None else (mlp.gate_proj(normed),
+                                                                                        mlp.up_proj(normed))
+                act = ops.silu_mul(gate, up)
+            delta = _project(skinny, mlp.down_proj, act)
+        hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm))
+        tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
+        return linear_module(self.lm_head, normed[:, -1:] if last_only else normed)[0]
+
+    def _head_norm(self, ops, attn, name: str, heads: torch.Tensor) -> torch.Tensor:
+        """Qwen3's per-head q/k RMSNorm of ``heads [1, L, h, D]`` (read in place from a q|k|v output): the fused
+        norm when it is a Llama-style RMSNorm in the model dtype, else the module; no norm: ``heads`` as given."""
+        norm = getattr(attn, name, None)
+        if norm is None:
+            return heads
+        if (type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm)
+                and norm.weight.dtype == heads.dtype):
+            return ops.add_rms_norm(heads, None, norm.weight, norm_epsilon(norm))[1]
+        return norm(heads)
+
