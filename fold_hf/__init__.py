@@ -20,6 +20,8 @@ _EXPORTS = {
     "FoldConfig": ".modeling",
     "FoldDrafter": ".modeling",
     "FoldDrafterConfig": ".modeling",
+    "BatchGenerationResult": ".generation",
+    "GenerationRequest": ".generation",
     "GenerationResult": ".generation",
     "fast_generate": ".generation",
     "generate": ".generation",
@@ -32,7 +34,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .embedded import load_embedded_pair
-    from .generation import GenerationResult, fast_generate, generate
+    from .generation import BatchGenerationResult, GenerationRequest, GenerationResult, fast_generate, generate
     from .integrations.transformers import install, uninstall
     from .modeling import FoldCache, FoldConfig, FoldDrafter, FoldDrafterConfig
 
