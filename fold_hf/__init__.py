@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 # submodule -> the public names it defines
 _EXPORTS = {
     ".embedded": ("load_embedded_pair",),
-    ".generation": ("GenerationResult", "fast_generate", "generate"),
+    ".generation": ("BatchGenerationResult", "GenerationRequest", "GenerationResult", "fast_generate", "generate"),
     ".integrations.transformers": ("install", "uninstall"),
     ".modeling": ("FoldCache", "FoldConfig", "FoldDrafter", "FoldDrafterConfig"),
 }
@@ -27,7 +27,7 @@ __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .embedded import load_embedded_pair
-    from .generation import GenerationResult, fast_generate, generate
+    from .generation import BatchGenerationResult, GenerationRequest, GenerationResult, fast_generate, generate
     from .integrations.transformers import install, uninstall
     from .modeling import FoldCache, FoldConfig, FoldDrafter, FoldDrafterConfig
 

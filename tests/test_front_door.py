@@ -55,8 +55,6 @@ def test_default_call_with_a_drafter_runs_the_fast_loop(pair):
     release_fast_state(target)
 
 
-PADDED = torch.ones(1, 40, dtype=torch.long)
-PADDED[0, :3] = 0
 UNSUPPORTED = [
     (dict(num_beams=2), "num_beams=2"),
     (dict(do_sample=True, num_return_sequences=2), "num_return_sequences=2"),
@@ -69,7 +67,6 @@ UNSUPPORTED = [
     (dict(logits_processor=LogitsProcessorList([TemperatureLogitsWarper(0.5)])), "logits_processor"),
     (dict(prefix_allowed_tokens_fn=lambda batch, ids: [1]), "prefix_allowed_tokens_fn"),
     (dict(speculation_type="dflash"), "speculation_type='dflash'"),
-    (dict(attention_mask=PADDED), "padding"),
 ]
 
 
@@ -80,10 +77,7 @@ def test_each_request_the_fast_loop_cannot_take_names_its_reason(pair, kw, reaso
     assert result is NOT_ROUTED and reason in why, why
 
 
-def test_batches_and_other_targets_name_their_reason(pair):
-    target, drafter = pair
-    result, why = route_generate(target, (torch.zeros(2, 8, dtype=torch.long),), {"assistant_model": drafter})
-    assert result is NOT_ROUTED and "batch size 2" in why
+def test_other_targets_name_their_reason(pair):  # batches are routed (tests/test_batch.py)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).eval()
     result, why = route_generate(gpt2, (prompt(2),), {"max_new_tokens": 4})
     assert result is NOT_ROUTED and "GPT2LMHeadModel" in why

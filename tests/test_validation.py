@@ -37,9 +37,16 @@ def prompt(batch=1, length=12):
     return torch.randint(0, MASK_ID, (batch, length), generator=torch.Generator().manual_seed(0))
 
 
-def test_batch_larger_than_one(target):
+def test_a_bad_batch(target):
     drafter = tiny_drafter(target)
-    expect_error_before_work(target, "batch size 2", lambda: fold_hf.generate(target, drafter, input_ids=prompt(2)))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1] = 0
+    expect_error_before_work(target, "row 1 is all zeros",
+                             lambda: fold_hf.generate(target, drafter, input_ids=prompt(2), attention_mask=mask))
+    expect_error_before_work(target, "must match",
+                             lambda: fold_hf.generate(target, drafter, input_ids=prompt(2), attention_mask=mask[:1]))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_tokens'"):
+        fold_hf.generate(target, drafter, input_ids=prompt(), max_tokens=4)
 
 
 @pytest.mark.parametrize("field, kw", [("alpha", dict(alpha=0.5)), ("window", dict(window=0)), ("mode", dict(mode="x"))])
@@ -77,8 +84,8 @@ def test_pair_mismatch(target, change, message):
 def test_padding_and_empty_prompts(target):
     drafter = tiny_drafter(target)
     mask = torch.ones(1, 12, dtype=torch.long)
-    mask[0, 0] = 0
-    expect_error_before_work(target, "padding", lambda: fold_hf.generate(target, drafter, input_ids=prompt(),
+    mask[0, -1] = 0  # right padding (left padding decodes: tests/test_batch.py)
+    expect_error_before_work(target, "left padding", lambda: fold_hf.generate(target, drafter, input_ids=prompt(),
                                                                          attention_mask=mask))
     expect_error_before_work(target, "empty", lambda: fold_hf.generate(target, drafter,
                                                                        input_ids=torch.zeros(1, 0, dtype=torch.long)))
@@ -101,8 +108,8 @@ def test_both_entry_points_refuse_the_same_requests(target, entry):
     mask[0, 3] = 0
     cases = [
         ("input_ids is required", drafter, dict(input_ids=None)),
-        ("batch size 2", drafter, dict(input_ids=prompt(2))),
-        ("padding", drafter, dict(input_ids=prompt(), attention_mask=mask)),
+        ("streamer with a batch of 2 prompts", drafter, dict(input_ids=prompt(2), streamer=object())),
+        ("left padding", drafter, dict(input_ids=prompt(), attention_mask=mask)),
         ("give max_new_tokens or max_length", drafter, dict(input_ids=prompt(), max_new_tokens=None)),
         ("nothing to generate", drafter, dict(input_ids=prompt(), max_new_tokens=None, max_length=12)),
         ("fold_config was given without a drafter", None, dict(input_ids=prompt(), fold_config=FoldConfig())),

@@ -2,8 +2,9 @@
 
 from .fast import fast_generate, release_fast_state
 from .loop import generate
-from .stats import GenerationResult
+from .request import GenerationRequest
+from .stats import BatchGenerationResult, GenerationResult
 from .verify import greedy_accept, process_logits, speculative_accept
 
-__all__ = ["GenerationResult", "fast_generate", "generate", "greedy_accept", "process_logits", "release_fast_state",
-           "speculative_accept"]
+__all__ = ["BatchGenerationResult", "GenerationRequest", "GenerationResult", "fast_generate", "generate",
+           "greedy_accept", "process_logits", "release_fast_state", "speculative_accept"]

@@ -1,4 +1,5 @@
-"""`fold_hf.generate`: speculative decoding of any causal LM through its own ``forward`` (batch 1).
+"""`fold_hf.generate`: speculative decoding of any causal LM through its own ``forward`` (one prompt at a time: a
+batch's rows are decoded one after another, :mod:`.batch`).
 
 The round loop is :mod:`fold_hf.generation.rounds` (the one the fast loop's eager engine runs); here the
 target is run by :class:`ForwardRunner`: the model's ``forward`` with a ``DynamicCache`` (rollback crops it)
@@ -11,25 +12,25 @@ a rejection, restores them and replays the accepted tokens (:mod:`fold_hf.genera
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
 from ..compat import activate_linear_recording, native_linear_rollback
 from ..modeling.drafter import FoldDrafter
-from ..modeling.fold_config import FoldConfig
 from ..modeling.retrieval import target_attention_probe
 from ..targets.gemma import slices_before_taps
 from ..targets.registry import prepare_text_request
 from ..targets.rollback import LinearStateRollback, crop_attention_layers, has_linear_state
 from ..targets.taps import HiddenTaps, _unwrap
-from .request import drafter_for_call, new_token_budget, warn_past_context
+from .batch import decode_rows, needs_rows
+from .request import GenerationRequest, drafter_for_call, takes_request, warn_past_context
 from .rounds import decode, eager_rounds, num_proposals
-from .sampling import Sampling, TokenChoice
-from .tracker import StopStrings, Tracker, eos_ids
+from .sampling import TokenChoice
+from .stats import GenerationResult
 
 
 def _record_past(cache) -> bool:
@@ -135,67 +136,51 @@ class ForwardRunner:
             self.target(input_ids=kept, **{self.cache_name: self.cache}, use_cache=True, **self.prefill_extra)
 
 
+@takes_request
 @torch.no_grad()
-def generate(
-    target,
-    drafter: FoldDrafter | None = None,
-    input_ids: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    max_new_tokens: int | None = 256,
-    max_length: int | None = None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float | None = None,
-    min_new_tokens: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    stop_strings: Sequence[str] | str | None = None,
-    tokenizer=None,
-    streamer=None,
-    generator: torch.Generator | None = None,
-    fold_config: FoldConfig | None = None,
-    return_stats: bool = False,
-):
+def generate(target, drafter: FoldDrafter | None = None, input_ids: torch.Tensor | None = None,
+             attention_mask: torch.Tensor | None = None, *, request: GenerationRequest | None = None, **settings):
     """Speculative decoding of ``target`` with a FOLD ``drafter`` (or plain AR when ``drafter`` is None).
 
     Args:
-        target: a transformers causal LM (batch 1).
+        target: a transformers causal LM.
         drafter: a :class:`FoldDrafter` for this target, or None for the autoregressive baseline.
-        input_ids: ``[1, P]`` prompt.
-        attention_mask: ``[1, P]``; must be all ones (no padding in batch 1).
-        max_new_tokens / max_length: generation limit (``max_new_tokens`` wins when both are set).
-        do_sample, temperature, top_k, top_p, min_p: sampling; speculative sampling keeps the target's processed
-            distribution exactly. Greedy output equals the target's own greedy output.
-        repetition_penalty, min_new_tokens: as in ``transformers`` (greedy or sampled).
-        eos_token_id: int or list; defaults to the target's generation config.
-        stop_strings, tokenizer: stop once the continuation contains a stop string.
-        streamer: a transformers streamer (``put``/``end``).
-        generator: random source for sampling (a seeded generator reproduces the run).
-        fold_config: reading mode for this call only (the drafter's own is restored afterwards).
-        return_stats: return a :class:`GenerationResult` instead of the ``[1, P + N]`` sequences.
+        input_ids: ``[B, L]`` prompt(s); a batch's rows are decoded one after another (:mod:`.batch`).
+        attention_mask: ``[B, L]``, left padding only (zeros before each row's prompt), or None.
+        request, **settings: the call's settings, :class:`~fold_hf.generation.request.GenerationRequest`'s fields
+            as keyword arguments (``max_new_tokens``, ``do_sample``, ``eos_token_id``, ``return_stats``, ...).
+
+    Returns:
+        ``[1, P + N]`` sequences for one unpadded prompt (a batch: ``[B, L + N]``, transformers' layout), or a
+        :class:`GenerationResult` (a batch: :class:`BatchGenerationResult`) with ``return_stats=True``.
     """
-    max_new_tokens = new_token_budget(input_ids, attention_mask, max_new_tokens, max_length)
-    warn_past_context(target, input_ids.shape[1], max_new_tokens)
+    request = GenerationRequest.of("generate", request, settings)
+    budget = request.check(input_ids, attention_mask)
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         raise ValueError(f"drafter must be a FoldDrafter, got {type(drafter).__name__}")
+    if needs_rows(input_ids, attention_mask):
+        return decode_rows(functools.partial(_generate_row, target, drafter), target, input_ids, attention_mask,
+                           request, budget)
+    result = _generate_row(target, drafter, input_ids, dataclasses.replace(request, max_new_tokens=budget))
+    return result if request.return_stats else result.sequences
+
+
+def _generate_row(target, drafter, input_ids: torch.Tensor, request: GenerationRequest) -> GenerationResult:
+    """One unpadded prompt ``input_ids`` ``[1, P]``, ``request.max_new_tokens`` new tokens at most."""
+    max_new_tokens = request.max_new_tokens
     prompt_len = input_ids.shape[1]
-    with drafter_for_call(target, drafter, fold_config):
-        sampling = Sampling.from_settings(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
-                                          min_new_tokens)
-        out = Tracker(eos_ids(target, eos_token_id), StopStrings(stop_strings, tokenizer), streamer)
+    warn_past_context(target, prompt_len, max_new_tokens, stacklevel=4)
+    with drafter_for_call(target, drafter, request.fold_config):
+        sampling = request.sampling()
+        out = request.tracker(target)
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         runner = ForwardRunner(target, taps, taps_device=drafter.device if drafter is not None else None)
         with target_attention_probe(target, drafter):  # cmr only: the target's attention for its refreshes
             cache = drafter.new_cache(request_length=prompt_len + max_new_tokens) if drafter is not None else None
 
             def make_choice(logits: torch.Tensor) -> TokenChoice:
-                return TokenChoice(sampling, generator, logits.shape[-1], logits.device, input_ids, out.eos,
+                return TokenChoice(sampling, request.generator, logits.shape[-1], logits.device, input_ids, out.eos,
                                    num_proposals(drafter))
 
             rounds = functools.partial(eager_rounds, runner, drafter, cache, max_new_tokens, out)
-            result = decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk=None)
-        return result if return_stats else result.sequences
-
+            return decode(runner, drafter, input_ids, out, make_choice, rounds, prefill_chunk=None)

@@ -1,27 +1,116 @@
-"""What both entry points (:func:`fold_hf.generate`, :func:`fold_hf.generation.fast.fast_generate`) check and set
-up for one request before their decode loop runs: the prompt and the token budget, and the drafter bound to the
-target with the call's reading mode (restored afterwards)."""
+"""What both entry points (:func:`fold_hf.generate`, :func:`fold_hf.generation.fast.fast_generate`) take and check
+for one request before their decode loop runs: :class:`GenerationRequest` (their shared keyword arguments, read in
+one place), the prompt and the token budget, and the drafter bound to the target with the call's reading mode
+(restored afterwards)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ..modeling.fold_config import FoldConfig
 from ..modeling.validation import validate_batch
+from .sampling import Sampling
+from .tracker import StopStrings, Tracker, eos_ids
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """The settings of one call of :func:`fold_hf.generate` or :func:`fold_hf.fast_generate`: their keyword
+    arguments, with the same names and defaults (``generate(target, drafter, ids, max_new_tokens=8)`` builds
+    ``GenerationRequest(max_new_tokens=8)``; ``generate(..., request=GenerationRequest(...))`` passes one whole,
+    keyword arguments beside it override its fields).
+
+    Attributes:
+        max_new_tokens / max_length: generation limit (``max_new_tokens`` wins when both are set; ``max_length``
+            counts the prompt's ``L`` columns, padding included).
+        do_sample, temperature, top_k, top_p, min_p: sampling; speculative sampling keeps the target's processed
+            distribution exactly. Greedy output equals the target's own greedy output.
+        repetition_penalty, min_new_tokens: as in ``transformers`` (greedy or sampled).
+        eos_token_id: int or list; defaults to the target's generation config.
+        pad_token_id: fills a batch's rows that stopped early (default: the target's generation config's, else the
+            first EOS id).
+        stop_strings, tokenizer: stop once the continuation contains a stop string.
+        streamer: a transformers streamer (``put``/``end``; one prompt only).
+        generator: random source for sampling (a seeded generator reproduces the run; a batch's rows draw from it
+            in order, row 0 first).
+        fold_config: reading mode for this call only (the drafter's own is restored afterwards).
+        return_stats: return a :class:`GenerationResult` (a batch: a :class:`BatchGenerationResult`) instead of the
+            sequences.
+    """
+
+    max_new_tokens: int | None = 256
+    max_length: int | None = None
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_new_tokens: int | None = None
+    eos_token_id: int | Sequence[int] | None = None
+    pad_token_id: int | None = None
+    stop_strings: Sequence[str] | str | None = None
+    tokenizer: Any = None
+    streamer: Any = None
+    generator: torch.Generator | None = None
+    fold_config: FoldConfig | None = None
+    return_stats: bool = False
+
+    @classmethod
+    def of(cls, caller: str, request: GenerationRequest | None, settings: dict) -> GenerationRequest:
+        """The request of a call to ``caller``: ``request`` (default: every default) with the keyword arguments
+        ``settings`` over it; TypeError for a name that is not a setting (as Python says it for a signature)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = [name for name in settings if name not in names]
+        if unknown:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        if request is not None and not isinstance(request, cls):
+            raise TypeError(f"request must be a GenerationRequest, got {type(request).__name__}")
+        return dataclasses.replace(request, **settings) if request is not None else cls(**settings)
+
+    def check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> int:
+        """New tokens per row for the prompt ``input_ids`` ``[B, L]`` (:func:`new_token_budget`), after checking
+        the sampling settings: ValueError before any work for a request that cannot run."""
+        budget = new_token_budget(input_ids, attention_mask, self.max_new_tokens, self.max_length)
+        self.sampling()
+        return budget
+
+    def sampling(self) -> Sampling:
+        return Sampling.from_settings(self.do_sample, self.temperature, self.top_k, self.top_p, self.min_p,
+                                      self.repetition_penalty, self.min_new_tokens)
+
+    def tracker(self, target) -> Tracker:
+        """A fresh :class:`Tracker` for one row: its EOS ids, stop strings and streamer."""
+        return Tracker(eos_ids(target, self.eos_token_id), StopStrings(self.stop_strings, self.tokenizer),
+                       self.streamer)
+
+
+def takes_request(function):
+    """Give ``function(..., request=None, **settings)`` the signature it reads: its own parameters, then every
+    :class:`GenerationRequest` field as a keyword-only parameter with its default (``help()``, ``inspect``)."""
+    signature = inspect.signature(function)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fields = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+              for f in dataclasses.fields(GenerationRequest)]
+    function.__signature__ = signature.replace(parameters=own + fields)
+    return function
 
 
 def new_token_budget(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                      max_new_tokens: int | None, max_length: int | None) -> int:
-    """The number of tokens to generate for a batch-1, unpadded prompt ``input_ids`` ``[1, P]``
-    (``max_new_tokens`` wins over ``max_length``); ValueError when the prompt or the limits do not allow one."""
+    """The number of tokens to generate per row of the prompt ``input_ids`` ``[B, L]`` (left-padded by
+    ``attention_mask`` ``[B, L]``, if given; ``max_new_tokens`` wins over ``max_length``, which counts the ``L``
+    columns, as transformers does); ValueError when the prompt or the limits do not allow one."""
     if input_ids is None:
         raise ValueError("input_ids is required")
-    validate_batch(input_ids)
-    if attention_mask is not None and not bool(torch.all(attention_mask != 0)):
-        raise ValueError("attention_mask has padding; batch-1 generation takes unpadded prompts")
+    validate_batch(input_ids, attention_mask)
     prompt_len = input_ids.shape[1]
     if max_new_tokens is None:
         if max_length is None:

@@ -26,7 +26,7 @@ from .request import warn_past_context
 
 NOT_ROUTED = object()
 
-# generation settings the fast loop applies, or that cannot change a batch-1 output
+# generation settings the fast loop applies, or that cannot change its output
 APPLIED_SETTINGS = frozenset({
     "max_new_tokens", "max_length", "min_new_tokens", "min_length", "do_sample", "temperature", "top_k", "top_p",
     "min_p", "repetition_penalty", "eos_token_id", "pad_token_id", "bos_token_id", "stop_strings",
@@ -50,11 +50,13 @@ class FoldGenerateOutput(GenerateDecoderOnlyOutput):
         acceptance_lengths: tokens committed per verification round (the target's own token included).
         tau: their mean.
         finish_reason: ``"length"``, ``"eos"`` or ``"stop_string"``.
+
+    For a batch of ``B > 1`` prompts each of these is a list with one entry per row.
     """
 
     acceptance_lengths: list | None = None
-    tau: float | None = None
-    finish_reason: str | None = None
+    tau: float | list | None = None
+    finish_reason: str | list | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,13 +117,10 @@ def _reason_not_to_route(model, args: tuple, kwargs: dict, config) -> str | None
     inputs = _inputs(args, kwargs)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.dtype not in (torch.long, torch.int):
         return "inputs that are not a [batch, length] tensor of token ids"
-    mask = kwargs.get("attention_mask")
-    if mask is not None and not bool(torch.all(mask != 0)):
-        return "attention_mask with padding (the fast loop takes unpadded batch-1 prompts)"
     assistant = kwargs.get("assistant_model")
     new = config.max_new_tokens if config.max_new_tokens is not None else (config.max_length or 20) - inputs.shape[1]
     block = getattr(assistant, "block_size", 1)
-    return fast_unsupported(model, assistant, batch_size=inputs.shape[0], capacity=inputs.shape[1] + new + block)
+    return fast_unsupported(model, assistant, capacity=inputs.shape[1] + new + block)
 
 
 def _request_config(model, kwargs: dict):
@@ -150,8 +149,11 @@ def transformers_path(model, kwargs: dict) -> str:
 def route_generate(model, args: tuple, kwargs: dict):
     """``model.generate(*args, **kwargs)`` on the fast loop when the request allows it.
 
+    A batch (``[B, L]`` left-padded by ``attention_mask``) is decoded row by row (:mod:`.batch`); its
+    ``acceptance_lengths``, ``tau`` and ``finish_reason`` (and ``drafter.last_acceptance_lengths``) are per-row lists.
+
     Returns:
-        (sequences ``[1, P + N]`` or a :class:`FoldGenerateOutput`, None) when routed, else
+        (sequences ``[1, P + N]`` (a batch: ``[B, L + N]``) or a :class:`FoldGenerateOutput`, None) when routed, else
         (:data:`NOT_ROUTED`, the reason as a phrase).
     """
     from .fast import fast_generate
@@ -168,7 +170,7 @@ def route_generate(model, args: tuple, kwargs: dict):
     prompt_len = inputs.shape[1]
     prepare = getattr(model, "_prepare_special_tokens", None)
     if prepare is not None:  # transformers' own pad/eos warnings, word for word
-        prepare(config, "attention_mask" in kwargs, device=inputs.device, batch_size=1)
+        prepare(config, "attention_mask" in kwargs, device=inputs.device, batch_size=inputs.shape[0])
     max_new_tokens = config.max_new_tokens
     if max_new_tokens is None:
         max_new_tokens = (config.max_length if config.max_length is not None else 20) - prompt_len
@@ -178,7 +180,8 @@ def route_generate(model, args: tuple, kwargs: dict):
         model, drafter, inputs, kwargs.get("attention_mask"), max_new_tokens=max_new_tokens,
         do_sample=bool(config.do_sample), temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
         min_p=config.min_p, repetition_penalty=config.repetition_penalty, min_new_tokens=min_new_tokens,
-        eos_token_id=config.eos_token_id, stop_strings=config.stop_strings, tokenizer=kwargs.get("tokenizer"),
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, stop_strings=config.stop_strings,
+        tokenizer=kwargs.get("tokenizer"),
         streamer=kwargs.get("streamer"), return_stats=True)
     if isinstance(drafter, FoldDrafter):
         drafter.last_acceptance_lengths = result.acceptance_lengths

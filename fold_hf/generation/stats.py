@@ -1,4 +1,5 @@
-"""The result of :func:`fold_hf.generate`: tokens plus decoding statistics."""
+"""The results of :func:`fold_hf.generate` and :func:`fold_hf.fast_generate`: tokens plus decoding statistics (one
+prompt: :class:`GenerationResult`; a batch: :class:`BatchGenerationResult`, per-row lists)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,44 @@ class GenerationResult:
             "tpot_s": self.tpot_s,
             "finish_reason": self.finish_reason,
         }
+
+
+@dataclass
+class BatchGenerationResult:
+    """Output of a batch of ``B > 1`` prompts (``return_stats=True``): the batched sequences and each row's own
+    result, the per-row statistics as lists (row order).
+
+    Attributes:
+        sequences: ``[B, L + N]`` as transformers' batched ``generate`` returns them: each row's left padding kept,
+            a row that stopped early filled on the right with the pad id (``N``: the most new tokens of any row).
+        rows: each row's :class:`GenerationResult` as it was decoded alone (``sequences [1, P_i + N_i]``, its real
+            prompt without padding).
+        num_prompt_tokens: L (padding included).
+    """
+
+    sequences: torch.Tensor
+    rows: list[GenerationResult]
+    num_prompt_tokens: int
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        return self.sequences[:, self.num_prompt_tokens :]
+
+    @property
+    def acceptance_lengths(self) -> list[list[int]]:
+        return [row.acceptance_lengths for row in self.rows]
+
+    @property
+    def proposals(self) -> list[list[list[int]]]:
+        return [row.proposals for row in self.rows]
+
+    @property
+    def finish_reason(self) -> list[str]:
+        return [row.finish_reason for row in self.rows]
+
+    @property
+    def tau(self) -> list[float]:
+        return [row.tau for row in self.rows]
+
+    def summary(self) -> list[dict]:
+        return [row.summary() for row in self.rows]

@@ -87,10 +87,27 @@ def _drafter_source(drafter) -> str:
     return f" (drafter config: {config_file if config_file.is_file() else origin})"
 
 
-def validate_batch(input_ids) -> None:
+def validate_batch(input_ids, attention_mask=None) -> None:
+    """Raise ``ValueError`` unless ``input_ids`` is a ``[B, L]`` prompt whose ``attention_mask`` (``[B, L]``, if
+    given) pads on the left only (transformers' convention for decoder-only models) and leaves each row a token."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"batch size {input_ids.shape[0]} is not supported yet: FOLD speculative decoding runs batch 1")
     if input_ids.shape[1] < 1:
         raise ValueError("input_ids is empty: give at least one prompt token")
+    if attention_mask is None:
+        return
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}:"
+                         " they must match")
+    real = attention_mask != 0
+    empty = ~real.any(dim=1)
+    if bool(empty.any()):
+        raise ValueError(f"attention_mask row {int(empty.nonzero()[0])} is all zeros: every row needs at least one "
+                         "prompt token")
+    # right padding or a hole: a 0 after a 1 in some row (left padding is 0s then 1s, never 1 then 0)
+    after_one = real[:, :-1] & ~real[:, 1:]
+    if bool(after_one.any()):
+        row = int(after_one.any(dim=1).nonzero()[0])
+        raise ValueError(f"attention_mask row {row} has padding after a prompt token (right padding or a hole): "
+                         "pad on the left (left padding, tokenizer.padding_side = 'left'), as transformers' "
+                         "decoder-only generate expects")

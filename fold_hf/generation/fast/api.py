@@ -1,10 +1,11 @@
 """The fast loop's entry point: :func:`fast_generate` checks the request, resolves its engine and settings, takes
-the target's session and decodes (prefill, then rounds, :func:`decode_request`); :func:`fast_unsupported` says why
-a request cannot run here (the routing asks it)."""
+the target's session and decodes (prefill, then rounds, :func:`decode_request`; a batch row by row,
+:mod:`..batch`); :func:`fast_unsupported` says why a request cannot run here (the routing asks it)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
 
 import torch
 
@@ -12,12 +13,13 @@ from ...modeling.drafter import FoldDrafter
 from ...modeling.fold_config import FoldConfig
 from ...targets.base import PREFILL_CHUNK, UnsupportedTarget
 from ...targets.registry import check_target
-from ..request import drafter_for_call, new_token_budget, warn_past_context
+from ..batch import decode_rows, needs_rows
+from ..request import GenerationRequest, drafter_for_call, takes_request, warn_past_context
 from ..rounds import decode, num_proposals
 from ..sampling import Sampling, TokenChoice
 from ..static_drafter import commit_context
 from ..stats import GenerationResult
-from ..tracker import StopStrings, Tracker, eos_ids
+from ..tracker import Tracker
 from .engine import StaticRunner, run_rounds
 from .session import Session, session_for
 from .settings import fused_drafter_enabled, resolve_fused_drafter, resolve_fused_layers, resolve_target_attention
@@ -25,11 +27,9 @@ from .settings import fused_drafter_enabled, resolve_fused_drafter, resolve_fuse
 ENGINES = ("eager", "static", "graphs")
 
 
-def fast_unsupported(target, drafter=None, *, batch_size: int = 1, capacity: int | None = None) -> str | None:
-    """Why :func:`fast_generate` cannot run this request (``capacity``: its prompt + new tokens, when known), or
+def fast_unsupported(target, drafter=None, *, capacity: int | None = None) -> str | None:
+    """Why :func:`fast_generate` cannot run this request (``capacity``: a row's prompt + new tokens, when known), or
     None when it can (used by the routing)."""
-    if batch_size != 1:
-        return f"batch size {batch_size}: the fast loop runs batch 1"
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         return f"assistant {type(drafter).__name__} is not a FoldDrafter"
     placed = {str(d) for d in (getattr(target, "hf_device_map", None) or {}).values()}
@@ -43,46 +43,26 @@ def fast_unsupported(target, drafter=None, *, batch_size: int = 1, capacity: int
     return None
 
 
+@takes_request
 @torch.no_grad()
-def fast_generate(
-    target,
-    drafter: FoldDrafter | None = None,
-    input_ids: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    max_new_tokens: int | None = 256,
-    max_length: int | None = None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float | None = None,
-    min_new_tokens: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    stop_strings: Sequence[str] | str | None = None,
-    tokenizer=None,
-    streamer=None,
-    generator: torch.Generator | None = None,
-    fold_config: FoldConfig | None = None,
-    return_stats: bool = False,
-    engine: str | None = None,
-    prefill_chunk: int = PREFILL_CHUNK,
-    target_attention: str | None = None,
-    fused_layers: bool | None = None,
-):
-    """Speculative decoding (greedy or sampled) of ``target`` with ``drafter`` (AR when None) on the fast machinery.
+def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.Tensor | None = None,
+                  attention_mask: torch.Tensor | None = None, *, engine: str | None = None,
+                  prefill_chunk: int = PREFILL_CHUNK, target_attention: str | None = None,
+                  fused_layers: bool | None = None, request: GenerationRequest | None = None, **settings):
+    """Speculative decoding (greedy or sampled) of ``target`` with ``drafter`` (AR when None) on the fast machinery
+    (docs/fast-loop.md).
 
-    Same arguments and result as :func:`fold_hf.generate`, plus:
+    Same arguments and result as :func:`fold_hf.generate` (the settings of a
+    :class:`~fold_hf.generation.request.GenerationRequest`, batches row by row), plus:
 
     Args:
-        engine: ``"eager"``, ``"static"`` or ``"graphs"`` (module docstring); default ``graphs`` on CUDA,
+        engine: ``"eager"``, ``"static"`` or ``"graphs"`` (docs/fast-loop.md); default ``graphs`` on CUDA,
             ``eager`` otherwise.
         prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
         target_attention: the verify step's attention in the static and graphs engines, ``"bucket"`` or
-            ``"triton"`` (module docstring); default ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA
-            with Triton and ``"bucket"`` elsewhere.
-        fused_layers: run the target's elementwise work as fused kernels (module docstring); default on with
+            ``"triton"``; default ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA with Triton and
+            ``"bucket"`` elsewhere.
+        fused_layers: run the target's elementwise work as fused kernels; default on with
             ``target_attention="triton"`` on CUDA where the target allows it.
 
     Sampling (``do_sample=True``, with temperature, top-k, top-p, min-p) and the repetition penalty and
@@ -90,19 +70,17 @@ def fast_generate(
     graphs engine; ``generator`` seeds them (the same seed gives the same tokens on every engine).
 
     Returns:
-        ``[1, P + N]`` sequences, or a :class:`GenerationResult` with ``return_stats=True``.
+        ``[1, P + N]`` sequences (a batch: ``[B, L + N]``), or a :class:`GenerationResult` (a batch:
+        :class:`BatchGenerationResult`) with ``return_stats=True``.
 
     Raises:
-        ValueError: batch > 1, padding, an unsupported target architecture (the message says which).
+        ValueError: right padding, an unsupported target architecture (the message says which).
     """
-    max_new_tokens = new_token_budget(input_ids, attention_mask, max_new_tokens, max_length)
+    request = GenerationRequest.of("fast_generate", request, settings)
+    budget = request.check(input_ids, attention_mask)
     reason = fast_unsupported(target, drafter)
     if reason is not None:
         raise ValueError(f"fast_generate cannot run this request: {reason}")
-    prompt_len = input_ids.shape[1]
-    warn_past_context(target, prompt_len, max_new_tokens)
-    sampling = Sampling.from_settings(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
-                                      min_new_tokens)
     device = input_ids.device
     if engine is None:
         engine = "graphs" if device.type == "cuda" else "eager"
@@ -111,18 +89,31 @@ def fast_generate(
     if engine == "graphs" and device.type != "cuda":
         raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
     target_attention = resolve_target_attention(target_attention, device)
-    with drafter_for_call(target, drafter, fold_config):
+    row = functools.partial(_fast_row, target, drafter, engine=engine, prefill_chunk=prefill_chunk,
+                            target_attention=target_attention, fused_layers=fused_layers)
+    if needs_rows(input_ids, attention_mask):
+        return decode_rows(row, target, input_ids, attention_mask, request, budget)
+    result = row(input_ids, dataclasses.replace(request, max_new_tokens=budget))
+    return result if request.return_stats else result.sequences
+
+
+def _fast_row(target, drafter, input_ids: torch.Tensor, request: GenerationRequest, *, engine: str,
+              prefill_chunk: int, target_attention: str, fused_layers: bool | None) -> GenerationResult:
+    """One unpadded prompt ``input_ids`` ``[1, P]`` on the fast loop, ``request.max_new_tokens`` new tokens at
+    most."""
+    max_new_tokens = request.max_new_tokens
+    prompt_len = input_ids.shape[1]
+    warn_past_context(target, prompt_len, max_new_tokens, stacklevel=4)
+    with drafter_for_call(target, drafter, request.fold_config):
         rows = num_proposals(drafter) + 1
         capacity = prompt_len + max_new_tokens + rows
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         session = session_for(target, capacity, taps, engine)
         fused = resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
-        out = Tracker(eos_ids(target, eos_token_id), StopStrings(stop_strings, tokenizer), streamer)
-        result = decode_request(session, drafter, input_ids.to(session.device), max_new_tokens, out, sampling,
-                                generator, prefill_chunk, target_attention, fused,
-                                resolve_fused_drafter(fused, fused_layers, target_attention, session.runner, engine))
-        return result if return_stats else result.sequences
-
+        return decode_request(session, drafter, input_ids.to(session.device), max_new_tokens,
+                              request.tracker(target), request.sampling(), request.generator, prefill_chunk,
+                              target_attention, fused,
+                              resolve_fused_drafter(fused, fused_layers, target_attention, session.runner, engine))
 
 
 def decode_request(session: Session, drafter, input_ids, budget: int, out: Tracker, sampling: Sampling, generator,
