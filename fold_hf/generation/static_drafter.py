@@ -1,8 +1,9 @@
 """`StaticDrafter`: one drafting round of a :class:`FoldDrafter` with fixed shapes and device-side lengths.
 
 :meth:`FoldDrafter.draft_logits` plans each read on the host from Python ints, which costs milliseconds of
-Python per round and cannot be captured in a CUDA graph. This step does the same math with every length held
-in a device tensor, so a round can be captured once and replayed:
+Python per round and cannot be captured in a CUDA graph. This step runs the same layers (the drafter's own
+:class:`~fold_hf.modeling.drafter_layer.DrafterLayer` forward and draft head, or their fused restatement) with every
+length held in a device tensor, so a round can be captured once and replayed:
 
 * the verify step's tapped features of all ``B`` rows are projected to context keys/values and written at
   ``[d_len, d_len + B)`` of the drafter's :class:`~fold_hf.modeling.cache.FoldCache` buffers; only the first
