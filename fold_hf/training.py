@@ -53,21 +53,20 @@ def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_emb
     k_pos = torch.cat((torch.arange(L, device=anchors.device).expand(b, -1), q_pos), dim=1)  # [b, L + n*B]
     mask = block_training_mask(anchors, L, B)[:, None]  # [b, 1, n*B, L + n*B]
     rope = drafter.rope
-    for layer in drafter.layers:
-        attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
-        q = attn.project_queries(x)
-        (k_ctx, v_ctx), (k_blk, v_blk) = attn.project_keys_values(context), attn.project_keys_values(x)
+
+    def read(attn, q, k_ctx, v_ctx, k_blk, v_blk):  # the block mask's read (DrafterAttention.forward's read)
         k, v = torch.cat((k_ctx, k_blk), dim=2), torch.cat((v_ctx, v_blk), dim=2)
         layer_mask = mask
         if attn.sliding_window is not None:
             layer_mask = mask & ((q_pos[:, None, :, None] - k_pos[:, None, None, :]) < attn.sliding_window)
-        q = rope.rotate(q, q_pos[:, None]).to(x.dtype)
-        k = rope.rotate(k, k_pos[:, None]).to(x.dtype)
+        q = rope.rotate(q, q_pos[:, None]).to(hidden.dtype)
+        k = rope.rotate(k, k_pos[:, None]).to(hidden.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=layer_mask, scale=attn.scaling,
                                              enable_gqa=attn.num_key_value_groups > 1)
-        out = attn.o_proj(out.transpose(1, 2).reshape(b, q.shape[2], -1))
-        hidden = layer.mlp_residual(layer.attention_residual(hidden, out))
+        return out.transpose(1, 2)  # [b, n*B, Hq, D]
+
+    for layer in drafter.layers:
+        hidden = layer(hidden, context, read)
     return drafter.norm(hidden)
 
 

@@ -1,8 +1,9 @@
 """`StaticDrafter`: one drafting round of a :class:`FoldDrafter` with fixed shapes and device-side lengths.
 
 :meth:`FoldDrafter.draft_logits` plans each read on the host from Python ints, which costs milliseconds of
-Python per round and cannot be captured in a CUDA graph. This step does the same math with every length held
-in a device tensor, so a round can be captured once and replayed:
+Python per round and cannot be captured in a CUDA graph. This step runs the same layers (the drafter's own
+:class:`~fold_hf.modeling.drafter_layer.DrafterLayer` forward and draft head, or their fused restatement) with every
+length held in a device tensor, so a round can be captured once and replayed:
 
 * the verify step's tapped features of all ``B`` rows are projected to context keys/values and written at
   ``[d_len, d_len + B)`` of the drafter's :class:`~fold_hf.modeling.cache.FoldCache` buffers; only the first
@@ -353,17 +354,13 @@ class StaticDrafter:
         return out
 
     def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor, pick=None):
-        """Proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` (device ops only): greedy, or ``pick``'s
-        choice with its ``q``; a DeepSpec confidence cut writes the kept count to ``state[CUT_SLOT]``."""
+        """Proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` through the drafter's head
+        (:meth:`FoldDrafter.draft_head`, device ops only): greedy, or ``pick``'s choice with its ``q``; a DeepSpec
+        confidence cut writes the kept count to ``state[CUT_SLOT]``."""
         drafter = self.drafter
-        slots = hidden[0, drafter.first_proposal_slot :]
-        last = state[3:4]
-        tokens, q = drafter.pick_proposals(drafter.proposal_logits(slots), last, pick)
-        if drafter.is_deepspec and drafter.confidence_threshold > 0:
-            from ..modeling.families.deepspec import confident_length
-
-            state[CUT_SLOT : CUT_SLOT + 1].copy_(confident_length(drafter, slots, tokens, last,
-                                                                 drafter.confidence_threshold))
+        tokens, q, kept = drafter.draft_head(hidden[0, drafter.first_proposal_slot :], state[3:4], pick)
+        if kept is not None:
+            state[CUT_SLOT : CUT_SLOT + 1].copy_(kept)
         return tokens if pick is None else (tokens, q)
 
     def _rotate(self, x, rows, row_scale, scale):
@@ -374,24 +371,29 @@ class StaticDrafter:
         return (rotate_by_tables(x, *rows) * scale).to(self.dtype)
 
     def _layers(self, rnd: dict, with_far: bool) -> torch.Tensor:
-        """The drafter's layers through its modules; returns the final-normed block ``[1, B, H]``."""
-        drafter, B = self.drafter, self.block
-        hidden, context, entry_positions = rnd["hidden"], rnd["context"], rnd["entry_positions"]
-        for i, (layer, cache_layer) in enumerate(zip(drafter.layers, self.cache.layers)):
-            attn = layer.self_attn
-            k_new, v_new = attn.project_keys_values(context)
-            cache_layer.keys.index_copy_(2, entry_positions, k_new)
-            cache_layer.values.index_copy_(2, entry_positions, v_new)
-            normed = layer.input_layernorm(hidden)
-            q = attn.project_queries(normed)
-            k_blk, v_blk = attn.project_keys_values(normed)
-            out = self._attend(i, cache_layer, q, k_blk, v_blk, rnd, with_far, self._rotate, lambda x: x)
-            hidden = layer.attention_residual(hidden, attn.o_proj(out.reshape(1, B, -1)))
-            hidden = layer.mlp_residual(hidden)
+        """The drafter's layers through their own forward (:class:`~fold_hf.modeling.drafter_layer.DrafterLayer`),
+        reading through :meth:`_store_and_attend`; returns the final-normed block ``[1, B, H]``."""
+        drafter, hidden = self.drafter, rnd["hidden"]
+
+        def read(attn, q, k_new, v_new, k_blk, v_blk):
+            return self._store_and_attend(attn.layer_idx, q, k_new, v_new, k_blk, v_blk, rnd, with_far)
+
+        for layer in drafter.layers:
+            hidden = layer(hidden, rnd["context"], read)
         return drafter.norm(hidden)
 
+    def _store_and_attend(self, i: int, q, k_new, v_new, k_blk, v_blk, rnd: dict, with_far: bool) -> torch.Tensor:
+        """Layer ``i``'s read in the module path: its new context entries ``k_new`` / ``v_new [1, Hkv, R, Dh]`` written
+        at the round's entry positions of the preallocated cache, then :meth:`_attend` of queries ``q [1, Hq, B, Dh]``
+        and the block ``k_blk`` / ``v_blk [1, Hkv, B, Dh]``; returns ``[1, B, Hq, Dh]``."""
+        cache_layer = self.cache.layers[i]
+        cache_layer.keys.index_copy_(2, rnd["entry_positions"], k_new)
+        cache_layer.values.index_copy_(2, rnd["entry_positions"], v_new)
+        return self._attend(i, cache_layer, q, k_blk, v_blk, rnd, with_far, self._rotate, lambda x: x)
+
     def _layers_fused(self, rnd: dict, with_far: bool) -> torch.Tensor:
-        """:meth:`_layers` with the fused elementwise ops: each residual add happens inside the next norm."""
+        """:meth:`_layers` restated with the fused elementwise ops (pre-norm layers only): each residual add happens
+        inside the next norm, q|k|v and gate|up are one GEMM each; returns the final-normed block ``[1, B, H]``."""
         drafter, B, ops = self.drafter, self.block, self.ops
         hidden, context, entry_positions = rnd["hidden"], rnd["context"], rnd["entry_positions"]
 

@@ -29,12 +29,13 @@ from ..kernels.gemm.cpu import linear_module
 from .attention import FOLD_ATTENTION, drafter_read
 from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
+from .drafter_layer import DrafterAttention, DrafterLayer, RMSNorm
 from .families import deepspec
 from .fold_config import FoldConfig
 from .read_plan import LayerRead, ReadGeometry, plan_layer_read, read_geometry
 from .retrieval import (RETRIEVAL_MODES, RetrievalParams, cmr_select_entries, plan_cmr_read, plan_infllm_read,
                         retrieval_state)
-from .rope import RotaryTables, compute_dtype, yarn_factor, yarn_rope_parameters
+from .rope import RotaryTables, yarn_factor, yarn_rope_parameters
 
 
 def execution_device(module: nn.Module) -> torch.device:
@@ -47,152 +48,39 @@ def execution_device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-class RMSNorm(nn.Module):
-    """RMS norm times a learned weight (``with_scale=False``: no weight, as DeepSpec Gemma-4's ``v_norm``)."""
-
-    def __init__(self, dim: int, eps: float, with_scale: bool = True) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(compute_dtype(dtype))  # fp32 (fp64 for fp64 inputs)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x.to(dtype) if self.weight is None else self.weight * x.to(dtype)
-
-
-class DrafterMLP(nn.Module):
-    def __init__(self, config: FoldDrafterConfig, layer_idx: int = 0) -> None:
-        super().__init__()
-        # a family may give each layer its own width (DeepSpec Gemma-4's double-wide MLPs)
-        per_layer = getattr(config, "layer_intermediate_sizes", None)
-        h, i = config.hidden_size, (per_layer[layer_idx] if per_layer else config.intermediate_size)
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
-        from transformers.activations import ACT2FN
-
-        self.act = ACT2FN[config.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # several CPU rows run MKL's packed GEMM (kernels/gemm/cpu.py; F.linear elsewhere and under autograd)
-        gate = self.act(linear_module(self.gate_proj, x))
-        return linear_module(self.down_proj, gate * linear_module(self.up_proj, x))
+def _store_entries(cache, idx: int, k_new, v_new, k_blk: torch.Tensor, v_blk: torch.Tensor):
+    """Layer ``idx``'s context after storing its new entries ``k_new`` / ``v_new [b, Hkv, n, D]`` (None: nothing new):
+    ``(keys, values [b, Hkv, T, D], rotated keys or None)``. A :class:`FoldCache` keeps the context only;
+    transformers' native DFlash cache keeps the context then the block ``k_blk`` / ``v_blk [b, Hkv, Lq, D]`` (its
+    generator crops the block later), so the block is cut off the answer."""
+    if not isinstance(cache, FoldCache):
+        k_app = k_blk if k_new is None else torch.cat((k_new, k_blk), dim=2)
+        v_app = v_blk if v_new is None else torch.cat((v_new, v_blk), dim=2)
+        keys, values = cache.update(k_app, v_app, idx)
+        Lq = k_blk.shape[2]
+        return keys[:, :, :-Lq], values[:, :, :-Lq], None
+    layer = cache.layers[idx]
+    if k_new is not None:
+        keys, values = layer.update(k_new, v_new)
+    elif layer.is_initialized:
+        keys, values = layer.context()
+    else:
+        return k_blk[:, :, :0], v_blk[:, :, :0], None
+    return keys, values, layer.rotated_context()
 
 
-class DrafterAttention(nn.Module):
-    def __init__(self, config: FoldDrafterConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        # a family may fix the logit scale (DeepSpec's Gemma-4 drafter: 1.0, its q/k norms carry the scale)
-        fixed_scale = getattr(config, "attention_logit_scale", None)
-        self.scaling = float(fixed_scale) if fixed_scale is not None else self.head_dim**-0.5
-        self.num_key_value_groups = self.num_heads // self.num_kv_heads
-        self.is_causal = False
-        self.rope = None  # set by FoldDrafter: the drafter's base rotary tables
-        self.sliding_window = config.sliding_window if config.is_sliding_layer(layer_idx) else None
-        bias = bool(getattr(config, "attention_bias", False))
-        h = config.hidden_size
-        # attention_k_eq_v (DeepSpec Gemma-4): no v_proj, values = v_norm(k_proj(x)) with a scale-free v_norm
-        self.k_eq_v = bool(getattr(config, "attention_k_eq_v", False))
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = None if self.k_eq_v else nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.v_norm = RMSNorm(self.head_dim, config.rms_norm_eps, with_scale=False) if self.k_eq_v else None
-
-    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int, norm: RMSNorm | None) -> torch.Tensor:
-        b, L, _ = x.shape
-        y = linear_module(proj, x).view(b, L, n, self.head_dim)
-        if norm is not None:
-            y = norm(y)
-        return y.transpose(1, 2)
-
-    def project_queries(self, x: torch.Tensor) -> torch.Tensor:
-        """``[b, L, H]`` normed block hidden -> unrotated queries ``[b, Hq, L, D]`` (after q_norm)."""
-        return self._heads(x, self.q_proj, self.num_heads, self.q_norm)
-
-    def project_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[b, L, H]`` (context features or normed block hidden) -> unrotated keys and values, each
-        ``[b, Hkv, L, D]``: ``k_norm(k_proj(x))`` and ``v_proj(x)``, or ``v_norm(k_proj(x))`` with k_eq_v."""
-        if not self.k_eq_v:
-            return (self._heads(x, self.k_proj, self.num_kv_heads, self.k_norm),
-                    self._heads(x, self.v_proj, self.num_kv_heads, None))
-        b, L, _ = x.shape
-        raw = linear_module(self.k_proj, x).view(b, L, self.num_kv_heads, self.head_dim)
-        return self.k_norm(raw).transpose(1, 2), self.v_norm(raw).transpose(1, 2)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        context: torch.Tensor | None,
-        cache_layer,
-        read_for_layer,
-    ) -> torch.Tensor:
-        """hidden ``[b, Lq, H]`` (normed block), context ``[b, n, H]`` new context features or None."""
-        q = self.project_queries(hidden)
-        k_blk, v_blk = self.project_keys_values(hidden)
-        if context is not None and context.shape[1]:
-            k_new, v_new = self.project_keys_values(context)
-        else:
-            k_new = v_new = None
-        k_ctx, v_ctx, k_ctx_rotated = cache_layer(k_new, v_new, k_blk, v_blk)
-        read: LayerRead = read_for_layer(self, k_ctx.shape[2], query=q, context_keys=k_ctx)
-        if read.gather is not None:  # a compact context (InfLLM): the read's indices refer to it
-            k_ctx, v_ctx = k_ctx.index_select(2, read.gather), v_ctx.index_select(2, read.gather)
-            k_ctx_rotated = None if k_ctx_rotated is None else k_ctx_rotated.index_select(2, read.gather)
-        if k_ctx_rotated is not None and not (read.true_positions and read.rope is self.rope):
-            k_ctx_rotated = None  # the rotated copy holds true positions under the base rope only
-        out = drafter_read(self, q, k_ctx, v_ctx, k_blk, v_blk, read, self.scaling, k_ctx_rotated)
-        if read.on_read is not None:
-            read.on_read(self, q, k_ctx, k_blk)
-        return linear_module(self.o_proj, out.reshape(*out.shape[:2], -1))
-
-
-class DrafterLayer(nn.Module):
-    """Pre-norm layer (z-lab, DeepSpec Qwen3): ``h += attn(in_norm(h))``, ``h += mlp(post_attn_norm(h))``.
-
-    ``config.sandwich_norms`` (DeepSpec Gemma-4): ``h += post_attn_norm(attn(in_norm(h)))``,
-    ``h += post_ff_norm(mlp(pre_ff_norm(h)))``, then ``h *= layer_scalar``. Every path (inference forward, static
-    step, training forward) goes through :meth:`attention_residual` and :meth:`mlp_residual`.
-    """
-
-    def __init__(self, config: FoldDrafterConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = DrafterAttention(config, layer_idx)
-        self.mlp = DrafterMLP(config, layer_idx)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.sandwich_norms = bool(getattr(config, "sandwich_norms", False))
-        if self.sandwich_norms:
-            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-            self.register_buffer("layer_scalar", torch.ones(1))
-
-    def attention_residual(self, hidden: torch.Tensor, attention_out: torch.Tensor) -> torch.Tensor:
-        """``hidden`` plus the layer's attention output ``[b, L, H]`` (o_proj already applied)."""
-        if self.sandwich_norms:
-            attention_out = self.post_attention_layernorm(attention_out)
-        return hidden + attention_out
-
-    def mlp_residual(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The MLP half of the layer on ``hidden [b, L, H]`` (and the layer scalar)."""
-        if self.sandwich_norms:
-            hidden = hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
-            return hidden * self.layer_scalar.to(hidden.dtype)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-    def forward(self, hidden, context, cache_layer, read_for_layer) -> torch.Tensor:
-        hidden = self.attention_residual(
-            hidden, self.self_attn(self.input_layernorm(hidden), context, cache_layer, read_for_layer))
-        return self.mlp_residual(hidden)
+def _planned_read(attn: DrafterAttention, q, k_ctx, v_ctx, k_ctx_rotated, k_blk, v_blk, read: LayerRead):
+    """``attn``'s read ``[b, Lq, Hq, D]`` of its context ``k_ctx`` / ``v_ctx [b, Hkv, T, D]`` (and the rotated copy
+    of the keys, or None) and the block through the drafter's attention implementation, as ``read`` plans it."""
+    if read.gather is not None:  # a compact context (InfLLM): the read's indices refer to it
+        k_ctx, v_ctx = k_ctx.index_select(2, read.gather), v_ctx.index_select(2, read.gather)
+        k_ctx_rotated = None if k_ctx_rotated is None else k_ctx_rotated.index_select(2, read.gather)
+    if k_ctx_rotated is not None and not (read.true_positions and read.rope is attn.rope):
+        k_ctx_rotated = None  # the rotated copy holds true positions under the base rope only
+    out = drafter_read(attn, q, k_ctx, v_ctx, k_blk, v_blk, read, attn.scaling, k_ctx_rotated)
+    if read.on_read is not None:
+        read.on_read(attn, q, k_ctx, k_blk)
+    return out
 
 
 def _argmax_pick(logits: torch.Tensor, first_slot: int = 0):
@@ -423,26 +311,6 @@ class FoldDrafter(PreTrainedModel):
         if block_start is None:
             block_start = num_context
 
-        def cache_layer_for(idx: int):
-            def run(k_new, v_new, k_blk, v_blk):
-                if native:
-                    # native DFlash cache holds context then the block; the generator crops the block later
-                    k_app = k_blk if k_new is None else torch.cat((k_new, k_blk), dim=2)
-                    v_app = v_blk if v_new is None else torch.cat((v_new, v_blk), dim=2)
-                    keys, values = cache.update(k_app, v_app, idx)
-                    return keys[:, :, :-Lq], values[:, :, :-Lq], None
-                layer = cache.layers[idx]
-                if k_new is not None:
-                    keys, values = layer.update(k_new, v_new)
-                elif layer.is_initialized:
-                    keys, values = layer.context()
-                else:
-                    empty = k_blk[:, :, :0]
-                    return empty, v_blk[:, :, :0], None
-                return keys, values, layer.rotated_context()
-
-            return run
-
         plans: dict[tuple, LayerRead] = {}
         mode = self.fold_config.mode
         if mode in RETRIEVAL_MODES and native:
@@ -467,8 +335,14 @@ class FoldDrafter(PreTrainedModel):
                                             selection=cmr_entries)
             return plans[key]
 
-        for idx, layer in enumerate(self.layers):
-            hidden = layer(hidden, context, cache_layer_for(idx), read_for)
+        def read(attn: DrafterAttention, q, k_new, v_new, k_blk, v_blk) -> torch.Tensor:
+            """The eager read (see :meth:`DrafterAttention.forward`): store, plan, read through "fold"."""
+            k_ctx, v_ctx, k_ctx_rotated = _store_entries(cache, attn.layer_idx, k_new, v_new, k_blk, v_blk)
+            plan = read_for(attn, k_ctx.shape[2], query=q, context_keys=k_ctx)
+            return _planned_read(attn, q, k_ctx, v_ctx, k_ctx_rotated, k_blk, v_blk, plan)
+
+        for layer in self.layers:
+            hidden = layer(hidden, context, read)
         return BaseModelOutput(last_hidden_state=self.norm(hidden))
 
     # ------------------------------------------------------------------ proposals (family-free interface)
@@ -540,6 +414,20 @@ class FoldDrafter(PreTrainedModel):
             return deepspec.markov_chain(self, base, last_token, pick)
         return pick(base)
 
+    def draft_head(self, hidden: torch.Tensor, last_token: torch.Tensor, pick=None):
+        """The draft head on the final-normed proposal slots ``hidden [n, H]`` (device ops only; the eager
+        :meth:`propose` and the static step both call it).
+
+        Returns:
+            (tokens ``[n]`` long, scores ``[n, V]`` or None (see :meth:`pick_proposals`), kept: a long device tensor
+            ``[1]`` of the leading proposals a DeepSpec confidence threshold keeps, or None when nothing cuts).
+        """
+        tokens, scores = self.pick_proposals(self.proposal_logits(hidden), last_token, pick)
+        kept = None
+        if self.is_deepspec and self.confidence_threshold > 0:
+            kept = deepspec.confident_length(self, hidden, tokens, last_token, self.confidence_threshold)
+        return tokens, scores, kept
+
     @torch.no_grad()
     def propose(self, last_token: torch.Tensor, context_hidden_states: torch.Tensor | None, cache: FoldCache,
                 block_start: int | None = None, count: int | None = None, pick=None):
@@ -562,9 +450,9 @@ class FoldDrafter(PreTrainedModel):
         out = self(noise, context_hidden_states, cache=cache, block_start=block_start).last_hidden_state
         start = self.first_proposal_slot
         hidden = out[0, start : start + limit]
-        tokens, scores = self.pick_proposals(self.proposal_logits(hidden), last_token, pick)
-        if self.is_deepspec and self.confidence_threshold > 0:
-            keep = int(deepspec.confident_length(self, hidden, tokens, last_token, self.confidence_threshold))
+        tokens, scores, kept = self.draft_head(hidden, last_token, pick)
+        if kept is not None:
+            keep = int(kept)
             tokens = tokens[:keep]
             scores = scores[:keep] if scores is not None else None
         return tokens, scores
