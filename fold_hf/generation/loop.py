@@ -7,7 +7,7 @@ and forward hooks for the drafter's tapped layers. With ``drafter=None`` the sam
 which is plain autoregressive decoding (DFlash's "block 1"). Only accepted positions reach the drafter's cache,
 so a rejection costs the target cache a rewind and the drafter nothing. Hybrid targets (Qwen3.5's linear-attention
 layers) cannot rewind their recurrent state: the runner snapshots their linear states before each verify and, after
-a rejection, restores them and replays the accepted tokens (:mod:`fold_hf.generation.rollback`).
+a rejection, restores them and replays the accepted tokens (:mod:`fold_hf.targets.rollback`).
 """
 
 from __future__ import annotations

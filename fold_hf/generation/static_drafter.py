@@ -231,7 +231,7 @@ class StaticDrafter:
     def attach_target_attention(self, queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> None:
         """CMR: where its refreshes read the target's attention: the verify's kept queries ``[1, Hq, R, Dh]`` of the
         target's last full-attention layer (rotated), that layer's key cache ``[1, Hkv, capacity, Dh]`` and its
-        logit scale (:meth:`fold_hf.generation.static_target.StaticTarget.keep_queries`)."""
+        logit scale (:meth:`fold_hf.targets.base.StaticTarget.keep_queries`)."""
         if self.cmr is None:
             raise ValueError(f"mode {self.mode!r} reads no target attention")
         self.cmr.target = (queries, keys, float(scaling))

@@ -53,7 +53,8 @@ Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` r
 (``use_bidirectional_attention`` ``True`` / ``"all"``), length-dependent rope types, experts in another layout
 (:func:`~fold_hf.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the
 projections stay the model's modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
-(:mod:`fold_hf.kernels.hybrid.triton`, from :mod:`fold_hf.targets.gemma_fused`, whose ``fused_unsupported`` names what
+(:mod:`fold_hf.kernels.hybrid.triton` and :mod:`fold_hf.kernels.gemma.triton`, from
+:mod:`fold_hf.targets.gemma_fused`, whose ``fused_unsupported`` names what
 they do not cover, and the fast loop then warns once and runs the layers on the modules).
 """
 

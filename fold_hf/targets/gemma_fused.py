@@ -2,7 +2,8 @@
 
 The projections stay the model's modules; the norms (Gemma-3's ``(1 + w)``, Gemma-4's ``w`` and its scale-free value
 norm), the rope with the (ring) cache write, the ring attention of sliding layers, the sandwich norms with the residual
-and ``layer_scalar``, and GELU-tanh run as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`, torch twins off CUDA).
+and ``layer_scalar``, and GELU-tanh run as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,
+:mod:`fold_hf.kernels.gemma.triton`; torch twins off CUDA).
 :meth:`GemmaFusedLayers.fused_unsupported` names what they do not cover (the fast loop then warns once and runs the
 layers on the modules). A mixin: it reads the runner's attributes that :mod:`fold_hf.targets.gemma` sets (layers,
 ``layer_types``, ``kv_source``, ``windows``, ``head_dims``, ``scalings``, ``tables``, rings) and its
@@ -32,7 +33,8 @@ class GemmaFusedLayers:
     """``fused_unsupported`` and ``_forward_static_fused`` of :class:`~fold_hf.targets.gemma.GemmaStaticTarget`."""
 
     def fused_unsupported(self) -> str | None:
-        """Why the fused Gemma layers (:mod:`fold_hf.kernels.hybrid.triton`) cannot run this target, or None."""
+        """Why the fused Gemma layers (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton`)
+        cannot run this target, or None."""
         kinds = {"Gemma3RMSNorm": 1.0, "Gemma4RMSNorm": 0.0}
         offsets = set()
         for i, layer in enumerate(self.layers):

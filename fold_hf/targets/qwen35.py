@@ -29,7 +29,7 @@ the model's own forward (transformers' cache and kernels, chunked) and its state
 
 Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
 projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,
-torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
+:mod:`fold_hf.kernels.gated_delta.triton`; torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
 :meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer
 in one launch (docs/targets-qwen35.md).
 

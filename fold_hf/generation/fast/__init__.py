@@ -1,5 +1,5 @@
 """`fast_generate`: the foundation loop (:func:`fold_hf.generate`) rebuilt for speed, same results: a preallocated
-target KV cache (:class:`~fold_hf.generation.static_target.StaticTarget`) and drafter cache, token choice on the
+target KV cache (:class:`~fold_hf.targets.base.StaticTarget`) and drafter cache, token choice on the
 device, engines ``eager`` / ``static`` / ``graphs`` (CUDA graphs). How it works, its engines, attention and fused
 layers, the targets it runs and its sessions: docs/fast-loop.md.
 

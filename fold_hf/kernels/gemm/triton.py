@@ -8,7 +8,7 @@ there is no reduce pass, and the gate|up product can end in the SiLU-and-multipl
 
 * :func:`skinny_linear_triton` ``x [..., K] @ weight[N, K]^T (+ bias)`` as ``F.linear``;
 * :func:`gate_up_silu_triton` ``silu(x @ gate^T) * (x @ up^T)`` over one ``[2 I, K]`` gate|up buffer (the
-  layout of :class:`fold_hf.generation.weight_layout.DecodeProjections`), rounding gate and up to the model dtype
+  layout of :class:`fold_hf.targets.weight_layout.DecodeProjections`), rounding gate and up to the model dtype
   before the SiLU as the unfused modules do, then exactly as
   :func:`fold_hf.kernels.layer.triton.silu_mul_triton`.
 
