@@ -246,9 +246,18 @@ def test_exact_attention_rejects_bad_inputs(interpreter):
         exact_decode_attention_triton(q, kc.double(), vc, None, None, 3)
 
 
-def test_exact_ops_refuse_a_cpu_device():
-    from fold_hf.kernels.exact import ExactUnavailable, exact_decode_attention, exact_layer_ops
+def test_exact_ops_refuse_a_cpu_device(monkeypatch):
+    """Off CUDA the exact ops refuse, naming why; a CPU under Triton's interpreter is accepted (the CPU tests)."""
+    from fold_hf.kernels.exact import (
+        ExactUnavailable,
+        exact_decode_attention,
+        exact_layer_ops,
+        exact_unavailable_reason,
+    )
 
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert exact_unavailable_reason("cpu") is None
+    monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ExactUnavailable, match="Triton kernels on CUDA"):
         exact_layer_ops("cpu")
     with pytest.raises(ExactUnavailable, match="Triton kernels on CUDA"):

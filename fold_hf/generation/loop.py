@@ -156,6 +156,10 @@ def generate(target, drafter: FoldDrafter | None = None, input_ids: torch.Tensor
     """
     request = GenerationRequest.of("generate", request, settings)
     budget = request.check(input_ids, attention_mask)
+    if request.exact:
+        raise ValueError("exact=True runs on fold_hf.fast_generate's static and graphs engines (docs/exact-mode.md); "
+                         "fold_hf.generate runs the model's own forward, whose kernels choose their reduction order "
+                         "by the number of rows")
     if drafter is not None and not isinstance(drafter, FoldDrafter):
         raise ValueError(f"drafter must be a FoldDrafter, got {type(drafter).__name__}")
     if needs_rows(input_ids, attention_mask):

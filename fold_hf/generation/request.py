@@ -43,6 +43,10 @@ class GenerationRequest:
         fold_config: reading mode for this call only (the drafter's own is restored afterwards).
         return_stats: return a :class:`GenerationResult` (a batch: a :class:`BatchGenerationResult`) instead of the
             sequences.
+        exact: exact mode (docs/exact-mode.md): the target's logits for a token have the same bits whether it is
+            decoded alone or in a verify block, so greedy speculative output equals greedy AR output in exact mode
+            bit for bit (bf16 included). Only :func:`fold_hf.fast_generate`'s static and graphs engines on a
+            Llama-family target run it; everything else refuses it with a ValueError naming why.
     """
 
     max_new_tokens: int | None = 256
@@ -62,6 +66,7 @@ class GenerationRequest:
     generator: torch.Generator | None = None
     fold_config: FoldConfig | None = None
     return_stats: bool = False
+    exact: bool = False
 
     @classmethod
     def of(cls, caller: str, request: GenerationRequest | None, settings: dict) -> GenerationRequest:

@@ -2,7 +2,8 @@
 
 ``target.generate(..., assistant_model=<FoldDrafter>)`` decodes on the fast loop
 (:func:`~fold_hf.generation.fast.fast_generate`) whenever the request allows it; ``fold_fast=True`` asks for it
-without a drafter too (AR on the fast machinery); ``fold_fast=False`` keeps transformers' own loop. A request
+without a drafter too (AR on the fast machinery); ``fold_fast=False`` keeps transformers' own loop; ``exact=True``
+runs the fast loop in exact mode or raises (no fallback). A request
 the fast loop cannot take runs transformers' loop with one warning naming the argument or setting that
 prevented it (:func:`route_generate` returns that reason).
 
@@ -146,8 +147,9 @@ def transformers_path(model, kwargs: dict) -> str:
     return f"transformers' {name} without the assistant (that mode does not use one: the drafter is not used)"
 
 
-def route_generate(model, args: tuple, kwargs: dict):
-    """``model.generate(*args, **kwargs)`` on the fast loop when the request allows it.
+def route_generate(model, args: tuple, kwargs: dict, exact: bool = False):
+    """``model.generate(*args, **kwargs)`` on the fast loop when the request allows it (``exact``: in exact mode,
+    docs/exact-mode.md; the wrapper refuses an exact request that is not routed).
 
     A batch (``[B, L]`` left-padded by ``attention_mask``) is decoded row by row (:mod:`.batch`); its
     ``acceptance_lengths``, ``tau`` and ``finish_reason`` (and ``drafter.last_acceptance_lengths``) are per-row lists.
@@ -182,7 +184,7 @@ def route_generate(model, args: tuple, kwargs: dict):
         min_p=config.min_p, repetition_penalty=config.repetition_penalty, min_new_tokens=min_new_tokens,
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, stop_strings=config.stop_strings,
         tokenizer=kwargs.get("tokenizer"),
-        streamer=kwargs.get("streamer"), return_stats=True)
+        streamer=kwargs.get("streamer"), return_stats=True, exact=exact)
     if isinstance(drafter, FoldDrafter):
         drafter.last_acceptance_lengths = result.acceptance_lengths
         drafter.last_proposals = result.proposals

@@ -5,7 +5,8 @@ What :func:`install` does, and nothing else in fold_hf touches transformers' cla
 * registers the ``"fold"`` attention and mask (:func:`fold_hf.modeling.attention.register`);
 * wraps four ``GenerationMixin`` methods: ``generate`` (routing: with a :class:`FoldDrafter` assistant, or
   ``fold_fast=True``, the request runs on the fast loop whenever it can, else transformers' loop with one warning
-  naming the reason; ``fold_fast=False`` keeps transformers' loop), ``_get_candidate_generator`` (a FoldDrafter
+  naming the reason; ``fold_fast=False`` keeps transformers' loop; ``exact=True``: the fast loop in exact mode or a
+  ValueError), ``_get_candidate_generator`` (a FoldDrafter
   assistant drafts with :class:`~fold_hf.generation.assisted.FoldCandidateGenerator`), ``_assisted_decoding`` (hook
   clean-up; the hybrid-cache rollback where transformers has none) and ``_validate_generation_mode`` (our pair check).
 
@@ -100,10 +101,18 @@ def _wrap_validate_generation_mode(original):
 
 def _wrap_generate(original):
     @functools.wraps(original)
-    def generate(self, *args, fold_fast: bool | None = None, **kwargs):
+    def generate(self, *args, fold_fast: bool | None = None, exact: bool = False, **kwargs):
         """transformers' ``generate``; with a FoldDrafter assistant (or ``fold_fast=True``) on fold_hf's fast loop
-        when the request allows it (``fold_fast=False``: transformers' loop, always)."""
+        when the request allows it (``fold_fast=False``: transformers' loop, always). ``exact=True``: the fast loop
+        in exact mode (docs/exact-mode.md), or a ValueError naming why the request cannot run there."""
         assistant = kwargs.get("assistant_model")
+        if exact:
+            if fold_fast is False:
+                raise ValueError("exact=True runs on fold_hf's fast loop; fold_fast=False asks for transformers' loop")
+            result, reason = route_generate(self, args, kwargs, exact=True)
+            if result is NOT_ROUTED:
+                raise ValueError(f"exact=True runs on fold_hf's fast loop, which cannot take this request: {reason}")
+            return result
         if fold_fast is False or (fold_fast is None and not isinstance(assistant, FoldDrafter)):
             return original(self, *args, **kwargs)
         result, reason = route_generate(self, args, kwargs)

@@ -9,11 +9,16 @@ number of rows, for a target step whose logits must be the same bits alone (AR),
   (splits fixed by key position, merged in split order), the signature of ``decode_attention_triton``;
 * :func:`exact_unavailable_reason`: why they cannot run on a device (None when they can).
 
-The wiring (``FoldConfig(exact=...)``, the lm_head through ``exact_linear``) is the target runner's. Off CUDA these
-functions raise :class:`ExactUnavailable`: the torch twins compute the same rule but not in a fixed order.
+The wiring (the request's ``exact=True``, the lm_head through ``exact_linear``) is the Llama target runner's
+(:meth:`fold_hf.targets.llama.LlamaStaticTarget.exact_unsupported`). Off CUDA these functions raise
+:class:`ExactUnavailable` (the torch twins compute the same rule but not in a fixed order), except under Triton's
+interpreter (``TRITON_INTERPRET=1``: the CPU tests run the kernels there).
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
 
 import torch
 
@@ -25,8 +30,12 @@ class ExactUnavailable(RuntimeError):
 
 
 def exact_unavailable_reason(device: torch.device | str) -> str | None:
-    """Why the exact kernels cannot run on ``device`` (None when they can)."""
-    reason = triton_unavailable_reason(device)
+    """Why the exact kernels cannot run on ``device`` (None when they can): CUDA with Triton, or a CPU under Triton's
+    interpreter (``TRITON_INTERPRET=1``)."""
+    interpreted = torch.device(device).type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    if interpreted and importlib.util.find_spec("triton") is None:
+        return "TRITON_INTERPRET=1 but Triton is not installed"
+    reason = None if interpreted else triton_unavailable_reason(device)
     if reason is not None:
         return f"the exact mode runs Triton kernels on CUDA ({reason})"
     for name in ("layer.triton", "gemm.triton", "exact_attention.triton"):

@@ -23,6 +23,8 @@ does not depend on the family:
     prefix ``[0, start)`` up to a length it loads from the device, plus the block's own keys causally, so no
     ``[Hkv, G * L, S]`` fp32 score tensor is written; the bucket then only sizes the kernel's splits.
     ``fused=True``: the family's fused layers (:meth:`StaticTarget.fused_unsupported` says why not).
+  Exact mode (:meth:`StaticTarget.set_exact`, docs/exact-mode.md): the fused decode / verify forward with kernels
+  whose reduction order does not depend on the number of rows (the Llama family only).
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.targets.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 * cmr's query tap (:meth:`StaticTarget.keep_queries`).
@@ -81,6 +83,7 @@ class StaticTarget:
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
         self._layer_ops = None  # resolved on first use of fused=True
+        self._exact_kernels = None  # (LayerOps, attention) of exact mode, resolved on its first step
 
     def accept(self, n) -> None:
         """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
@@ -146,6 +149,29 @@ class StaticTarget:
     def fused_unsupported(self) -> str | None:
         """Why the fused-layer path cannot run this target (None when it can)."""
         return f"{type(self).__name__} has no fused layers"
+
+    # ------------------------------------------------------------------ exact mode (issue 37, docs/exact-mode.md)
+    exact = False  # set_exact(True): forward_static's fused decode / verify runs the row-count-invariant kernels
+
+    def exact_unsupported(self) -> str | None:
+        """Why exact mode cannot run this target, as a sentence naming exact mode (None when it can); a family that
+        runs it says so."""
+        return f"exact mode runs the Llama family; {type(self.model).__name__} not yet"
+
+    def set_exact(self, exact: bool) -> None:
+        """Exact mode on or off: on, :meth:`forward_static` (``fused=True``, ``attention="triton"``, the only form it
+        then takes) computes a row's logits with the same bits for any number of rows (an AR step, a verify block).
+
+        Raises:
+            ExactUnavailable: :meth:`exact_unsupported` says why (no fallback: the caller asked for the guarantee).
+        """
+        if exact:
+            from ..kernels.exact import ExactUnavailable
+
+            reason = self.exact_unsupported()
+            if reason is not None:
+                raise ExactUnavailable(reason)
+        self.exact = bool(exact)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -277,6 +303,9 @@ class StaticTarget:
         """
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
+        if self.exact and not (fused and attention == "triton"):
+            raise ValueError("exact mode runs forward_static with fused=True and attention='triton' (its kernels); "
+                             f"got fused={fused}, attention={attention!r}")
         if fused:
             if attention != "triton":
                 raise ValueError("fused layers run with attention='triton' (the decode kernel)")

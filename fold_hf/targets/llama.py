@@ -17,6 +17,9 @@ q/k/v/o projections, q/k norms where the model has them (Qwen3), MLP, final norm
   faster than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS.
   An AR step's Triton launches there use programmatic dependent launch (:mod:`fold_hf.kernels.triton_pdl`;
   ``$FOLD_HF_PDL=0`` turns it off).
+* Exact mode (:meth:`LlamaStaticTarget.exact_unsupported`, docs/exact-mode.md): a decode / verify step's fused
+  layers run :func:`~fold_hf.kernels.exact.exact_layer_ops` (every projection and the lm_head through the exact GEMM,
+  for any number of rows) and :func:`~fold_hf.kernels.exact.exact_decode_attention`; the prefill is unchanged.
 
 Supported: :data:`ARCHITECTURES`, without sliding-window layers shorter than the capacity and without
 position-dependent rope (``dynamic``, ``longrope``). Anything else raises
@@ -25,6 +28,7 @@ position-dependent rope (``dynamic``, ``longrope``). Anything else raises
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -86,6 +90,18 @@ def _project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return linear_module(module, x)
 
 
+def _exact_linear_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | None:
+    """Why exact mode cannot run ``module`` through the exact GEMM (None when it can: what :func:`_project` sends
+    to its ``gemm``)."""
+    if type(module) is not nn.Linear:
+        return f"{name} is a {type(module).__name__}, not a plain nn.Linear (LoRA and quantized layers run as modules)"
+    if module.weight.dtype != dtype or not module.weight.is_contiguous():
+        return f"{name}'s weight is not a contiguous {dtype} tensor"
+    if _hooked(module):
+        return f"{name} has forward hooks"
+    return None
+
+
 class LlamaStaticTarget(StaticTarget):
     """:class:`~fold_hf.targets.base.StaticTarget` of a Llama-family causal LM (module docstring; batch 1).
 
@@ -142,6 +158,43 @@ class LlamaStaticTarget(StaticTarget):
             if not is_silu(mlp.act_fn):
                 return f"MLP activation {type(mlp.act_fn).__name__} is not SiLU"
         return None
+
+    def exact_unsupported(self) -> str | None:
+        """Why exact mode cannot run this target (None when it can): the device (CUDA, or a CPU under Triton's
+        interpreter), the fused layers, a subclass replacing the fused forward, and any projection or head norm that
+        would run as its module (LoRA, quantized, hooked: its kernel picks its reduction order by the row count)."""
+        from ..kernels.exact import exact_unavailable_reason
+        from ..kernels.layer.triton import NORM_WARPS_ENV
+
+        reason = exact_unavailable_reason(self.device)
+        if reason is None:
+            reason = self.fused_unsupported()
+            reason = None if reason is None else f"the fused layers cannot run this target ({reason})"
+        if reason is None and (type(self)._fused_layers is not LlamaStaticTarget._fused_layers
+                               or type(self).forward_static is not StaticTarget.forward_static):
+            reason = f"{type(self).__name__} replaces the fused forward"
+        if reason is None and not concat_projections_enabled():
+            reason = "$FOLD_HF_CONCAT_PROJECTIONS=0 (exact mode runs q|k|v and gate|up as one GEMM each)"
+        if reason is None and os.environ.get(NORM_WARPS_ENV):
+            reason = f"${NORM_WARPS_ENV} is set (it changes the norms' launch between calls)"
+        for i, layer in enumerate(self.layers):
+            if reason is not None:
+                break
+            attn, mlp = layer.self_attn, layer.mlp
+            reason = decode_projections_unsupported(attn, mlp, self.dtype)
+            modules = {"o_proj": attn.o_proj, "down_proj": mlp.down_proj, **{
+                name: getattr(owner, name) for owner, names in ((attn, ("q_proj", "k_proj", "v_proj")),
+                                                                (mlp, ("gate_proj", "up_proj"))) for name in names}}
+            for name, module in modules.items():
+                reason = reason or _exact_linear_unsupported(module, self.dtype, name)
+            for name in ("q_norm", "k_norm"):
+                norm = getattr(attn, name, None)
+                if reason is None and norm is not None and not (
+                        type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm) and norm.weight.dtype == self.dtype):
+                    reason = f"{name} {type(norm).__name__} is not a Llama-style RMSNorm in {self.dtype}"
+            reason = None if reason is None else f"layer {i}: {reason}"
+        reason = reason or _exact_linear_unsupported(self.lm_head, self.dtype, "lm_head")
+        return None if reason is None else f"exact mode cannot run this target: {reason}"
 
     def decode_projections(self, layer) -> DecodeProjections | None:
         """Layer ``layer``'s q|k|v and gate|up as one GEMM each (:mod:`~fold_hf.targets.weight_layout`; the first
@@ -244,22 +297,15 @@ class LlamaStaticTarget(StaticTarget):
 
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                       taps_out: torch.Tensor | None, attend=None, last_only: bool = False) -> torch.Tensor:
-        if self._layer_ops is None:
-            from ..kernels import default_decode_attention, default_layer_ops
-
-            reason = self.fused_unsupported()
-            if reason is not None:
-                raise UnsupportedTarget(f"fused layers: {reason}")
-            self._layer_ops = default_layer_ops(self.device)
-            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
-        ops, decode = self._layer_ops, self._decode_attention
+        exact = self.exact and attend is None  # exact mode's decode / verify step (a prefill chunk is shared)
+        ops, decode = self._fused_ops(exact)
         L = input_ids.shape[1]
         context_length = positions[:1].to(torch.int32)
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
 
         # a decode step's rows (AR 1, a verify block) go through the skinny GEMMs where the ops have them; a prefill
-        # chunk through cuBLAS
-        skinny = ops.skinny_linear if ops.skinny_linear is not None and L <= ops.skinny_rows else None
+        # chunk through cuBLAS. Exact mode: every row count through the exact GEMM, the lm_head too
+        skinny = ops.skinny_linear if ops.skinny_linear is not None and (exact or L <= ops.skinny_rows) else None
         hidden = self.embed(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
@@ -298,7 +344,28 @@ class LlamaStaticTarget(StaticTarget):
             delta = _project(skinny, mlp.down_proj, act)
         hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm))
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
+        if exact:
+            return _project(skinny, self.lm_head, normed)[0]
         return linear_module(self.lm_head, normed[:, -1:] if last_only else normed)[0]
+
+    def _fused_ops(self, exact: bool):
+        """(:class:`~fold_hf.kernels.LayerOps`, decode attention) of the fused layers: exact mode's
+        (:mod:`fold_hf.kernels.exact`) for its decode / verify steps, else the defaults of the device."""
+        if exact:
+            if self._exact_kernels is None:
+                from ..kernels.exact import exact_decode_attention, exact_layer_ops
+
+                self._exact_kernels = (exact_layer_ops(self.device), exact_decode_attention(self.device))
+            return self._exact_kernels
+        if self._layer_ops is None:
+            from ..kernels import default_decode_attention, default_layer_ops
+
+            reason = self.fused_unsupported()
+            if reason is not None:
+                raise UnsupportedTarget(f"fused layers: {reason}")
+            self._layer_ops = default_layer_ops(self.device)
+            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
+        return self._layer_ops, self._decode_attention
 
     def _head_norm(self, ops, attn, name: str, heads: torch.Tensor) -> torch.Tensor:
         """Qwen3's per-head q/k RMSNorm of ``heads [1, L, h, D]`` (read in place from a q|k|v output): the fused

@@ -22,7 +22,13 @@ from ..stats import GenerationResult
 from ..tracker import Tracker
 from .engine import StaticRunner, run_rounds
 from .session import Session, session_for
-from .settings import fused_drafter_enabled, resolve_fused_drafter, resolve_fused_layers, resolve_target_attention
+from .settings import (
+    check_exact_settings,
+    fused_drafter_enabled,
+    resolve_fused_drafter,
+    resolve_fused_layers,
+    resolve_target_attention,
+)
 
 ENGINES = ("eager", "static", "graphs")
 
@@ -65,6 +71,12 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
         fused_layers: run the target's elementwise work as fused kernels; default on with
             ``target_attention="triton"`` on CUDA where the target allows it.
 
+    ``exact=True`` (docs/exact-mode.md): a token's logits have the same bits in an AR step and in a verify block,
+    so greedy speculative output equals ``exact=True`` AR output bit for bit. It runs the static and graphs engines
+    (default ``static`` off CUDA) with ``target_attention="triton"`` and the fused layers of a Llama-family target
+    on CUDA (or a CPU under ``TRITON_INTERPRET=1``); anything else raises ValueError (``ExactUnavailable`` for the
+    device or the target) naming why.
+
     Sampling (``do_sample=True``, with temperature, top-k, top-p, min-p) and the repetition penalty and
     ``min_new_tokens`` run on the device inside the round (:mod:`~fold_hf.generation.sampling`), captured in the
     graphs engine; ``generator`` seeds them (the same seed gives the same tokens on every engine).
@@ -83,12 +95,14 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
         raise ValueError(f"fast_generate cannot run this request: {reason}")
     device = input_ids.device
     if engine is None:
-        engine = "graphs" if device.type == "cuda" else "eager"
+        engine = "graphs" if device.type == "cuda" else "static" if request.exact else "eager"
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "graphs" and device.type != "cuda":
         raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
-    target_attention = resolve_target_attention(target_attention, device)
+    target_attention = resolve_target_attention(target_attention, device, request.exact)
+    if request.exact:
+        check_exact_settings(engine, target_attention, fused_layers)
     row = functools.partial(_fast_row, target, drafter, engine=engine, prefill_chunk=prefill_chunk,
                             target_attention=target_attention, fused_layers=fused_layers)
     if needs_rows(input_ids, attention_mask):
@@ -108,8 +122,8 @@ def _fast_row(target, drafter, input_ids: torch.Tensor, request: GenerationReque
         rows = num_proposals(drafter) + 1
         capacity = prompt_len + max_new_tokens + rows
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-        session = session_for(target, capacity, taps, engine)
-        fused = resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
+        session = session_for(target, capacity, taps, engine, request.exact)
+        fused = resolve_fused_layers(True if request.exact else fused_layers, target_attention, session.runner, engine)
         return decode_request(session, drafter, input_ids.to(session.device), max_new_tokens,
                               request.tracker(target), request.sampling(), request.generator, prefill_chunk,
                               target_attention, fused,

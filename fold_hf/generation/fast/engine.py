@@ -64,6 +64,9 @@ def run_rounds(session: Session, runner: StaticRunner, drafter, dcache, static_d
     and for cmr without a static step, device-length rounds (:func:`static_rounds`) otherwise."""
     with cmr_probe(session, drafter, dcache, static_drafter) as probe:
         if session.engine == "eager" or probe is not None:
+            if session.runner.exact:
+                raise ValueError("exact mode runs device-length rounds; mode 'cmr' runs host-length rounds here "
+                                 "(the warning above says why), through the model's modules")
             eager_rounds(runner, drafter, dcache, budget, out, last, position, pending, choice)
         else:
             static_rounds(session, drafter, dcache, static_drafter, last, position, budget, out, choice,

@@ -36,8 +36,10 @@ def release_fast_state(target) -> None:
 class Session:
     """Buffers and captured steps of one target (reused across calls while they fit)."""
 
-    def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str) -> None:
+    def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False) -> None:
         self.runner = build_static_target(target, capacity, tap_layer_ids)
+        self.runner.set_exact(exact)  # raises ExactUnavailable naming why exact mode cannot run this target
+        self.exact = exact
         self.capacity = capacity
         self.tap_layer_ids = tap_layer_ids
         self.engine = engine
@@ -165,10 +167,12 @@ class Session:
         return self.drafter_cache, self.static_drafter
 
 
-def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str) -> Session:
+def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False) -> Session:
+    """The session kept on ``target``, or a new one when it lacks room, the engine, the taps or the exact mode
+    (``exact``: the runner's decode / verify steps run exact mode's kernels, docs/exact-mode.md)."""
     session = target.__dict__.get(SESSION_ATTR)
     # a session built with taps serves AR too (its verify simply skips them)
-    if session is not None and (session.capacity < capacity or session.engine != engine
+    if session is not None and (session.capacity < capacity or session.engine != engine or session.exact != exact
                                 or (tap_layer_ids and session.tap_layer_ids != tap_layer_ids)):
         release_fast_state(target)
         session = None
@@ -176,7 +180,7 @@ def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str) -> Ses
             torch.cuda.empty_cache()
     if session is None:
         rounded = -(-capacity // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
-        session = Session(target, rounded, tap_layer_ids, engine)
+        session = Session(target, rounded, tap_layer_ids, engine, exact)
         target.__dict__[SESSION_ATTR] = session
     return session
 

@@ -1,5 +1,6 @@
 """Environment knobs of the fast loop and its fallback warnings: which verify attention, fused target layers, fused
-drafter step and queued rounds a request gets (each a function of its arguments, the device and ``$FOLD_HF_*``)."""
+drafter step and queued rounds a request gets (each a function of its arguments, the device and ``$FOLD_HF_*``), and
+what exact mode needs of them (:func:`check_exact_settings`)."""
 
 from __future__ import annotations
 
@@ -21,16 +22,31 @@ def warn_once(message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu") -> str:
-    """``target_attention``, else ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA with Triton and
-    ``"bucket"`` elsewhere; raises on unknown names."""
+def resolve_target_attention(target_attention: str | None, device: torch.device | str = "cpu",
+                             exact: bool = False) -> str:
+    """``target_attention``, else ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA with Triton (or in exact
+    mode, which attends with its own Triton kernel) and ``"bucket"`` elsewhere; raises on unknown names."""
     if target_attention is None:
         target_attention = os.environ.get("FOLD_HF_TARGET_ATTENTION") or None
     if target_attention is None:
-        target_attention = "triton" if triton_kernels_enabled(device) else "bucket"
+        target_attention = "triton" if exact or triton_kernels_enabled(device) else "bucket"
     if target_attention not in TARGET_ATTENTIONS:
         raise ValueError(f"target_attention must be one of {TARGET_ATTENTIONS}, got {target_attention!r}")
     return target_attention
+
+
+def check_exact_settings(engine: str, target_attention: str, fused_layers: bool | None) -> None:
+    """What exact mode (docs/exact-mode.md) needs of a request's settings: the static or graphs engine, the Triton
+    attention and the fused layers (its kernels replace theirs). Raises ValueError naming what is in the way."""
+    if engine == "eager":
+        raise ValueError("exact mode runs in the static and graphs engines; engine='eager' runs the host-length "
+                         "forward through the model's modules, whose kernels choose their reduction by the row count")
+    if target_attention != "triton":
+        raise ValueError(f"exact mode needs target_attention='triton' (it attends with its own decode kernel), got "
+                         f"{target_attention!r}")
+    if fused_layers is False or os.environ.get("FOLD_HF_FUSED_LAYERS") == "0":
+        why = "fused_layers=False" if fused_layers is False else "$FOLD_HF_FUSED_LAYERS=0"
+        raise ValueError(f"exact mode runs the target's fused layers; {why} turns them off")
 
 
 def resolve_fused_layers(fused_layers: bool | None, target_attention: str, runner: StaticTarget,

@@ -1,0 +1,199 @@
+"""Exact mode on the fast loop (issue 37, docs/exact-mode.md): the Llama target's decode / verify forward with the
+row-count-invariant kernels, under Triton's interpreter on CPU (conftest sets ``TRITON_INTERPRET=1``; fp32 and
+fp16: the interpreter's ``tl.dot`` is wrong in bf16), and the gpu-marked bf16 checks for a CUDA machine.
+
+* a verify block's logits equal, bit for bit, the logits of the same tokens decoded as successive one-row AR steps
+  (the independent statement: the AR steps themselves), and are the model's logits within rounding;
+* greedy ``fast_generate(exact=True)`` with a drafter (a random one: many rejections; an oracle: every draft
+  accepted) equals ``fast_generate(exact=True)`` without one, token for token; so does the routed front door;
+* each refusal names why (no fallback);
+* the bit comparison fails with the default decode kernels in exact mode's place (so it can fail).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import drafter_config, prompt, tiny_target
+
+import fold_hf
+from fold_hf import FoldConfig, FoldDrafter
+from fold_hf.kernels.exact import ExactUnavailable
+from fold_hf.targets.llama import LlamaStaticTarget
+
+pytest.importorskip("triton")
+
+K = 3  # proposals per round: verify blocks of K + 1 rows
+
+
+def small_target(dtype=torch.float32, arch: str = "llama"):
+    return tiny_target(arch, layers=2, dtype=dtype)
+
+
+def small_drafter(target, seed: int = 1) -> FoldDrafter:
+    torch.manual_seed(seed)
+    config = drafter_config(target, block=K + 1, layers=1, taps=(0, 1))
+    return FoldDrafter(config, FoldConfig(window=16)).to(next(target.parameters()).dtype).eval()
+
+
+def exact_runner(target, capacity: int = 64) -> LlamaStaticTarget:
+    runner = LlamaStaticTarget(target, capacity)
+    runner.set_exact(True)
+    return runner
+
+
+def block_against_ar_steps(target, device: str = "cpu") -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """(logits of a verify block of K + 1 rows after a 9-token prompt ``[K + 1, V]``, the same tokens' logits from
+    K + 1 successive AR steps (each ``[V]``), the model's own logits of those positions ``[K + 1, V]``)."""
+    ids = prompt(3, 9 + K + 1).to(device)
+    context, block = ids[:, :9], ids[:, 9:]
+    positions = torch.arange(9, 9 + K + 1, device=device)
+    verify = exact_runner(target)
+    verify.prefill(context)
+    block_logits = verify.forward_static(block, positions, 48, attention="triton", fused=True)
+    ar = exact_runner(target)
+    ar.prefill(context)
+    steps = [ar.forward_static(block[:, r : r + 1], positions[r : r + 1], 16 if r < 3 else 32, attention="triton",
+                               fused=True)[0] for r in range(K + 1)]
+    with torch.no_grad():
+        model = target(ids).logits[0, 9:]
+    return block_logits, steps, model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_verify_block_logits_are_the_ar_steps_bit_for_bit(dtype, interpreter):
+    target = small_target(dtype)
+    block, steps, model = block_against_ar_steps(target)
+    assert block.dtype == dtype and block.shape == (K + 1, target.config.vocab_size)
+    for r in range(K + 1):
+        assert torch.equal(block[r], steps[r]), f"row {r}"
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(block.double(), model.double(), atol=tol, rtol=tol)
+
+
+def test_the_check_fails_with_the_default_kernels(interpreter):
+    """The same comparison with the default decode kernels in exact mode's place (one row on the CUDA-core
+    reduction, a block through ``tl.dot``; the split decode attention) finds rows whose bits differ."""
+    from fold_hf.kernels import LayerOps, import_triton_module
+
+    layer, gemm = import_triton_module("layer.triton"), import_triton_module("gemm.triton")
+    default = (LayerOps(layer.add_rms_norm_triton, layer.rope_write_triton, layer.silu_mul_triton,
+                        layer.rotate_heads_triton, "triton", skinny_linear=gemm.skinny_linear_triton,
+                        gate_up_silu=gemm.gate_up_silu_triton, skinny_rows=gemm.MAX_ROWS),
+               import_triton_module("fold_read.triton").decode_attention_triton)
+    original = LlamaStaticTarget._fused_ops
+    try:
+        LlamaStaticTarget._fused_ops = lambda self, exact: default if exact else original(self, exact)
+        block, steps, _ = block_against_ar_steps(small_target())
+    finally:
+        LlamaStaticTarget._fused_ops = original
+    assert not all(torch.equal(block[r], steps[r]) for r in range(K + 1))
+
+
+def test_exact_runner_refuses_the_other_forwards(interpreter):
+    runner = exact_runner(small_target())
+    runner.prefill(prompt(0, 5))
+    ids, positions = prompt(1, 2), torch.arange(5, 7)
+    for kwargs in (dict(attention="bucket"), dict(attention="triton"), dict(attention="bucket", fused=False)):
+        with pytest.raises(ValueError, match="exact mode runs forward_static with fused=True"):
+            runner.forward_static(ids, positions, 16, **kwargs)
+
+
+def test_greedy_speculative_output_is_the_exact_ar_output(interpreter, oracle):
+    target = small_target()
+    drafter = small_drafter(target)
+    ids = prompt(5, 7)
+    new = 10
+    ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=new, engine="static", exact=True, return_stats=True)
+    assert target.__dict__["_fold_fast_session"].runner.exact
+    sd = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine="static", exact=True,
+                               return_stats=True)
+    assert torch.equal(sd.sequences, ar.sequences)
+    assert min(sd.acceptance_lengths) == 1, sd.acceptance_lengths  # rejections happened
+    routed = target.generate(ids, assistant_model=drafter, max_new_tokens=new, do_sample=False, exact=True)
+    assert torch.equal(routed, ar.sequences)
+    oracle(drafter, ar.sequences)  # every draft is the exact AR output: whole blocks accepted
+    accepted = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=new, engine="static", exact=True,
+                                     return_stats=True)
+    assert torch.equal(accepted.sequences, ar.sequences)
+    assert max(accepted.acceptance_lengths) == K + 1, accepted.acceptance_lengths
+    # a request without exact mode does not reuse the exact session
+    fold_hf.fast_generate(target, None, ids, max_new_tokens=2, engine="static")
+    assert not target.__dict__["_fold_fast_session"].runner.exact
+
+
+# ------------------------------------------------------------------ refusals
+def test_exact_mode_refuses_what_it_cannot_run(monkeypatch):
+    target = small_target()
+    drafter = small_drafter(target)
+    ids = prompt(2, 5)
+
+    def fast(**kwargs):
+        return fold_hf.fast_generate(target, kwargs.pop("drafter", None), ids, max_new_tokens=2, exact=True,
+                                     **kwargs)
+
+    with pytest.raises(ValueError, match="fold_hf.generate runs the model's own forward"):
+        fold_hf.generate(target, drafter, ids, max_new_tokens=2, exact=True)
+    with pytest.raises(ValueError, match="exact mode runs in the static and graphs engines"):
+        fast(engine="eager")
+    with pytest.raises(ValueError, match="exact mode needs target_attention='triton'.*'bucket'"):
+        fast(engine="static", target_attention="bucket")
+    with pytest.raises(ValueError, match="exact mode runs the target's fused layers; fused_layers=False"):
+        fast(engine="static", fused_layers=False)
+    monkeypatch.setenv("FOLD_HF_FUSED_LAYERS", "0")
+    with pytest.raises(ValueError, match=r"\$FOLD_HF_FUSED_LAYERS=0 turns them off"):
+        fast(engine="static")
+    monkeypatch.delenv("FOLD_HF_FUSED_LAYERS")
+    with pytest.raises(ValueError, match="fold_fast=False asks for transformers' loop"):
+        target.generate(ids, assistant_model=drafter, max_new_tokens=2, exact=True, fold_fast=False)
+    with pytest.raises(ValueError, match="cannot take this request: num_beams=2"):
+        target.generate(ids, assistant_model=drafter, max_new_tokens=2, exact=True, num_beams=2)
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU outside the interpreter
+    with pytest.raises(ExactUnavailable, match="exact mode runs Triton kernels on CUDA"):
+        fast(engine="static")
+    assert "_fold_fast_session" not in target.__dict__  # no session was kept for the refused request
+
+
+def test_exact_mode_refuses_other_families_and_module_projections(interpreter):
+    gemma = tiny_target("gemma3", layers=2, dtype=torch.float32)
+    with pytest.raises(ExactUnavailable, match="exact mode runs the Llama family; Gemma3ForCausalLM not yet"):
+        fold_hf.fast_generate(gemma, None, prompt(0, 5), max_new_tokens=2, engine="static", exact=True)
+
+    class Wrapped(torch.nn.Linear):  # stands for a LoRA wrapper or a quantized layer: it runs as its module
+        pass
+
+    target = small_target()
+    o_proj = target.model.layers[1].self_attn.o_proj
+    wrapped = Wrapped(o_proj.in_features, o_proj.out_features, bias=False)
+    wrapped.weight = o_proj.weight
+    target.model.layers[1].self_attn.o_proj = wrapped
+    with pytest.raises(ExactUnavailable, match="layer 1: o_proj is a Wrapped, not a plain nn.Linear"):
+        exact_runner(target)
+    target.model.layers[1].self_attn.o_proj = o_proj
+    handle = target.lm_head.register_forward_hook(lambda module, args, out: out)
+    with pytest.raises(ExactUnavailable, match="lm_head has forward hooks"):
+        exact_runner(target)
+    handle.remove()
+    exact_runner(target)  # the same target, plain again: accepted
+
+
+# ------------------------------------------------------------------ bf16 on a GPU (the lead's run)
+@pytest.mark.gpu(reason="bf16 MMA tiles: the interpreter's dot is numpy's and wrong in bf16")
+def test_verify_block_logits_are_the_ar_steps_in_bf16_on_gpu():
+    target = small_target(torch.bfloat16).cuda()
+    block, steps, _ = block_against_ar_steps(target, "cuda")
+    for r in range(K + 1):
+        assert torch.equal(block[r], steps[r]), f"row {r}"
+
+
+@pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
+@pytest.mark.parametrize("engine", ["static", "graphs"])
+def test_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(engine):
+    target = small_target(torch.bfloat16).cuda()
+    drafter = small_drafter(target).cuda()
+    for seed in range(4):
+        ids = prompt(seed, 40).cuda()
+        ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=48, engine=engine, exact=True)
+        sd = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=48, engine=engine, exact=True)
+        assert torch.equal(sd, ar), seed
