@@ -108,7 +108,8 @@ def _wrap_generate(original):
         assistant = kwargs.get("assistant_model")
         if exact:
             if fold_fast is False:
-                raise ValueError("exact=True runs on fold_hf's fast loop; fold_fast=False asks for transformers' loop")
+                raise ValueError("exact=True runs on fold_hf's fast loop; fold_fast=False asks for transformers' "
+                                 "loop")
             result, reason = route_generate(self, args, kwargs, exact=True)
             if result is NOT_ROUTED:
                 raise ValueError(f"exact=True runs on fold_hf's fast loop, which cannot take this request: {reason}")

@@ -90,6 +90,11 @@ def _project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return linear_module(module, x)
 
 
+def _fused_norm(norm: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether the fused RMSNorm kernel runs ``norm``: a Llama-style RMSNorm with its weight in ``dtype``."""
+    return type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm) and norm.weight.dtype == dtype
+
+
 def _exact_linear_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | None:
     """Why exact mode cannot run ``module`` through the exact GEMM (None when it can: what :func:`_project` sends
     to its ``gemm``)."""
@@ -189,8 +194,7 @@ class LlamaStaticTarget(StaticTarget):
                 reason = reason or _exact_linear_unsupported(module, self.dtype, name)
             for name in ("q_norm", "k_norm"):
                 norm = getattr(attn, name, None)
-                if reason is None and norm is not None and not (
-                        type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm) and norm.weight.dtype == self.dtype):
+                if reason is None and norm is not None and not _fused_norm(norm, self.dtype):
                     reason = f"{name} {type(norm).__name__} is not a Llama-style RMSNorm in {self.dtype}"
             reason = None if reason is None else f"layer {i}: {reason}"
         reason = reason or _exact_linear_unsupported(self.lm_head, self.dtype, "lm_head")
@@ -373,8 +377,7 @@ class LlamaStaticTarget(StaticTarget):
         norm = getattr(attn, name, None)
         if norm is None:
             return heads
-        if (type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm)
-                and norm.weight.dtype == heads.dtype):
+        if _fused_norm(norm, heads.dtype):
             return ops.add_rms_norm(heads, None, norm.weight, norm_epsilon(norm))[1]
         return norm(heads)
 
