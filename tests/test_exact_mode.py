@@ -60,9 +60,9 @@ def block_against_ar_steps(target, device: str = "cpu") -> tuple[torch.Tensor, l
     return block_logits, steps, model
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_verify_block_logits_are_the_ar_steps_bit_for_bit(dtype, interpreter):
-    target = small_target(dtype)
+@pytest.mark.parametrize("arch,dtype", [("llama", torch.float32), ("llama", torch.float16), ("qwen3", torch.float32)])
+def test_verify_block_logits_are_the_ar_steps_bit_for_bit(arch, dtype, interpreter):
+    target = small_target(dtype, arch)
     block, steps, model = block_against_ar_steps(target)
     assert block.dtype == dtype and block.shape == (K + 1, target.config.vocab_size)
     for r in range(K + 1):
