@@ -45,13 +45,15 @@ LAYER = {
 
 INSTALL_EDGE = ("fold_hf.modeling.drafter", "fold_hf.integrations.transformers")
 
-# the imports by a computed name that stay, each bounded: a package's public names imported on first use (the modules
-# are the literal values of its ``_EXPORTS`` table) and kernels' Triton modules (``fold_hf.kernels.<name>``)
+# the imports by a computed name that stay, each bounded: the lazy public names of a package that calls
+# ``lazy_attributes(__name__, _EXPORTS, globals())`` (``fold_hf.import_utils`` imports the keys of that package's
+# ``_EXPORTS`` table, literal module names, checked at the package) and kernels' Triton modules
+# (``fold_hf.kernels.<name>``)
 COMPUTED_IMPORTS = {
-    "fold_hf": "_EXPORTS[name]",
-    "fold_hf.bench": "_EXPORTS[name]",
+    "fold_hf.import_utils": "exports[name]",
     "fold_hf.kernels": "f'{__name__}.{name}'",
 }
+LAZY = "lazy_attributes"  # the call that makes a package's _EXPORTS keys imports
 FAMILIES = "fold_hf.targets"  # no module under it is imported by a string
 
 
@@ -79,13 +81,14 @@ def _absolute(name: str, module: str, is_package: bool) -> str:
 
 
 def _literal_targets(module: str, tree: ast.AST, is_package: bool) -> list[str]:
-    """The module names a lazy ``_EXPORTS[name]`` import of ``module`` can reach (its table's literal values)."""
+    """The module names a lazy import of ``module``'s public names can reach: the keys of its ``_EXPORTS`` table
+    (``{".modeling": ("FoldDrafter", ...)}``), which must be literal strings."""
     for node in getattr(tree, "body", []):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
-            values = node.value.values if isinstance(node.value, ast.Dict) else [None]
-            if not all(isinstance(v, ast.Constant) and isinstance(v.value, str) for v in values):
-                return [f"<{module}._EXPORTS has a value that is not a literal string>"]
-            return [_absolute(v.value, module, is_package) for v in values]
+            keys = node.value.keys if isinstance(node.value, ast.Dict) else [None]
+            if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in keys):
+                return [f"<{module}._EXPORTS has a key that is not a literal string>"]
+            return [_absolute(k.value, module, is_package) for k in keys]
     return [f"<{module} has no _EXPORTS table>"]
 
 
@@ -99,13 +102,18 @@ def computed_import_problems(module: str, source: str, is_package: bool = False)
     (literal, or a value of its ``_EXPORTS`` table) under :data:`FAMILIES`."""
     tree = ast.parse(source)
     problems = []
+    lazy = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", None) == LAZY]
+    for call in lazy:  # the package's _EXPORTS keys are imported by name (by fold_hf.import_utils)
+        problems += [f"{module}:{call.lineno} imports {n} by a string"
+                     for n in _literal_targets(module, tree, is_package)
+                     if n.startswith("<") or n == FAMILIES or n.startswith(FAMILIES + ".")]
     for call in _dynamic_imports(tree):
         arg = call.args[0]
         where = f"{module}:{call.lineno}"
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             names = [_absolute(arg.value, module, is_package)]
         elif module in COMPUTED_IMPORTS and _same(COMPUTED_IMPORTS[module], arg):
-            names = _literal_targets(module, tree, is_package) if "_EXPORTS" in ast.unparse(arg) else []
+            names = []  # bounded: see COMPUTED_IMPORTS
         else:
             problems.append(f"{where} imports a computed name {ast.unparse(arg)} (import the module by name)")
             continue
@@ -285,8 +293,10 @@ def test_the_checker_sees_a_family_imported_by_a_string():
     literal = "from importlib import import_module\nqwen = import_module('..targets.qwen35', __name__)\n"
     assert computed_import_problems("fold_hf.generation.loop", literal)
     assert computed_import_problems("fold_hf.targets.registry", "import importlib\nimportlib.import_module('.gemma', __package__)\n")
-    exports = ('import importlib\n_EXPORTS = {"x": ".targets.gemma"}\n'
-               "def __getattr__(name):\n    return importlib.import_module(_EXPORTS[name], __name__)\n")
+    exports = ('from .import_utils import lazy_attributes\n_EXPORTS = {".targets.gemma": ("x",)}\n'
+               "__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())\n")
     assert computed_import_problems("fold_hf", exports, is_package=True) == [
-        "fold_hf:4 imports fold_hf.targets.gemma by a string"]
+        "fold_hf:3 imports fold_hf.targets.gemma by a string"]
+    computed = "import importlib\ndef load(name):\n    return importlib.import_module(name)\n"
+    assert computed_import_problems("fold_hf", computed, is_package=True)
     assert not computed_import_problems("fold_hf", exports.replace(".targets.gemma", ".modeling"), is_package=True)

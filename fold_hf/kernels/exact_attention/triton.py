@@ -36,6 +36,16 @@ BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 4  # fixed tiles (see the module docstring
 MERGE_CHUNK = 16  # splits one merge step loads at once
 
 
+@triton.jit
+def _context_length(CTX_PTR, ctx_value, LEN_FROM_PTR: tl.constexpr):
+    """The cache's committed length ``T``: read from the device (``CTX_PTR``, CUDA graphs) or passed as a value."""
+    if LEN_FROM_PTR:
+        T = tl.load(CTX_PTR)
+    else:
+        T = ctx_value
+    return T
+
+
 # no specialization on the row count, the start or the split count (Triton compiles an int argument equal to 1 or
 # divisible by 16 as a variant of its own): every call runs one binary per model shape
 @triton.jit(do_not_specialize=["ctx_value", "num_rows", "L", "num_splits"])
@@ -48,10 +58,7 @@ def _exact_split_kernel(Q, KC, VC, CTX_PTR, ctx_value, PART_M, PART_L, PART_ACC,
     row_block = tl.program_id(0)
     head = tl.program_id(1)
     split = tl.program_id(2)
-    if LEN_FROM_PTR:
-        T = tl.load(CTX_PTR)
-    else:
-        T = ctx_value
+    T = _context_length(CTX_PTR, ctx_value, LEN_FROM_PTR)
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < num_rows
     pos = T + offs_m % L  # each row's position; its visible keys are 0 .. pos
@@ -102,10 +109,7 @@ def _exact_merge_kernel(PART_M, PART_L, PART_ACC, OUT, CTX_PTR, ctx_value, num_r
     pdl_enter(PDL)
     head = tl.program_id(0)
     row = tl.program_id(1)
-    if LEN_FROM_PTR:
-        T = tl.load(CTX_PTR)
-    else:
-        T = ctx_value
+    T = _context_length(CTX_PTR, ctx_value, LEN_FROM_PTR)
     r = row % L
     g = row // L
     offs_dv = tl.arange(0, BLOCK_DV)

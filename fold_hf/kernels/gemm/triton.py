@@ -198,13 +198,18 @@ def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return torch.nn.functional.linear(x, weight, bias)
 
 
+def _gate_up_width(gate_up_weight: torch.Tensor) -> int:
+    """``I`` of a stacked ``gate|up`` weight ``[2 I, K]`` (ValueError for an odd row count)."""
+    if gate_up_weight.shape[0] % 2:
+        raise ValueError(f"a gate|up weight has an even number of rows, got {gate_up_weight.shape[0]}")
+    return gate_up_weight.shape[0] // 2
+
+
 def gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
                         gate_up_bias: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up`` of ``gate, up = F.linear(x, gate_up_weight, gate_up_bias).chunk(2, -1)``:
     ``x [..., K]``, ``gate_up_weight [2 I, K]`` -> ``[..., I]``."""
-    if gate_up_weight.shape[0] % 2:
-        raise ValueError(f"a gate|up weight has an even number of rows, got {gate_up_weight.shape[0]}")
-    width = gate_up_weight.shape[0] // 2
+    width = _gate_up_width(gate_up_weight)
     return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True)
 
 
@@ -219,9 +224,7 @@ def exact_gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
                               gate_up_bias: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`gate_up_silu_triton` under :func:`exact_plan` (any number of rows, row-count invariant):
     ``x [..., K]``, ``gate_up_weight [2 I, K]`` -> ``[..., I]``."""
-    if gate_up_weight.shape[0] % 2:
-        raise ValueError(f"a gate|up weight has an even number of rows, got {gate_up_weight.shape[0]}")
-    width = gate_up_weight.shape[0] // 2
+    width = _gate_up_width(gate_up_weight)
     return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True, exact=True)
 
 
