@@ -58,7 +58,7 @@ from last_mile_bench import (cpu_machine, hf_prefill, our_prefill, peak_matmul_f
                              rounded, ttft_calls)
 
 from fold_hf.generation.fast import release_fast_state  # noqa: E402
-from fold_hf.generation.static_target import PREFILL_CHUNK  # noqa: E402
+from fold_hf.targets.base import PREFILL_CHUNK  # noqa: E402
 
 FAMILIES = ("qwen35_9b", "gemma4_12b")
 FIELDS = ["gpu", "torch", "transformers", "date", "family", "P", "system", "first_call_s", "warm_median_s",

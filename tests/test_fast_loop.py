@@ -213,8 +213,11 @@ def test_unsupported_requests_say_why():
     target, drafter = trained_pair("llama")
     with pytest.raises(ValueError, match="temperature"):
         fast_generate(target, drafter, input_ids=prompt(0, 10), max_new_tokens=5, do_sample=True, temperature=0.0)
-    with pytest.raises(ValueError, match="batch"):
-        fast_generate(target, drafter, input_ids=torch.zeros(2, 10, dtype=torch.long), max_new_tokens=5)
+    right_padded = torch.ones(2, 10, dtype=torch.long)
+    right_padded[1, -3:] = 0  # a batch is decoded (row by row); right padding is not transformers' convention
+    with pytest.raises(ValueError, match="left padding"):
+        fast_generate(target, drafter, input_ids=torch.cat([prompt(0, 10), prompt(1, 10)]),
+                      attention_mask=right_padded, max_new_tokens=5)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).eval()
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         fast_generate(gpt2, None, input_ids=prompt(0, 10), max_new_tokens=5)
