@@ -315,3 +315,18 @@ def test_time_rounds_runs_its_rounds_queued_ahead(monkeypatch, with_drafter):
     # L (L R)^(rounds - 1) then the last read, and nothing queued past the last round (a profile divides by rounds)
     assert pattern == "L" + "LR" * (rounds - 1) + "R", pattern
     fold_hf.generation.release_fast_state(target)
+
+
+def test_a_session_is_rebuilt_when_the_weights_change_dtype():
+    """A model used once in float64, then deep-copied (its session rides along in ``__dict__``) and cast to float32,
+    decodes in float32: the kept session is for other weights and is rebuilt, not reused (the 5.17 CI run of
+    2026-12-04 hit this through a shared test fixture)."""
+    import copy
+
+    target, drafter = trained_pair("llama")
+    target, drafter = copy.deepcopy(target).double(), copy.deepcopy(drafter).double()
+    ids = prompt(3, 20)
+    fast_generate(target, drafter, input_ids=ids, max_new_tokens=4, engine="static")
+    cast, cast_drafter = copy.deepcopy(target).float(), copy.deepcopy(drafter).float()
+    out = fast_generate(cast, cast_drafter, input_ids=ids, max_new_tokens=6, engine="static")
+    assert torch.equal(out, cast.generate(ids, max_new_tokens=6, do_sample=False))

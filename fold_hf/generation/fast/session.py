@@ -37,6 +37,7 @@ class Session:
     """Buffers and captured steps of one target (reused across calls while they fit)."""
 
     def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False) -> None:
+        self.placement = weights_placement(target)
         self.runner = build_static_target(target, capacity, tap_layer_ids)
         self.runner.set_exact(exact)  # raises ExactUnavailable naming why exact mode cannot run this target
         self.exact = exact
@@ -167,13 +168,21 @@ class Session:
         return self.drafter_cache, self.static_drafter
 
 
+def weights_placement(target) -> tuple:
+    """The dtypes and devices of ``target``'s parameters: a session built for other ones (the model was cast or
+    moved since, or deep-copied with its session and then cast) holds caches and weight copies of the old ones."""
+    return tuple(sorted({(str(p.dtype), str(p.device)) for p in target.parameters()}))
+
+
 def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False) -> Session:
-    """The session kept on ``target``, or a new one when it lacks room, the engine, the taps or the exact mode
-    (``exact``: the runner's decode / verify steps run exact mode's kernels, docs/exact-mode.md)."""
+    """The session kept on ``target``, or a new one when it lacks room, the engine, the taps, the exact mode
+    (``exact``: the runner's decode / verify steps run exact mode's kernels, docs/exact-mode.md) or the weights'
+    dtype and device (:func:`weights_placement`)."""
     session = target.__dict__.get(SESSION_ATTR)
     # a session built with taps serves AR too (its verify simply skips them)
     if session is not None and (session.capacity < capacity or session.engine != engine or session.exact != exact
-                                or (tap_layer_ids and session.tap_layer_ids != tap_layer_ids)):
+                                or (tap_layer_ids and session.tap_layer_ids != tap_layer_ids)
+                                or session.placement != weights_placement(target)):
         release_fast_state(target)
         session = None
         if torch.cuda.is_available():
