@@ -330,3 +330,12 @@ def test_a_session_is_rebuilt_when_the_weights_change_dtype():
     cast, cast_drafter = copy.deepcopy(target).float(), copy.deepcopy(drafter).float()
     out = fast_generate(cast, cast_drafter, input_ids=ids, max_new_tokens=6, engine="static")
     assert torch.equal(out, cast.generate(ids, max_new_tokens=6, do_sample=False))
+
+
+def test_the_family_free_base_target_cannot_be_built():
+    """``StaticTarget`` states no layers: building it directly fails naming the method a family must define."""
+    from fold_hf.targets.base import StaticTarget
+
+    target, _ = trained_pair("llama")
+    with pytest.raises(TypeError, match="_run_layers"):
+        StaticTarget(target, 64)

@@ -32,6 +32,7 @@ does not depend on the family:
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -56,7 +57,7 @@ def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
     return min(capacity, -(-needed // step) * step)
 
 
-class StaticTarget:
+class StaticTarget(abc.ABC):
     """Forward passes of a causal LM over a preallocated KV cache (batch 1): the family-free part (module docstring).
 
     A family runner is built as ``Runner(target, capacity, tap_layer_ids)`` (``target``: the transformers model or a
@@ -186,12 +187,13 @@ class StaticTarget:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     # ------------------------------------------------------------------ the family's layers
+    @abc.abstractmethod
     def _run_layers(self, input_ids: torch.Tensor, cos, sin, write_kv, attend, taps_out: torch.Tensor | None,
                     last_only: bool) -> torch.Tensor:
-        """Shared body of every forward, the family's: ``input_ids [1, L]``, rope rows ``cos`` / ``sin`` ``[L, D]``;
-        ``write_kv(i, k, v)`` stores the new entries of layer ``i``, ``attend(i, q)`` returns ``[1, Hq, L, D]``.
-        Returns logits ``[L, V]`` (or ``[1, V]`` with ``last_only``)."""
-        raise NotImplementedError(f"{type(self).__name__} has no _run_layers")
+        """Shared body of every forward, the family's (each family defines it; the base cannot be built):
+        ``input_ids [1, L]``, rope rows ``cos`` / ``sin`` ``[L, D]``; ``write_kv(i, k, v)`` stores the new entries of
+        layer ``i``, ``attend(i, q)`` returns ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (``[1, V]`` with
+        ``last_only``)."""
 
     # ------------------------------------------------------------------ host-length forward
     def prefix_mask(self, L: int, start: int):
