@@ -84,8 +84,7 @@ def _project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``: through ``gemm(x, weight, bias)`` (a decode step's skinny GEMM) when given and ``module`` is a
     plain, hook-free ``nn.Linear`` with a contiguous weight in ``x``'s dtype; else
     :func:`~fold_hf.kernels.gemm.cpu.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
-    if (gemm is not None and type(module) is nn.Linear and module.weight.dtype == x.dtype
-            and module.weight.is_contiguous() and not _hooked(module)):
+    if gemm is not None and _gemm_unsupported(module, x.dtype, "") is None:
         return gemm(x, module.weight, module.bias)
     return linear_module(module, x)
 
@@ -95,9 +94,9 @@ def _fused_norm(norm: nn.Module, dtype: torch.dtype) -> bool:
     return type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm) and norm.weight.dtype == dtype
 
 
-def _exact_linear_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | None:
-    """Why exact mode cannot run ``module`` through the exact GEMM (None when it can: what :func:`_project` sends
-    to its ``gemm``)."""
+def _gemm_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | None:
+    """Why :func:`_project` runs ``module`` (named ``name``) as its module rather than through a GEMM kernel (None
+    when the kernel takes it); exact mode refuses a target for which this is not None."""
     if type(module) is not nn.Linear:
         return f"{name} is a {type(module).__name__}, not a plain nn.Linear (LoRA and quantized layers run as modules)"
     if module.weight.dtype != dtype or not module.weight.is_contiguous():
@@ -191,13 +190,13 @@ class LlamaStaticTarget(StaticTarget):
                 name: getattr(owner, name) for owner, names in ((attn, ("q_proj", "k_proj", "v_proj")),
                                                                 (mlp, ("gate_proj", "up_proj"))) for name in names}}
             for name, module in modules.items():
-                reason = reason or _exact_linear_unsupported(module, self.dtype, name)
+                reason = reason or _gemm_unsupported(module, self.dtype, name)
             for name in ("q_norm", "k_norm"):
                 norm = getattr(attn, name, None)
                 if reason is None and norm is not None and not _fused_norm(norm, self.dtype):
                     reason = f"{name} {type(norm).__name__} is not a Llama-style RMSNorm in {self.dtype}"
             reason = None if reason is None else f"layer {i}: {reason}"
-        reason = reason or _exact_linear_unsupported(self.lm_head, self.dtype, "lm_head")
+        reason = reason or _gemm_unsupported(self.lm_head, self.dtype, "lm_head")
         return None if reason is None else f"exact mode cannot run this target: {reason}"
 
     def decode_projections(self, layer) -> DecodeProjections | None:
