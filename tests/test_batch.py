@@ -1,5 +1,6 @@
-"""Batches (issue 35, first step): a left-padded ``[B, L]`` batch decodes on fold_hf.generate, fast_generate and the
-routed target.generate(assistant_model=drafter), and every row equals that row decoded alone, without padding, by
+"""Batches (issue 35): a left-padded ``[B, L]`` batch decodes on fold_hf.generate, fast_generate (batched rounds on
+its eager engine, row by row on the others; tests/test_batched_rounds.py) and the routed
+target.generate(assistant_model=drafter), and every row equals that row decoded alone, without padding, by
 the target's own greedy generate (transformers' AR), laid out as transformers' batched generate returns it: left
 padding kept, rows that stopped early filled with the pad id on the right."""
 
@@ -167,11 +168,11 @@ def test_the_batch_warning_is_said_once_per_process(pair, monkeypatch):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         fold_hf.generate(target, drafter, ids, mask, max_new_tokens=2)
-        fold_hf.fast_generate(target, None, ids, mask, max_new_tokens=2)
+        fold_hf.fast_generate(target, None, ids, mask, max_new_tokens=2, engine="static")  # row by row too
         release_fast_state(target)
     said = [str(w.message) for w in record if "rows are decoded one after another" in str(w.message)]
-    assert said == ["fold_hf: batch of 2 prompts: rows are decoded one after another (batched rounds are not built "
-                    "yet, issue 35)"]
+    assert said == ["fold_hf: batch of 2 prompts: rows are decoded one after another (fold_hf.generate runs the "
+                    "model's own forward a row at a time; fast_generate runs batched rounds; issue 35)"]
 
 
 def test_a_streamer_with_a_batch_is_refused(pair, quiet):

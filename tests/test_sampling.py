@@ -99,9 +99,10 @@ def test_hf_path_sampling_runs_and_respects_limits(pair):
 FULL_WARP = dict(temperature=0.8, top_k=3, top_p=0.95, min_p=0.1, repetition_penalty=1.3)
 
 
-def transformers_distribution(target, settings: dict) -> dict:
+def transformers_distribution(target, settings: dict, prompt: torch.Tensor = PROMPT) -> dict:
     """The exact distribution of the NEW tokens under transformers' own processors (the independent statement of the
-    rule: repetition penalty over prompt and generated tokens, then temperature, top-k, top-p, min-p), float64."""
+    rule: repetition penalty over prompt and generated tokens, then temperature, top-k, top-p, min-p), float64, after
+    ``prompt`` ``[1, P]``."""
     from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                               TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
@@ -110,10 +111,10 @@ def transformers_distribution(target, settings: dict) -> dict:
                                       TopKLogitsWarper(settings["top_k"]), TopPLogitsWarper(settings["top_p"]),
                                       MinPLogitsWarper(settings["min_p"])])
     seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW)))
-    ids = torch.cat((PROMPT.expand(len(seqs), -1), seqs), dim=1)
+    ids = torch.cat((prompt.expand(len(seqs), -1), seqs), dim=1)
     with torch.no_grad():
         logits = target(ids).logits.double()
-    P = PROMPT.shape[1]
+    P = prompt.shape[1]
     prob = torch.ones(len(seqs), dtype=torch.float64)
     for j in range(NEW):
         scores = processors(ids[:, : P + j], logits[:, P + j - 1].clone())

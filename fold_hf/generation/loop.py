@@ -12,7 +12,6 @@ a rejection, restores them and replays the accepted tokens (:mod:`fold_hf.target
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 
@@ -164,8 +163,9 @@ def generate(target, drafter: FoldDrafter | None = None, input_ids: torch.Tensor
         raise ValueError(f"drafter must be a FoldDrafter, got {type(drafter).__name__}")
     if needs_rows(input_ids, attention_mask):
         return decode_rows(functools.partial(_generate_row, target, drafter), target, input_ids, attention_mask,
-                           request, budget)
-    result = _generate_row(target, drafter, input_ids, dataclasses.replace(request, max_new_tokens=budget))
+                           request, budget, why="fold_hf.generate runs the model's own forward a row at a time; "
+                                                "fast_generate runs batched rounds")
+    result = _generate_row(target, drafter, input_ids, request.for_row(0, budget))
     return result if request.return_stats else result.sequences
 
 

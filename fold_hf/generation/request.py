@@ -39,7 +39,8 @@ class GenerationRequest:
         stop_strings, tokenizer: stop once the continuation contains a stop string.
         streamer: a transformers streamer (``put``/``end``; one prompt only).
         generator: random source for sampling (a seeded generator reproduces the run; a batch's rows draw from it
-            in order, row 0 first).
+            in turn), or for a batch one generator per row (a list of ``B``): row ``i`` then draws from
+            ``generator[i]`` only, so it samples the tokens it samples alone with that generator.
         fold_config: reading mode for this call only (the drafter's own is restored afterwards).
         return_stats: return a :class:`GenerationResult` (a batch: a :class:`BatchGenerationResult`) instead of the
             sequences.
@@ -63,7 +64,7 @@ class GenerationRequest:
     stop_strings: Sequence[str] | str | None = None
     tokenizer: Any = None
     streamer: Any = None
-    generator: torch.Generator | None = None
+    generator: torch.Generator | Sequence[torch.Generator] | None = None
     fold_config: FoldConfig | None = None
     return_stats: bool = False
     exact: bool = False
@@ -85,7 +86,27 @@ class GenerationRequest:
         the sampling settings: ValueError before any work for a request that cannot run."""
         budget = new_token_budget(input_ids, attention_mask, self.max_new_tokens, self.max_length)
         self.sampling()
+        if isinstance(self.generator, (list, tuple)):
+            rows = input_ids.shape[0]
+            if len(self.generator) != rows:
+                raise ValueError(f"generator: {len(self.generator)} generators for a batch of {rows} prompts (give "
+                                 "one generator, or one per row)")
+            for g in self.generator:
+                if not isinstance(g, torch.Generator):
+                    raise TypeError(f"generator: a list of torch.Generator, got a {type(g).__name__} in it")
+        elif self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator (or one per row), got {type(self.generator).__name__}")
         return budget
+
+    def row_generator(self, row: int) -> torch.Generator | None:
+        """Row ``row``'s random source: :attr:`generator`, or its ``row``-th entry when there is one per row."""
+        if isinstance(self.generator, (list, tuple)):
+            return self.generator[row]
+        return self.generator
+
+    def for_row(self, row: int, budget: int) -> GenerationRequest:
+        """This request for row ``row`` of its batch alone: ``budget`` new tokens, the row's own generator."""
+        return dataclasses.replace(self, max_new_tokens=budget, max_length=None, generator=self.row_generator(row))
 
     def sampling(self) -> Sampling:
         return Sampling.from_settings(self.do_sample, self.temperature, self.top_k, self.top_p, self.min_p,

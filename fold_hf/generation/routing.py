@@ -151,7 +151,8 @@ def route_generate(model, args: tuple, kwargs: dict, exact: bool = False):
     """``model.generate(*args, **kwargs)`` on the fast loop when the request allows it (``exact``: in exact mode,
     docs/exact-mode.md; the wrapper refuses an exact request that is not routed).
 
-    A batch (``[B, L]`` left-padded by ``attention_mask``) is decoded row by row (:mod:`.batch`); its
+    A batch (``[B, L]`` left-padded by ``attention_mask``) runs in the fast loop's batched rounds where they take it
+    (:mod:`.fast.batched`), else row by row (:mod:`.batch`); its
     ``acceptance_lengths``, ``tau`` and ``finish_reason`` (and ``drafter.last_acceptance_lengths``) are per-row lists.
 
     Returns:

@@ -77,14 +77,16 @@ class BatchGenerationResult:
     Attributes:
         sequences: ``[B, L + N]`` as transformers' batched ``generate`` returns them: each row's left padding kept,
             a row that stopped early filled on the right with the pad id (``N``: the most new tokens of any row).
-        rows: each row's :class:`GenerationResult` as it was decoded alone (``sequences [1, P_i + N_i]``, its real
-            prompt without padding).
+        rows: each row's :class:`GenerationResult` (``sequences [1, P_i + N_i]``, its real prompt without padding).
         num_prompt_tokens: L (padding included).
+        batched: True when the rows ran in batched rounds (one target forward per round for all running rows,
+            :mod:`fold_hf.generation.fast.batched`), False when they were decoded one after another.
     """
 
     sequences: torch.Tensor
     rows: list[GenerationResult]
     num_prompt_tokens: int
+    batched: bool = False
 
     @property
     def new_tokens(self) -> torch.Tensor:

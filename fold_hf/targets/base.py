@@ -7,8 +7,9 @@ architecture) calls the model's own submodules, so every weight is the model's o
 included) and the numerics follow the model's; only the cache and the attention are ours. This base class holds what
 does not depend on the family:
 
-* KV cache: one ``[1, Hkv, capacity, D]`` key and value buffer per layer, keys stored rotated as transformers
-  stores them. Rollback = rewind a length: entries past the length are never read and get overwritten.
+* KV cache: one ``[batch, Hkv, capacity, D]`` key and value buffer per layer (``batch`` 1 but for a batched
+  request's runner), keys stored rotated as transformers stores them. Rollback = rewind a length: entries past the
+  length are never read and get overwritten.
 * RoPE: the model's rotary embedding evaluated once for positions ``0 .. capacity-1`` (elementwise, so a table
   lookup gives the same values as calling it per step).
 * Attention, two forms, around the family's ``_run_layers`` (its layers, given how to write and read the cache):
@@ -25,6 +26,10 @@ does not depend on the family:
     ``fused=True``: the family's fused layers (:meth:`StaticTarget.fused_unsupported` says why not).
   Exact mode (:meth:`StaticTarget.set_exact`, docs/exact-mode.md): the fused decode / verify forward with kernels
   whose reduction order does not depend on the number of rows (the Llama family only).
+* Rows (a family with :attr:`StaticTarget.batched_rows`, issue 35): ``forward`` and ``prefill`` take ``row``, the
+  cache row they fill; :meth:`StaticTarget.forward_rows` runs ``[A, L]`` tokens of ``A`` rows, each at its own
+  position, as one forward (every projection reads its weights once for all rows; each row attends to its own
+  prefix, no padding read).
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.targets.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 * cmr's query tap (:meth:`StaticTarget.keep_queries`).
@@ -57,6 +62,11 @@ def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
     return min(capacity, -(-needed // step) * step)
 
 
+def batch_unsupported(family: str) -> str:
+    """Why a family's runner takes one row at a time (the batch's rows are then decoded one after another)."""
+    return f"{family} keeps one row per cache (batched rounds run the Llama family)"
+
+
 class StaticTarget(abc.ABC):
     """Forward passes of a causal LM over a preallocated KV cache (batch 1): the family-free part (module docstring).
 
@@ -67,9 +77,18 @@ class StaticTarget(abc.ABC):
     table ``cos`` / ``sin`` ``[capacity, D]``, and gives :meth:`_run_layers` (or its own forwards).
     """
 
-    def _setup(self, model: nn.Module, config, decoder: nn.Module, capacity: int, tap_layer_ids) -> None:
+    batched_rows = False  # a family whose _run_layers takes [A, L] rows at per-row positions (forward_rows) says so
+
+    def _setup(self, model: nn.Module, config, decoder: nn.Module, capacity: int, tap_layer_ids,
+               batch: int = 1) -> None:
         """What every family sets first: the model, its text ``config`` and ``decoder`` (with ``.layers`` and
-        ``.norm``; a multimodal wrapper's text model), the embedding, head, capacity, taps, device and dtype."""
+        ``.norm``; a multimodal wrapper's text model), the embedding, head, capacity, taps, device and dtype, and
+        ``batch``: the rows its caches hold (a family that is not :attr:`batched_rows` takes 1)."""
+        if batch != 1 and not self.batched_rows:
+            raise UnsupportedTarget(batch_unsupported(type(self).__name__))
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        self.batch = int(batch)
         self.model = model
         self.config = config  # the text model's config (a multimodal wrapper's config.text_config)
         self.decoder = decoder
@@ -212,10 +231,10 @@ class StaticTarget(abc.ABC):
 
         return causal_lower_right(L, start + L), False
 
-    def _attend_prefix(self, i: int, q: torch.Tensor, start: int, prefix_mask=None) -> torch.Tensor:
+    def _attend_prefix(self, i: int, q: torch.Tensor, start: int, prefix_mask=None, row: int = 0) -> torch.Tensor:
         L = q.shape[2]
-        keys = self.keys[i][:, :, : start + L]
-        values = self.values[i][:, :, : start + L]
+        keys = self.keys[i][row : row + 1, :, : start + L]
+        values = self.values[i][row : row + 1, :, : start + L]
         mask, causal = prefix_mask if prefix_mask is not None else self.prefix_mask(L, start)
         probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval), else None
         if probe is not None and probe.armed and i == probe.layer_idx:
@@ -229,12 +248,13 @@ class StaticTarget(abc.ABC):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, row: int = 0) -> torch.Tensor:
         """Run ``input_ids [1, L]`` at positions ``start .. start+L-1``; the cache then holds ``start + L`` tokens.
 
         Args:
             taps_out: ``[1, L, n_taps * H]`` buffer receiving the tapped features, or None.
             last_only: return only the last row's logits.
+            row: the cache row written and read (``< batch``).
 
         Returns:
             logits ``[L, V]`` (``[1, V]`` with ``last_only``) in the model's dtype.
@@ -243,20 +263,21 @@ class StaticTarget(abc.ABC):
         if start + L > self.capacity:
             raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
         cos, sin = self.cos[start : start + L], self.sin[start : start + L]
+        self._check_row(row)
 
         def write_kv(i, k, v):
-            self.keys[i][:, :, start : start + L] = k
-            self.values[i][:, :, start : start + L] = v
+            self.keys[i][row : row + 1, :, start : start + L] = k
+            self.values[i][row : row + 1, :, start : start + L] = v
 
         mask = self.prefix_mask(L, start)
-        logits = self._run_layers(input_ids, cos, sin, write_kv, lambda i, q: self._attend_prefix(i, q, start, mask),
-                                  taps_out, last_only)
+        logits = self._run_layers(input_ids, cos, sin, write_kv,
+                                  lambda i, q: self._attend_prefix(i, q, start, mask, row), taps_out, last_only)
         self.length = start + L
         return logits
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None) -> torch.Tensor:
-        """Fill the cache with the prompt ``[1, P]`` in chunks; returns the last position's logits ``[V]``.
+    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None, row: int = 0) -> torch.Tensor:
+        """Fill cache row ``row`` with the prompt ``[1, P]`` in chunks; returns the last position's logits ``[V]``.
 
         ``on_taps(features [1, c, n_taps * H], start)`` receives each chunk's tapped features (so a 128K prompt
         never holds all its taps at once).
@@ -264,18 +285,65 @@ class StaticTarget(abc.ABC):
         P = input_ids.shape[1]
         logits = None
         fused = self._fused_prefill()
+        self._check_row(row)
         for start in range(0, P, chunk):
             piece = input_ids[:, start : start + chunk]
             taps = None
             if on_taps is not None and self.num_taps:
                 taps = torch.empty(1, piece.shape[1], self.tap_width, device=self.device, dtype=self.dtype)
             if fused:
-                logits = self._prefill_chunk_fused(piece, start, taps)
+                logits = self._prefill_chunk_fused(piece, start, taps, row=row)
             else:
-                logits = self.forward(piece, start, taps_out=taps, last_only=True)
+                logits = self.forward(piece, start, taps_out=taps, last_only=True, row=row)
             if taps is not None:
                 on_taps(taps, start)
         return logits[-1]
+
+    def _check_row(self, row: int) -> None:
+        if not 0 <= row < self.batch:
+            raise ValueError(f"row {row} is not a row of this runner's cache (it holds {self.batch})")
+
+    # ------------------------------------------------------------------ several rows at once (issue 35)
+    @torch.no_grad()
+    def forward_rows(self, input_ids: torch.Tensor, rows: list[int], starts: list[int],
+                     taps_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``input_ids [A, L]``: its ``a``-th row is cache row ``rows[a]``'s tokens at positions
+        ``starts[a] .. starts[a] + L - 1`` (the verify block of a batched round: each row's last committed token and
+        its proposals, padded to ``L``). One forward through the layers (every projection's weights read once for
+        the ``A`` rows); each row writes its entries into its cache row and attends causally to its own prefix
+        ``[0, starts[a] + L)``, exactly the attention :meth:`forward` gives that row alone (no padding read). A
+        row's entries past what it keeps are rolled back by its length as usual.
+
+        Args:
+            taps_out: ``[A, L, n_taps * H]`` buffer receiving the tapped features, or None.
+
+        Returns:
+            logits ``[A, L, V]`` in the model's dtype.
+        """
+        if not self.batched_rows:
+            raise UnsupportedTarget(batch_unsupported(type(self).__name__))
+        A, L = input_ids.shape
+        if len(rows) != A or len(starts) != A:
+            raise ValueError(f"{A} rows of tokens need {A} cache rows and starts, got {len(rows)} and {len(starts)}")
+        for row, start in zip(rows, starts):
+            self._check_row(row)
+            if start + L > self.capacity:
+                raise ValueError(f"row {row}: {start + L} tokens exceed the cache capacity {self.capacity}")
+        cos = torch.stack([self.cos[s : s + L] for s in starts])  # [A, L, D]
+        sin = torch.stack([self.sin[s : s + L] for s in starts])
+        masks = [self.prefix_mask(L, start) for start in starts]  # built once per forward, not per layer
+
+        def write_kv(i, k, v):  # k, v [A, Hkv, L, D]
+            for a, (row, start) in enumerate(zip(rows, starts)):
+                self.keys[i][row, :, start : start + L] = k[a]
+                self.values[i][row, :, start : start + L] = v[a]
+
+        def attend(i, q):  # q [A, Hq, L, D]
+            return torch.cat([self._attend_prefix(i, q[a : a + 1], start, masks[a], row)
+                              for a, (row, start) in enumerate(zip(rows, starts))])
+
+        logits = self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
+        return logits if logits.dim() == 3 else logits[None]
 
     def _fused_prefill(self) -> bool:
         """Whether :meth:`prefill` runs its chunks through the family's fused layers (``_prefill_chunk_fused``)."""
@@ -305,6 +373,9 @@ class StaticTarget(abc.ABC):
         """
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
+        if self.batch != 1:
+            raise ValueError(f"forward_static runs a one-row cache; this runner holds {self.batch} rows "
+                             "(a batch's rounds run forward_rows)")
         if self.exact and not (fused and attention == "triton"):
             raise ValueError("exact mode runs forward_static with fused=True and attention='triton' (its kernels); "
                              f"got fused={fused}, attention={attention!r}")

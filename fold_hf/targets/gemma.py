@@ -347,11 +347,12 @@ class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, row: int = 0) -> torch.Tensor:
         """Run ``input_ids [1, L]`` at positions ``start .. start+L-1`` (any L: prefill chunks or a verify of at most
         ``RING_SLACK + 1`` rows that may be rolled back). Global layers: SDPA over the exact prefix; sliding layers:
         the ring's entries inside the window of the first query plus the new rows, then the last ``R`` new rows
-        enter the ring."""
+        enter the ring. ``row``: 0 (one cache row)."""
+        self._check_row(row)
         L = input_ids.shape[1]
         if start + L > self.capacity:
             raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")

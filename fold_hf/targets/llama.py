@@ -113,12 +113,15 @@ class LlamaStaticTarget(StaticTarget):
         target: the transformers model (or a PEFT wrapper of one).
         capacity: cache length in tokens (prompt + generated + one block of slack).
         tap_layer_ids: the drafter's tapped layers (``hidden_states[l + 1]`` of each), or ``()``.
+        batch: cache rows (a batched request's runner, :meth:`~fold_hf.targets.base.StaticTarget.forward_rows`).
     """
 
-    def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:
+    batched_rows = True  # forward_rows: [A, L] rows at their own positions (issue 35)
+
+    def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=(), batch: int = 1) -> None:
         model = _unwrap(target)
         check(model, capacity)
-        self._setup(model, model.config, model.model, capacity, tap_layer_ids)
+        self._setup(model, model.config, model.model, capacity, tap_layer_ids, batch)
         attn = self.layers[0].self_attn
         config = self.config
         self.num_heads = config.num_attention_heads
@@ -126,7 +129,7 @@ class LlamaStaticTarget(StaticTarget):
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        shape = (1, self.num_kv_heads, self.capacity, self.head_dim)
+        shape = (self.batch, self.num_kv_heads, self.capacity, self.head_dim)
         self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         with torch.no_grad():
@@ -214,7 +217,8 @@ class LlamaStaticTarget(StaticTarget):
     # ------------------------------------------------------------------ one layer
     def _qkv(self, layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              projections: DecodeProjections | None = None):
-        """Normed hidden ``[1, L, H]`` -> rotated q ``[1, Hq, L, D]``, rotated k and v ``[1, Hkv, L, D]``."""
+        """Normed hidden ``[A, L, H]`` -> rotated q ``[A, Hq, L, D]``, rotated k and v ``[A, Hkv, L, D]``; rope rows
+        ``cos`` / ``sin`` ``[L, D]`` (every row at the same positions) or ``[A, L, D]`` (each row at its own)."""
         attn = layer.self_attn
         shape = (*hidden.shape[:-1], -1, self.head_dim)
         if projections is not None:
@@ -226,15 +230,19 @@ class LlamaStaticTarget(StaticTarget):
         if getattr(attn, "k_norm", None) is not None:
             k = attn.k_norm(k)
         v = v.transpose(1, 2)
-        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None])
+        if cos.dim() == 2:
+            cos, sin = cos[None], sin[None]
+        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         return q, k, v
 
     def _run_layers(self, input_ids: torch.Tensor, cos, sin, write_kv, attend, taps_out: torch.Tensor | None,
                     last_only: bool) -> torch.Tensor:
-        """Shared body of every forward (:meth:`StaticTarget._run_layers`). ``write_kv(i, k, v)`` stores the new entries of layer ``i``,
-        ``attend(i, q)`` returns ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (or ``[1, V]`` with ``last_only``)."""
+        """Shared body of every forward (:meth:`StaticTarget._run_layers`), over ``input_ids [A, L]`` (``A`` > 1: a
+        batched verify, :meth:`~fold_hf.targets.base.StaticTarget.forward_rows`). ``write_kv(i, k, v)`` stores the
+        new entries of layer ``i``, ``attend(i, q)`` returns ``[A, Hq, L, D]``. Returns logits ``[L, V]`` (or
+        ``[1, V]`` with ``last_only``), ``[A, L, V]`` for ``A > 1``."""
         hidden = self.embed(input_ids)
-        L = input_ids.shape[1]
+        A, L = input_ids.shape
         tap = tap_writer(self.tap_layer_ids, hidden.shape[-1], taps_out)
         last_layer = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
@@ -242,7 +250,7 @@ class LlamaStaticTarget(StaticTarget):
             projections = self.decode_projections(layer)
             q, k, v = self._qkv(layer, layer.input_layernorm(hidden), cos, sin, projections)
             write_kv(i, k, v)
-            out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
+            out = attend(i, q).transpose(1, 2).reshape(A, L, -1)
             hidden = residual + linear_module(layer.self_attn.o_proj, out)
             mlp, normed = layer.mlp, layer.post_attention_layernorm(hidden)
             if projections is not None and type(mlp).__name__ in _GATED_MLPS:
@@ -253,7 +261,8 @@ class LlamaStaticTarget(StaticTarget):
             if taps_out is not None and i in self.tap_layer_ids:
                 tap(i, self.final_norm(hidden) if i == last_layer else hidden)
         hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
-        return linear_module(self.lm_head, hidden)[0]
+        logits = linear_module(self.lm_head, hidden)
+        return logits[0] if A == 1 else logits
 
     def _fused_prefill(self) -> bool:
         """Whether :meth:`prefill` runs its chunks through the fused layers (:meth:`_prefill_chunk_fused`): on CUDA,
@@ -267,8 +276,8 @@ class LlamaStaticTarget(StaticTarget):
             return False
         return self.fused_unsupported() is None
 
-    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None):
-        """One prefill chunk ``[1, L]`` at ``start``: the fused layers' elementwise kernels (norms, rope with the
+    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None, row: int = 0):
+        """One prefill chunk ``[1, L]`` at ``start`` into cache row ``row``: the fused layers' elementwise kernels (norms, rope with the
         cache write, ``silu(gate) * up``) around cuBLAS projections and the prefill attention
         (:func:`fold_hf.kernels.prefill_attention.prefill_attention`); logits ``[1, V]`` of the last row."""
         from ..kernels.prefill_attention import prefill_attention
@@ -279,11 +288,13 @@ class LlamaStaticTarget(StaticTarget):
         positions = torch.arange(start, start + L, device=self.device)
 
         def attend(i, q):  # q [1, Hq, L, D] -> [1, L, Hq, D]
-            keys, values = self.keys[i][:, :, : start + L], self.values[i][:, :, : start + L]
+            keys = self.keys[i][row : row + 1, :, : start + L]
+            values = self.values[i][row : row + 1, :, : start + L]
             return prefill_attention(q, keys, values, start, self.scaling).transpose(1, 2)
 
         with torch.no_grad():
-            logits = self._fused_layers(input_ids, positions, start + L, taps_out, attend=attend, last_only=True)
+            logits = self._fused_layers(input_ids, positions, start + L, taps_out, attend=attend, last_only=True,
+                                        row=row)
         self.length = start + L
         return logits
 
@@ -299,7 +310,7 @@ class LlamaStaticTarget(StaticTarget):
             return self._fused_layers(input_ids, positions, bucket, taps_out)
 
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
-                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False) -> torch.Tensor:
+                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False, row: int = 0) -> torch.Tensor:
         exact = self.exact and attend is None  # exact mode's decode / verify step (a prefill chunk is shared)
         ops, decode = self._fused_ops(exact)
         L = input_ids.shape[1]
@@ -326,13 +337,14 @@ class LlamaStaticTarget(StaticTarget):
             k = k.view(1, L, self.num_kv_heads, self.head_dim)
             v = v.view(1, L, self.num_kv_heads, self.head_dim)
             q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
-            q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, self.keys[i], self.values[i])
+            keys, values = self.keys[i][row : row + 1], self.values[i][row : row + 1]  # the whole cache at batch 1
+            q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, keys, values)
             if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                 self.query_keep[1][:, :, :L].copy_(q)
             if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
                 out = attend(i, q)
             else:
-                out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
+                out = decode(q, keys, values, k, v, context_length, scaling=self.scaling,
                              max_context_length=bucket)  # [1, L, Hq, D]
             norm = layer.post_attention_layernorm
             attn_out = _project(skinny, attn.o_proj, out.reshape(1, L, -1))

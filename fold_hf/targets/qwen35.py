@@ -439,14 +439,16 @@ class Qwen35StaticTarget(StaticTarget):
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None, row: int = 0) -> torch.Tensor:
         """The prompt ``[1, P]`` through the model's own forward (transformers' cache and kernels), ``chunk``
         tokens at a time; its keys, values, convolution and recurrent states are then copied into the static
         buffers. ``on_taps(features [1, c, n_taps * H], start)`` per chunk. Returns the last logits ``[V]``.
+        ``row``: 0 (one cache row).
 
         Every chunk gets its 1-D positions explicitly (the text model expands them to its rope streams, as for no
         ``position_ids``): a multimodal wrapper would otherwise add the rope deltas an earlier image request left on
         it to the chunks after the first."""
+        self._check_row(row)
         import inspect
 
         from transformers import DynamicCache

@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple
 from torch import nn
 
 from . import gemma, llama, qwen35
-from .base import StaticTarget, UnsupportedTarget
+from .base import StaticTarget, UnsupportedTarget, batch_unsupported
 from .taps import _unwrap
 
 
@@ -54,13 +54,29 @@ def check_target(target: nn.Module, capacity: int | None = None) -> None:
     family.check(_unwrap(target), capacity)
 
 
-def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=()) -> StaticTarget:
-    """The static runner of ``target``'s family over a cache of ``capacity`` tokens, tapping ``tap_layer_ids``;
-    raises :class:`UnsupportedTarget` when no family runs it."""
+def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=(), batch: int = 1) -> StaticTarget:
+    """The static runner of ``target``'s family over a cache of ``capacity`` tokens (``batch`` rows of it), tapping
+    ``tap_layer_ids``; raises :class:`UnsupportedTarget` when no family runs it or, for ``batch > 1``, when its
+    family keeps one row per cache (:func:`batch_unsupported_reason`)."""
     family = family_of(target)
     if family is None:
         check_target(target, capacity)  # raises, naming what the fast loop runs
+    if batch != 1:
+        reason = batch_unsupported_reason(target)
+        if reason is not None:
+            raise UnsupportedTarget(reason)
+        return family.runner(target, capacity, tap_layer_ids, batch=batch)
     return family.runner(target, capacity, tap_layer_ids)
+
+
+def batch_unsupported_reason(target: nn.Module) -> str | None:
+    """Why ``target``'s runner cannot hold several rows (batched rounds), or None when its family can."""
+    family = family_of(target)
+    if family is None:
+        return f"{type(_unwrap(target)).__name__} does not run on the fast loop"
+    if not family.runner.batched_rows:
+        return batch_unsupported(family.runner.__name__)
+    return None
 
 
 def prepare_text_request(target: nn.Module) -> None:
@@ -72,5 +88,5 @@ def prepare_text_request(target: nn.Module) -> None:
         family.prepare_text_request(_unwrap(target))
 
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "Family", "build_static_target", "check_target", "family_of",
+__all__ = ["ARCHITECTURES", "FAMILIES", "Family", "batch_unsupported_reason", "build_static_target", "check_target", "family_of",
            "prepare_text_request"]

@@ -5,7 +5,8 @@ layers, the targets it runs and its sessions: docs/fast-loop.md.
 
 Modules: :mod:`.api` (:func:`fast_generate`, :func:`fast_unsupported`), :mod:`.settings` (the ``$FOLD_HF_*`` knobs and
 the fallback warnings), :mod:`.session` (what a target keeps between calls), :mod:`.engine` (one request's rounds),
-:mod:`.device_rounds` (the static and graphs engines' rounds), :mod:`.timing` (:func:`time_rounds`).
+:mod:`.device_rounds` (the static and graphs engines' rounds), :mod:`.batched` (a batch's rows in batched rounds),
+:mod:`.timing` (:func:`time_rounds`).
 """
 
 from __future__ import annotations

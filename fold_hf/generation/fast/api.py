@@ -4,7 +4,6 @@ the target's session and decodes (prefill, then rounds, :func:`decode_request`; 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -20,6 +19,7 @@ from ..sampling import Sampling, TokenChoice
 from ..static_drafter import commit_context
 from ..stats import GenerationResult
 from ..tracker import Tracker
+from .batched import batched_unsupported, decode_batched
 from .engine import StaticRunner, run_rounds
 from .session import Session, session_for
 from .settings import (
@@ -28,6 +28,7 @@ from .settings import (
     resolve_fused_drafter,
     resolve_fused_layers,
     resolve_target_attention,
+    warn_once,
 )
 
 ENGINES = ("eager", "static", "graphs")
@@ -59,11 +60,13 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
     (docs/fast-loop.md).
 
     Same arguments and result as :func:`fold_hf.generate` (the settings of a
-    :class:`~fold_hf.generation.request.GenerationRequest`, batches row by row), plus:
+    :class:`~fold_hf.generation.request.GenerationRequest`); a batch ``[B, L]`` (left-padded, ``attention_mask``) runs
+    in batched rounds (:mod:`~fold_hf.generation.fast.batched`: the ``eager`` engine, the Llama family), anything
+    else row by row, saying once why. Plus:
 
     Args:
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (docs/fast-loop.md); default ``graphs`` on CUDA,
-            ``eager`` otherwise.
+            ``eager`` otherwise, and ``eager`` for a batch that batched rounds take.
         prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
         target_attention: the verify step's attention in the static and graphs engines, ``"bucket"`` or
             ``"triton"``; default ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA with Triton and
@@ -94,6 +97,14 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
     if reason is not None:
         raise ValueError(f"fast_generate cannot run this request: {reason}")
     device = input_ids.device
+    batched = None  # why a batch is not run in batched rounds (None: it is)
+    if needs_rows(input_ids, attention_mask) and input_ids.shape[0] > 1:
+        batched = batched_unsupported(target, drafter, engine or "eager", request)
+        if engine is None and batched is None:
+            engine = "eager"  # batched rounds run host lengths (fold_hf.generation.fast.batched)
+            if device.type == "cuda":
+                warn_once("fast_generate: a batch runs batched host-length rounds (engine 'eager'); captured "
+                          "batched rounds (static, graphs) are not built yet")
     if engine is None:
         engine = "graphs" if device.type == "cuda" else "static" if request.exact else "eager"
     if engine not in ENGINES:
@@ -106,8 +117,11 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
     row = functools.partial(_fast_row, target, drafter, engine=engine, prefill_chunk=prefill_chunk,
                             target_attention=target_attention, fused_layers=fused_layers)
     if needs_rows(input_ids, attention_mask):
-        return decode_rows(row, target, input_ids, attention_mask, request, budget)
-    result = row(input_ids, dataclasses.replace(request, max_new_tokens=budget))
+        if input_ids.shape[0] > 1 and batched is None:
+            return decode_batched(target, drafter, input_ids, attention_mask, request, budget, prefill_chunk)
+        return decode_rows(row, target, input_ids, attention_mask, request, budget,
+                           why=batched or "one padded prompt")
+    result = row(input_ids, request.for_row(0, budget))
     return result if request.return_stats else result.sequences
 
 

@@ -36,9 +36,11 @@ def release_fast_state(target) -> None:
 class Session:
     """Buffers and captured steps of one target (reused across calls while they fit)."""
 
-    def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False) -> None:
+    def __init__(self, target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False,
+                 batch: int = 1) -> None:
         self.placement = weights_placement(target)
-        self.runner = build_static_target(target, capacity, tap_layer_ids)
+        self.runner = build_static_target(target, capacity, tap_layer_ids, batch=batch)
+        self.batch = batch
         self.runner.set_exact(exact)  # raises ExactUnavailable naming why exact mode cannot run this target
         self.exact = exact
         self.capacity = capacity
@@ -174,13 +176,16 @@ def weights_placement(target) -> tuple:
     return tuple(sorted({(str(p.dtype), str(p.device)) for p in target.parameters()}))
 
 
-def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False) -> Session:
+def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str, exact: bool = False,
+                batch: int = 1) -> Session:
     """The session kept on ``target``, or a new one when it lacks room, the engine, the taps, the exact mode
-    (``exact``: the runner's decode / verify steps run exact mode's kernels, docs/exact-mode.md) or the weights'
-    dtype and device (:func:`weights_placement`)."""
+    (``exact``: the runner's decode / verify steps run exact mode's kernels, docs/exact-mode.md), the batch (cache
+    rows: ``batch`` > 1 for batched rounds, :mod:`~fold_hf.generation.fast.batched`) or the weights' dtype and
+    device (:func:`weights_placement`)."""
     session = target.__dict__.get(SESSION_ATTR)
     # a session built with taps serves AR too (its verify simply skips them)
     if session is not None and (session.capacity < capacity or session.engine != engine or session.exact != exact
+                                or session.batch != batch
                                 or (tap_layer_ids and session.tap_layer_ids != tap_layer_ids)
                                 or session.placement != weights_placement(target)):
         release_fast_state(target)
@@ -189,7 +194,7 @@ def session_for(target, capacity: int, tap_layer_ids: tuple, engine: str, exact:
             torch.cuda.empty_cache()
     if session is None:
         rounded = -(-capacity // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
-        session = Session(target, rounded, tap_layer_ids, engine, exact)
+        session = Session(target, rounded, tap_layer_ids, engine, exact, batch)
         target.__dict__[SESSION_ATTR] = session
     return session
 

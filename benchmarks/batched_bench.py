@@ -1,0 +1,327 @@
+"""Batched rounds (issue 35): a batch of long prompts, whole calls, batched against one row at a time and against
+transformers' batched ``generate``; and, on a GPU, the batched verify forward at the Llama-3.1-8B shape against its
+memory floor.
+
+Section ``pair`` (any device; the real pair of ``--pair``, default the embedded SmolLM2-135M pair): ``B`` prompts of
+``--tokens`` tokens each (distinct windows of the demo's pinned input, so the rows differ), ``--new`` new tokens, greedy.
+Per ``B`` in ``--batches`` it times whole calls (call to return, prefill included), every system once per repeat in
+turn, median of ``--repeats``:
+
+* ``fold_batched``: ``fast_generate(target, drafter, ids, mask)``, the rows in batched rounds (FOLD, the drafter's
+  own window and α);
+* ``fold_rows``: the same rows one call each (the eager engine, as the batch runs; on CUDA also ``fold_rows_graphs``,
+  the default single-prompt engine);
+* ``ar_batched``: ``fast_generate(target, None, ids, mask)``, batched AR on the same machinery;
+* ``hf_batched``: transformers' own ``target.generate(ids, attention_mask=mask)`` (AR, its own batching).
+
+Tokens/s = new tokens of all rows / the call's time. Every system's rows are compared with ``fold_rows``' (greedy:
+equal in fp32; in bf16 the count that differ is reported). Ratios name both terms: ``fold_batched_over_fold_rows``
+(time), ``fold_batched_over_ar_batched`` (throughput), ``ar_batched_over_hf_batched`` (throughput).
+
+Section ``shape`` (``--shape``, CUDA): a random Llama-3.1-8B-shape target in bf16 (``e2e_bench.build_random_pair``) and
+its cache of ``B`` rows at context ``T`` (``--contexts``): ``forward_rows`` with one token per row (the batched AR
+step) and with 16 per row (a batched verify block), p50 over ``--steps`` calls, against the memory floor
+(weights once + ``B`` rows' KV at ``T``, at the copy bandwidth measured here); the drafter's proposal per row at
+``T`` beside it (the batched round drafts row by row).
+
+Writes ``batched.json`` and ``batched.csv`` under ``--out``.
+
+    python benchmarks/batched_bench.py --out $OUT/batched                          (CPU: the pair section)
+    python benchmarks/batched_bench.py --out $OUT/batched --shape --batches 1,2,4,8,16 --contexts 8192,32768
+    python benchmarks/batched_bench.py --out /tmp/b --dry-run                      (tiny shapes: checks it runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fold_hf.generation import release_fast_state  # noqa: E402
+from fold_hf.generation.fast import fast_generate  # noqa: E402
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
+
+
+def sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def machine(device: torch.device) -> dict:
+    import transformers
+
+    info = {"torch": torch.__version__, "transformers": transformers.__version__,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info["device"] = torch.cuda.get_device_name(device)
+    else:
+        info["device"] = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return info
+
+
+def batch_of(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``[B, L]`` ids and mask of ``rows``."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def demo_rows(tokenizer, count: int, tokens: int) -> list[list[int]]:
+    """``count`` distinct ``tokens``-token windows of the demo's pinned input (starts spread over it)."""
+    from fold_hf.demo import demo_text
+
+    ids = tokenizer(demo_text(), add_special_tokens=False)["input_ids"]
+    if len(ids) < tokens + count:
+        raise SystemExit(f"--tokens {tokens}: the demo input has {len(ids)} tokens")
+    stride = (len(ids) - tokens) // max(count - 1, 1)
+    return [ids[i * stride : i * stride + tokens] for i in range(count)]
+
+
+def new_rows(sequences: torch.Tensor, width: int) -> list[list[int]]:
+    return [row[width:].tolist() for row in sequences]
+
+
+# ------------------------------------------------------------------------------------------------ pair section
+def pair_section(args, device: torch.device, report: dict, save) -> None:
+    from fold_hf.pairs import load_pair
+
+    if args.dry_run:
+        target, drafter = tiny_pair(device)
+        tokenizer = None
+    else:
+        target, tokenizer, drafter = load_pair(args.pair, device=device)
+    pad = target.generation_config.pad_token_id or target.generation_config.eos_token_id or 0
+    pad = pad[0] if isinstance(pad, list) else int(pad)
+    systems = ["fold_batched", "fold_rows", "ar_batched", "hf_batched"]
+    if device.type == "cuda":
+        systems.insert(2, "fold_rows_graphs")
+    for B in args.batches:
+        if args.dry_run:
+            g = torch.Generator().manual_seed(B)
+            prompts = [torch.randint(0, 200, (args.tokens,), generator=g).tolist() for _ in range(B)]
+        else:
+            prompts = demo_rows(tokenizer, B, args.tokens)
+        ids, mask = batch_of(prompts, pad)
+        ids, mask = ids.to(device), mask.to(device)
+        width = ids.shape[1]
+        kw = dict(max_new_tokens=args.new, do_sample=False)
+
+        def fold_batched():
+            return fast_generate(target, drafter, ids, mask, **kw)
+
+        def fold_rows(engine="eager"):
+            outs = [fast_generate(target, drafter, ids[i : i + 1, mask[i] != 0], engine=engine, **kw)
+                    for i in range(B)]
+            return [o[0, int(mask[i].sum()):].tolist() for i, o in enumerate(outs)]
+
+        def ar_batched():
+            return fast_generate(target, None, ids, mask, **kw)
+
+        def hf_batched():
+            return target.generate(ids, attention_mask=mask, pad_token_id=pad, **kw)
+
+        calls = {"fold_batched": lambda: new_rows(fold_batched(), width), "fold_rows": fold_rows,
+                 "fold_rows_graphs": lambda: fold_rows("graphs"), "ar_batched": lambda: new_rows(ar_batched(), width),
+                 "hf_batched": lambda: new_rows(hf_batched(), width)}
+        times: dict[str, list[float]] = {s: [] for s in systems}
+        outputs: dict[str, list[list[int]]] = {}
+        for s in systems:  # warm-up: sessions built, kernels compiled (not timed)
+            outputs[s] = calls[s]()
+        for _ in range(args.repeats):
+            for s in systems:
+                start = sync(device)
+                outputs[s] = calls[s]()
+                times[s].append(sync(device) - start)
+        release_fast_state(target)
+        reference = outputs["fold_rows"]
+        for s in systems:
+            med = statistics.median(times[s])
+            new_tokens = sum(len(r) for r in outputs[s])
+            differ = sum(a != b for a, b in zip(outputs[s], reference))
+            row = {"section": "pair", "pair": args.pair if not args.dry_run else "tiny", "system": s, "batch": B,
+                   "prompt_tokens": args.tokens, "new_tokens": args.new, "call_s": med,
+                   "call_s_min": min(times[s]), "call_s_max": max(times[s]), "tokens_per_s": new_tokens / med,
+                   "rows_differing_from_fold_rows": differ, "repeats": args.repeats}
+            report["rows"].append(row)
+            log(f"B={B:2d} {s:17s} {med:8.3f} s  {new_tokens / med:8.1f} tok/s  rows differing {differ}")
+        by = {r["system"]: r for r in report["rows"] if r["section"] == "pair" and r["batch"] == B}
+        report["ratios"][f"fold_batched_over_fold_rows_time_b{B}"] = by["fold_batched"]["call_s"] / by["fold_rows"]["call_s"]
+        report["ratios"][f"fold_batched_over_ar_batched_throughput_b{B}"] = (
+            by["fold_batched"]["tokens_per_s"] / by["ar_batched"]["tokens_per_s"])
+        report["ratios"][f"ar_batched_over_hf_batched_throughput_b{B}"] = (
+            by["ar_batched"]["tokens_per_s"] / by["hf_batched"]["tokens_per_s"])
+        save()
+
+
+# ------------------------------------------------------------------------------------------------ shape section
+def copy_bandwidth(device: torch.device, gib: float) -> float:
+    n = int(gib * 2**30) // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = float("inf")
+    for _ in range(5):
+        start = sync(device)
+        b.copy_(a)
+        best = min(best, sync(device) - start)
+    return 2 * a.numel() * a.element_size() / best
+
+
+def shape_section(args, device: torch.device, report: dict, save) -> None:
+    from fold_hf.generation.fast.session import session_for
+    from fold_hf.generation.rounds import num_proposals, propose
+    from fold_hf.generation.static_drafter import commit_context, preallocated_cache
+
+    if args.dry_run:
+        target, drafter = tiny_pair(device)
+        contexts = [64]
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from e2e_bench import build_random_pair
+
+        contexts = args.contexts
+        target, drafter = build_random_pair(max(contexts) + 64)
+    bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.01)
+    report["bandwidth_gb_s"] = bandwidth / 1e9
+    weights = sum(p.numel() * p.element_size() for name, p in target.named_parameters() if "embed_tokens" not in name)
+    block = num_proposals(drafter) + 1
+    taps = tuple(drafter.config.target_layer_ids)
+    for B in args.batches:
+        for T in contexts:
+            session = session_for(target, T + block + 1, taps, "eager", batch=B)
+            runner = session.runner
+            for k, v in zip(runner.keys, runner.values):  # the context's entries (random; any values time the same)
+                k[:, :, :T].normal_()
+                v[:, :, :T].normal_()
+            kv_bytes = sum(k[:, :, :T].numel() * k.element_size() for k in runner.keys + runner.values)
+            floor = (weights + kv_bytes) / bandwidth
+            taps_out = torch.zeros(B, block, runner.tap_width, device=device, dtype=runner.dtype)
+            for L, name in ((1, "ar_step"), (block, "verify")):
+                ids = torch.randint(0, min(1000, target.config.vocab_size), (B, L), device=device)
+                rows, starts = list(range(B)), [T] * B
+                for _ in range(3):
+                    runner.forward_rows(ids, rows, starts, taps_out[:, :L])
+                samples = []
+                for _ in range(args.steps):
+                    start = sync(device)
+                    runner.forward_rows(ids, rows, starts, taps_out[:, :L])
+                    samples.append(sync(device) - start)
+                p50 = statistics.median(samples)
+                row = {"section": "shape", "system": name, "batch": B, "context": T, "rows_per_seq": L,
+                       "p50_ms": p50 * 1e3, "floor_ms": floor * 1e3, "over_floor": p50 / floor}
+                report["rows"].append(row)
+                log(f"B={B:2d} T={T:6d} {name:8s} p50 {p50 * 1e3:8.2f} ms  floor {floor * 1e3:7.2f} ms  "
+                    f"x{p50 / floor:.2f}")
+            # the drafter's proposal for one row at T (the batched round drafts row by row)
+            cache = preallocated_cache(drafter, T + block + 1, device, T + block)
+            features = torch.randn(1, T, runner.tap_width, device=device, dtype=runner.dtype)
+            commit_context(drafter, cache, features)
+            last = torch.zeros(1, dtype=torch.long, device=device)
+            samples = []
+            for i in range(args.steps + 3):
+                start = sync(device)
+                propose(drafter, last, None, cache, T, block - 1, lambda logits, first_slot=0: (logits.argmax(-1),
+                                                                                               None))
+                if i >= 3:
+                    samples.append(sync(device) - start)
+            p50 = statistics.median(samples)
+            report["rows"].append({"section": "shape", "system": "draft_one_row", "batch": B, "context": T,
+                                   "p50_ms": p50 * 1e3})
+            log(f"B={B:2d} T={T:6d} draft (one row) p50 {p50 * 1e3:8.2f} ms")
+            by = {r["system"]: r for r in report["rows"] if r["section"] == "shape" and r["batch"] == B
+                  and r["context"] == T}
+            report["ratios"][f"batched_ar_over_floor_t{T}_b{B}"] = by["ar_step"]["over_floor"]
+            report["ratios"][f"batched_verify_over_ar_t{T}_b{B}"] = by["verify"]["p50_ms"] / by["ar_step"]["p50_ms"]
+            report["ratios"][f"batched_round_over_ar_t{T}_b{B}"] = (
+                (by["verify"]["p50_ms"] + B * by["draft_one_row"]["p50_ms"]) / by["ar_step"]["p50_ms"])
+            del session, runner
+            release_fast_state(target)
+            save()
+
+
+def tiny_pair(device: torch.device):
+    """A small Llama and a drafter of its shape (``--dry-run``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=4096, tie_word_embeddings=False,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    target = LlamaForCausalLM(cfg).eval().to(device)
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    dcfg = FoldDrafterConfig(block_size=4, num_target_layers=4, target_layer_ids=[1, 3], mask_token_id=255,
+                             vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+    drafter = FoldDrafter(dcfg, FoldConfig(window=16)).eval().to(device)
+    drafter.bind_target(target)
+    return target, drafter
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--pair", default="smollm2-135m")
+    parser.add_argument("--batches", default="1,2,4,8")
+    parser.add_argument("--tokens", type=int, default=1024, help="prompt tokens per row")
+    parser.add_argument("--new", type=int, default=64, help="new tokens per row")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shape", action="store_true", help="the 8B-shape section instead (CUDA)")
+    parser.add_argument("--contexts", default="8192,32768", help="contexts of the shape section")
+    parser.add_argument("--steps", type=int, default=20, help="timed forwards per shape row")
+    parser.add_argument("--dry-run", action="store_true", help="tiny random pair: checks that both sections run")
+    args = parser.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",") if b]
+    args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    if args.dry_run:
+        args.tokens, args.new, args.repeats, args.steps = 40, 6, 1, 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.shape and device.type != "cuda" and not args.dry_run:
+        raise SystemExit("--shape needs a CUDA GPU (or --dry-run)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine(device), "args": {k: v for k, v in vars(args).items()}, "rows": [], "ratios": {}}
+    log(json.dumps(report["machine"]))
+
+    def save() -> None:
+        (out / "batched.json").write_text(json.dumps(report, indent=2))
+        fields = sorted({key for row in report["rows"] for key in row})
+        with (out / "batched.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(report["rows"])
+
+    with torch.no_grad():
+        if args.shape or args.dry_run:
+            shape_section(args, device, report, save)
+        if not args.shape or args.dry_run:
+            pair_section(args, device, report, save)
+    save()
+    for key, value in report["ratios"].items():
+        log(f"{key} = {value:.3f}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Batched rounds (issue 35): the rows of a batch decoded together, one target forward per round for every row that
+is still running.
+
+Each row keeps its own everything but the target's forward: its cache row in one ``[B, Hkv, capacity, D]`` cache
+(:class:`~fold_hf.targets.base.StaticTarget` with ``batch=B``), its own length and position (no realignment, no
+padding in the cache: a row's prompt is prefilled without its left padding), its drafter cache
+(:class:`~fold_hf.modeling.cache.FoldCache`, so the FOLD read's window boundary is the row's own), its
+:class:`~fold_hf.generation.sampling.TokenChoice` (its generator when the request gives one per row) and its
+:class:`~fold_hf.generation.tracker.Tracker` (EOS, stop strings, budget). A round:
+
+1. every running row drafts its block from its own cache (the drafter's forward, row by row);
+2. one :meth:`~fold_hf.targets.base.StaticTarget.forward_rows` verifies all of them: ``[A, 1 + k]`` tokens, a row
+   with fewer proposals padded (its padded positions are past what it can keep, so they are rolled back by its
+   length like any rejected entry); the projections read the weights once for the ``A`` rows, each row attends to
+   its own prefix;
+3. each row accepts, commits and stops on its own; a row that stopped leaves the batch (it costs nothing after).
+
+Greedy rows equal the row decoded alone (the same rule on the same logits, the attention of each row exactly its own);
+sampled rows keep the target's distribution exactly (per-row speculative sampling), and with one generator per row
+they sample the same tokens as alone.
+
+Where it runs (:func:`batched_unsupported`): host-length rounds (the ``eager`` engine, the default for a batch) of a
+family whose runner holds rows (the Llama family). The static and graphs engines' device-length rounds, the other
+families, exact mode and ``cmr`` (its refreshes read one row's target attention) decode the rows one after another
+(:func:`fold_hf.generation.batch.decode_rows`), which says so once, naming why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ...targets.registry import batch_unsupported_reason
+from ..batch import assemble, check_batch, unpadded_rows
+from ..request import GenerationRequest, drafter_for_call, warn_past_context
+from ..rounds import num_proposals, propose
+from ..sampling import TokenChoice
+from ..static_drafter import commit_context, preallocated_cache
+from ..stats import GenerationResult
+from ..tracker import Tracker, clock
+from .session import session_for
+
+
+def batched_unsupported(target, drafter, engine: str, request: GenerationRequest) -> str | None:
+    """Why a batch cannot run in batched rounds on ``engine`` (None when it can); its rows are then decoded one
+    after another."""
+    if engine != "eager":
+        return (f"engine {engine!r} captures one row's rounds; batched rounds run host lengths (engine='eager', the "
+                "default for a batch)")
+    if request.exact:
+        return "exact mode runs one row's device-length rounds"
+    reason = batch_unsupported_reason(target)
+    if reason is not None:
+        return reason
+    if drafter is not None and (request.fold_config or drafter.fold_config).mode == "cmr":
+        return "mode 'cmr' reads the target's attention of one row at a time"
+    return None
+
+
+@dataclass
+class _Row:
+    """One row's state between rounds."""
+
+    index: int  # cache row
+    prompt: torch.Tensor  # [1, P]
+    out: Tracker
+    choice: TokenChoice
+    cache: object  # its FoldCache, or None (AR)
+    last: torch.Tensor  # [1] the last committed token, not yet in the cache
+    position: int  # where ``last`` goes
+    pending: torch.Tensor | None = None  # tapped features the drafter has not committed
+    first_token_at: float = 0.0
+    end: float = 0.0
+    proposals: torch.Tensor | None = field(default=None, repr=False)  # this round's
+    q: torch.Tensor | None = field(default=None, repr=False)
+
+
+@torch.no_grad()
+def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   request: GenerationRequest, budget: int, prefill_chunk: int):
+    """The rows of ``input_ids`` ``[B, L]`` (left padding marked by ``attention_mask``; validated, and
+    :func:`batched_unsupported` None) in batched rounds, ``budget`` new tokens at most per row.
+
+    Returns:
+        what :func:`fold_hf.generation.batch.assemble` returns (``batched=True`` on a :class:`BatchGenerationResult`).
+    """
+    batch = input_ids.shape[0]
+    pad = check_batch(target, request, batch)
+    prompts = unpadded_rows(input_ids, attention_mask)
+    longest = max(p.shape[1] for p in prompts)
+    warn_past_context(target, longest, budget, stacklevel=5)
+    with drafter_for_call(target, drafter, request.fold_config):
+        slots = num_proposals(drafter)
+        taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
+        session = session_for(target, longest + budget + slots + 1, taps, "eager", batch=batch)
+        runner, device = session.runner, session.device
+        taps_out = (torch.zeros(batch, slots + 1, runner.tap_width, device=device, dtype=runner.dtype)
+                    if drafter is not None and runner.num_taps else None)
+        sampling = request.sampling()
+        started = clock(device)
+        rows = []
+        for i, prompt in enumerate(prompts):  # prefill row by row: no padding computed, each row's own length
+            prompt = prompt.to(device)
+            out = request.tracker(target)
+            cache = None
+            on_taps = None
+            if drafter is not None:
+                cache = preallocated_cache(drafter, session.capacity, device, prompt.shape[1] + budget)
+
+                def on_taps(features, start, cache=cache):
+                    commit_context(drafter, cache, features)
+
+            logits = runner.prefill(prompt, chunk=prefill_chunk, on_taps=on_taps, row=i)
+            choice = TokenChoice(sampling, request.row_generator(i), logits.shape[-1], device, prompt, out.eos, slots)
+            last = choice.first(logits).to(device)
+            out.first(int(last))
+            row = _Row(i, prompt, out, choice, cache, last, prompt.shape[1], first_token_at=clock(device))
+            row.end = row.first_token_at
+            rows.append(row)
+        _rounds(runner, drafter, rows, budget, slots, taps_out)
+        results = [_result(row, started, drafter) for row in rows]  # the call's reading mode
+    return assemble(input_ids, results, request, pad, batched=True)
+
+
+def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out: torch.Tensor | None) -> None:
+    """Rounds until every row has stopped (module docstring)."""
+    while True:
+        active = [row for row in rows if row.out.running(budget)]
+        if not active:
+            return
+        for row in active:  # 1. drafts
+            k = min(slots, budget - len(row.out.tokens) - 1)
+            row.choice.refill()
+            row.q = None
+            if k > 0:
+                proposals, row.q = propose(drafter, row.last, row.pending, row.cache, row.position, k,
+                                           row.choice.picker())
+                row.pending = None  # committed to the drafter's cache by the draft
+                row.proposals = proposals.to(row.last.device)
+            else:
+                row.proposals = row.last.new_empty(0)
+            row.out.proposals.append(row.proposals.tolist())
+        # 2. one verify forward: each row's last token and proposals, padded with its last token to the longest
+        width = 1 + max(row.proposals.shape[0] for row in active)
+        ids = torch.stack([torch.cat((row.last, row.proposals, row.last.expand(width - 1 - row.proposals.shape[0])))
+                           for row in active])
+        features = taps_out[: len(active), :width] if taps_out is not None else None
+        logits = runner.forward_rows(ids, [row.index for row in active], [row.position for row in active], features)
+        for a, row in enumerate(active):  # 3. each row's acceptance
+            k = row.proposals.shape[0]
+            there = row.proposals.to(logits.device)
+            q = row.q.to(logits.device) if row.q is not None else None
+            n, final = row.choice.verify(logits[a, : k + 1], there, q, k, len(row.out.tokens))
+            n = int(n)
+            commit = torch.cat((there[:n], final.to(there.dtype)))
+            if features is not None:
+                accepted = features[a : a + 1, : n + 1].clone()  # the buffer is rewritten by the next verify
+                row.pending = accepted if row.pending is None else torch.cat((row.pending, accepted), 1)
+            row.choice.observe(commit)
+            row.position += n + 1
+            row.out.commit(commit.tolist())
+            row.last = commit[-1:].to(row.last.device)
+        now = clock(logits.device)
+        for row in active:
+            row.end = now
+
+
+def _result(row: _Row, started: float, drafter) -> GenerationResult:
+    out, prompt = row.out, row.prompt
+    sequences = torch.cat((prompt, torch.tensor([out.tokens], dtype=prompt.dtype, device=prompt.device)), dim=1)
+    return GenerationResult(
+        sequences=sequences,
+        acceptance_lengths=out.acceptance,
+        ttft_s=row.first_token_at - started,
+        decode_s=row.end - row.first_token_at,
+        num_prompt_tokens=prompt.shape[1],
+        mode=drafter.fold_config.mode if drafter is not None and hasattr(drafter, "fold_config") else "ar",
+        finish_reason=out.finish,
+        proposals=out.proposals,
+    )

@@ -1,0 +1,332 @@
+"""Batched rounds (issue 35): the rows of a batch decoded together on the fast loop, one target forward per round.
+
+The independent statements: each row decoded alone by transformers' own greedy ``generate`` (fp32 / fp64), the
+transformers model's own forward over a row's whole sequence (for ``forward_rows``), and the target's exact sampled
+distribution under transformers' processors (χ², per row). Batched rounds must also draft, accept and stop each row
+exactly as the row alone does (acceptance lengths and proposals compared round by round)."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from test_batch import alone, expected_batch, left_pad, row_prompt
+from test_sampling import FULL_WARP, VOCAB, chi2_statistic, chi2_threshold, transformers_distribution
+
+import fold_hf
+from fold_hf import FoldConfig
+from fold_hf.generation import BatchGenerationResult, batch, release_fast_state
+from fold_hf.generation.fast import SESSION_ATTR
+from fold_hf.targets.base import StaticTarget, UnsupportedTarget
+from fold_hf.targets.registry import build_static_target
+from tiny import fit_drafter, mode_config, tiny_drafter, tiny_target, trained_pair
+
+NEW = 12
+# short (5 < the window W = 16), far longer than W (90), medium (23): rows 0 and 2 padded
+ROWS = [row_prompt(0, 5), row_prompt(1, 90), row_prompt(2, 23)]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The trained tiny llama pair, copied in fp32."""
+    target, drafter = trained_pair("llama")
+    target, drafter = copy.deepcopy(target).float(), copy.deepcopy(drafter).float()
+    drafter.set_fold_config(mode_config("fold"))
+    return target, drafter
+
+
+@pytest.fixture
+def forwards(monkeypatch):
+    """The rows of every batched verify forward (``forward_rows``), recorded."""
+    seen = []
+    original = StaticTarget.forward_rows
+
+    def recording(self, input_ids, rows, starts, taps_out=None):
+        seen.append((list(rows), list(starts), input_ids.shape[1]))
+        return original(self, input_ids, rows, starts, taps_out)
+
+    monkeypatch.setattr(StaticTarget, "forward_rows", recording)
+    return seen
+
+
+def batched(target, drafter, ids, mask, **kw):
+    kw.setdefault("max_new_tokens", NEW)
+    out = fold_hf.fast_generate(target, drafter, ids, mask, return_stats=True, **kw)
+    assert isinstance(out, BatchGenerationResult) and out.batched
+    release_fast_state(target)
+    return out
+
+
+def alone_fast(target, drafter, row: torch.Tensor, **kw):
+    kw.setdefault("max_new_tokens", NEW)
+    out = fold_hf.fast_generate(target, drafter, row[None], engine="eager", return_stats=True, **kw)
+    release_fast_state(target)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the runner
+def test_forward_rows_gives_each_row_its_own_logits_at_its_own_position():
+    """``forward_rows`` over three rows at three different cache lengths equals the transformers model's own forward
+    over each row's whole sequence (fp64), and leaves each row's cache as that forward would (a second block on top
+    of it is right too)."""
+    target = tiny_target("llama", seed=5)
+    lengths = [7, 40, 19]
+    seqs = [torch.randint(0, 10, (n + 8,), generator=torch.Generator().manual_seed(n)) for n in lengths]
+    runner = build_static_target(target, 64, (), batch=3)
+    for i, (n, s) in enumerate(zip(lengths, seqs)):
+        runner.prefill(s[None, :n], row=i)
+    with torch.no_grad():
+        full = [target(s[None]).logits[0] for s in seqs]
+    for block in range(2):  # two blocks of 4 tokens per row
+        starts = [n + 4 * block for n in lengths]
+        ids = torch.stack([s[p : p + 4] for s, p in zip(seqs, starts)])
+        logits = runner.forward_rows(ids, [0, 1, 2], starts)
+        assert logits.shape == (3, 4, target.config.vocab_size)
+        for i, (f, p) in enumerate(zip(full, starts)):
+            torch.testing.assert_close(logits[i], f[p : p + 4], rtol=0, atol=1e-10)
+    # a subset of rows, in another order: rows 2 and 0 only
+    starts = [lengths[2] + 8 - 2, lengths[0] + 8 - 2]
+    ids = torch.stack([seqs[2][starts[0] : starts[0] + 2], seqs[0][starts[1] : starts[1] + 2]])
+    logits = runner.forward_rows(ids, [2, 0], starts)
+    torch.testing.assert_close(logits[0], full[2][starts[0] : starts[0] + 2], rtol=0, atol=1e-10)
+    torch.testing.assert_close(logits[1], full[0][starts[1] : starts[1] + 2], rtol=0, atol=1e-10)
+
+
+def test_the_runner_refuses_what_it_does_not_hold():
+    target = tiny_target("llama", seed=5)
+    runner = build_static_target(target, 32, (), batch=2)
+    with pytest.raises(ValueError, match="row 2 is not a row of this runner's cache"):
+        runner.prefill(torch.zeros(1, 4, dtype=torch.long), row=2)
+    with pytest.raises(ValueError, match="exceed the cache capacity 32"):
+        runner.forward_rows(torch.zeros(2, 4, dtype=torch.long), [0, 1], [3, 30])
+    with pytest.raises(ValueError, match="one-row cache"):
+        runner.forward_static(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 32)
+    gemma = tiny_target("gemma3", seed=5)
+    with pytest.raises(UnsupportedTarget, match="keeps one row per cache"):
+        build_static_target(gemma, 32, (), batch=2)
+
+
+# ------------------------------------------------------------------------------------------------ greedy
+@pytest.mark.parametrize("mode", ["fold", "dflash", "window", "streaming", "rerope", "infllm"])
+def test_each_row_is_its_own_greedy_output_and_drafts_as_alone(pair, forwards, mode):
+    """Every row equals transformers' greedy output of the row alone; it proposes and accepts round by round exactly
+    what it does decoded alone; and the rows really ran together (verify forwards over several rows)."""
+    target, drafter = pair
+    ids, mask = left_pad(ROWS)
+    out = batched(target, drafter, ids, mask, fold_config=mode_config(mode))
+    assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in ROWS], pad=-1)), mode
+    for i, r in enumerate(ROWS):
+        single = alone_fast(target, drafter, r, fold_config=mode_config(mode))
+        assert out.rows[i].acceptance_lengths == single.acceptance_lengths, (mode, i)
+        assert out.rows[i].proposals == single.proposals, (mode, i)
+        assert out.rows[i].mode == mode
+    assert max(len(rows) for rows, _, _ in forwards) == 3
+    assert sum(len(rows) for rows, _, _ in forwards) == sum(len(row.acceptance_lengths) for row in out.rows)
+
+
+def test_an_early_eos_row_leaves_the_batch_and_the_others_go_on(pair, forwards):
+    target, drafter = pair
+    rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5)]
+    ids, mask = left_pad(rows)
+    eos = 2  # row 1 generates it second, row 2 ninth, row 0 never (the rows' greedy outputs, asserted below)
+    news = [alone(target, r, eos=eos) for r in rows]
+    assert [len(n) for n in news] == [NEW, 2, 9], news
+    out = batched(target, drafter, ids, mask, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
+    assert out.finish_reason == ["length", "eos", "eos"]
+    for i in (1, 2):  # a row is not verified again once it stopped
+        assert sum(i in verified for verified, _, _ in forwards) == len(out.rows[i].acceptance_lengths)
+    assert len(forwards) == len(out.rows[0].acceptance_lengths)
+
+
+def test_rows_with_different_budgets_left_by_max_length(pair):
+    """max_length counts the padded width: every row gets the same number of new tokens, as in transformers."""
+    target, drafter = pair
+    ids, mask = left_pad(ROWS)
+    out = batched(target, drafter, ids, mask, max_new_tokens=None, max_length=ids.shape[1] + 7)
+    assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r)[:7] for r in ROWS], pad=-1))
+
+
+def test_forced_rejections_that_differ_per_row(pair):
+    """A drafter whose proposals are corrupted at a slot that depends on the row's position: rows reject at
+    different slots in different rounds, and every row is still its own greedy output."""
+    target, drafter = pair
+    drafter = copy.deepcopy(drafter)
+    original = drafter.draft_logits
+
+    def corrupted(last, pending, cache, block_start):
+        logits = original(last, pending, cache, block_start=block_start).clone()
+        slot = block_start % 4  # slot 3: no corruption in this round
+        if slot < logits.shape[1]:
+            logits[0, slot] = logits[0, slot].flip(-1)  # the least likely token becomes the proposal
+        return logits
+
+    drafter.draft_logits = corrupted
+    ids, mask = left_pad(ROWS)
+    out = batched(target, drafter, ids, mask)
+    assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in ROWS], pad=-1))
+    patterns = [row.acceptance_lengths for row in out.rows]
+    assert len({tuple(p) for p in patterns}) == 3, patterns
+    assert {1, 2, 3} <= {n for p in patterns for n in p}, patterns  # rejections at the first and later slots
+
+
+def test_a_deepspec_drafter_with_a_confidence_cut(tmp_path_factory):
+    """A DSpark drafter (Qwen3 target, the Llama family) whose confidence threshold cuts blocks to different lengths
+    per row: rows verify blocks of different widths in one forward, and each is its own greedy output."""
+    from test_deepspec import checkpoint, qwen3_target
+
+    from fold_hf import FoldDrafter
+
+    target = qwen3_target()
+    directory, cfg, _ = checkpoint(tmp_path_factory, "qwen3", "dspark", confidence=True)
+    drafter = FoldDrafter.from_pretrained(directory).bind_target(target)
+    drafter.set_fold_config(mode_config("fold"))
+    drafter.set_confidence_threshold(0.6)
+    rows = [row_prompt(3, 12), row_prompt(4, 100), row_prompt(5, 40)]
+    ids, mask = left_pad(rows)
+    out = batched(target, drafter, ids, mask, max_new_tokens=30)
+    news = [target.generate(r[None], max_new_tokens=30, do_sample=False)[0, len(r):].tolist() for r in rows]
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=-1))
+    sizes = {len(p) for row in out.rows for p in row.proposals}
+    assert len(sizes) >= 2, sizes  # the cut left blocks of several sizes
+    for i, r in enumerate(rows):
+        single = alone_fast(target, drafter, r, max_new_tokens=30)
+        assert out.rows[i].proposals == single.proposals
+
+
+def test_ar_batch_without_a_drafter(pair):
+    target, _ = pair
+    ids, mask = left_pad(ROWS)
+    out = batched(target, None, ids, mask)
+    assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in ROWS], pad=-1))
+    assert all(set(row.acceptance_lengths) == {1} for row in out.rows)
+
+
+def test_routed_generate_runs_batched_rounds(pair, forwards):
+    target, drafter = pair
+    ids, mask = left_pad(ROWS)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="fold_hf: batch of")  # no row-by-row warning: it is batched
+        out = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=NEW, do_sample=False)
+    assert SESSION_ATTR in target.__dict__
+    release_fast_state(target)
+    assert torch.equal(out, expected_batch(ids, [alone(target, r) for r in ROWS], pad=-1))
+    assert max(len(rows) for rows, _, _ in forwards) == 3
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+@pytest.fixture(scope="module")
+def sampling_pair():
+    """test_sampling's four-token pair (fp64), whose sampled distribution is known exactly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    target = tiny_target("llama", seed=21, vocab=VOCAB, layers=4, dtype=torch.float64)
+    drafter = fit_drafter(target, tiny_drafter(target, block=4, fold_config=FoldConfig(window=4)), steps=80)
+    yield target, drafter
+    torch.set_num_threads(threads)
+
+
+SAMPLED_PROMPTS = [torch.tensor([0, 2, 1, 1, 3, 0]), torch.tensor([3, 1, 0, 2, 2, 1, 0, 3, 1])]
+SAMPLED_NEW = 4
+
+
+def test_one_generator_per_row_samples_what_each_row_samples_alone(sampling_pair):
+    """With a generator per row, a batched row draws exactly the tokens (and acceptances) of the row alone with that
+    generator, draw by draw, rejections at every slot among them."""
+    target, drafter = sampling_pair
+    ids, mask = left_pad(SAMPLED_PROMPTS)
+    seen = set()
+    for i in range(60):
+        gens = [torch.Generator().manual_seed(20_000 + 2 * i + r) for r in range(2)]
+        out = batched(target, drafter, ids, mask, max_new_tokens=SAMPLED_NEW, do_sample=True, generator=gens,
+                      **FULL_WARP)
+        for r, prompt in enumerate(SAMPLED_PROMPTS):
+            single = alone_fast(target, drafter, prompt, max_new_tokens=SAMPLED_NEW, do_sample=True,
+                                generator=torch.Generator().manual_seed(20_000 + 2 * i + r), **FULL_WARP)
+            assert out.rows[r].sequences.tolist() == single.sequences.tolist(), (i, r)
+            assert out.rows[r].acceptance_lengths == single.acceptance_lengths, (i, r)
+            seen.add(single.acceptance_lengths[0])
+    assert seen == {1, 2, 3}, seen
+
+
+@pytest.mark.slow
+def test_each_sampled_row_keeps_the_target_distribution(sampling_pair):
+    """χ² per row against the exact distribution under transformers' processors, one shared generator (the rows'
+    draws interleave)."""
+    target, drafter = sampling_pair
+    ids, mask = left_pad(SAMPLED_PROMPTS)
+    draws = 2_000
+    generator = torch.Generator().manual_seed(99)
+    counts = [{}, {}]
+    for _ in range(draws):
+        out = batched(target, drafter, ids, mask, max_new_tokens=SAMPLED_NEW, do_sample=True, generator=generator,
+                      **FULL_WARP)
+        for r in range(2):
+            key = tuple(out.rows[r].new_tokens[0].tolist())
+            counts[r][key] = counts[r].get(key, 0) + 1
+    for r, prompt in enumerate(SAMPLED_PROMPTS):
+        probs = transformers_distribution(target, FULL_WARP, prompt=prompt[None])
+        stat, df = chi2_statistic(counts[r], probs, draws)
+        assert stat < chi2_threshold(df), f"row {r}: chi2 {stat:.1f} with {df} dof exceeds {chi2_threshold(df):.1f}"
+
+
+# ------------------------------------------------------------------------------------------------ what is refused
+def test_a_generator_list_must_have_one_per_row(pair):
+    target, drafter = pair
+    ids, mask = left_pad(ROWS)
+    with pytest.raises(ValueError, match="2 generators for a batch of 3 prompts"):
+        fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=2, do_sample=True,
+                              generator=[torch.Generator(), torch.Generator()])
+    with pytest.raises(TypeError, match="a list of torch.Generator"):
+        fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=2, do_sample=True, generator=[1, 2, 3])
+
+
+@pytest.mark.parametrize("why", ["static engine", "cmr", "gemma"])
+def test_what_batched_rounds_do_not_take_runs_row_by_row_naming_why(pair, monkeypatch, why):
+    target, drafter = pair
+    kw = {}
+    expected = {"static engine": "engine 'static' captures one row's rounds",
+                "cmr": "mode 'cmr' reads the target's attention of one row at a time",
+                "gemma": "GemmaStaticTarget keeps one row per cache"}[why]
+    if why == "static engine":
+        kw["engine"] = "static"
+    elif why == "cmr":
+        kw["fold_config"] = mode_config("cmr")
+    else:
+        target, drafter = trained_pair("gemma3")
+    ids, mask = left_pad(ROWS[:2])
+    monkeypatch.setattr(batch, "_WARNED", False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=6, return_stats=True, **kw)
+    release_fast_state(target)
+    assert not out.batched
+    said = [str(w.message) for w in record if "rows are decoded one after another" in str(w.message)]
+    assert len(said) == 1 and expected in said[0], said
+    news = [target.generate(r[None], max_new_tokens=6, do_sample=False)[0, len(r):].tolist() for r in ROWS[:2]]
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=-1))
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark
+def test_batched_bench_dry_run_writes_both_sections(tmp_path):
+    """``benchmarks/batched_bench.py --dry-run``: the shape section's AR / verify rows against their floor and the
+    pair section's four systems per batch size, every system's rows equal to the rows decoded one at a time (fp32),
+    and the ratios named by both terms."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "batched_bench.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--batches", "1,3"],
+                   check=True, capture_output=True)
+    report = json.loads((tmp_path / "batched.json").read_text())
+    pair = {(r["system"], r["batch"]): r for r in report["rows"] if r["section"] == "pair"}
+    assert set(pair) == {(s, b) for s in ("fold_batched", "fold_rows", "ar_batched", "hf_batched") for b in (1, 3)}
+    assert all(r["rows_differing_from_fold_rows"] == 0 and r["call_s"] > 0 for r in pair.values())
+    shape = {(r["system"], r["batch"]) for r in report["rows"] if r["section"] == "shape"}
+    assert shape == {(s, b) for s in ("ar_step", "verify", "draft_one_row") for b in (1, 3)}
+    assert {"fold_batched_over_fold_rows_time_b3", "fold_batched_over_ar_batched_throughput_b3",
+            "ar_batched_over_hf_batched_throughput_b3", "batched_ar_over_floor_t64_b3",
+            "batched_round_over_ar_t64_b3"} <= set(report["ratios"])
+    assert (tmp_path / "batched.csv").read_text().startswith("batch,")
