@@ -12,9 +12,9 @@ mkdir -p "$OUT_DIR"
 export PYTHONPATH=$PWD
 start=$(date +%s)
 stamp() { echo "$1: $(( $(date +%s) - start )) s" | tee -a "$OUT_DIR/timing.log"; }
-timeout 75 python -m pytest -q -m gpu -n 6 -rf tests/test_hybrid_kernels.py \
-    "tests/test_qwen35.py::test_graph_engine_matches_the_foundation_loop_on_gpu[fold]" \
-    "tests/test_gemma_targets.py::test_graphs_engine_on_gpu[gemma4]" > "$OUT_DIR/gpu_tests.log" 2>&1
+timeout 75 python -m pytest -q -m gpu -n 6 -rf tests/kernels/test_hybrid_kernels.py \
+    "tests/targets/test_qwen35.py::test_graph_engine_matches_the_foundation_loop_on_gpu[fold]" \
+    "tests/targets/test_gemma_targets.py::test_graphs_engine_on_gpu[gemma4]" > "$OUT_DIR/gpu_tests.log" 2>&1
 echo "pytest rc=$?" >> "$OUT_DIR/gpu_tests.log"; tail -4 "$OUT_DIR/gpu_tests.log"; stamp tests
 timeout 80 python benchmarks/gemma_bench.py --contexts 32768 --rounds 16 --repeats 2 --modules-row --profile \
     --out "$OUT_DIR/gemma" > "$OUT_DIR/gemma.log" 2>&1

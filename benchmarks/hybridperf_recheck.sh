@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #16 re-check after the first hybridperf run (about 2 minutes on an H200; timeouts 2.5 min in all):
 #   bash benchmarks/hybridperf_recheck.sh $OUT/hybridperf2
-# 1. the gpu-marked kernel tests (tests/test_hybrid_kernels.py: the ring-attention oracle fixed),
+# 1. the gpu-marked kernel tests (tests/kernels/test_hybrid_kernels.py: the ring-attention oracle fixed),
 # 2. the fused Gated DeltaNet kernels timed in CUDA graphs over launch configurations (kernel_sweep.json; the first
 #    run's sweep timed the launches' host cost),
 # 3. Qwen3.5-9B AR and dflash SD rounds at 32K with the sweep's fastest configuration (the first run: default
@@ -10,7 +10,7 @@ set -u
 OUT_DIR=${1:?usage: hybridperf_recheck.sh OUT_DIR}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH=$PWD
-timeout 45 python -m pytest -q -m gpu -n 4 -rf tests/test_hybrid_kernels.py > "$OUT_DIR/gpu_tests.log" 2>&1
+timeout 45 python -m pytest -q -m gpu -n 4 -rf tests/kernels/test_hybrid_kernels.py > "$OUT_DIR/gpu_tests.log" 2>&1
 echo "pytest rc=$?" >> "$OUT_DIR/gpu_tests.log"; tail -3 "$OUT_DIR/gpu_tests.log"
 timeout 35 python benchmarks/hybrid_bench.py --pairs "" --kernel-sweep --out "$OUT_DIR/sweep" > "$OUT_DIR/sweep.log" 2>&1
 grep sweep "$OUT_DIR/sweep.log"

@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import fold_hf  # noqa: E402  (patches nothing by itself: tests/test_upstream_compat.py checks that in a fresh process)
+import fold_hf  # noqa: E402  (patches nothing by itself: tests/integrations/test_upstream_compat.py checks that in a fresh process)
 
 # a user who routes target.generate(..., fold_fast=True) without creating a drafter calls this once; the tests do too
 fold_hf.install()

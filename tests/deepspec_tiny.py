@@ -21,7 +21,7 @@ MASK_ID = VOCAB - 1
 
 def tiny_gemma4_target(seed: int = 0, layers: int = 4, sliding_window: int = 512, dtype=torch.float64):
     """A Gemma-4 text target (sliding + full layers, k_eq_v full layer, soft-capped logits). Its default sliding
-    window (512) exceeds every prompt + generation length of the tests; tests/test_deepspec.py also builds it with
+    window (512) exceeds every prompt + generation length of the tests; tests/modeling/test_deepspec.py also builds it with
     the Gemma tests' window of 8 for the fast loop."""
     torch.manual_seed(seed)
     types = ["sliding_attention"] * (layers - 1) + ["full_attention"]

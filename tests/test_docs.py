@@ -174,13 +174,13 @@ def test_design_citations_resolve():
     design = (ROOT / "docs" / "design.md").read_text()
     sections = set(re.findall(r"^## (\d+)\. ", design, flags=re.M))
     cited = {}
-    for path in list((ROOT / "fold_hf").rglob("*.py")) + list((ROOT / "tests").glob("*.py")):
+    for path in list((ROOT / "fold_hf").rglob("*.py")) + list((ROOT / "tests").rglob("*.py")):
         for number in re.findall(r"docs/design\.md §(\d+)", path.read_text()):
             cited.setdefault(number, []).append(str(path.relative_to(ROOT)))
     assert cited, "no citation found: the check would be empty"
     missing = {n: where for n, where in cited.items() if n not in sections}
     assert not missing, f"docs/design.md has no section for: {missing}"
-    stray = [str(p.relative_to(ROOT)) for p in list((ROOT / "fold_hf").rglob("*.py")) + list((ROOT / "tests").glob("*.py"))
+    stray = [str(p.relative_to(ROOT)) for p in list((ROOT / "fold_hf").rglob("*.py")) + list((ROOT / "tests").rglob("*.py"))
              if p.name != "test_docs.py" and "DESIGN §" in p.read_text()]
     assert not stray, f"cite docs/design.md §N, not DESIGN §N (no such file in the repository): {stray}"
 

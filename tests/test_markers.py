@@ -21,7 +21,7 @@ def gpu_markers_without_reason(source: str) -> list[str]:
 
 
 def test_every_gpu_test_says_why():
-    bare = {path.name: names for path in sorted(TESTS.glob("test_*.py"))
+    bare = {path.name: names for path in sorted(TESTS.rglob("test_*.py"))
             if (names := gpu_markers_without_reason(path.read_text()))}
     assert not bare, f'give each its reason, @pytest.mark.gpu(reason="..."): {bare}'
 

@@ -23,7 +23,7 @@ def _error_line(capsys) -> str:
 
 # ------------------------------------------------------------------------------------------------ bench arguments
 def test_bench_rejects_a_misspelled_method_and_lists_the_valid_ones(capsys):
-    # ("fold", the mode's name, is an alias of fold-a2 since issue 40: tests/test_messages.py)
+    # ("fold", the mode's name, is an alias of fold-a2 since issue 40: tests/integrations/test_messages.py)
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--methods", "fodl", "--build-only"])
     assert exit_.value.code == 2

@@ -51,7 +51,7 @@ GEMMA_WINDOW = 8  # the tiny Gemma targets' sliding window (tokens)
 GEMMA4_PLACEHOLDERS = {"image_token_id": 7, "audio_token_id": 9}
 GEMMA3_IMAGE_ID = VOCAB + 5  # outside the vocabulary: the Gemma-3 wrapper embeds it as id 0
 
-# Qwen3.5: the dense text model of tests/test_qwen35.py (8 layers, 6 linear-attention), its multimodal wrapper, the MoE
+# Qwen3.5: the dense text model of tests/targets/test_qwen35.py (8 layers, 6 linear-attention), its multimodal wrapper, the MoE
 # variant (4 experts, top-2, shared expert) and the MoE wrapper
 QWEN35_VARIANTS = ("qwen35", "qwen35_cg", "qwen35_moe", "qwen35_moe_cg")
 QWEN35_TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
@@ -258,8 +258,8 @@ def prompt(seed: int, length: int, offset: int = 0) -> torch.Tensor:
 
 
 # The lossless grid: prompts of these lengths (the window is 16: most exceed it), NEW_TOKENS each, every reading
-# mode, both archs. Computed once per process and shared by tests/test_lossless.py (the loop and transformers'
-# path against greedy) and tests/test_fast_loop.py (the fast engines against the loop); both files are in the
+# mode, both archs. Computed once per process and shared by tests/generation/test_lossless.py (the loop and transformers'
+# path against greedy) and tests/generation/test_fast_loop.py (the fast engines against the loop); both files are in the
 # xdist group "lossless-grid", so they share one worker's cache.
 GRID_PROMPT_LENGTHS = (10, 37, 90, 170, 300)
 GRID_NEW_TOKENS = 40

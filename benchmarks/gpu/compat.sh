@@ -9,8 +9,8 @@
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 out=${1:-${OUT:-/tmp}}/compat
 mkdir -p "$out"
-timeout 260 python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/test_fused_layers.py tests/test_gemma_targets.py \
-  tests/test_qwen35.py tests/test_pdl.py tests/test_prefill_attention.py tests/test_upstream_compat.py > "$out/tests.log" 2>&1
+timeout 260 python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/kernels/test_fused_layers.py tests/targets/test_gemma_targets.py \
+  tests/targets/test_qwen35.py tests/kernels/test_pdl.py tests/kernels/test_prefill_attention.py tests/integrations/test_upstream_compat.py > "$out/tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -4 "$out/tests.log"
 timeout 240 python benchmarks/front_door_overhead.py --out "$out" > "$out/overhead.log" 2>&1
 echo "front_door_overhead rc=$?"; grep -v Warning "$out/overhead.log" | tail -8

@@ -15,8 +15,8 @@ out=${2:-${OUT:-/tmp}}
 source benchmarks/gpu/env.sh > /dev/null
 mkdir -p "$out/$part"
 if [ "$part" = 8b ]; then
-  timeout -s INT 150 python -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_sampling.py \
-    tests/test_front_door.py > "$out/$part/gpu_tests.log" 2>&1
+  timeout -s INT 150 python -m pytest -q -m gpu -p no:cacheprovider -rA tests/generation/test_sampling.py \
+    tests/integrations/test_front_door.py > "$out/$part/gpu_tests.log" 2>&1
   tail -3 "$out/$part/gpu_tests.log"
   python benchmarks/front_door_bench.py --pair random8b --out "$out/$part" --max-minutes 2.5 2>&1 \
     | tee "$out/$part/front_door.log" | tail -45

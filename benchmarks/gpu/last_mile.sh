@@ -11,7 +11,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 out=${1:-${OUT:-/tmp}}/perf
 mkdir -p "$out"
 if [ -z "$SKIP_TESTS" ]; then
-  timeout 170 python -m pytest -q -m gpu -p no:cacheprovider -n 6 tests/test_fused_layers.py tests/test_fast_loop.py \
+  timeout 170 python -m pytest -q -m gpu -p no:cacheprovider -n 6 tests/kernels/test_fused_layers.py tests/generation/test_fast_loop.py \
     -k "concatenated or kernels_match or graph_engine" > "$out/tests.log" 2>&1
   echo "gpu tests rc=$?"; tail -3 "$out/tests.log"
 fi

@@ -15,7 +15,7 @@ python -c "import triton, torch; from triton.backends.nvidia.compiler import CUD
 print('triton', triton.__version__, 'torch', torch.__version__, 'launch_pdl' in O.__dataclass_fields__)"
 if [ -z "$SKIP_TESTS" ]; then
   timeout ${TEST_TIMEOUT:-200} python -m pytest -q -m gpu -p no:cacheprovider -n ${WORKERS:-8} \
-    ${TEST_FILES:-tests/test_pdl.py tests/test_skinny_gemm.py tests/test_fused_layers.py} -k "${TEST_FILTER:-not nothing}" > "$out/tests.log" 2>&1
+    ${TEST_FILES:-tests/kernels/test_pdl.py tests/kernels/test_skinny_gemm.py tests/kernels/test_fused_layers.py} -k "${TEST_FILTER:-not nothing}" > "$out/tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|Error|error" "$out/tests.log" | tail -12
 fi
 if [ -z "$SKIP_CHAIN" ]; then

@@ -11,7 +11,7 @@ out=${1:-${OUT:-/tmp}}
 mkdir -p "$out/perf" "$out/attention"
 if [ -z "$SKIP_TESTS" ]; then
   timeout ${TEST_TIMEOUT:-250} python -m pytest -q -m gpu -p no:cacheprovider -n ${WORKERS:-12} tests/ \
-    --deselect tests/test_target_attention.py::test_kernel_matches_twin_on_gpu > "$out/gpu_tests.log" 2>&1
+    --deselect tests/targets/test_target_attention.py::test_kernel_matches_twin_on_gpu > "$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/gpu_tests.log" | tail -15
 fi
 timeout ${BENCH_TIMEOUT:-220} python benchmarks/last_mile_bench.py --out "$out/perf" $BENCH_ARGS > "$out/perf/bench.log" 2>&1

@@ -9,8 +9,8 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 out=${1:-${OUT:-/tmp}}
 mkdir -p "$out/gemm"
 if [ -z "$SKIP_TESTS" ]; then
-  timeout 200 python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/test_skinny_gemm.py \
-    tests/test_target_attention.py tests/test_fused_layers.py -k "${TEST_FILTER:-not nothing}" > "$out/tests.log" 2>&1
+  timeout 200 python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/kernels/test_skinny_gemm.py \
+    tests/targets/test_target_attention.py tests/kernels/test_fused_layers.py -k "${TEST_FILTER:-not nothing}" > "$out/tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/tests.log" | tail -8
 fi
 if [ -z "$SKIP_GEMM" ]; then

@@ -10,8 +10,8 @@ mkdir -p "$OUT_DIR"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 start=$(date +%s)
 stamp() { echo "$1: $(( $(date +%s) - start )) s" | tee -a "$OUT_DIR/timing.log"; }
-timeout 170 python -m pytest -q -m gpu -p no:cacheprovider -n 12 -rf tests/test_target_attention.py \
-    tests/test_gemma_targets.py tests/test_qwen35.py tests/test_fast_loop.py tests/test_hybrid_kernels.py \
+timeout 170 python -m pytest -q -m gpu -p no:cacheprovider -n 12 -rf tests/targets/test_target_attention.py \
+    tests/targets/test_gemma_targets.py tests/targets/test_qwen35.py tests/generation/test_fast_loop.py tests/kernels/test_hybrid_kernels.py \
     > "$OUT_DIR/gpu_tests.log" 2>&1
 echo "pytest rc=$?" >> "$OUT_DIR/gpu_tests.log"; tail -4 "$OUT_DIR/gpu_tests.log"; stamp tests
 timeout 90 python benchmarks/gemma_bench.py --contexts 32768 --rounds 16 --repeats 2 \

@@ -15,8 +15,8 @@ gpus=$(nvidia-smi -L | wc -l)
 cores=$(nproc)
 workers=$(( cores / (gpus > 1 ? 2 : 1) - 2 )); [ $workers -gt 14 ] && workers=14
 pytest_gpu="python -m pytest -q -m gpu -p no:benchmark -p no:cacheprovider -rA"
-kernels="tests/test_triton_kernel.py"
-loop="tests/test_fused_layers.py tests/test_fast_loop.py tests/test_memory.py tests/test_target_attention.py tests/test_gemma_targets.py"
+kernels="tests/kernels/test_triton_kernel.py"
+loop="tests/kernels/test_fused_layers.py tests/generation/test_fast_loop.py tests/modeling/test_memory.py tests/targets/test_target_attention.py tests/targets/test_gemma_targets.py"
 if [ "$gpus" -gt 1 ]; then
   # the 128K/256K-entry cases allocate 8 GiB tensors: 14 workers on one GPU ran out of memory (2026-11-30), so
   # they run after the rest with two workers

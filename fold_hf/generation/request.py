@@ -16,16 +16,19 @@ import torch
 
 from ..modeling.fold_config import FoldConfig
 from ..modeling.validation import validate_batch
-from .sampling import Sampling
+from .sampling import Sampling, SamplingSettings
 from .tracker import StopStrings, Tracker, eos_ids
 
 
-@dataclasses.dataclass
-class GenerationRequest:
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest(SamplingSettings):
     """The settings of one call of :func:`fold_hf.generate` or :func:`fold_hf.fast_generate`: their keyword
     arguments, with the same names and defaults (``generate(target, drafter, ids, max_new_tokens=8)`` builds
     ``GenerationRequest(max_new_tokens=8)``; ``generate(..., request=GenerationRequest(...))`` passes one whole,
     keyword arguments beside it override its fields).
+
+    Frozen (``dataclasses.replace`` derives one); the sampling settings are declared once, in
+    :class:`~fold_hf.generation.sampling.SamplingSettings`.
 
     Attributes:
         max_new_tokens / max_length: generation limit (``max_new_tokens`` wins when both are set; ``max_length``
@@ -52,13 +55,6 @@ class GenerationRequest:
 
     max_new_tokens: int | None = 256
     max_length: int | None = None
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_new_tokens: int | None = None
     eos_token_id: int | Sequence[int] | None = None
     pad_token_id: int | None = None
     stop_strings: Sequence[str] | str | None = None
@@ -125,6 +121,7 @@ def takes_request(function):
     own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     fields = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
               for f in dataclasses.fields(GenerationRequest)]
+    fields.sort(key=lambda p: p.name not in ("max_new_tokens", "max_length"))  # the limits first, as documented
     function.__signature__ = signature.replace(parameters=own + fields)
     return function
 

@@ -25,20 +25,18 @@ acceptances, ``u[2K]`` draws the round's last token; the same layout on every en
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from ..kernels.select.naive import verify_greedy_torch
 from ..modeling.rope import compute_dtype
 
-SAMPLING_SETTINGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "min_new_tokens")
-
-
 @dataclass(frozen=True)
-class Sampling:
-    """How a request picks tokens (greedy when ``do_sample`` is False; the penalty and ``min_new_tokens`` apply to
-    both, as in ``transformers``)."""
+class SamplingSettings:
+    """The token-choice settings with ``transformers``' names and defaults, declared once: a
+    :class:`~fold_hf.generation.request.GenerationRequest` carries them as the caller gave them, :class:`Sampling`
+    checks them and keeps one spelling per behaviour."""
 
     do_sample: bool = False
     temperature: float = 1.0
@@ -46,9 +44,19 @@ class Sampling:
     top_p: float | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_new_tokens: int = 0
+    min_new_tokens: int | None = None
+
+
+SAMPLING_SETTINGS = tuple(f.name for f in fields(SamplingSettings))
+
+
+@dataclass(frozen=True)
+class Sampling(SamplingSettings):
+    """How a request picks tokens (greedy when ``do_sample`` is False; the penalty and ``min_new_tokens`` apply to
+    both, as in ``transformers``); ``min_new_tokens`` is an int (None: 0)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "min_new_tokens", int(self.min_new_tokens or 0))
         if self.do_sample and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

@@ -46,3 +46,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     ``(i, i + R/2)``."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def is_sharded(tensor) -> bool:
+    """Whether ``tensor`` is a ``torch.distributed`` DTensor (a tensor-parallel shard, as transformers' ``tp_plan``
+    leaves a sharded model's weights): a kernel given one would read a shard as if it were the whole weight, so the
+    module it belongs to runs as itself (its forward does the collectives)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)

@@ -21,6 +21,9 @@ q/k/v/o projections, q/k norms where the model has them (Qwen3), MLP, final norm
   layers run :func:`~fold_hf.kernels.exact.exact_layer_ops` (every projection and the lm_head through the exact GEMM,
   for any number of rows) and :func:`~fold_hf.kernels.exact.exact_decode_attention`; the prefill is unchanged.
 
+Tensor parallelism (transformers' ``tp_plan``, :mod:`fold_hf.targets.tensor_parallel`): each rank's runner holds its
+own KV heads and calls the sharded modules; the fused layers do not take shards (:meth:`fused_unsupported` says so).
+
 Supported: :data:`ARCHITECTURES`, without sliding-window layers shorter than the capacity and without
 position-dependent rope (``dynamic``, ``longrope``). Anything else raises
 :class:`~fold_hf.targets.base.UnsupportedTarget` naming why (:func:`check`).
@@ -35,10 +38,12 @@ import torch
 from torch import nn
 
 from ..compat import has_norm_epsilon, norm_epsilon
+from ..kernels.common import is_sharded
 from ..kernels.gemm.cpu import _hooked, linear_module
 from .base import StaticTarget, UnsupportedTarget
 from .common import tap_writer
 from .taps import _unwrap
+from .tensor_parallel import local_heads, tensor_parallel_size
 from .weight_layout import (
     DecodeProjections,
     concat_projections_enabled,
@@ -99,6 +104,8 @@ def _gemm_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str |
     when the kernel takes it); exact mode refuses a target for which this is not None."""
     if type(module) is not nn.Linear:
         return f"{name} is a {type(module).__name__}, not a plain nn.Linear (LoRA and quantized layers run as modules)"
+    if is_sharded(module.weight):
+        return f"{name} is a tensor-parallel shard (its module's forward does the collectives)"
     if module.weight.dtype != dtype or not module.weight.is_contiguous():
         return f"{name}'s weight is not a contiguous {dtype} tensor"
     if _hooked(module):
@@ -124,8 +131,9 @@ class LlamaStaticTarget(StaticTarget):
         self._setup(model, model.config, model.model, capacity, tap_layer_ids, batch)
         attn = self.layers[0].self_attn
         config = self.config
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.tensor_parallel = tensor_parallel_size(model)  # ranks its weights are sharded over (tensor_parallel.py)
+        self.num_heads = local_heads(config.num_attention_heads, self.tensor_parallel, "query heads")
+        self.num_kv_heads = local_heads(config.num_key_value_heads, self.tensor_parallel, "KV heads")
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
@@ -149,6 +157,9 @@ class LlamaStaticTarget(StaticTarget):
         """Why the fused-layer path cannot run this target (None when it can)."""
         from ..kernels.layer.naive import is_silu
 
+        if self.tensor_parallel > 1:
+            return (f"a target sharded over {self.tensor_parallel} tensor-parallel ranks runs its modules (their "
+                    "forwards do the collectives)")
         if self.cos.shape[-1] != self.head_dim:
             return f"partial rotary ({self.cos.shape[-1]} of {self.head_dim} dims): the fused rope rotates all"
         norms = [self.final_norm] + [n for layer in self.layers

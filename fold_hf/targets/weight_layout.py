@@ -25,6 +25,7 @@ import warnings
 import torch
 from torch import nn
 
+from ..kernels.common import is_sharded
 from ..kernels.gemm.cpu import linear
 
 CONCAT_ENV = "FOLD_HF_CONCAT_PROJECTIONS"
@@ -91,6 +92,8 @@ def plain_linears_unsupported(named: dict[str, nn.Module], dtype: torch.dtype) -
     ``nn.Linear`` (a LoRA wrapper or a quantized layer must run as its module) in ``dtype``, with biases on all or
     none."""
     for name, module in named.items():
+        if is_sharded(getattr(module, "weight", None)):
+            return f"{name} is a tensor-parallel shard (its module's forward does the collectives)"
         if type(module) is not nn.Linear or module.weight.dtype != dtype:
             weight = getattr(module, "weight", None)
             kind = type(module)

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..common import is_sharded
+
 PACKED_ENV = "FOLD_HF_CPU_PACKED_GEMM"
 # F.linear's products of 4 to ~16 rows are slow on MKL (8 rows: 3x the time of 3 rows over one hot weight); packed
 # products win from 4 rows to ~32 and lose beyond (a prefill chunk runs F.linear). PACK_ROWS: MKL's row-count hint.
@@ -179,8 +181,10 @@ def _hooked(module: torch.nn.Module) -> bool:
 
 def linear_module(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``; a plain, hook-free ``nn.Linear`` whose product :func:`packed_applies` to runs MKL's packed GEMM
-    (a LoRA wrapper, a quantized layer, a hooked or offloaded module always runs as itself)."""
-    if type(module) is torch.nn.Linear and packed_applies(x, module.weight) and not _hooked(module):
+    (a LoRA wrapper, a quantized layer, a hooked or offloaded module, a tensor-parallel shard always runs as
+    itself)."""
+    if type(module) is torch.nn.Linear and not is_sharded(module.weight) and packed_applies(x, module.weight) \
+            and not _hooked(module):
         return linear(x, module.weight, module.bias)
     return module(x)
 

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 from test_batch import alone, expected_batch, left_pad, row_prompt
-from test_sampling import FULL_WARP, VOCAB, chi2_statistic, chi2_threshold, transformers_distribution
+from sampling_reference import FULL_WARP, VOCAB, chi2_statistic, chi2_threshold, transformers_distribution
 
 import fold_hf
 from fold_hf import FoldConfig
@@ -173,12 +173,15 @@ def test_forced_rejections_that_differ_per_row(pair):
 def test_a_deepspec_drafter_with_a_confidence_cut(tmp_path_factory):
     """A DSpark drafter (Qwen3 target, the Llama family) whose confidence threshold cuts blocks to different lengths
     per row: rows verify blocks of different widths in one forward, and each is its own greedy output."""
-    from test_deepspec import checkpoint, qwen3_target
+    from deepspec_tiny import deepspec_config, deepspec_weights, target_bigram, write_checkpoint
 
     from fold_hf import FoldDrafter
 
-    target = qwen3_target()
-    directory, cfg, _ = checkpoint(tmp_path_factory, "qwen3", "dspark", confidence=True)
+    target = tiny_target("qwen3", seed=3)
+    V = target.config.vocab_size
+    cfg = deepspec_config(target, "qwen3", block=4, markov_rank=V, confidence=True, with_markov=True)
+    weights = deepspec_weights(cfg, target, seed=7, bigram=target_bigram(target))  # proposals often accepted
+    directory = write_checkpoint(tmp_path_factory.mktemp("dspark"), cfg, weights, dtype=torch.float64)
     drafter = FoldDrafter.from_pretrained(directory).bind_target(target)
     drafter.set_fold_config(mode_config("fold"))
     drafter.set_confidence_threshold(0.6)
@@ -317,7 +320,7 @@ def test_batched_bench_dry_run_writes_both_sections(tmp_path):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "batched_bench.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "batched_bench.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--batches", "1,3"],
                    check=True, capture_output=True)
     report = json.loads((tmp_path / "batched.json").read_text())

@@ -350,7 +350,8 @@ def test_a_seed_reproduces_a_dspark_sampled_run_on_every_engine(drafters, mode):
 
 @pytest.mark.slow
 def test_speculative_sampling_with_the_markov_head_keeps_the_target_distribution(tmp_path):
-    from test_sampling import chi2_statistic, chi2_threshold, exact_distribution, PROMPT, VOCAB as SV
+    from sampling_reference import PROMPT, chi2_statistic, chi2_threshold, exact_distribution
+    from sampling_reference import VOCAB as SV
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -196,7 +196,7 @@ def test_gemm_benchmark_dry_run_writes_its_rows(interpreter, tmp_path):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "skinny_gemm_bench.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "skinny_gemm_bench.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--rows", "1,3"], check=True,
                    capture_output=True)
     rows = list(csv.DictReader((tmp_path / "skinny_gemm.csv").open()))

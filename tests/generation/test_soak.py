@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SOAK_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+SOAK_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
 def load_soak():

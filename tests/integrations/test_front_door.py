@@ -77,7 +77,7 @@ def test_each_request_the_fast_loop_cannot_take_names_its_reason(pair, kw, reaso
     assert result is NOT_ROUTED and reason in why, why
 
 
-def test_other_targets_name_their_reason(pair):  # batches are routed (tests/test_batch.py)
+def test_other_targets_name_their_reason(pair):  # batches are routed (tests/generation/test_batch.py)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).eval()
     result, why = route_generate(gpt2, (prompt(2),), {"max_new_tokens": 4})
     assert result is NOT_ROUTED and "GPT2LMHeadModel" in why

@@ -196,7 +196,7 @@ def test_last_mile_benchmark_dry_run_writes_the_pdl_rows(tmp_path):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "last_mile_bench.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "last_mile_bench.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--skip-hf"], check=True,
                    capture_output=True)
     report = json.loads((tmp_path / "last_mile.json").read_text())

@@ -1,5 +1,5 @@
 """Batches (issue 35): a left-padded ``[B, L]`` batch decodes on fold_hf.generate, fast_generate (batched rounds on
-its eager engine, row by row on the others; tests/test_batched_rounds.py) and the routed
+its eager engine, row by row on the others; tests/generation/test_batched_rounds.py) and the routed
 target.generate(assistant_model=drafter), and every row equals that row decoded alone, without padding, by
 the target's own greedy generate (transformers' AR), laid out as transformers' batched generate returns it: left
 padding kept, rows that stopped early filled with the pad id on the right."""

@@ -183,7 +183,7 @@ def test_window_mode_drops_far_entries():
     assert rel_err(out[0], ref) < 1e-12
 
 
-# ReRoPE (distance D at every row, log 4096 scaling, scopes): tests/test_baselines.py
+# ReRoPE (distance D at every row, log 4096 scaling, scopes): tests/modeling/test_baselines.py
 
 
 def test_streaming_keeps_sinks_and_recent_renumbered():

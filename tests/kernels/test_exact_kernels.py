@@ -306,7 +306,7 @@ def test_exact_mode_benchmark_runs_tiny(interpreter, tmp_path):
     import json
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "exact_mode_bench.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "exact_mode_bench.py"
     spec = importlib.util.spec_from_file_location("exact_mode_bench", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -84,7 +84,7 @@ def test_pair_mismatch(target, change, message):
 def test_padding_and_empty_prompts(target):
     drafter = tiny_drafter(target)
     mask = torch.ones(1, 12, dtype=torch.long)
-    mask[0, -1] = 0  # right padding (left padding decodes: tests/test_batch.py)
+    mask[0, -1] = 0  # right padding (left padding decodes: tests/generation/test_batch.py)
     expect_error_before_work(target, "left padding", lambda: fold_hf.generate(target, drafter, input_ids=prompt(),
                                                                          attention_mask=mask))
     expect_error_before_work(target, "empty", lambda: fold_hf.generate(target, drafter,

@@ -1,7 +1,7 @@
 """The fused Qwen3.5 / Gemma layer kernels (fold_hf/kernels/hybrid/, gemma/ and gated_delta/ triton.py) against their
 torch twins (their naive.py), and the twins against independent statements: the transformers
 modules they replace (norms, gated norm, activations, rope) and the per-position gated delta rule (itself checked
-against a float64 loop and transformers' rule in tests/test_qwen35.py). Kernels run in Triton's interpreter on the CPU
+against a float64 loop and transformers' rule in tests/targets/test_qwen35.py). Kernels run in Triton's interpreter on the CPU
 (odd shapes, every kernel dtype) and on the GPU (gpu-marked)."""
 
 from __future__ import annotations

@@ -1,0 +1,37 @@
+"""A target sharded by transformers' tensor parallelism (``from_pretrained(..., tp_plan="auto")`` under ``torchrun``,
+issue 41), as the fast loop sees it: family-free.
+
+transformers leaves every sharded weight a DTensor and every sharded module taking and returning plain tensors: a
+column-parallel projection (q, k, v, gate, up) returns this rank's share of its output (its heads), a row-parallel
+one (o, down) the all-reduced sum, the row-parallel embedding and the gathered lm_head whole tensors. So a runner
+that calls the model's modules (never a kernel over a shard's weight: :func:`~fold_hf.kernels.common.is_sharded`)
+works on each rank with its own heads: its KV cache holds this rank's KV heads, everything after a row-parallel
+projection is replicated, the logits are whole and identical on every rank, and every rank takes the same
+acceptance (greedy; sampling with the same seed). The drafter, replicated, reads the target's embedding and lm_head
+through their modules.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..kernels.common import is_sharded
+from .base import UnsupportedTarget
+
+
+def tensor_parallel_size(model: nn.Module) -> int:
+    """Ranks ``model``'s weights are sharded over (1: not sharded)."""
+    for parameter in model.parameters():
+        if is_sharded(parameter):
+            return parameter.device_mesh.size()
+    return 1
+
+
+def local_heads(heads: int, ranks: int, what: str) -> int:
+    """This rank's share of ``heads`` (``what``: their name, for the error)."""
+    if heads % ranks:
+        raise UnsupportedTarget(f"{heads} {what} do not split over {ranks} tensor-parallel ranks")
+    return heads // ranks
+
+
+__all__ = ["local_heads", "tensor_parallel_size"]
