@@ -24,7 +24,8 @@ step) and with 16 per row (a batched verify block), p50 over ``--steps`` calls, 
 (weights once + ``B`` rows' KV at ``T``, at the copy bandwidth measured here); the drafter's proposal per row at
 ``T`` beside it (the batched round drafts row by row).
 
-Writes ``batched.json`` and ``batched.csv`` under ``--out``.
+Writes ``batched.json``, ``batched.csv`` and ``batched_throughput.png`` (tokens/s by B, every system) under
+``--out``; ``--plot-only DIR`` redraws the plot from a run's ``batched.json``.
 
     python benchmarks/batched_bench.py --out $OUT/batched                          (CPU: the pair section)
     python benchmarks/batched_bench.py --out $OUT/batched --shape --batches 1,2,4,8,16 --contexts 8192,32768
@@ -279,6 +280,41 @@ def tiny_pair(device: torch.device):
     return target, drafter
 
 
+def plot_pair(report: dict, path: Path) -> bool:
+    """``batched_throughput.png``: tokens/s of every system of the pair section by batch size (y from 0); False when
+    matplotlib is missing or there is no pair row."""
+    rows = [r for r in report["rows"] if r["section"] == "pair"]
+    if not rows:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log('matplotlib is not installed: no plot written (pip install "fold-hf[demo]")')
+        return False
+    labels = {"fold_batched": "FOLD, batched rounds", "fold_rows": "FOLD, one call per row",
+              "fold_rows_graphs": "FOLD, one call per row (graphs)", "ar_batched": "AR, batched (ours)",
+              "hf_batched": "AR, transformers' batched generate"}
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for system, label in labels.items():
+        points = sorted((r["batch"], r["tokens_per_s"]) for r in rows if r["system"] == system)
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label)
+    ax.set_xlabel("prompts in the batch (B)")
+    ax.set_ylabel("new tokens per second, whole calls")
+    ax.set_ylim(bottom=0)
+    ax.set_xticks(sorted({r["batch"] for r in rows}))
+    machine = report["machine"]
+    ax.set_title(f"{rows[0]['pair']}: {rows[0]['prompt_tokens']}-token prompts, {rows[0]['new_tokens']} new tokens\n"
+                 f"{machine['device']}, {machine['date'][:10]}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -291,7 +327,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--contexts", default="8192,32768", help="contexts of the shape section")
     parser.add_argument("--steps", type=int, default=20, help="timed forwards per shape row")
     parser.add_argument("--dry-run", action="store_true", help="tiny random pair: checks that both sections run")
+    parser.add_argument("--plot-only", action="store_true", help="redraw --out's plot from its batched.json")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        report = json.loads((Path(args.out) / "batched.json").read_text())
+        plot_pair(report, Path(args.out) / "batched_throughput.png")
+        return report
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
     if args.dry_run:
@@ -318,6 +359,7 @@ def main(argv=None) -> dict:
         if not args.shape or args.dry_run:
             pair_section(args, device, report, save)
     save()
+    plot_pair(report, out / "batched_throughput.png")
     for key, value in report["ratios"].items():
         log(f"{key} = {value:.3f}")
     return report

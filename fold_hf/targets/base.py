@@ -329,6 +329,8 @@ class StaticTarget(abc.ABC):
             self._check_row(row)
             if start + L > self.capacity:
                 raise ValueError(f"row {row}: {start + L} tokens exceed the cache capacity {self.capacity}")
+        if self.exact:  # the exact kernels, each row as its own verify step (the family's fused layers)
+            return self._forward_rows_fused(input_ids, rows, starts, taps_out)
         cos = torch.stack([self.cos[s : s + L] for s in starts])  # [A, L, D]
         sin = torch.stack([self.sin[s : s + L] for s in starts])
         masks = [self.prefix_mask(L, start) for start in starts]  # built once per forward, not per layer
@@ -344,6 +346,11 @@ class StaticTarget(abc.ABC):
 
         logits = self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
         return logits if logits.dim() == 3 else logits[None]
+
+    def _forward_rows_fused(self, input_ids: torch.Tensor, rows: list[int], starts: list[int],
+                            taps_out: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`forward_rows` in exact mode (a family that runs exact mode gives it)."""
+        raise UnsupportedTarget(f"exact mode's rows: {self.exact_unsupported()}")
 
     def _fused_prefill(self) -> bool:
         """Whether :meth:`prefill` runs its chunks through the family's fused layers (``_prefill_chunk_fused``)."""

@@ -321,11 +321,17 @@ class LlamaStaticTarget(StaticTarget):
             return self._fused_layers(input_ids, positions, bucket, taps_out)
 
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
-                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False, row: int = 0) -> torch.Tensor:
+                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False, row: int = 0,
+                      rows: list[tuple[int, torch.Tensor, int]] | None = None) -> torch.Tensor:
+        """The fused layers over ``input_ids [1, L]`` at ``positions [L]`` in cache row ``row`` (logits ``[L, V]``), or
+        with ``rows`` over ``input_ids [A, L]`` at ``positions [A, L]``, row ``a`` in cache row ``rows[a][0]`` with
+        its context length ``rows[a][1]`` (``[1]`` int32) and attention bucket ``rows[a][2]`` (logits ``[A, L, V]``:
+        :meth:`_forward_rows_fused`). Every row's rope, cache write and attention are its own launch, exactly as
+        when it runs alone."""
         exact = self.exact and attend is None  # exact mode's decode / verify step (a prefill chunk is shared)
         ops, decode = self._fused_ops(exact)
-        L = input_ids.shape[1]
-        context_length = positions[:1].to(torch.int32)
+        A, L = input_ids.shape
+        per_row = rows if rows is not None else [(row, positions[:1].to(torch.int32), bucket)]
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
 
         # a decode step's rows (AR 1, a verify block) go through the skinny GEMMs where the ops have them; a prefill
@@ -344,21 +350,26 @@ class LlamaStaticTarget(StaticTarget):
                 q, k, v = projections.qkv(normed, skinny)
             else:
                 q, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
-            q = q.view(1, L, self.num_heads, self.head_dim)
-            k = k.view(1, L, self.num_kv_heads, self.head_dim)
-            v = v.view(1, L, self.num_kv_heads, self.head_dim)
+            q = q.view(A, L, self.num_heads, self.head_dim)
+            k = k.view(A, L, self.num_kv_heads, self.head_dim)
+            v = v.view(A, L, self.num_kv_heads, self.head_dim)
             q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
-            keys, values = self.keys[i][row : row + 1], self.values[i][row : row + 1]  # the whole cache at batch 1
-            q, k, v = ops.rope_write(q, k, v, self.cos, self.sin, positions, keys, values)
-            if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
-                self.query_keep[1][:, :, :L].copy_(q)
-            if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
-                out = attend(i, q)
-            else:
-                out = decode(q, keys, values, k, v, context_length, scaling=self.scaling,
-                             max_context_length=bucket)  # [1, L, Hq, D]
+            outs = []
+            for a, (cache_row, context_length, keys_read) in enumerate(per_row):
+                keys = self.keys[i][cache_row : cache_row + 1]  # the whole cache at batch 1
+                values = self.values[i][cache_row : cache_row + 1]
+                qa, ka, va = ops.rope_write(q[a : a + 1], k[a : a + 1], v[a : a + 1], self.cos, self.sin,
+                                            positions if rows is None else positions[a], keys, values)
+                if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                    self.query_keep[1][:, :, :L].copy_(qa)
+                if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
+                    outs.append(attend(i, qa))
+                else:
+                    outs.append(decode(qa, keys, values, ka, va, context_length, scaling=self.scaling,
+                                       max_context_length=keys_read))  # [1, L, Hq, D]
+            out = outs[0] if A == 1 else torch.cat(outs)
             norm = layer.post_attention_layernorm
-            attn_out = _project(skinny, attn.o_proj, out.reshape(1, L, -1))
+            attn_out = _project(skinny, attn.o_proj, out.reshape(A, L, -1))
             mlp = layer.mlp
             hidden, normed = ops.add_rms_norm(hidden, attn_out, norm.weight, norm_epsilon(norm))
             if projections is not None and skinny is not None:  # one launch: gate|up, then silu(gate) * up
@@ -371,8 +382,23 @@ class LlamaStaticTarget(StaticTarget):
         hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm))
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         if exact:
-            return _project(skinny, self.lm_head, normed)[0]
-        return linear_module(self.lm_head, normed[:, -1:] if last_only else normed)[0]
+            logits = _project(skinny, self.lm_head, normed)
+        else:
+            logits = linear_module(self.lm_head, normed[:, -1:] if last_only else normed)
+        return logits if rows is not None else logits[0]
+
+    def _forward_rows_fused(self, input_ids: torch.Tensor, rows: list[int], starts: list[int],
+                            taps_out: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`~fold_hf.targets.base.StaticTarget.forward_rows` in exact mode: the fused layers with exact mode's
+        kernels, each row's context length and attention bucket those of its own verify step
+        (:func:`~fold_hf.targets.base.bucket_length`), so a row's logits have the bits of that row decoded alone."""
+        from .base import bucket_length
+
+        L = input_ids.shape[1]
+        positions = torch.stack([torch.arange(s, s + L, device=self.device) for s in starts])
+        per_row = [(row, torch.tensor([s], dtype=torch.int32, device=self.device), bucket_length(s + L, self.capacity))
+                   for row, s in zip(rows, starts)]
+        return self._fused_layers(input_ids, positions, 0, taps_out, rows=per_row)
 
     def _fused_ops(self, exact: bool):
         """(:class:`~fold_hf.kernels.LayerOps`, decode attention) of the fused layers: exact mode's

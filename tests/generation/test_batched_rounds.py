@@ -333,3 +333,4 @@ def test_batched_bench_dry_run_writes_both_sections(tmp_path):
             "ar_batched_over_hf_batched_throughput_b3", "batched_ar_over_floor_t64_b3",
             "batched_round_over_ar_t64_b3"} <= set(report["ratios"])
     assert (tmp_path / "batched.csv").read_text().startswith("batch,")
+    assert (tmp_path / "batched_throughput.png").stat().st_size > 0

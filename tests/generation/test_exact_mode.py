@@ -122,6 +122,36 @@ def test_greedy_speculative_output_is_the_exact_ar_output(interpreter, oracle):
     assert not target.__dict__["_fold_fast_session"].runner.exact
 
 
+def test_batched_rows_are_each_row_alone_in_exact_mode(interpreter):
+    """A left-padded batch in exact mode (batched rounds: one verify forward for every row, exact mode's kernels
+    row by row), fp16: each row's tokens, acceptance lengths and proposals are those of the row decoded alone in exact
+    mode (the static engine), with a drafter (rejections) and without (AR); and the batch's SD output is its AR
+    output."""
+    target = small_target(torch.float16)
+    drafter = small_drafter(target)
+    rows = [prompt(11, 5)[0], prompt(12, 23)[0], prompt(13, 12)[0]]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    new = 6
+    batches = {}
+    for assistant in (drafter, None):
+        batch = batches[assistant is None] = fold_hf.fast_generate(target, assistant, ids, mask, max_new_tokens=new,
+                                                                   exact=True, return_stats=True)
+        assert batch.batched
+        for i, r in enumerate(rows):
+            alone = fold_hf.fast_generate(target, assistant, r[None], max_new_tokens=new, engine="static",
+                                          exact=True, return_stats=True)
+            assert batch.rows[i].sequences.tolist() == alone.sequences.tolist(), (i, assistant is None)
+            assert batch.rows[i].acceptance_lengths == alone.acceptance_lengths, i
+            assert batch.rows[i].proposals == alone.proposals, i
+    sd, ar = batches[False], batches[True]
+    assert torch.equal(sd.sequences, ar.sequences)  # greedy SD = AR, batched, in exact mode
+    assert min(n for row in sd.rows for n in row.acceptance_lengths) == 1  # rejections happened
+
+
 # ------------------------------------------------------------------ refusals
 def test_exact_mode_refuses_what_it_cannot_run(monkeypatch):
     target = small_target()

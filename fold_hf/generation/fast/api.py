@@ -113,7 +113,8 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
         raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
     target_attention = resolve_target_attention(target_attention, device, request.exact)
     if request.exact:
-        check_exact_settings(engine, target_attention, fused_layers)
+        check_exact_settings(engine, target_attention, fused_layers, batched=batched is None and
+                             needs_rows(input_ids, attention_mask) and input_ids.shape[0] > 1)
     row = functools.partial(_fast_row, target, drafter, engine=engine, prefill_chunk=prefill_chunk,
                             target_attention=target_attention, fused_layers=fused_layers)
     if needs_rows(input_ids, attention_mask):

@@ -19,9 +19,12 @@ Greedy rows equal the row decoded alone (the same rule on the same logits, the a
 sampled rows keep the target's distribution exactly (per-row speculative sampling), and with one generator per row
 they sample the same tokens as alone.
 
+Exact mode (``exact=True``, docs/exact-mode.md): the verify forward runs exact mode's kernels, each row as its own
+verify step, so a batched row's tokens have the bits of that row decoded alone in exact mode (bf16 included).
+
 Where it runs (:func:`batched_unsupported`): host-length rounds (the ``eager`` engine, the default for a batch) of a
 family whose runner holds rows (the Llama family). The static and graphs engines' device-length rounds, the other
-families, exact mode and ``cmr`` (its refreshes read one row's target attention) decode the rows one after another
+families and ``cmr`` (its refreshes read one row's target attention) decode the rows one after another
 (:func:`fold_hf.generation.batch.decode_rows`), which says so once, naming why.
 """
 
@@ -48,8 +51,6 @@ def batched_unsupported(target, drafter, engine: str, request: GenerationRequest
     if engine != "eager":
         return (f"engine {engine!r} captures one row's rounds; batched rounds run host lengths (engine='eager', the "
                 "default for a batch)")
-    if request.exact:
-        return "exact mode runs one row's device-length rounds"
     reason = batch_unsupported_reason(target)
     if reason is not None:
         return reason
@@ -93,7 +94,7 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
     with drafter_for_call(target, drafter, request.fold_config):
         slots = num_proposals(drafter)
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-        session = session_for(target, longest + budget + slots + 1, taps, "eager", batch=batch)
+        session = session_for(target, longest + budget + slots + 1, taps, "eager", request.exact, batch=batch)
         runner, device = session.runner, session.device
         taps_out = (torch.zeros(batch, slots + 1, runner.tap_width, device=device, dtype=runner.dtype)
                     if drafter is not None and runner.num_taps else None)

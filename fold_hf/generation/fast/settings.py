@@ -35,10 +35,12 @@ def resolve_target_attention(target_attention: str | None, device: torch.device 
     return target_attention
 
 
-def check_exact_settings(engine: str, target_attention: str, fused_layers: bool | None) -> None:
-    """What exact mode (docs/exact-mode.md) needs of a request's settings: the static or graphs engine, the Triton
-    attention and the fused layers (its kernels replace theirs). Raises ValueError naming what is in the way."""
-    if engine == "eager":
+def check_exact_settings(engine: str, target_attention: str, fused_layers: bool | None,
+                         batched: bool = False) -> None:
+    """What exact mode (docs/exact-mode.md) needs of a request's settings: the static or graphs engine (``batched``:
+    a batch's batched rounds, whose verify runs exact mode's kernels row by row), the Triton attention and the fused
+    layers (its kernels replace theirs). Raises ValueError naming what is in the way."""
+    if engine == "eager" and not batched:
         raise ValueError("exact mode runs in the static and graphs engines; engine='eager' runs the host-length "
                          "forward through the model's modules, whose kernels choose their reduction by the row count")
     if target_attention != "triton":
