@@ -14,7 +14,9 @@ turn, median of ``--repeats``:
 * ``ar_batched``: ``fast_generate(target, None, ids, mask)``, batched AR on the same machinery;
 * ``hf_batched``: transformers' own ``target.generate(ids, attention_mask=mask)`` (AR, its own batching).
 
-Tokens/s = new tokens of all rows / the call's time. Every system's rows are compared with ``fold_rows``' (greedy:
+Tokens/s = new tokens of all rows / the call's time. One more call of ``fold_batched`` and ``ar_batched`` per B runs
+inside ``round_phases`` (not timed as a call): where a batched round's time goes (all rows' drafts, the one verify
+forward, the rest), ``*_ms_per_round``. Every system's rows are compared with ``fold_rows``' (greedy:
 equal in fp32; in bf16 the count that differ is reported). Ratios name both terms: ``fold_batched_over_fold_rows``
 (time), ``fold_batched_over_ar_batched`` (throughput), ``ar_batched_over_hf_batched`` (throughput).
 
@@ -152,6 +154,14 @@ def pair_section(args, device: torch.device, report: dict, save) -> None:
                 start = sync(device)
                 outputs[s] = calls[s]()
                 times[s].append(sync(device) - start)
+        from fold_hf.generation.rounds import round_phases
+
+        anatomy = {}
+        for s, call in (("fold_batched", fold_batched), ("ar_batched", ar_batched)):  # where a round's time goes
+            with round_phases() as phases:
+                call()
+            anatomy[s] = {f"{k}_ms_per_round": v for k, v in phases.per_round_ms().items()}
+            anatomy[s]["rounds"] = phases.rounds
         release_fast_state(target)
         reference = outputs["fold_rows"]
         for s in systems:
@@ -161,9 +171,13 @@ def pair_section(args, device: torch.device, report: dict, save) -> None:
             row = {"section": "pair", "pair": args.pair if not args.dry_run else "tiny", "system": s, "batch": B,
                    "prompt_tokens": args.tokens, "new_tokens": args.new, "call_s": med,
                    "call_s_min": min(times[s]), "call_s_max": max(times[s]), "tokens_per_s": new_tokens / med,
-                   "rows_differing_from_fold_rows": differ, "repeats": args.repeats}
+                   "rows_differing_from_fold_rows": differ, "repeats": args.repeats, **anatomy.get(s, {})}
             report["rows"].append(row)
             log(f"B={B:2d} {s:17s} {med:8.3f} s  {new_tokens / med:8.1f} tok/s  rows differing {differ}")
+            if s in anatomy:
+                a = anatomy[s]
+                log(f"      {a['rounds']} rounds: {a['round_ms_per_round']:.1f} ms each = draft {a['draft_ms_per_round']:.1f}"
+                    f" + verify {a['verify_ms_per_round']:.1f} + other {a['other_ms_per_round']:.1f}")
         by = {r["system"]: r for r in report["rows"] if r["section"] == "pair" and r["batch"] == B}
         report["ratios"][f"fold_batched_over_fold_rows_time_b{B}"] = by["fold_batched"]["call_s"] / by["fold_rows"]["call_s"]
         report["ratios"][f"fold_batched_over_ar_batched_throughput_b{B}"] = (

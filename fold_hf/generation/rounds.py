@@ -70,6 +70,11 @@ def round_phases():
         _PHASES.reset(token)
 
 
+def round_phases_in_effect() -> RoundPhases | None:
+    """The :class:`RoundPhases` of an enclosing :func:`round_phases` block, or None (the rounds are not timed)."""
+    return _PHASES.get()
+
+
 def num_proposals(drafter) -> int:
     """Proposal slots per round: ``drafter.num_proposals`` when a family sets it, else ``block_size - 1`` (0 for
     AR)."""
@@ -97,7 +102,7 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
         pending: tapped features the drafter has not committed yet.
     """
     slots = num_proposals(drafter)
-    phases = _PHASES.get()
+    phases = round_phases_in_effect()
     while out.running(budget):
         if phases is not None:
             started = clock(last.device)

@@ -327,6 +327,10 @@ def test_batched_bench_dry_run_writes_both_sections(tmp_path):
     pair = {(r["system"], r["batch"]): r for r in report["rows"] if r["section"] == "pair"}
     assert set(pair) == {(s, b) for s in ("fold_batched", "fold_rows", "ar_batched", "hf_batched") for b in (1, 3)}
     assert all(r["rows_differing_from_fold_rows"] == 0 and r["call_s"] > 0 for r in pair.values())
+    for system in ("fold_batched", "ar_batched"):  # where a batched round's time goes
+        anatomy = pair[(system, 3)]
+        assert anatomy["rounds"] > 0 and anatomy["verify_ms_per_round"] > 0
+        assert anatomy["round_ms_per_round"] >= anatomy["draft_ms_per_round"] + anatomy["verify_ms_per_round"]
     shape = {(r["system"], r["batch"]) for r in report["rows"] if r["section"] == "shape"}
     assert shape == {(s, b) for s in ("ar_step", "verify", "draft_one_row") for b in (1, 3)}
     assert {"fold_batched_over_fold_rows_time_b3", "fold_batched_over_ar_batched_throughput_b3",

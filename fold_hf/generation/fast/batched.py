@@ -37,7 +37,7 @@ import torch
 from ...targets.registry import batch_unsupported_reason
 from ..batch import assemble, check_batch, unpadded_rows
 from ..request import GenerationRequest, drafter_for_call, warn_past_context
-from ..rounds import num_proposals, propose
+from ..rounds import num_proposals, propose, round_phases_in_effect
 from ..sampling import TokenChoice
 from ..static_drafter import commit_context, preallocated_cache
 from ..stats import GenerationResult
@@ -125,11 +125,16 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
 
 
 def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out: torch.Tensor | None) -> None:
-    """Rounds until every row has stopped (module docstring)."""
+    """Rounds until every row has stopped (module docstring). Inside
+    :func:`~fold_hf.generation.rounds.round_phases` the drafts (all rows), the verify forward and the whole rounds are
+    timed (each part ends with a device synchronisation)."""
+    phases = round_phases_in_effect()
     while True:
         active = [row for row in rows if row.out.running(budget)]
         if not active:
             return
+        if phases is not None:
+            started = clock(runner.device)
         for row in active:  # 1. drafts
             k = min(slots, budget - len(row.out.tokens) - 1)
             row.choice.refill()
@@ -147,7 +152,11 @@ def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         ids = torch.stack([torch.cat((row.last, row.proposals, row.last.expand(width - 1 - row.proposals.shape[0])))
                            for row in active])
         features = taps_out[: len(active), :width] if taps_out is not None else None
+        if phases is not None:
+            drafted = clock(runner.device)
         logits = runner.forward_rows(ids, [row.index for row in active], [row.position for row in active], features)
+        if phases is not None:
+            verified = clock(runner.device)
         for a, row in enumerate(active):  # 3. each row's acceptance
             k = row.proposals.shape[0]
             there = row.proposals.to(logits.device)
@@ -165,6 +174,11 @@ def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         now = clock(logits.device)
         for row in active:
             row.end = now
+        if phases is not None:
+            phases.rounds += 1
+            phases.draft_s += drafted - started
+            phases.verify_s += verified - drafted
+            phases.round_s += now - started
 
 
 def _result(row: _Row, started: float, drafter) -> GenerationResult:
