@@ -310,15 +310,22 @@ class FoldDrafter(PreTrainedModel):
             block_start = start if block_start is None else block_start
         if block_start is None:
             block_start = num_context
-
-        plans: dict[tuple, LayerRead] = {}
-        mode = self.fold_config.mode
-        if mode in RETRIEVAL_MODES and native:
-            raise ValueError(f"mode {mode!r} keeps per-request state in a FoldCache; transformers' native DFlash "
-                             "cache cannot hold it (use fold_hf.generate or target.generate without "
+        if self.fold_config.mode in RETRIEVAL_MODES and native:
+            raise ValueError(f"mode {self.fold_config.mode!r} keeps per-request state in a FoldCache; transformers' "
+                             "native DFlash cache cannot hold it (use fold_hf.generate or target.generate without "
                              "speculation_type='dflash')")
+        read = self.reader(cache, num_context, block_start, Lq, hidden.device)
+        for layer in self.layers:
+            hidden = layer(hidden, context, read)
+        return BaseModelOutput(last_hidden_state=self.norm(hidden))
+
+    def reader(self, cache, num_context: int, block_start: int, Lq: int, device):
+        """The eager read of one request's block of ``Lq`` slots at ``block_start`` over ``cache`` (which will hold
+        ``num_context`` entries): ``read(attn, q, k_new, v_new, k_blk, v_blk) -> [1, Lq, Hq, D]`` stores the new
+        entries, plans the layer's read (once per kind of layer; per layer for InfLLM) and reads through it."""
+        plans: dict[tuple, LayerRead] = {}
         cmr_entries = None
-        if mode == "cmr":  # one selection per round, read by every layer
+        if self.fold_config.mode == "cmr":  # one selection per round, read by every layer
             cmr_entries = cmr_select_entries(retrieval_state(cache), num_context, block_start,
                                              RetrievalParams.of(self.fold_config))
 
@@ -331,7 +338,7 @@ class FoldDrafter(PreTrainedModel):
             # other layers differ in their read only through their sliding window: plan once per kind of layer
             key = (attn.sliding_window, T)
             if key not in plans:
-                plans[key] = self.plan_read(attn.layer_idx, T, block_start, Lq, device=hidden.device, cache=cache,
+                plans[key] = self.plan_read(attn.layer_idx, T, block_start, Lq, device=device, cache=cache,
                                             selection=cmr_entries)
             return plans[key]
 
@@ -341,9 +348,7 @@ class FoldDrafter(PreTrainedModel):
             plan = read_for(attn, k_ctx.shape[2], query=q, context_keys=k_ctx)
             return _planned_read(attn, q, k_ctx, v_ctx, k_ctx_rotated, k_blk, v_blk, plan)
 
-        for layer in self.layers:
-            hidden = layer(hidden, context, read)
-        return BaseModelOutput(last_hidden_state=self.norm(hidden))
+        return read
 
     # ------------------------------------------------------------------ proposals (family-free interface)
     @property
@@ -414,15 +419,16 @@ class FoldDrafter(PreTrainedModel):
             return deepspec.markov_chain(self, base, last_token, pick)
         return pick(base)
 
-    def draft_head(self, hidden: torch.Tensor, last_token: torch.Tensor, pick=None):
+    def draft_head(self, hidden: torch.Tensor, last_token: torch.Tensor, pick=None, base=None):
         """The draft head on the final-normed proposal slots ``hidden [n, H]`` (device ops only; the eager
-        :meth:`propose` and the static step both call it).
+        :meth:`propose`, the static step and batched drafting call it; ``base``: their base logits when the caller
+        computed them for several requests at once).
 
         Returns:
             (tokens ``[n]`` long, scores ``[n, V]`` or None (see :meth:`pick_proposals`), kept: a long device tensor
             ``[1]`` of the leading proposals a DeepSpec confidence threshold keeps, or None when nothing cuts).
         """
-        tokens, scores = self.pick_proposals(self.proposal_logits(hidden), last_token, pick)
+        tokens, scores = self.pick_proposals(self.proposal_logits(hidden) if base is None else base, last_token, pick)
         kept = None
         if self.is_deepspec and self.confidence_threshold > 0:
             kept = deepspec.confident_length(self, hidden, tokens, last_token, self.confidence_threshold)

@@ -287,7 +287,8 @@ class LlamaStaticTarget(StaticTarget):
             return False
         return self.fused_unsupported() is None
 
-    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None, row: int = 0):
+    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None,
+                             row: int = 0):
         """One prefill chunk ``[1, L]`` at ``start`` into cache row ``row``: the fused layers' elementwise kernels (norms, rope with the
         cache write, ``silu(gate) * up``) around cuBLAS projections and the prefill attention
         (:func:`fold_hf.kernels.prefill_attention.prefill_attention`); logits ``[1, V]`` of the last row."""

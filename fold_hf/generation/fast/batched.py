@@ -8,7 +8,9 @@ padding in the cache: a row's prompt is prefilled without its left padding), its
 :class:`~fold_hf.generation.sampling.TokenChoice` (its generator when the request gives one per row) and its
 :class:`~fold_hf.generation.tracker.Tracker` (EOS, stop strings, budget). A round:
 
-1. every running row drafts its block from its own cache (the drafter's forward, row by row);
+1. every running row drafts its block from its own cache, all rows in one drafter forward
+   (:func:`~fold_hf.modeling.drafter_rows.propose_rows`: the projections and the lm_head shared, each row's read its
+   own);
 2. one :meth:`~fold_hf.targets.base.StaticTarget.forward_rows` verifies all of them: ``[A, 1 + k]`` tokens, a row
    with fewer proposals padded (its padded positions are past what it can keep, so they are rolled back by its
    length like any rejected entry); the projections read the weights once for the ``A`` rows, each row attends to
@@ -34,10 +36,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...modeling.drafter_rows import propose_rows
 from ...targets.registry import batch_unsupported_reason
 from ..batch import assemble, check_batch, unpadded_rows
 from ..request import GenerationRequest, drafter_for_call, warn_past_context
-from ..rounds import num_proposals, propose, round_phases_in_effect
+from ..rounds import num_proposals, round_phases_in_effect
 from ..sampling import TokenChoice
 from ..static_drafter import commit_context, preallocated_cache
 from ..stats import GenerationResult
@@ -135,17 +138,23 @@ def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             return
         if phases is not None:
             started = clock(runner.device)
-        for row in active:  # 1. drafts
+        counts = {}
+        for row in active:  # 1. drafts: every row that may still take proposals, in one drafter forward
             k = min(slots, budget - len(row.out.tokens) - 1)
             row.choice.refill()
-            row.q = None
+            row.q, row.proposals = None, row.last.new_empty(0)
             if k > 0:
-                proposals, row.q = propose(drafter, row.last, row.pending, row.cache, row.position, k,
-                                           row.choice.picker())
+                counts[row.index] = k
+        drafting = [row for row in active if row.index in counts]
+        if drafting:
+            drafted = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
+                                   [row.cache for row in drafting], [row.position for row in drafting],
+                                   [counts[row.index] for row in drafting],
+                                   [row.choice.picker() for row in drafting])
+            for row, (proposals, q) in zip(drafting, drafted):
                 row.pending = None  # committed to the drafter's cache by the draft
-                row.proposals = proposals.to(row.last.device)
-            else:
-                row.proposals = row.last.new_empty(0)
+                row.proposals, row.q = proposals.to(row.last.device), q
+        for row in active:
             row.out.proposals.append(row.proposals.tolist())
         # 2. one verify forward: each row's last token and proposals, padded with its last token to the longest
         width = 1 + max(row.proposals.shape[0] for row in active)
