@@ -9,6 +9,8 @@ turn, median of ``--repeats``:
 
 * ``fold_batched``: ``fast_generate(target, drafter, ids, mask)``, the rows in batched rounds (FOLD, the drafter's
   own window and α);
+* on CUDA ``fold_batched_graphs`` / ``ar_batched_graphs``: the same with ``engine="graphs"`` (the batched verify
+  captured as a CUDA graph; drafting and acceptance on the host);
 * ``fold_rows``: the same rows one call each (the eager engine, as the batch runs; on CUDA also ``fold_rows_graphs``,
   the default single-prompt engine);
 * ``ar_batched``: ``fast_generate(target, None, ids, mask)``, batched AR on the same machinery;
@@ -21,10 +23,11 @@ equal in fp32; in bf16 the count that differ is reported). Ratios name both term
 (time), ``fold_batched_over_ar_batched`` (throughput), ``ar_batched_over_hf_batched`` (throughput).
 
 Section ``shape`` (``--shape``, CUDA): a random Llama-3.1-8B-shape target in bf16 (``e2e_bench.build_random_pair``) and
-its cache of ``B`` rows at context ``T`` (``--contexts``): ``forward_rows`` with one token per row (the batched AR
-step) and with 16 per row (a batched verify block), p50 over ``--steps`` calls, against the memory floor
-(weights once + ``B`` rows' KV at ``T``, at the copy bandwidth measured here); the drafter's proposal per row at
-``T`` beside it (the batched round drafts row by row).
+its cache of ``B`` rows at context ``T`` (``--contexts``): the batched verify with one token per row (the batched AR
+step) and with a block per row, on the eager engine (host lengths) and the graphs engine (the fused layers' captured
+step), p50 over ``--steps`` calls, against the memory floor (weights once + ``B`` rows' KV at ``T``, at the copy
+bandwidth measured here); the drafter's proposals for the ``B`` rows at ``T`` (one drafter forward) beside it; the
+round estimate = verify + drafts.
 
 Writes ``batched.json``, ``batched.csv`` and ``batched_throughput.png`` (tokens/s by B, every system) under
 ``--out``; ``--plot-only DIR`` redraws the plot from a run's ``batched.json``.
@@ -115,8 +118,9 @@ def pair_section(args, device: torch.device, report: dict, save) -> None:
     pad = target.generation_config.pad_token_id or target.generation_config.eos_token_id or 0
     pad = pad[0] if isinstance(pad, list) else int(pad)
     systems = ["fold_batched", "fold_rows", "ar_batched", "hf_batched"]
-    if device.type == "cuda":
-        systems.insert(2, "fold_rows_graphs")
+    if device.type == "cuda":  # the captured batched verify, and one call per row on the single-prompt default
+        systems[1:1] = ["fold_batched_graphs", "ar_batched_graphs"]
+        systems.insert(4, "fold_rows_graphs")
     for B in args.batches:
         if args.dry_run:
             g = torch.Generator().manual_seed(B)
@@ -143,6 +147,10 @@ def pair_section(args, device: torch.device, report: dict, save) -> None:
             return target.generate(ids, attention_mask=mask, pad_token_id=pad, **kw)
 
         calls = {"fold_batched": lambda: new_rows(fold_batched(), width), "fold_rows": fold_rows,
+                 "fold_batched_graphs": lambda: new_rows(fast_generate(target, drafter, ids, mask, engine="graphs",
+                                                                       **kw), width),
+                 "ar_batched_graphs": lambda: new_rows(fast_generate(target, None, ids, mask, engine="graphs", **kw),
+                                                       width),
                  "fold_rows_graphs": lambda: fold_rows("graphs"), "ar_batched": lambda: new_rows(ar_batched(), width),
                  "hf_batched": lambda: new_rows(hf_batched(), width)}
         times: dict[str, list[float]] = {s: [] for s in systems}
@@ -184,6 +192,11 @@ def pair_section(args, device: torch.device, report: dict, save) -> None:
             by["fold_batched"]["tokens_per_s"] / by["ar_batched"]["tokens_per_s"])
         report["ratios"][f"ar_batched_over_hf_batched_throughput_b{B}"] = (
             by["ar_batched"]["tokens_per_s"] / by["hf_batched"]["tokens_per_s"])
+        if "fold_batched_graphs" in by:
+            report["ratios"][f"fold_batched_graphs_over_fold_rows_graphs_time_b{B}"] = (
+                by["fold_batched_graphs"]["call_s"] / by["fold_rows_graphs"]["call_s"])
+            report["ratios"][f"fold_batched_graphs_over_ar_batched_graphs_throughput_b{B}"] = (
+                by["fold_batched_graphs"]["tokens_per_s"] / by["ar_batched_graphs"]["tokens_per_s"])
         save()
 
 
@@ -201,10 +214,24 @@ def copy_bandwidth(device: torch.device, gib: float) -> float:
     return 2 * a.numel() * a.element_size() / best
 
 
+def timed(fn, steps: int, device: torch.device) -> float:
+    """p50 seconds of ``fn()`` over ``steps`` calls after 3 untimed ones."""
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(steps):
+        start = sync(device)
+        fn()
+        samples.append(sync(device) - start)
+    return statistics.median(samples)
+
+
 def shape_section(args, device: torch.device, report: dict, save) -> None:
+    from fold_hf.generation.fast.batched import _Verify
     from fold_hf.generation.fast.session import session_for
-    from fold_hf.generation.rounds import num_proposals, propose
+    from fold_hf.generation.rounds import num_proposals
     from fold_hf.generation.static_drafter import commit_context, preallocated_cache
+    from fold_hf.modeling.drafter_rows import propose_rows
 
     if args.dry_run:
         target, drafter = tiny_pair(device)
@@ -220,56 +247,52 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
     weights = sum(p.numel() * p.element_size() for name, p in target.named_parameters() if "embed_tokens" not in name)
     block = num_proposals(drafter) + 1
     taps = tuple(drafter.config.target_layer_ids)
+    engines = ["eager", "graphs"] if device.type == "cuda" else ["eager", "static"]
+    greedy = lambda logits, first_slot=0: (logits.argmax(-1), None)  # noqa: E731
     for B in args.batches:
         for T in contexts:
-            session = session_for(target, T + block + 1, taps, "eager", batch=B)
-            runner = session.runner
-            for k, v in zip(runner.keys, runner.values):  # the context's entries (random; any values time the same)
-                k[:, :, :T].normal_()
-                v[:, :, :T].normal_()
-            kv_bytes = sum(k[:, :, :T].numel() * k.element_size() for k in runner.keys + runner.values)
-            floor = (weights + kv_bytes) / bandwidth
-            taps_out = torch.zeros(B, block, runner.tap_width, device=device, dtype=runner.dtype)
-            for L, name in ((1, "ar_step"), (block, "verify")):
-                ids = torch.randint(0, min(1000, target.config.vocab_size), (B, L), device=device)
-                rows, starts = list(range(B)), [T] * B
-                for _ in range(3):
-                    runner.forward_rows(ids, rows, starts, taps_out[:, :L])
-                samples = []
-                for _ in range(args.steps):
-                    start = sync(device)
-                    runner.forward_rows(ids, rows, starts, taps_out[:, :L])
-                    samples.append(sync(device) - start)
-                p50 = statistics.median(samples)
-                row = {"section": "shape", "system": name, "batch": B, "context": T, "rows_per_seq": L,
-                       "p50_ms": p50 * 1e3, "floor_ms": floor * 1e3, "over_floor": p50 / floor}
-                report["rows"].append(row)
-                log(f"B={B:2d} T={T:6d} {name:8s} p50 {p50 * 1e3:8.2f} ms  floor {floor * 1e3:7.2f} ms  "
-                    f"x{p50 / floor:.2f}")
-            # the drafter's proposal for one row at T (the batched round drafts row by row)
-            cache = preallocated_cache(drafter, T + block + 1, device, T + block)
-            features = torch.randn(1, T, runner.tap_width, device=device, dtype=runner.dtype)
-            commit_context(drafter, cache, features)
+            for engine in engines:  # the batched verify: host-length, and the fused layers' fixed-shape step
+                session = session_for(target, T + block + 1, taps, engine, batch=B)
+                runner = session.runner
+                for k, v in zip(runner.keys, runner.values):  # the context's entries (random; values time the same)
+                    k[:, :, :T].normal_()
+                    v[:, :, :T].normal_()
+                kv_bytes = sum(k[:, :, :T].numel() * k.element_size() for k in runner.keys + runner.values)
+                floor = (weights + kv_bytes) / bandwidth
+                verify = _Verify(session, True if engine != "eager" else None)
+                taps_out = torch.zeros(B, block, runner.tap_width, device=device, dtype=runner.dtype)
+                for L, name in ((1, "ar_step"), (block, "verify")):
+                    ids = torch.randint(0, min(1000, target.config.vocab_size), (B, L), device=device)
+                    p50 = timed(lambda: verify(ids, list(range(B)), [T] * B, taps_out[:, :L]), args.steps, device)
+                    report["rows"].append({"section": "shape", "system": name, "engine": engine, "batch": B,
+                                           "context": T, "rows_per_seq": L, "p50_ms": p50 * 1e3,
+                                           "floor_ms": floor * 1e3, "over_floor": p50 / floor})
+                    log(f"B={B:2d} T={T:6d} {name:8s} {engine:6s} p50 {p50 * 1e3:8.2f} ms  floor {floor * 1e3:7.2f} ms"
+                        f"  x{p50 / floor:.2f}")
+                del session, runner, verify
+                release_fast_state(target)
+            # the drafter's proposals for B rows at T, one drafter forward (modeling/drafter_rows.py)
+            caches = []
+            for _ in range(B):
+                cache = preallocated_cache(drafter, T + block + 1, device, T + block)
+                commit_context(drafter, cache, torch.randn(1, T, len(taps) * target.config.hidden_size, device=device,
+                                                           dtype=drafter.fc.weight.dtype))
+                caches.append(cache)
             last = torch.zeros(1, dtype=torch.long, device=device)
-            samples = []
-            for i in range(args.steps + 3):
-                start = sync(device)
-                propose(drafter, last, None, cache, T, block - 1, lambda logits, first_slot=0: (logits.argmax(-1),
-                                                                                               None))
-                if i >= 3:
-                    samples.append(sync(device) - start)
-            p50 = statistics.median(samples)
-            report["rows"].append({"section": "shape", "system": "draft_one_row", "batch": B, "context": T,
+            p50 = timed(lambda: propose_rows(drafter, [last] * B, [None] * B, caches, [T] * B, [block - 1] * B,
+                                             [greedy] * B), args.steps, device)
+            report["rows"].append({"section": "shape", "system": "draft_rows", "batch": B, "context": T,
                                    "p50_ms": p50 * 1e3})
-            log(f"B={B:2d} T={T:6d} draft (one row) p50 {p50 * 1e3:8.2f} ms")
-            by = {r["system"]: r for r in report["rows"] if r["section"] == "shape" and r["batch"] == B
-                  and r["context"] == T}
-            report["ratios"][f"batched_ar_over_floor_t{T}_b{B}"] = by["ar_step"]["over_floor"]
-            report["ratios"][f"batched_verify_over_ar_t{T}_b{B}"] = by["verify"]["p50_ms"] / by["ar_step"]["p50_ms"]
-            report["ratios"][f"batched_round_over_ar_t{T}_b{B}"] = (
-                (by["verify"]["p50_ms"] + B * by["draft_one_row"]["p50_ms"]) / by["ar_step"]["p50_ms"])
-            del session, runner
-            release_fast_state(target)
+            log(f"B={B:2d} T={T:6d} draft ({B} rows, one drafter forward) p50 {p50 * 1e3:8.2f} ms")
+            del caches
+            by = {(r["system"], r.get("engine")): r for r in report["rows"] if r["section"] == "shape"
+                  and r["batch"] == B and r["context"] == T}
+            for engine in engines:
+                ar, ver = by[("ar_step", engine)], by[("verify", engine)]
+                report["ratios"][f"batched_ar_over_floor_{engine}_t{T}_b{B}"] = ar["over_floor"]
+                report["ratios"][f"batched_verify_over_ar_{engine}_t{T}_b{B}"] = ver["p50_ms"] / ar["p50_ms"]
+                report["ratios"][f"batched_round_over_ar_{engine}_t{T}_b{B}"] = (
+                    (ver["p50_ms"] + by[("draft_rows", None)]["p50_ms"]) / ar["p50_ms"])
             save()
 
 
@@ -308,7 +331,8 @@ def plot_pair(report: dict, path: Path) -> bool:
     except ImportError:
         log('matplotlib is not installed: no plot written (pip install "fold-hf[demo]")')
         return False
-    labels = {"fold_batched": "FOLD, batched rounds", "fold_rows": "FOLD, one call per row",
+    labels = {"fold_batched": "FOLD, batched rounds", "fold_batched_graphs": "FOLD, batched rounds (graphs)",
+              "ar_batched_graphs": "AR, batched (graphs)", "fold_rows": "FOLD, one call per row",
               "fold_rows_graphs": "FOLD, one call per row (graphs)", "ar_batched": "AR, batched (ours)",
               "hf_batched": "AR, transformers' batched generate"}
     fig, ax = plt.subplots(figsize=(6.4, 4.0))

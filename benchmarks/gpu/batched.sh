@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 35, batched rounds on one H200, one device call, about 5-7 minutes (no GGUF needed for part 1):
 #   1. benchmarks/batched_bench.py --shape: a random Llama-3.1-8B-shape target (bf16) with B = 1, 2, 4, 8, 16 cache rows
-#      at 8K and 32K: forward_rows with 1 token a row (the batched AR step) and 16 (a verify block) against the memory
-#      floor (weights once + B rows' KV), and one row's draft at that context; ~3 minutes;
+#      at 8K and 32K: the batched verify with 1 token a row (the batched AR step) and a block a row, host-length
+#      (eager) and captured (graphs: the fused layers' step), against the memory floor (weights once + B rows' KV),
+#      and the B rows' drafts in one drafter forward; ~3-4 minutes (the graphs are captured per B and T);
 #   2. the pair section on the embedded SmolLM2 pair (needs env.sh's GGUF staged: SKIP_PAIR=1 without it): B = 1, 2,
-#      4, 8 prompts of 1,024 tokens, 64 new tokens, whole calls: batched FOLD, the rows one call each (eager and
-#      graphs engines), batched AR and transformers' batched generate; ~2-3 minutes.
+#      4, 8 prompts of 1,024 tokens, 64 new tokens, whole calls: batched FOLD and AR (eager and graphs engines), the
+#      rows one call each (eager and graphs), transformers' batched generate; ~3 minutes.
 #
 #   bash benchmarks/gpu/batched.sh [OUT_DIR]   -> OUT_DIR/{shape,pair}/{bench.log, batched.json, batched.csv}
 #   SKIP_SHAPE=1, SKIP_PAIR=1; SHAPE_ARGS / PAIR_ARGS are added to each command; SHAPE_TIMEOUT (260 s) and

@@ -217,6 +217,60 @@ def test_routed_generate_runs_batched_rounds(pair, forwards):
     assert max(len(rows) for rows, _, _ in forwards) == 3
 
 
+@pytest.mark.parametrize("mode", ["fold", "window"])
+def test_the_static_engine_verifies_the_batch_as_a_fixed_shape_step(pair, forwards, mode):
+    """engine='static' with the fused layers (their torch twins here): the batched verify runs as the session's
+    fixed-shape steps (the graphs engine captures the same function), not through forward_rows, and every row is
+    still its own greedy output with the eager engine's proposals and acceptances."""
+    from fold_hf.generation.fast.session import session_for  # noqa: F401  (the session the steps live in)
+
+    target, drafter = pair
+    ids, mask = left_pad(ROWS)
+    eos = 2  # row 1 stops early: the running rows change, and the step with them
+    rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5)]
+    ids, mask = left_pad(rows)
+    news = [alone(target, r, eos=eos) for r in rows]
+    out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static", fused_layers=True,
+                                return_stats=True, eos_token_id=eos, fold_config=mode_config(mode))
+    session = target.__dict__[SESSION_ATTR]
+    keys = [key for key in session.steps if key[0] == "rows"]
+    release_fast_state(target)
+    assert out.batched and not forwards  # verified by the steps, not forward_rows
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
+    assert {key[1] for key in keys} >= {(0, 1, 2), (0, 2)}, keys  # all three rows, then the two still running
+    eager = batched(target, drafter, ids, mask, eos_token_id=eos, fold_config=mode_config(mode))
+    for mine, theirs in zip(out.rows, eager.rows):
+        assert mine.proposals == theirs.proposals and mine.acceptance_lengths == theirs.acceptance_lengths
+
+
+@pytest.mark.gpu(reason="CUDA graphs: the captured batched verify")
+@pytest.mark.parametrize("engine", ["graphs", "eager"])
+def test_batched_rounds_on_the_gpu_are_each_row_alone(engine):
+    """On CUDA (fp32): the graphs engine's captured batched verify (fused Triton layers) and the eager engine give
+    every row its own greedy output, with rows stopping early (the running rows change the captured step)."""
+    from tiny import pair_on_gpu
+
+    for target, drafter in pair_on_gpu("llama"):
+        rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5), row_prompt(1, 90)]
+        ids, mask = left_pad(rows)
+        news = [target.generate(r[None].cuda(), max_new_tokens=NEW, do_sample=False, eos_token_id=2,
+                                pad_token_id=2)[0, len(r):].tolist() for r in rows]
+        out = fold_hf.fast_generate(target, drafter, ids.cuda(), mask.cuda(), max_new_tokens=NEW, engine=engine,
+                                    eos_token_id=2, return_stats=True, fold_config=mode_config("fold"))
+        assert out.batched
+        assert torch.equal(out.sequences.cpu(), expected_batch(ids, news, pad=2))
+
+
+def test_the_static_engine_without_fused_layers_says_it_verifies_host_length(pair):
+    target, drafter = pair
+    ids, mask = left_pad(ROWS[:2])
+    with pytest.warns(UserWarning, match="batched rounds on engine 'static' verify host-length"):
+        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=4, engine="static",
+                                    return_stats=True)
+    release_fast_state(target)
+    assert out.batched
+
+
 # ------------------------------------------------------------------------------------------------ sampling
 @pytest.fixture(scope="module")
 def sampling_pair():
@@ -284,16 +338,13 @@ def test_a_generator_list_must_have_one_per_row(pair):
         fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=2, do_sample=True, generator=[1, 2, 3])
 
 
-@pytest.mark.parametrize("why", ["static engine", "cmr", "gemma"])
+@pytest.mark.parametrize("why", ["cmr", "gemma"])
 def test_what_batched_rounds_do_not_take_runs_row_by_row_naming_why(pair, monkeypatch, why):
     target, drafter = pair
     kw = {}
-    expected = {"static engine": "engine 'static' captures one row's rounds",
-                "cmr": "mode 'cmr' reads the target's attention of one row at a time",
+    expected = {"cmr": "mode 'cmr' reads the target's attention of one row at a time",
                 "gemma": "GemmaStaticTarget keeps one row per cache"}[why]
-    if why == "static engine":
-        kw["engine"] = "static"
-    elif why == "cmr":
+    if why == "cmr":
         kw["fold_config"] = mode_config("cmr")
     else:
         target, drafter = trained_pair("gemma3")
@@ -331,10 +382,11 @@ def test_batched_bench_dry_run_writes_both_sections(tmp_path):
         anatomy = pair[(system, 3)]
         assert anatomy["rounds"] > 0 and anatomy["verify_ms_per_round"] > 0
         assert anatomy["round_ms_per_round"] >= anatomy["draft_ms_per_round"] + anatomy["verify_ms_per_round"]
-    shape = {(r["system"], r["batch"]) for r in report["rows"] if r["section"] == "shape"}
-    assert shape == {(s, b) for s in ("ar_step", "verify", "draft_one_row") for b in (1, 3)}
+    shape = {(r["system"], r.get("engine"), r["batch"]) for r in report["rows"] if r["section"] == "shape"}
+    assert shape == {(s, e, b) for s in ("ar_step", "verify") for e in ("eager", "static") for b in (1, 3)} | {
+        ("draft_rows", None, b) for b in (1, 3)}
     assert {"fold_batched_over_fold_rows_time_b3", "fold_batched_over_ar_batched_throughput_b3",
-            "ar_batched_over_hf_batched_throughput_b3", "batched_ar_over_floor_t64_b3",
-            "batched_round_over_ar_t64_b3"} <= set(report["ratios"])
+            "ar_batched_over_hf_batched_throughput_b3", "batched_ar_over_floor_static_t64_b3",
+            "batched_round_over_ar_eager_t64_b3"} <= set(report["ratios"])
     assert (tmp_path / "batched.csv").read_text().startswith("batch,")
     assert (tmp_path / "batched_throughput.png").stat().st_size > 0

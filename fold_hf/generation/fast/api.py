@@ -99,12 +99,12 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
     device = input_ids.device
     batched = None  # why a batch is not run in batched rounds (None: it is)
     if needs_rows(input_ids, attention_mask) and input_ids.shape[0] > 1:
-        batched = batched_unsupported(target, drafter, engine or "eager", request)
+        batched = batched_unsupported(target, drafter, request)
         if engine is None and batched is None:
             engine = "eager"  # batched rounds run host lengths (fold_hf.generation.fast.batched)
             if device.type == "cuda":
-                warn_once("fast_generate: a batch runs batched host-length rounds (engine 'eager'); captured "
-                          "batched rounds (static, graphs) are not built yet")
+                warn_once("fast_generate: a batch runs batched rounds on engine 'eager' by default (host-length "
+                          "verify); engine='graphs' captures the batched verify (not yet measured on a GPU)")
     if engine is None:
         engine = "graphs" if device.type == "cuda" else "static" if request.exact else "eager"
     if engine not in ENGINES:
@@ -119,7 +119,8 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
                             target_attention=target_attention, fused_layers=fused_layers)
     if needs_rows(input_ids, attention_mask):
         if input_ids.shape[0] > 1 and batched is None:
-            return decode_batched(target, drafter, input_ids, attention_mask, request, budget, prefill_chunk)
+            return decode_batched(target, drafter, input_ids, attention_mask, request, budget, prefill_chunk, engine,
+                                  fused_layers)
         return decode_rows(row, target, input_ids, attention_mask, request, budget,
                            why=batched or "one padded prompt")
     result = row(input_ids, request.for_row(0, budget))

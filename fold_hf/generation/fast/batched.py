@@ -24,10 +24,11 @@ they sample the same tokens as alone.
 Exact mode (``exact=True``, docs/exact-mode.md): the verify forward runs exact mode's kernels, each row as its own
 verify step, so a batched row's tokens have the bits of that row decoded alone in exact mode (bf16 included).
 
-Where it runs (:func:`batched_unsupported`): host-length rounds (the ``eager`` engine, the default for a batch) of a
-family whose runner holds rows (the Llama family). The static and graphs engines' device-length rounds, the other
-families and ``cmr`` (its refreshes read one row's target attention) decode the rows one after another
-(:func:`fold_hf.generation.batch.decode_rows`), which says so once, naming why.
+Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama family), every engine: the
+``eager`` engine (the default for a batch) verifies host-length; ``static`` and ``graphs`` verify through the fused
+layers as a fixed-shape step (a CUDA graph in ``graphs``, :class:`_Verify`), while drafting and acceptance stay on
+the host. The other families and ``cmr`` (its refreshes read one row's target attention) decode the rows one after
+another (:func:`fold_hf.generation.batch.decode_rows`), which says so once, naming why.
 """
 
 from __future__ import annotations
@@ -48,12 +49,8 @@ from ..tracker import Tracker, clock
 from .session import session_for
 
 
-def batched_unsupported(target, drafter, engine: str, request: GenerationRequest) -> str | None:
-    """Why a batch cannot run in batched rounds on ``engine`` (None when it can); its rows are then decoded one
-    after another."""
-    if engine != "eager":
-        return (f"engine {engine!r} captures one row's rounds; batched rounds run host lengths (engine='eager', the "
-                "default for a batch)")
+def batched_unsupported(target, drafter, request: GenerationRequest) -> str | None:
+    """Why a batch cannot run in batched rounds (None when it can); its rows are then decoded one after another."""
     reason = batch_unsupported_reason(target)
     if reason is not None:
         return reason
@@ -82,9 +79,11 @@ class _Row:
 
 @torch.no_grad()
 def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   request: GenerationRequest, budget: int, prefill_chunk: int):
+                   request: GenerationRequest, budget: int, prefill_chunk: int, engine: str = "eager",
+                   fused_layers: bool | None = None):
     """The rows of ``input_ids`` ``[B, L]`` (left padding marked by ``attention_mask``; validated, and
-    :func:`batched_unsupported` None) in batched rounds, ``budget`` new tokens at most per row.
+    :func:`batched_unsupported` None) in batched rounds, ``budget`` new tokens at most per row. ``engine``: how the
+    verify forward runs (:class:`_Verify`); ``fused_layers`` as in :func:`~fold_hf.generation.fast.fast_generate`.
 
     Returns:
         what :func:`fold_hf.generation.batch.assemble` returns (``batched=True`` on a :class:`BatchGenerationResult`).
@@ -97,8 +96,9 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
     with drafter_for_call(target, drafter, request.fold_config):
         slots = num_proposals(drafter)
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-        session = session_for(target, longest + budget + slots + 1, taps, "eager", request.exact, batch=batch)
+        session = session_for(target, longest + budget + slots + 1, taps, engine, request.exact, batch=batch)
         runner, device = session.runner, session.device
+        verify = _Verify(session, fused_layers)
         taps_out = (torch.zeros(batch, slots + 1, runner.tap_width, device=device, dtype=runner.dtype)
                     if drafter is not None and runner.num_taps else None)
         sampling = request.sampling()
@@ -122,12 +122,12 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
             row = _Row(i, prompt, out, choice, cache, last, prompt.shape[1], first_token_at=clock(device))
             row.end = row.first_token_at
             rows.append(row)
-        _rounds(runner, drafter, rows, budget, slots, taps_out)
+        _rounds(verify, drafter, rows, budget, slots, taps_out)
         results = [_result(row, started, drafter) for row in rows]  # the call's reading mode
     return assemble(input_ids, results, request, pad, batched=True)
 
 
-def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out: torch.Tensor | None) -> None:
+def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out: torch.Tensor | None) -> None:
     """Rounds until every row has stopped (module docstring). Inside
     :func:`~fold_hf.generation.rounds.round_phases` the drafts (all rows), the verify forward and the whole rounds are
     timed (each part ends with a device synchronisation)."""
@@ -137,7 +137,7 @@ def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         if not active:
             return
         if phases is not None:
-            started = clock(runner.device)
+            started = clock(verify.device)
         counts = {}
         for row in active:  # 1. drafts: every row that may still take proposals, in one drafter forward
             k = min(slots, budget - len(row.out.tokens) - 1)
@@ -162,10 +162,10 @@ def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out
                            for row in active])
         features = taps_out[: len(active), :width] if taps_out is not None else None
         if phases is not None:
-            drafted = clock(runner.device)
-        logits = runner.forward_rows(ids, [row.index for row in active], [row.position for row in active], features)
+            drafted = clock(verify.device)
+        logits = verify(ids, [row.index for row in active], [row.position for row in active], features)
         if phases is not None:
-            verified = clock(runner.device)
+            verified = clock(verify.device)
         for a, row in enumerate(active):  # 3. each row's acceptance
             k = row.proposals.shape[0]
             there = row.proposals.to(logits.device)
@@ -188,6 +188,64 @@ def _rounds(runner, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             phases.draft_s += drafted - started
             phases.verify_s += verified - drafted
             phases.round_s += now - started
+
+
+class _Verify:
+    """The batched verify forward ``(ids [A, W], cache rows, starts, features [A, W, T] or None) -> logits [A, W, V]``.
+
+    Engine ``eager``: :meth:`~fold_hf.targets.base.StaticTarget.forward_rows` (host lengths). Engines ``static`` and
+    ``graphs``: the family's fused layers over every row (``_fused_layers(rows=...)``: the GEMMs shared, each row's
+    rope, cache write and decode attention its own launch at a context length read from the device) as a fixed-shape
+    step of the session (a CUDA graph in ``graphs``), keyed by the running rows, the block width and the attention
+    bucket of the longest row, replayed from persistent buffers; when the fused layers cannot run the target, the
+    host-length forward, said once with the reason.
+    """
+
+    def __init__(self, session, fused_layers: bool | None) -> None:
+        from .settings import resolve_fused_layers, warn_once
+
+        self.session, self.runner, self.device = session, session.runner, session.device
+        self.engine = session.engine
+        self.fused = False
+        if self.engine != "eager":
+            self.fused = session.runner.exact or resolve_fused_layers(fused_layers, "triton", session.runner,
+                                                                      self.engine)
+            if not self.fused:
+                why = self.runner.fused_unsupported() or "off by default off CUDA; fused_layers=True runs their twins"
+                warn_once(f"batched rounds on engine {self.engine!r} verify host-length (engine 'eager'): the fused "
+                          f"layers are off here ({why})")
+        self.buffers: dict[tuple, tuple] = {}
+
+    def __call__(self, ids: torch.Tensor, rows: list[int], starts: list[int], features):
+        if not self.fused:
+            return self.runner.forward_rows(ids, rows, starts, features)
+        from ...targets.base import bucket_length
+
+        runner = self.runner
+        A, W = ids.shape
+        if max(starts) + W > runner.capacity:
+            raise ValueError(f"{max(starts) + W} tokens exceed the cache capacity {runner.capacity}")
+        if (A, W) not in self.buffers:
+            taps = (torch.zeros(A, W, runner.tap_width, device=self.device, dtype=runner.dtype)
+                    if features is not None else None)
+            self.buffers[(A, W)] = (torch.zeros(A, W, dtype=torch.long, device=self.device),
+                                    torch.zeros(A, W, dtype=torch.long, device=self.device),
+                                    torch.zeros(A, 1, dtype=torch.int32, device=self.device), taps)
+        ids_buf, positions, lengths, taps = self.buffers[(A, W)]
+        starts_t = torch.tensor(starts, dtype=torch.long, device=self.device)
+        ids_buf.copy_(ids)
+        positions.copy_(starts_t[:, None] + torch.arange(W, device=self.device))
+        lengths.copy_(starts_t[:, None])
+        bucket = bucket_length(max(starts) + W, runner.capacity)
+        per_row = [(row, lengths[a], bucket) for a, row in enumerate(rows)]
+
+        def step():
+            return runner._fused_layers(ids_buf, positions, bucket, taps, rows=per_row)
+
+        logits = self.session.step(("rows", tuple(rows), W, bucket, taps is not None), step).replay()
+        if features is not None:
+            features.copy_(taps)
+        return logits
 
 
 def _result(row: _Row, started: float, drafter) -> GenerationResult:
