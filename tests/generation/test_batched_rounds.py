@@ -261,7 +261,10 @@ def test_batched_rounds_on_the_gpu_are_each_row_alone(engine):
         assert torch.equal(out.sequences.cpu(), expected_batch(ids, news, pad=2))
 
 
-def test_the_static_engine_without_fused_layers_says_it_verifies_host_length(pair):
+def test_the_static_engine_without_fused_layers_says_it_verifies_host_length(pair, monkeypatch):
+    from fold_hf.generation.fast import settings
+
+    monkeypatch.setattr(settings, "_WARNED", set())  # said once per process: another test may have said it already
     target, drafter = pair
     ids, mask = left_pad(ROWS[:2])
     with pytest.warns(UserWarning, match="batched rounds on engine 'static' verify host-length"):
