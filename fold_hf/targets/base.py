@@ -320,17 +320,12 @@ class StaticTarget(abc.ABC):
         Returns:
             logits ``[A, L, V]`` in the model's dtype.
         """
-        if not self.batched_rows:
-            raise UnsupportedTarget(batch_unsupported(type(self).__name__))
+        self.check_rows(input_ids, rows, starts)
         A, L = input_ids.shape
-        if len(rows) != A or len(starts) != A:
-            raise ValueError(f"{A} rows of tokens need {A} cache rows and starts, got {len(rows)} and {len(starts)}")
-        for row, start in zip(rows, starts):
-            self._check_row(row)
-            if start + L > self.capacity:
-                raise ValueError(f"row {row}: {start + L} tokens exceed the cache capacity {self.capacity}")
         if self.exact:  # the exact kernels, each row as its own verify step (the family's fused layers)
-            return self._forward_rows_fused(input_ids, rows, starts, taps_out)
+            positions = torch.stack([torch.arange(s, s + L, device=self.device) for s in starts])
+            return self.forward_rows_static(input_ids, positions, rows, bucket_length(max(starts) + L, self.capacity),
+                                            taps_out)
         cos = torch.stack([self.cos[s : s + L] for s in starts])  # [A, L, D]
         sin = torch.stack([self.sin[s : s + L] for s in starts])
         masks = [self.prefix_mask(L, start) for start in starts]  # built once per forward, not per layer
@@ -347,10 +342,25 @@ class StaticTarget(abc.ABC):
         logits = self._run_layers(input_ids, cos, sin, write_kv, attend, taps_out, last_only=False)
         return logits if logits.dim() == 3 else logits[None]
 
-    def _forward_rows_fused(self, input_ids: torch.Tensor, rows: list[int], starts: list[int],
-                            taps_out: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`forward_rows` in exact mode (a family that runs exact mode gives it)."""
-        raise UnsupportedTarget(f"exact mode's rows: {self.exact_unsupported()}")
+    def check_rows(self, input_ids: torch.Tensor, rows: list[int], starts: list[int]) -> None:
+        """Raise unless ``input_ids [A, L]`` can run as cache rows ``rows`` at ``starts`` (:meth:`forward_rows`)."""
+        if not self.batched_rows:
+            raise UnsupportedTarget(batch_unsupported(type(self).__name__))
+        A, L = input_ids.shape
+        if len(rows) != A or len(starts) != A:
+            raise ValueError(f"{A} rows of tokens need {A} cache rows and starts, got {len(rows)} and {len(starts)}")
+        for row, start in zip(rows, starts):
+            self._check_row(row)
+            if start + L > self.capacity:
+                raise ValueError(f"row {row}: {start + L} tokens exceed the cache capacity {self.capacity}")
+
+    def forward_rows_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: list[int], bucket: int,
+                            taps_out: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`forward_rows` with fixed shapes, nothing read on the host (CUDA-graph friendly): ``input_ids
+        [A, L]`` of cache rows ``rows`` at ``positions [A, L]`` (device; each row's consecutive, its context length
+        its first), keys read up to ``bucket`` (static, above every row's last position); the family's fused layers.
+        Returns logits ``[A, L, V]``; raises :class:`UnsupportedTarget` where the family has none."""
+        raise UnsupportedTarget(f"fused layers over rows: {self.fused_unsupported()}")
 
     def _fused_prefill(self) -> bool:
         """Whether :meth:`prefill` runs its chunks through the family's fused layers (``_prefill_chunk_fused``)."""

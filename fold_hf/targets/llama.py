@@ -306,7 +306,7 @@ class LlamaStaticTarget(StaticTarget):
 
         with torch.no_grad():
             logits = self._fused_layers(input_ids, positions, start + L, taps_out, attend=attend, last_only=True,
-                                        row=row)
+                                        rows=(row,))
         self.length = start + L
         return logits
 
@@ -322,17 +322,15 @@ class LlamaStaticTarget(StaticTarget):
             return self._fused_layers(input_ids, positions, bucket, taps_out)
 
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
-                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False, row: int = 0,
-                      rows: list[tuple[int, torch.Tensor, int]] | None = None) -> torch.Tensor:
-        """The fused layers over ``input_ids [1, L]`` at ``positions [L]`` in cache row ``row`` (logits ``[L, V]``), or
-        with ``rows`` over ``input_ids [A, L]`` at ``positions [A, L]``, row ``a`` in cache row ``rows[a][0]`` with
-        its context length ``rows[a][1]`` (``[1]`` int32) and attention bucket ``rows[a][2]`` (logits ``[A, L, V]``:
-        :meth:`_forward_rows_fused`). Every row's rope, cache write and attention are its own launch, exactly as
-        when it runs alone."""
+                      taps_out: torch.Tensor | None, attend=None, last_only: bool = False, rows=(0,)) -> torch.Tensor:
+        """The fused layers over ``input_ids [1, L]`` at ``positions [L]`` in cache row ``rows[0]`` (logits ``[L, V]``),
+        or over ``input_ids [A, L]`` at ``positions [A, L]``, row ``a`` in cache row ``rows[a]`` (logits ``[A, L, V]``:
+        :meth:`forward_rows_static`). A row's context length is its first position; every row's rope, cache write and
+        attention are its own launch, exactly as when it runs alone."""
         exact = self.exact and attend is None  # exact mode's decode / verify step (a prefill chunk is shared)
         ops, decode = self._fused_ops(exact)
         A, L = input_ids.shape
-        per_row = rows if rows is not None else [(row, positions[:1].to(torch.int32), bucket)]
+        lengths = positions.reshape(A, L)[:, :1].to(torch.int32)  # [A, 1]: each row's context length
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
 
         # a decode step's rows (AR 1, a verify block) go through the skinny GEMMs where the ops have them; a prefill
@@ -356,18 +354,18 @@ class LlamaStaticTarget(StaticTarget):
             v = v.view(A, L, self.num_kv_heads, self.head_dim)
             q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
             outs = []
-            for a, (cache_row, context_length, keys_read) in enumerate(per_row):
+            for a, cache_row in enumerate(rows):
                 keys = self.keys[i][cache_row : cache_row + 1]  # the whole cache at batch 1
                 values = self.values[i][cache_row : cache_row + 1]
                 qa, ka, va = ops.rope_write(q[a : a + 1], k[a : a + 1], v[a : a + 1], self.cos, self.sin,
-                                            positions if rows is None else positions[a], keys, values)
+                                            positions if positions.dim() == 1 else positions[a], keys, values)
                 if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                     self.query_keep[1][:, :, :L].copy_(qa)
                 if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
                     outs.append(attend(i, qa))
                 else:
-                    outs.append(decode(qa, keys, values, ka, va, context_length, scaling=self.scaling,
-                                       max_context_length=keys_read))  # [1, L, Hq, D]
+                    outs.append(decode(qa, keys, values, ka, va, lengths[a], scaling=self.scaling,
+                                       max_context_length=bucket))  # [1, L, Hq, D]
             out = outs[0] if A == 1 else torch.cat(outs)
             norm = layer.post_attention_layernorm
             attn_out = _project(skinny, attn.o_proj, out.reshape(A, L, -1))
@@ -386,20 +384,13 @@ class LlamaStaticTarget(StaticTarget):
             logits = _project(skinny, self.lm_head, normed)
         else:
             logits = linear_module(self.lm_head, normed[:, -1:] if last_only else normed)
-        return logits if rows is not None else logits[0]
+        return logits[0] if positions.dim() == 1 else logits
 
-    def _forward_rows_fused(self, input_ids: torch.Tensor, rows: list[int], starts: list[int],
-                            taps_out: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`~fold_hf.targets.base.StaticTarget.forward_rows` in exact mode: the fused layers with exact mode's
-        kernels, each row's context length and attention bucket those of its own verify step
-        (:func:`~fold_hf.targets.base.bucket_length`), so a row's logits have the bits of that row decoded alone."""
-        from .base import bucket_length
-
-        L = input_ids.shape[1]
-        positions = torch.stack([torch.arange(s, s + L, device=self.device) for s in starts])
-        per_row = [(row, torch.tensor([s], dtype=torch.int32, device=self.device), bucket_length(s + L, self.capacity))
-                   for row, s in zip(rows, starts)]
-        return self._fused_layers(input_ids, positions, 0, taps_out, rows=per_row)
+    def forward_rows_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: list[int], bucket: int,
+                            taps_out: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`~fold_hf.targets.base.StaticTarget.forward_rows_static`: the fused layers over the rows (exact
+        mode's kernels when it is on, so a row's logits have the bits of that row decoded alone)."""
+        return self._fused_layers(input_ids, positions, bucket, taps_out, rows=rows)
 
     def _fused_ops(self, exact: bool):
         """(:class:`~fold_hf.kernels.LayerOps`, decode attention) of the fused layers: exact mode's

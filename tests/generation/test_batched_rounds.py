@@ -243,6 +243,23 @@ def test_the_static_engine_verifies_the_batch_as_a_fixed_shape_step(pair, forwar
         assert mine.proposals == theirs.proposals and mine.acceptance_lengths == theirs.acceptance_lengths
 
 
+def test_the_static_engines_steps_serve_the_next_request_of_the_session(pair):
+    """A second batch of the same shapes on the same session replays the steps the first one built (the same
+    running rows, widths and buckets): they read the session's buffers, so the second batch's rows are its own."""
+    target, drafter = pair
+    first = [row_prompt(6, 23), row_prompt(7, 50), row_prompt(8, 5)]
+    second = [row_prompt(9, 23), row_prompt(10, 50), row_prompt(11, 5)]  # the same lengths, other tokens
+    release_fast_state(target)
+    for rows in (first, second):
+        ids, mask = left_pad(rows)
+        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
+                                    fused_layers=True, return_stats=True)
+        assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in rows], pad=-1))
+    steps = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
+    release_fast_state(target)
+    assert len(steps) == len(set(steps)) and steps  # one step per key, built by the first batch and replayed
+
+
 @pytest.mark.gpu(reason="CUDA graphs: the captured batched verify")
 @pytest.mark.parametrize("engine", ["graphs", "eager"])
 def test_batched_rounds_on_the_gpu_are_each_row_alone(engine):

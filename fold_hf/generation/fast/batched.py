@@ -11,10 +11,9 @@ padding in the cache: a row's prompt is prefilled without its left padding), its
 1. every running row drafts its block from its own cache, all rows in one drafter forward
    (:func:`~fold_hf.modeling.drafter_rows.propose_rows`: the projections and the lm_head shared, each row's read its
    own);
-2. one :meth:`~fold_hf.targets.base.StaticTarget.forward_rows` verifies all of them: ``[A, 1 + k]`` tokens, a row
-   with fewer proposals padded (its padded positions are past what it can keep, so they are rolled back by its
-   length like any rejected entry); the projections read the weights once for the ``A`` rows, each row attends to
-   its own prefix;
+2. one verify forward (:class:`_Verify`) checks all of them: ``[A, 1 + k]`` tokens, a row with fewer proposals
+   padded (its padded positions are past what it can keep, so they are rolled back by its length like any rejected
+   entry); the projections read the weights once for the ``A`` rows, each row attends to its own prefix;
 3. each row accepts, commits and stops on its own; a row that stopped leaves the batch (it costs nothing after).
 
 Greedy rows equal the row decoded alone (the same rule on the same logits, the attention of each row exactly its own);
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...modeling.drafter_rows import propose_rows
+from ...targets.base import bucket_length
 from ...targets.registry import batch_unsupported_reason
 from ..batch import assemble, check_batch, unpadded_rows
 from ..request import GenerationRequest, drafter_for_call, warn_past_context
@@ -47,6 +47,7 @@ from ..static_drafter import commit_context, preallocated_cache
 from ..stats import GenerationResult
 from ..tracker import Tracker, clock
 from .session import session_for
+from .settings import resolve_fused_layers, warn_once
 
 
 def batched_unsupported(target, drafter, request: GenerationRequest) -> str | None:
@@ -194,55 +195,37 @@ class _Verify:
     """The batched verify forward ``(ids [A, W], cache rows, starts, features [A, W, T] or None) -> logits [A, W, V]``.
 
     Engine ``eager``: :meth:`~fold_hf.targets.base.StaticTarget.forward_rows` (host lengths). Engines ``static`` and
-    ``graphs``: the family's fused layers over every row (``_fused_layers(rows=...)``: the GEMMs shared, each row's
-    rope, cache write and decode attention its own launch at a context length read from the device) as a fixed-shape
-    step of the session (a CUDA graph in ``graphs``), keyed by the running rows, the block width and the attention
-    bucket of the longest row, replayed from persistent buffers; when the fused layers cannot run the target, the
-    host-length forward, said once with the reason.
+    ``graphs``: :meth:`~fold_hf.targets.base.StaticTarget.forward_rows_static` (the family's fused layers: the GEMMs
+    shared, each row's rope, cache write and decode attention its own launch at a context length read from the
+    device) as a fixed-shape step of the session (a CUDA graph in ``graphs``), keyed by the running rows, the block
+    width and the attention bucket of the longest row, replayed from the session's buffers; when the fused layers
+    cannot run the target, the host-length forward, said once with the reason.
     """
 
     def __init__(self, session, fused_layers: bool | None) -> None:
-        from .settings import resolve_fused_layers, warn_once
-
         self.session, self.runner, self.device = session, session.runner, session.device
-        self.engine = session.engine
         self.fused = False
-        if self.engine != "eager":
+        if session.engine != "eager":
             self.fused = session.runner.exact or resolve_fused_layers(fused_layers, "triton", session.runner,
-                                                                      self.engine)
+                                                                      session.engine)
             if not self.fused:
                 why = self.runner.fused_unsupported() or "off by default off CUDA; fused_layers=True runs their twins"
-                warn_once(f"batched rounds on engine {self.engine!r} verify host-length (engine 'eager'): the fused "
+                warn_once(f"batched rounds on engine {session.engine!r} verify host-length (engine 'eager'): the fused "
                           f"layers are off here ({why})")
-        self.buffers: dict[tuple, tuple] = {}
 
     def __call__(self, ids: torch.Tensor, rows: list[int], starts: list[int], features):
-        if not self.fused:
-            return self.runner.forward_rows(ids, rows, starts, features)
-        from ...targets.base import bucket_length
-
         runner = self.runner
+        if not self.fused:
+            return runner.forward_rows(ids, rows, starts, features)
+        runner.check_rows(ids, rows, starts)
         A, W = ids.shape
-        if max(starts) + W > runner.capacity:
-            raise ValueError(f"{max(starts) + W} tokens exceed the cache capacity {runner.capacity}")
-        if (A, W) not in self.buffers:
-            taps = (torch.zeros(A, W, runner.tap_width, device=self.device, dtype=runner.dtype)
-                    if features is not None else None)
-            self.buffers[(A, W)] = (torch.zeros(A, W, dtype=torch.long, device=self.device),
-                                    torch.zeros(A, W, dtype=torch.long, device=self.device),
-                                    torch.zeros(A, 1, dtype=torch.int32, device=self.device), taps)
-        ids_buf, positions, lengths, taps = self.buffers[(A, W)]
-        starts_t = torch.tensor(starts, dtype=torch.long, device=self.device)
+        ids_buf, positions, taps = self.session.row_buffers(A, W, features is not None)
         ids_buf.copy_(ids)
-        positions.copy_(starts_t[:, None] + torch.arange(W, device=self.device))
-        lengths.copy_(starts_t[:, None])
+        positions.copy_(torch.tensor(starts, device=self.device)[:, None] + torch.arange(W, device=self.device))
         bucket = bucket_length(max(starts) + W, runner.capacity)
-        per_row = [(row, lengths[a], bucket) for a, row in enumerate(rows)]
-
-        def step():
-            return runner._fused_layers(ids_buf, positions, bucket, taps, rows=per_row)
-
-        logits = self.session.step(("rows", tuple(rows), W, bucket, taps is not None), step).replay()
+        key = ("rows", tuple(rows), W, bucket, taps is not None)
+        logits = self.session.step(key, lambda: runner.forward_rows_static(ids_buf, positions, rows, bucket,
+                                                                          taps)).replay()
         if features is not None:
             features.copy_(taps)
         return logits

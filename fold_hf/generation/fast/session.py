@@ -74,6 +74,19 @@ class Session:
             self.offsets[block] = torch.arange(block, device=self.device)
         return self.ids[block], self.taps[block], self.offsets[block]
 
+    def row_buffers(self, rows: int, width: int, with_taps: bool):
+        """Persistent ``(ids [A, W], positions [A, W], taps [A, W, n_taps * H] or None)`` of a batched verify step
+        over ``A = rows`` rows of ``W = width`` tokens (:class:`fold_hf.generation.fast.batched._Verify`): kept here,
+        as the steps that read them are."""
+        key = ("rows", rows, width, with_taps)
+        if key not in self.ids:
+            runner = self.runner
+            taps = (torch.zeros(rows, width, runner.tap_width, device=self.device, dtype=runner.dtype) if with_taps
+                    else None)
+            self.ids[key] = (torch.zeros(rows, width, dtype=torch.long, device=self.device),
+                             torch.zeros(rows, width, dtype=torch.long, device=self.device), taps)
+        return self.ids[key]
+
     def host_results(self, numel: int) -> list[torch.Tensor]:
         """Two host buffers (pinned on CUDA) receiving a round's result ``[numel]`` (long): one for the round in
         flight, one for the round queued behind it."""
