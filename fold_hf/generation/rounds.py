@@ -113,8 +113,7 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
         if k > 0:
             proposals, q = propose(drafter, last, pending, cache, position, k, choice.picker())
             pending = None  # committed to the drafter's cache by the draft
-            proposals = proposals.to(last.device)
-            k = proposals.shape[0]  # a drafter may propose fewer (a DeepSpec confidence threshold)
+            proposals = proposals.to(last.device)  # maybe fewer than k (a DeepSpec confidence threshold)
         else:
             proposals = last.new_empty(0)
         if phases is not None:
@@ -123,16 +122,8 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
         logits, features = runner.verify(torch.cat((last, proposals))[None], position)
         if phases is not None:
             verified = clock(logits.device)
-        # a target split across devices gives its logits on the lm_head's device
-        there = proposals.to(logits.device)
-        n, final = choice.verify(logits, there, q.to(logits.device) if q is not None else None, k, generated)
-        n = int(n)
-        commit = torch.cat((there[:n], final.to(there.dtype)))
-        if features is not None:
-            accepted = features[:, : n + 1].clone()  # a runner's buffer is rewritten by the next verify
-            pending = accepted if pending is None else torch.cat((pending, accepted), 1)
-        choice.observe(commit)
-        position += n + 1
+        commit, pending = accept(choice, logits, proposals, q, generated, features, pending)
+        position += commit.shape[0]
         out.commit(commit.tolist())
         last = commit[-1:].to(last.device)
         if phases is not None:
@@ -140,6 +131,39 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
             phases.draft_s += drafted - started
             phases.verify_s += verified - drafted
             phases.round_s += clock(last.device) - started
+
+
+def accept(choice, logits: torch.Tensor, proposals: torch.Tensor, q, generated: int, features, pending):
+    """One round's acceptance: ``choice`` verifies the ``k`` ``proposals`` (drawn from ``q [k, V]`` when sampling) on
+    the target's ``logits [k + 1, V]``; the accepted rows of the verify's tapped ``features [1, k + 1, T]`` (or None)
+    join ``pending``, the features the drafter has not committed. Returns (the committed tokens ``[n + 1]``: the
+    accepted proposals and the round's own token, on the logits' device; the new ``pending``)."""
+    # a target split across devices gives its logits on the lm_head's device
+    there = proposals.to(logits.device)
+    n, final = choice.verify(logits, there, q.to(logits.device) if q is not None else None, proposals.shape[0],
+                             generated)
+    n = int(n)
+    commit = torch.cat((there[:n], final.to(there.dtype)))
+    if features is not None:
+        accepted = features[:, : n + 1].clone()  # a runner's buffer is rewritten by the next verify
+        pending = accepted if pending is None else torch.cat((pending, accepted), 1)
+    choice.observe(commit)
+    return commit, pending
+
+
+def result_of(out: Tracker, prompt: torch.Tensor, drafter, ttft_s: float, decode_s: float) -> GenerationResult:
+    """The :class:`GenerationResult` of one prompt ``[1, P]`` whose tokens and statistics ``out`` holds."""
+    sequences = torch.cat((prompt, torch.tensor([out.tokens], dtype=prompt.dtype, device=prompt.device)), dim=1)
+    return GenerationResult(
+        sequences=sequences,
+        acceptance_lengths=out.acceptance,
+        ttft_s=ttft_s,
+        decode_s=decode_s,
+        num_prompt_tokens=prompt.shape[1],
+        mode=drafter.fold_config.mode if drafter is not None and hasattr(drafter, "fold_config") else "ar",
+        finish_reason=out.finish,
+        proposals=out.proposals,
+    )
 
 
 def decode(runner, drafter, input_ids: torch.Tensor, out: Tracker, make_choice, rounds, prefill_chunk: int | None,
@@ -161,15 +185,4 @@ def decode(runner, drafter, input_ids: torch.Tensor, out: Tracker, make_choice, 
     end = clock(device)
     if out.streamer is not None:
         out.streamer.end()
-    sequences = torch.cat((input_ids, torch.tensor([out.tokens], dtype=input_ids.dtype, device=input_ids.device)),
-                          dim=1)
-    return GenerationResult(
-        sequences=sequences,
-        acceptance_lengths=out.acceptance,
-        ttft_s=first_token_at - start,
-        decode_s=end - first_token_at,
-        num_prompt_tokens=prompt_len,
-        mode=drafter.fold_config.mode if drafter is not None and hasattr(drafter, "fold_config") else "ar",
-        finish_reason=out.finish,
-        proposals=out.proposals,
-    )
+    return result_of(out, input_ids, drafter, first_token_at - start, end - first_token_at)

@@ -186,11 +186,11 @@ class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
     KV-shared layers (``self.kv_source[i]`` names the layer that writes them).
     """
 
-    def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=()) -> None:  # noqa: D107
+    def __init__(self, target: nn.Module, capacity: int, tap_layer_ids=(), batch: int = 1) -> None:  # noqa: D107
         model = _unwrap(target)
         check(model, capacity)
         config, decoder = text_parts(model)
-        self._setup(model, config, decoder, capacity, tap_layer_ids)  # config: a wrapper's config.text_config
+        self._setup(model, config, decoder, capacity, tap_layer_ids, batch)  # config: a wrapper's config.text_config
         self.num_heads = config.num_attention_heads
         self.layer_types = list(config.layer_types)
         self.final_softcap = getattr(config, "final_logit_softcapping", None) if _applies_final_softcap(model) else None

@@ -146,11 +146,11 @@ class Qwen35StaticTarget(StaticTarget):
     per-position states pending until :meth:`accept` selects one.
     """
 
-    def __init__(self, target, capacity: int, tap_layer_ids=()) -> None:
+    def __init__(self, target, capacity: int, tap_layer_ids=(), batch: int = 1) -> None:
         model = _unwrap(target)
         check(model, capacity)
         config, decoder = text_parts(model)
-        self._setup(model, config, decoder, capacity, tap_layer_ids)  # config: a wrapper's config.text_config
+        self._setup(model, config, decoder, capacity, tap_layer_ids, batch)  # config: a wrapper's config.text_config
         self.layer_types = list(config.layer_types)
         attn = next(layer.self_attn for layer, t in zip(self.layers, self.layer_types) if t == "full_attention")
         self.num_heads = config.num_attention_heads

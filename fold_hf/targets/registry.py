@@ -22,7 +22,7 @@ from .tensor_parallel import tensor_parallel_size
 class Family(NamedTuple):
     """One target family: what the fast loop builds and asks for an architecture."""
 
-    runner: type[StaticTarget]  # runner(target, capacity, tap_layer_ids)
+    runner: type[StaticTarget]  # runner(target, capacity, tap_layer_ids, batch=1)
     check: Callable[[nn.Module, int | None], None]  # check(unwrapped model, capacity or None)
     prepare_text_request: Callable[[nn.Module], None] | None = None  # before a text request via the model's forward
     tensor_parallel: bool = False  # its runner holds one rank's heads of a tp_plan-sharded target (tensor_parallel.py)
@@ -67,17 +67,12 @@ def _check_sharding(family: Family, model: nn.Module) -> None:
 def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=(), batch: int = 1) -> StaticTarget:
     """The static runner of ``target``'s family over a cache of ``capacity`` tokens (``batch`` rows of it), tapping
     ``tap_layer_ids``; raises :class:`UnsupportedTarget` when no family runs it or, for ``batch > 1``, when its
-    family keeps one row per cache (:func:`batch_unsupported_reason`)."""
+    family keeps one row per cache (the runner's ``_setup`` says so; :func:`batch_unsupported_reason` asks first)."""
     family = family_of(target)
     if family is None:
         check_target(target, capacity)  # raises, naming what the fast loop runs
     _check_sharding(family, _unwrap(target))
-    if batch != 1:
-        reason = batch_unsupported_reason(target)
-        if reason is not None:
-            raise UnsupportedTarget(reason)
-        return family.runner(target, capacity, tap_layer_ids, batch=batch)
-    return family.runner(target, capacity, tap_layer_ids)
+    return family.runner(target, capacity, tap_layer_ids, batch=batch)
 
 
 def batch_unsupported_reason(target: nn.Module) -> str | None:
@@ -99,5 +94,5 @@ def prepare_text_request(target: nn.Module) -> None:
         family.prepare_text_request(_unwrap(target))
 
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "Family", "batch_unsupported_reason", "build_static_target", "check_target", "family_of",
-           "prepare_text_request"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "Family", "batch_unsupported_reason", "build_static_target", "check_target",
+           "family_of", "prepare_text_request"]

@@ -61,8 +61,8 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
 
     Same arguments and result as :func:`fold_hf.generate` (the settings of a
     :class:`~fold_hf.generation.request.GenerationRequest`); a batch ``[B, L]`` (left-padded, ``attention_mask``) runs
-    in batched rounds (:mod:`~fold_hf.generation.fast.batched`: the ``eager`` engine, the Llama family), anything
-    else row by row, saying once why. Plus:
+    in batched rounds (:mod:`~fold_hf.generation.fast.batched`, the Llama family), anything else row by row, saying
+    once why. Plus:
 
     Args:
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (docs/fast-loop.md); default ``graphs`` on CUDA,
@@ -76,7 +76,7 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
 
     ``exact=True`` (docs/exact-mode.md): a token's logits have the same bits in an AR step and in a verify block,
     so greedy speculative output equals ``exact=True`` AR output bit for bit. It runs the static and graphs engines
-    (default ``static`` off CUDA) with ``target_attention="triton"`` and the fused layers of a Llama-family target
+    (default ``static`` off CUDA; a batch's batched rounds on any engine) with ``target_attention="triton"`` and the fused layers of a Llama-family target
     on CUDA (or a CPU under ``TRITON_INTERPRET=1``); anything else raises ValueError (``ExactUnavailable`` for the
     device or the target) naming why.
 
@@ -97,14 +97,14 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
     if reason is not None:
         raise ValueError(f"fast_generate cannot run this request: {reason}")
     device = input_ids.device
-    batched = None  # why a batch is not run in batched rounds (None: it is)
-    if needs_rows(input_ids, attention_mask) and input_ids.shape[0] > 1:
-        batched = batched_unsupported(target, drafter, request)
-        if engine is None and batched is None:
-            engine = "eager"  # batched rounds run host lengths (fold_hf.generation.fast.batched)
-            if device.type == "cuda":
-                warn_once("fast_generate: a batch runs batched rounds on engine 'eager' by default (host-length "
-                          "verify); engine='graphs' captures the batched verify (not yet measured on a GPU)")
+    several = needs_rows(input_ids, attention_mask) and input_ids.shape[0] > 1
+    why_rows = batched_unsupported(target, drafter, request) if several else None  # None: batched rounds take it
+    batch_rounds = several and why_rows is None
+    if batch_rounds and engine is None:
+        engine = "eager"  # batched rounds verify host-length by default (fold_hf.generation.fast.batched)
+        if device.type == "cuda":
+            warn_once("fast_generate: a batch runs batched rounds on engine 'eager' by default (host-length "
+                      "verify); engine='graphs' captures the batched verify (not yet measured on a GPU)")
     if engine is None:
         engine = "graphs" if device.type == "cuda" else "static" if request.exact else "eager"
     if engine not in ENGINES:
@@ -113,16 +113,14 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
         raise ValueError("engine='graphs' needs CUDA tensors; use engine='eager' or 'static' on CPU")
     target_attention = resolve_target_attention(target_attention, device, request.exact)
     if request.exact:
-        check_exact_settings(engine, target_attention, fused_layers, batched=batched is None and
-                             needs_rows(input_ids, attention_mask) and input_ids.shape[0] > 1)
+        check_exact_settings(engine, target_attention, fused_layers, batched=batch_rounds)
     row = functools.partial(_fast_row, target, drafter, engine=engine, prefill_chunk=prefill_chunk,
                             target_attention=target_attention, fused_layers=fused_layers)
+    if batch_rounds:
+        return decode_batched(target, drafter, input_ids, attention_mask, request, budget, prefill_chunk, engine,
+                              fused_layers)
     if needs_rows(input_ids, attention_mask):
-        if input_ids.shape[0] > 1 and batched is None:
-            return decode_batched(target, drafter, input_ids, attention_mask, request, budget, prefill_chunk, engine,
-                                  fused_layers)
-        return decode_rows(row, target, input_ids, attention_mask, request, budget,
-                           why=batched or "one padded prompt")
+        return decode_rows(row, target, input_ids, attention_mask, request, budget, why=why_rows or "one padded prompt")
     result = row(input_ids, request.for_row(0, budget))
     return result if request.return_stats else result.sequences
 

@@ -41,10 +41,9 @@ from ...targets.base import bucket_length
 from ...targets.registry import batch_unsupported_reason
 from ..batch import assemble, check_batch, unpadded_rows
 from ..request import GenerationRequest, drafter_for_call, warn_past_context
-from ..rounds import num_proposals, round_phases_in_effect
+from ..rounds import accept, num_proposals, result_of, round_phases_in_effect
 from ..sampling import TokenChoice
 from ..static_drafter import commit_context, preallocated_cache
-from ..stats import GenerationResult
 from ..tracker import Tracker, clock
 from .session import session_for
 from .settings import resolve_fused_layers, warn_once
@@ -124,7 +123,8 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
             row.end = row.first_token_at
             rows.append(row)
         _rounds(verify, drafter, rows, budget, slots, taps_out)
-        results = [_result(row, started, drafter) for row in rows]  # the call's reading mode
+        results = [result_of(row.out, row.prompt, drafter, row.first_token_at - started,  # the call's reading mode
+                             row.end - row.first_token_at) for row in rows]
     return assemble(input_ids, results, request, pad, batched=True)
 
 
@@ -139,20 +139,19 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             return
         if phases is not None:
             started = clock(verify.device)
-        counts = {}
+        drafting, counts = [], []
         for row in active:  # 1. drafts: every row that may still take proposals, in one drafter forward
             k = min(slots, budget - len(row.out.tokens) - 1)
             row.choice.refill()
             row.q, row.proposals = None, row.last.new_empty(0)
             if k > 0:
-                counts[row.index] = k
-        drafting = [row for row in active if row.index in counts]
+                drafting.append(row)
+                counts.append(k)
         if drafting:
-            drafted = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
-                                   [row.cache for row in drafting], [row.position for row in drafting],
-                                   [counts[row.index] for row in drafting],
-                                   [row.choice.picker() for row in drafting])
-            for row, (proposals, q) in zip(drafting, drafted):
+            proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
+                                    [row.cache for row in drafting], [row.position for row in drafting], counts,
+                                    [row.choice.picker() for row in drafting])
+            for row, (proposals, q) in zip(drafting, proposed):
                 row.pending = None  # committed to the drafter's cache by the draft
                 row.proposals, row.q = proposals.to(row.last.device), q
         for row in active:
@@ -169,16 +168,9 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             verified = clock(verify.device)
         for a, row in enumerate(active):  # 3. each row's acceptance
             k = row.proposals.shape[0]
-            there = row.proposals.to(logits.device)
-            q = row.q.to(logits.device) if row.q is not None else None
-            n, final = row.choice.verify(logits[a, : k + 1], there, q, k, len(row.out.tokens))
-            n = int(n)
-            commit = torch.cat((there[:n], final.to(there.dtype)))
-            if features is not None:
-                accepted = features[a : a + 1, : n + 1].clone()  # the buffer is rewritten by the next verify
-                row.pending = accepted if row.pending is None else torch.cat((row.pending, accepted), 1)
-            row.choice.observe(commit)
-            row.position += n + 1
+            commit, row.pending = accept(row.choice, logits[a, : k + 1], row.proposals, row.q, len(row.out.tokens),
+                                         features[a : a + 1] if features is not None else None, row.pending)
+            row.position += commit.shape[0]
             row.out.commit(commit.tolist())
             row.last = commit[-1:].to(row.last.device)
         now = clock(logits.device)
@@ -229,18 +221,3 @@ class _Verify:
         if features is not None:
             features.copy_(taps)
         return logits
-
-
-def _result(row: _Row, started: float, drafter) -> GenerationResult:
-    out, prompt = row.out, row.prompt
-    sequences = torch.cat((prompt, torch.tensor([out.tokens], dtype=prompt.dtype, device=prompt.device)), dim=1)
-    return GenerationResult(
-        sequences=sequences,
-        acceptance_lengths=out.acceptance,
-        ttft_s=row.first_token_at - started,
-        decode_s=row.end - row.first_token_at,
-        num_prompt_tokens=prompt.shape[1],
-        mode=drafter.fold_config.mode if drafter is not None and hasattr(drafter, "fold_config") else "ar",
-        finish_reason=out.finish,
-        proposals=out.proposals,
-    )
