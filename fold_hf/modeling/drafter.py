@@ -30,6 +30,7 @@ from .attention import FOLD_ATTENTION, drafter_read
 from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
 from .drafter_layer import DrafterAttention, DrafterLayer, RMSNorm
+from .drafter_rows import propose_rows
 from .families import deepspec
 from .fold_config import FoldConfig
 from .read_plan import LayerRead, ReadGeometry, plan_layer_read, read_geometry
@@ -451,17 +452,12 @@ class FoldDrafter(PreTrainedModel):
             (tokens ``[k]`` on the drafter's logits device, scores ``[k, V]`` or None) with ``k <= count``; fewer
             when the confidence threshold cuts the proposal.
         """
-        limit = self.num_proposals if count is None else min(count, self.num_proposals)
-        noise = self.embed_block(self.block_ids(last_token))
-        out = self(noise, context_hidden_states, cache=cache, block_start=block_start).last_hidden_state
-        start = self.first_proposal_slot
-        hidden = out[0, start : start + limit]
-        tokens, scores, kept = self.draft_head(hidden, last_token, pick)
-        if kept is not None:
-            keep = int(kept)
-            tokens = tokens[:keep]
-            scores = scores[:keep] if scores is not None else None
-        return tokens, scores
+        if block_start is None:  # the end of the context, once the new entries are in
+            new = 0 if context_hidden_states is None else context_hidden_states.shape[1]
+            block_start = cache.get_seq_length() + new
+        # one request is one row of propose_rows
+        return propose_rows(self, [last_token], [context_hidden_states], [cache], [block_start],
+                            [self.num_proposals if count is None else count], [pick])[0]
 
     @torch.no_grad()
     def draft_logits(self, last_token: torch.Tensor, context_hidden_states: torch.Tensor | None,

@@ -3,7 +3,7 @@
 Each request keeps its own :class:`~fold_hf.modeling.cache.FoldCache`, position and read plan (the FOLD window
 boundary is its own); what the rows share is every projection: the new context features of all rows go through
 ``fc`` and each layer's k/v projections as one ``[1, N, H]`` sequence, the blocks ``[A, B, H]`` through the layers
-and the lm_head together. The read of each row is the drafter's own eager read (:meth:`FoldDrafter.reader`), so a row
+and the lm_head together. The read of each row is the drafter's own eager read (``FoldDrafter.reader``), so a row
 drafts what it drafts alone (up to the rounding of a GEMM over more rows).
 """
 
@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from .drafter import FoldDrafter
-
 
 @torch.no_grad()
-def propose_rows(drafter: FoldDrafter, lasts: list[torch.Tensor], pendings: list[torch.Tensor | None], caches: list,
+def propose_rows(drafter, lasts: list[torch.Tensor], pendings: list[torch.Tensor | None], caches: list,
                  block_starts: list[int], counts: list[int], picks: list) -> list[tuple]:
-    """:meth:`FoldDrafter.propose` for ``A`` requests at once.
+    """:meth:`~fold_hf.modeling.drafter.FoldDrafter.propose` of ``drafter`` for ``A`` requests at once (``propose``
+    is this for one; this module is below the drafter's, so it names no class of it).
 
     Args:
         lasts: each request's last committed token ``[1]``.
@@ -25,7 +24,7 @@ def propose_rows(drafter: FoldDrafter, lasts: list[torch.Tensor], pendings: list
         caches: each request's :class:`~fold_hf.modeling.cache.FoldCache` (receives its new context).
         block_starts: each request's anchor position.
         counts: at most this many proposals per request (``>= 1``).
-        picks: each request's token chooser (see :meth:`FoldDrafter.pick_proposals`).
+        picks: each request's token chooser, or None for argmax (see ``FoldDrafter.pick_proposals``).
 
     Returns:
         per request (tokens ``[k_a]``, scores ``[k_a, V]`` or None), ``k_a <= counts[a]`` (fewer when a DeepSpec
