@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from test_batch import alone, expected_batch, left_pad, row_prompt
+from test_batch import alone, expected_batch, left_pad, pair, row_prompt  # noqa: F401  (pair: test_batch's fixture)
 from sampling_reference import FULL_WARP, VOCAB, chi2_statistic, chi2_threshold, transformers_distribution
 
 import fold_hf
@@ -24,15 +24,6 @@ from tiny import fit_drafter, mode_config, tiny_drafter, tiny_target, trained_pa
 NEW = 12
 # short (5 < the window W = 16), far longer than W (90), medium (23): rows 0 and 2 padded
 ROWS = [row_prompt(0, 5), row_prompt(1, 90), row_prompt(2, 23)]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """The trained tiny llama pair, copied in fp32."""
-    target, drafter = trained_pair("llama")
-    target, drafter = copy.deepcopy(target).float(), copy.deepcopy(drafter).float()
-    drafter.set_fold_config(mode_config("fold"))
-    return target, drafter
 
 
 @pytest.fixture
