@@ -27,7 +27,11 @@ its cache of ``B`` rows at context ``T`` (``--contexts``): the batched verify wi
 step) and with a block per row, on the eager engine (host lengths) and the graphs engine (the fused layers' captured
 step), p50 over ``--steps`` calls, against the memory floor (weights once + ``B`` rows' KV at ``T``, at the copy
 bandwidth measured here); the drafter's proposals for the ``B`` rows at ``T`` (one drafter forward) beside it; the
-round estimate = verify + drafts.
+round estimate = verify + drafts (acceptance and the host's work between rounds left out); for ``B`` up to
+``--hf-max-batch``, transformers' own batched AR step (``generate`` on a DynamicCache of ``T`` entries per row, sdpa)
+and our batched AR throughput over it. ``summary`` holds issue 35's keys at B = 8, T = 32K (graphs engine):
+``batched_ar_over_floor_8b_32k_b8``, ``batched_sd_round_over_ar_8b_32k_b8``,
+``batched_ar_over_hf_batched_throughput_8b_32k_b8``.
 
 Writes ``batched.json``, ``batched.csv`` and ``batched_throughput.png`` (tokens/s by B, every system) under
 ``--out``; ``--plot-only DIR`` redraws the plot from a run's ``batched.json``.
@@ -233,12 +237,15 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
     from fold_hf.generation.static_drafter import commit_context, preallocated_cache
     from fold_hf.modeling.drafter_rows import propose_rows
 
+    hf_steps = None
     if args.dry_run:
         target, drafter = tiny_pair(device)
         contexts = [64]
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from e2e_bench import build_random_pair
+        from e2e_bench import build_random_pair, hf_ar_steps
+
+        hf_steps = None if args.hf_steps == 0 else hf_ar_steps
 
         contexts = args.contexts
         target, drafter = build_random_pair(max(contexts) + 64)
@@ -285,6 +292,14 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
                                    "p50_ms": p50 * 1e3})
             log(f"B={B:2d} T={T:6d} draft ({B} rows, one drafter forward) p50 {p50 * 1e3:8.2f} ms")
             del caches
+            if hf_steps is not None and B <= args.hf_max_batch:  # transformers' own batched AR step, same shape
+                release_fast_state(target)
+                torch.cuda.empty_cache()
+                p50 = statistics.median(hf_steps(target, T, args.hf_steps, batch=B))
+                report["rows"].append({"section": "shape", "system": "hf_ar_step", "engine": "hf", "batch": B,
+                                       "context": T, "p50_ms": p50 * 1e3})
+                log(f"B={B:2d} T={T:6d} hf_ar_step (transformers generate, DynamicCache) p50 {p50 * 1e3:8.2f} ms")
+                torch.cuda.empty_cache()
             by = {(r["system"], r.get("engine")): r for r in report["rows"] if r["section"] == "shape"
                   and r["batch"] == B and r["context"] == T}
             for engine in engines:
@@ -293,6 +308,16 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
                 report["ratios"][f"batched_verify_over_ar_{engine}_t{T}_b{B}"] = ver["p50_ms"] / ar["p50_ms"]
                 report["ratios"][f"batched_round_over_ar_{engine}_t{T}_b{B}"] = (
                     (ver["p50_ms"] + by[("draft_rows", None)]["p50_ms"]) / ar["p50_ms"])
+                if ("hf_ar_step", "hf") in by:  # both make B tokens a step: throughput ratio = step-time ratio
+                    report["ratios"][f"ar_batched_{engine}_over_hf_batched_throughput_t{T}_b{B}"] = (
+                        by[("hf_ar_step", "hf")]["p50_ms"] / ar["p50_ms"])
+            if T == 32768 and B == 8 and "graphs" in engines:  # issue 35's summary keys (the graphs engine)
+                r = report["ratios"]
+                report["summary"] = {
+                    "batched_ar_over_floor_8b_32k_b8": r["batched_ar_over_floor_graphs_t32768_b8"],
+                    "batched_sd_round_over_ar_8b_32k_b8": r["batched_round_over_ar_graphs_t32768_b8"],
+                    "batched_ar_over_hf_batched_throughput_8b_32k_b8":
+                        r.get("ar_batched_graphs_over_hf_batched_throughput_t32768_b8")}
             save()
 
 
@@ -364,6 +389,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--shape", action="store_true", help="the 8B-shape section instead (CUDA)")
     parser.add_argument("--contexts", default="8192,32768", help="contexts of the shape section")
     parser.add_argument("--steps", type=int, default=20, help="timed forwards per shape row")
+    parser.add_argument("--hf-steps", type=int, default=12,
+                        help="transformers' AR steps per shape row (0: none; B <= --hf-max-batch)")
+    parser.add_argument("--hf-max-batch", type=int, default=8, help="largest B of the shape section's HF rows")
     parser.add_argument("--dry-run", action="store_true", help="tiny random pair: checks that both sections run")
     parser.add_argument("--plot-only", action="store_true", help="redraw --out's plot from its batched.json")
     args = parser.parse_args(argv)

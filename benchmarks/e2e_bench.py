@@ -17,7 +17,8 @@ the real pair; stated in the output). Rows, per context:
   fused norm/rope/MLP kernels); ``--target-paths bucket,triton,fused`` adds the same rows for
   ``[bucket]`` (``target_attention="bucket"``, the matmul attention over a length bucket, module kernels),
   ``[triton]`` (decode kernel, module kernels: ``fused_layers=False``) and ``[fused]`` (decode kernel and fused
-  kernels, spelled out), timed in the same run
+  kernels, spelled out), timed in the same run; ``[exact]`` (exact mode, docs/exact-mode.md) adds issue 37's
+  ``exact_ar_over_default_8b_32k`` and ``exact_sd_round_over_default_8b_32k`` to the headline
 
 Writes ``e2e.csv`` (gpu, versions, date, row, context, p20/p50/p80 ms, peak GiB) and ``e2e.json`` (the rows and
 the headline ratios) under ``--out``.
@@ -133,21 +134,23 @@ def build_random_pair(max_positions: int, block: int = 10, device: str = "cuda")
     return target, drafter
 
 
-def hf_filled_cache(target, context: int):
+def hf_filled_cache(target, context: int, batch: int = 1):
     from transformers import DynamicCache
 
     cfg = target.config
     cache = DynamicCache(config=cfg)
-    shape = (1, cfg.num_key_value_heads, context, cfg.hidden_size // cfg.num_attention_heads)
+    shape = (batch, cfg.num_key_value_heads, context, cfg.hidden_size // cfg.num_attention_heads)
     for layer in range(cfg.num_hidden_layers):
         cache.update(torch.zeros(shape, dtype=torch.bfloat16, device="cuda"),
                      torch.zeros(shape, dtype=torch.bfloat16, device="cuda"), layer)
     return cache
 
 
-def hf_ar_steps(target, context: int, steps: int) -> list[float]:
-    cache = hf_filled_cache(target, context)
-    ids = torch.randint(0, 1000, (1, context + 1), device="cuda")
+def hf_ar_steps(target, context: int, steps: int, batch: int = 1) -> list[float]:
+    """Seconds between transformers' ``generate`` AR steps (greedy, its DynamicCache filled with ``context`` entries
+    per row, ``batch`` rows decoded together; each step yields ``batch`` tokens)."""
+    cache = hf_filled_cache(target, context, batch)
+    ids = torch.randint(0, 1000, (batch, context + 1), device="cuda")
     streamer = TimingStreamer()
     # transformers renamed past_key_values to cache after 5.17
     cache_name = "cache" if "cache" in inspect.signature(type(target).forward).parameters else "past_key_values"
@@ -176,7 +179,9 @@ TARGET_PATHS = {"default": {},
                 "fused": dict(target_attention="triton", fused_layers=True),
                 # "fused": fused target layers, drafter on its modules (FOLD_HF_FUSED_DRAFTER=0, the default before
                 # 2026-11-30's GPU run); "fused_drafter": the drafter's static step fused too (the default since)
-                "fused_drafter": dict(target_attention="triton", fused_layers=True)}
+                "fused_drafter": dict(target_attention="triton", fused_layers=True),
+                # exact mode (issue 37, docs/exact-mode.md): the row-count-invariant kernels on the fused step
+                "exact": dict(exact=True)}
 PATH_ENV = {"fused": {"FOLD_HF_FUSED_DRAFTER": "0"}, "fused_drafter": {"FOLD_HF_FUSED_DRAFTER": "1"}}
 
 
@@ -312,6 +317,9 @@ def headline(rows: list[dict], cache_bytes: dict, tau: float, attentions=("defau
         for context in sorted({r["context"] for r in rows}):
             for row in ("our_ar", "our_sd_fold", "our_sd_dflash"):
                 out[f"{row}{tag}_over_{row}_{context}"] = ratio(p50(f"{row}{tag}", context), p50(row, context))
+        if attention == "exact":  # issue 37's cost keys: exact mode over the default path, same run
+            out["exact_ar_over_default_8b_32k"] = ratio(p50("our_ar[exact]", k32), p50("our_ar", k32))
+            out["exact_sd_round_over_default_8b_32k"] = ratio(p50("our_sd_fold[exact]", k32), p50("our_sd_fold", k32))
     for context in sorted({r["context"] for r in rows}):
         sd = p50("our_sd_fold", context)
         out[f"projected_speedup_fold_over_our_ar_at_tau_{tau}_{context}"] = ratio(

@@ -227,3 +227,21 @@ def test_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(engine)
         ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=48, engine=engine, exact=True)
         sd = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=48, engine=engine, exact=True)
         assert torch.equal(sd, ar), seed
+
+
+def test_time_rounds_times_exact_mode_steps_and_refuses_the_eager_engine():
+    """The benchmark entry of the cost keys (``exact_*_over_default_8b_32k``, ``benchmarks/e2e_bench.py
+    --target-paths exact``) times the exact runner's rounds, and refuses what ``fast_generate(exact=True)`` refuses."""
+    from fold_hf.generation.fast import time_rounds
+    from fold_hf.generation.fast.session import SESSION_ATTR
+
+    target = small_target()
+    drafter = small_drafter(target)
+    res = time_rounds(target, drafter, 20, 3, engine="static", exact=True)
+    assert len(res.round_seconds) == 3
+    assert target.__dict__[SESSION_ATTR].runner.exact
+    res = time_rounds(target, None, 20, 2, engine="static")  # the default path rebuilds a default session
+    assert not target.__dict__[SESSION_ATTR].runner.exact
+    with pytest.raises(ValueError, match="static and graphs engines"):
+        time_rounds(target, None, 20, 2, engine="eager", exact=True)
+    fold_hf.generation.release_fast_state(target)

@@ -11,14 +11,14 @@ from ..stats import GenerationResult
 from ..tracker import StopStrings, Tracker, clock
 from .engine import StaticRunner, run_rounds
 from .session import session_for
-from .settings import resolve_fused_drafter, resolve_fused_layers, resolve_target_attention
+from .settings import check_exact_settings, resolve_fused_drafter, resolve_fused_layers, resolve_target_attention
 
 
 @torch.no_grad()
 def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds: int, engine: str = "graphs",
                 first_token: int = 0, target_attention: str | None = None,
                 fused_layers: bool | None = None, sampling: Sampling | None = None,
-                generator: torch.Generator | None = None) -> GenerationResult:
+                generator: torch.Generator | None = None, exact: bool = False) -> GenerationResult:
     """Benchmark entry: decode ``rounds`` rounds as if a ``context_length``-token prompt had been prefilled.
 
     No prefill runs: the target and drafter caches simply hold ``context_length`` entries (whatever the buffers
@@ -28,15 +28,19 @@ def time_rounds(target, drafter: FoldDrafter | None, context_length: int, rounds
     in a long request (a budget of ``rounds + 1`` tokens, as before, made the loop read every speculative round
     first: the budget might end within the proposals in flight). ``decode_s`` covers the rounds only (nothing is queued
     past the last); the result also carries ``round_seconds``, the wall time of each round. ``target_attention`` and
-    ``fused_layers`` as in :func:`fast_generate`; ``sampling`` (default greedy) times a sampled round.
+    ``fused_layers`` as in :func:`fast_generate`; ``sampling`` (default greedy) times a sampled round; ``exact``
+    times exact mode's steps (docs/exact-mode.md; the settings checked as :func:`fast_generate` checks them).
     """
     rows = num_proposals(drafter) + 1
     sampling = sampling or Sampling()
     budget = rounds * rows + 1  # never reached: the rounds stop at out.round_limit
     taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-    session = session_for(target, context_length + budget + rows, taps, engine)
-    target_attention = resolve_target_attention(target_attention, session.device)
-    fused = engine != "eager" and resolve_fused_layers(fused_layers, target_attention, session.runner, engine)
+    session = session_for(target, context_length + budget + rows, taps, engine, exact)
+    target_attention = resolve_target_attention(target_attention, session.device, exact)
+    if exact:
+        check_exact_settings(engine, target_attention, fused_layers)
+    fused = engine != "eager" and resolve_fused_layers(True if exact else fused_layers, target_attention,
+                                                       session.runner, engine)
     out = Tracker(set(), StopStrings(None, None), None)
     out.first(first_token)
     out.commit_times = []
