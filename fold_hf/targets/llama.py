@@ -333,9 +333,10 @@ class LlamaStaticTarget(StaticTarget):
         lengths = positions.reshape(A, L)[:, :1].to(torch.int32)  # [A, 1]: each row's context length
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
 
-        # a decode step's rows (AR 1, a verify block) go through the skinny GEMMs where the ops have them; a prefill
-        # chunk through cuBLAS. Exact mode: every row count through the exact GEMM, the lm_head too
-        skinny = ops.skinny_linear if ops.skinny_linear is not None and (exact or L <= ops.skinny_rows) else None
+        # a decode step's rows (AR 1, a verify block; A * L of a batch's rows) go through the skinny GEMMs where the
+        # ops have them and take that many rows; a prefill chunk or a wide batch through cuBLAS. Exact mode: every
+        # row count through the exact GEMM, the lm_head too
+        skinny = ops.skinny_linear if ops.skinny_linear is not None and (exact or A * L <= ops.skinny_rows) else None
         hidden = self.embed(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):

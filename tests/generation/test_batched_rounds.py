@@ -234,6 +234,47 @@ def test_the_static_engine_verifies_the_batch_as_a_fixed_shape_step(pair, forwar
         assert mine.proposals == theirs.proposals and mine.acceptance_lengths == theirs.acceptance_lengths
 
 
+def test_a_batch_wider_than_the_skinny_gemm_projects_through_cublas(pair):
+    """The skinny GEMMs take 1 to ``skinny_rows`` rows (a verify block, :mod:`fold_hf.kernels.gemm.triton`); a batched
+    verify of A rows of L tokens has A * L rows, so past ``skinny_rows`` its projections go to ``F.linear``. The ops
+    here are the GEMMs' torch twins held to the Triton kernels' row contract (the 2026-12-05 H200 run raised "the
+    skinny GEMM takes 1 to 16 rows, got 20" at B = 2, block 10)."""
+    from fold_hf.kernels import default_layer_ops
+    from fold_hf.kernels.gemm.naive import gate_up_silu_reference, skinny_linear_reference
+    from fold_hf.targets.llama import LlamaStaticTarget
+
+    target, drafter = pair
+    limit, seen = 8, []
+
+    def held(fn):
+        def call(x, *args):
+            rows = x.reshape(-1, x.shape[-1]).shape[0]
+            seen.append(rows)
+            assert 1 <= rows <= limit, f"the skinny GEMM takes 1 to {limit} rows, got {rows}"
+            return fn(x, *args)
+        return call
+
+    ops = default_layer_ops(torch.device("cpu"))
+    ops.skinny_linear, ops.gate_up_silu = held(skinny_linear_reference), held(gate_up_silu_reference)
+    ops.skinny_rows = limit
+    original = LlamaStaticTarget._fused_ops
+
+    def fused_ops(self, exact):
+        layer_ops, attention = original(self, exact)
+        return (ops, attention) if not exact else (layer_ops, attention)
+
+    rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5)]  # 3 rows of a 4-token block: 12 > 8 rows
+    ids, mask = left_pad(rows)
+    news = [alone(target, r) for r in rows]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LlamaStaticTarget, "_fused_ops", fused_ops)
+        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
+                                    fused_layers=True, fold_config=mode_config("fold"))
+    release_fast_state(target)
+    assert torch.equal(out, expected_batch(ids, news, pad=-1))
+    assert seen and max(seen) <= limit  # the skinny path ran (one row left, or AR) and never past its contract
+
+
 def test_the_static_engines_steps_serve_the_next_request_of_the_session(pair):
     """A second batch of the same shapes on the same session replays the steps the first one built (the same
     running rows, widths and buckets): they read the session's buffers, so the second batch's rows are its own."""
@@ -252,14 +293,15 @@ def test_the_static_engines_steps_serve_the_next_request_of_the_session(pair):
 
 
 @pytest.mark.gpu(reason="CUDA graphs: the captured batched verify")
-@pytest.mark.parametrize("engine", ["graphs", "eager"])
+@pytest.mark.parametrize("engine", ["graphs", "eager", None])
 def test_batched_rounds_on_the_gpu_are_each_row_alone(engine):
-    """On CUDA (fp32): the graphs engine's captured batched verify (fused Triton layers) and the eager engine give
-    every row its own greedy output, with rows stopping early (the running rows change the captured step)."""
+    """On CUDA (fp32): the graphs engine's captured batched verify (fused Triton layers; the default engine of a
+    batch on CUDA) and the eager engine give every row its own greedy output, with rows stopping early (the running
+    rows change the captured step) and more verify rows than one skinny GEMM takes."""
     from tiny import pair_on_gpu
 
-    for target, drafter in pair_on_gpu("llama"):
-        rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5), row_prompt(1, 90)]
+    with pair_on_gpu("llama") as (target, drafter):
+        rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5), row_prompt(1, 90)] * 2  # 8 rows of 4
         ids, mask = left_pad(rows)
         news = [target.generate(r[None].cuda(), max_new_tokens=NEW, do_sample=False, eos_token_id=2,
                                 pad_token_id=2)[0, len(r):].tolist() for r in rows]

@@ -229,6 +229,29 @@ def test_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(engine)
         assert torch.equal(sd, ar), seed
 
 
+@pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
+def test_batched_rows_are_each_row_alone_and_the_ar_output_in_bf16_on_gpu():
+    """Issue 37's batch goal in bf16 on CUDA: a left-padded batch of 6 rows (block rows past one skinny GEMM's 16)
+    in exact mode on the graphs engine; every row's tokens are that row's exact AR output decoded alone, and the
+    batch's SD output is its exact AR output."""
+    target = small_target(torch.bfloat16).cuda()
+    drafter = small_drafter(target).cuda()
+    rows = [prompt(20 + i, n)[0] for i, n in enumerate((5, 40, 17, 64, 9, 33))]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    ids, mask = ids.cuda(), mask.cuda()
+    sd = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=32, engine="graphs", exact=True,
+                               return_stats=True)
+    ar = fold_hf.fast_generate(target, None, ids, mask, max_new_tokens=32, engine="graphs", exact=True)
+    assert sd.batched and torch.equal(sd.sequences, ar)
+    for i, r in enumerate(rows):
+        alone = fold_hf.fast_generate(target, None, r[None].cuda(), max_new_tokens=32, engine="graphs", exact=True)
+        assert sd.rows[i].sequences.tolist() == alone.tolist(), i
+
+
 def test_time_rounds_times_exact_mode_steps_and_refuses_the_eager_engine():
     """The benchmark entry of the cost keys (``exact_*_over_default_8b_32k``, ``benchmarks/e2e_bench.py
     --target-paths exact``) times the exact runner's rounds, and refuses what ``fast_generate(exact=True)`` refuses."""

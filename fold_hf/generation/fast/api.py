@@ -28,7 +28,6 @@ from .settings import (
     resolve_fused_drafter,
     resolve_fused_layers,
     resolve_target_attention,
-    warn_once,
 )
 
 ENGINES = ("eager", "static", "graphs")
@@ -100,11 +99,8 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
     several = needs_rows(input_ids, attention_mask) and input_ids.shape[0] > 1
     why_rows = batched_unsupported(target, drafter, request) if several else None  # None: batched rounds take it
     batch_rounds = several and why_rows is None
-    if batch_rounds and engine is None:
-        engine = "eager"  # batched rounds verify host-length by default (fold_hf.generation.fast.batched)
-        if device.type == "cuda":
-            warn_once("fast_generate: a batch runs batched rounds on engine 'eager' by default (host-length "
-                      "verify); engine='graphs' captures the batched verify (not yet measured on a GPU)")
+    if batch_rounds and engine is None and device.type != "cuda":
+        engine = "eager"  # off CUDA a batch's verify runs host-length (the fused layers' twins are slower there)
     if engine is None:
         engine = "graphs" if device.type == "cuda" else "static" if request.exact else "eager"
     if engine not in ENGINES:

@@ -24,9 +24,9 @@ Exact mode (``exact=True``, docs/exact-mode.md): the verify forward runs exact m
 verify step, so a batched row's tokens have the bits of that row decoded alone in exact mode (bf16 included).
 
 Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama family), every engine: the
-``eager`` engine (the default for a batch) verifies host-length; ``static`` and ``graphs`` verify through the fused
-layers as a fixed-shape step (a CUDA graph in ``graphs``, :class:`_Verify`), while drafting and acceptance stay on
-the host. The other families and ``cmr`` (its refreshes read one row's target attention) decode the rows one after
+``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and ``graphs`` (the default on
+CUDA) verify through the fused layers as a fixed-shape step (a CUDA graph in ``graphs``, :class:`_Verify`), while
+drafting and acceptance stay on the host. The other families and ``cmr`` (its refreshes read one row's target attention) decode the rows one after
 another (:func:`fold_hf.generation.batch.decode_rows`), which says so once, naming why.
 """
 
