@@ -28,6 +28,8 @@ is rollback-safe without copies: a verify of at most ``RING_SLACK + 1`` rows wri
 the slots it overwrites held positions ``<= t + L - 1 - R < t - window + 1``, older than any later query can see,
 and rejected entries at ``t + n + 1 ..`` are rewritten by the next verify (or sit below the window of every
 later query). Global layers keep the default family's full cache (the bucket attention or the decode kernel).
+Every cache holds ``batch`` rows (batched rounds, issue 35): the host-length forwards of one row or several
+(``forward_rows``) are :mod:`fold_hf.targets.gemma_rows`'; the device-length step runs a one-row runner.
 
 **Multimodal wrappers** (text-only ids): the text config is ``config.text_config``, the text decoder
 ``model.model.language_model`` (the same ``Gemma3TextModel`` / ``Gemma4TextModel`` as in the causal LM, scaled
