@@ -28,6 +28,8 @@ is rollback-safe without copies: a verify of at most ``RING_SLACK + 1`` rows wri
 the slots it overwrites held positions ``<= t + L - 1 - R < t - window + 1``, older than any later query can see,
 and rejected entries at ``t + n + 1 ..`` are rewritten by the next verify (or sit below the window of every
 later query). Global layers keep the default family's full cache (the bucket attention or the decode kernel).
+Every cache holds ``batch`` rows (batched rounds, issue 35): the host-length forwards of one row or several
+(``forward_rows``) are :mod:`fold_hf.targets.gemma_rows`'; the device-length step runs a one-row runner.
 
 **Multimodal wrappers** (text-only ids): the text config is ``config.text_config``, the text decoder
 ``model.model.language_model`` (the same ``Gemma3TextModel`` / ``Gemma4TextModel`` as in the causal LM, scaled
@@ -63,14 +65,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.common import rotate_half
-from ..kernels.prefill_attention import prefill_attention
-from .base import PREFILL_ATTENTION_MIN_ROWS, TARGET_ATTENTIONS, StaticTarget, UnsupportedTarget
+from .base import TARGET_ATTENTIONS, StaticTarget, UnsupportedTarget
 from .common import tap_writer, wrapped_text_parts
 from .gemma_fused import GemmaFusedLayers
+from .gemma_rows import GemmaRows
 from .moe import experts_unsupported, stacked_experts
 from .taps import _unwrap
 
@@ -177,12 +178,13 @@ def check(model: nn.Module, capacity: int | None = None) -> None:
                                 "and full_attention layers")
 
 
-class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
+class GemmaStaticTarget(GemmaRows, GemmaFusedLayers, StaticTarget):
     """:class:`~fold_hf.targets.base.StaticTarget` for Gemma-3 / Gemma-4 text targets (module docstring; the fused
-    layers in :class:`~fold_hf.targets.gemma_fused.GemmaFusedLayers`).
+    layers in :class:`~fold_hf.targets.gemma_fused.GemmaFusedLayers`, the host-length forwards of one row or
+    several in :class:`~fold_hf.targets.gemma_rows.GemmaRows`).
 
     Per layer ``i``: ``self.windows[i]`` (None for a global layer), ``self.keys[i]`` / ``self.values[i]`` of shape
-    ``[1, Hkv_i, capacity, D_i]`` (global) or ``[1, Hkv_i, R_i, D_i]`` (sliding ring), shared tensors for
+    ``[batch, Hkv_i, capacity, D_i]`` (global) or ``[batch, Hkv_i, R_i, D_i]`` (sliding ring), shared tensors for
     KV-shared layers (``self.kv_source[i]`` names the layer that writes them).
     """
 
@@ -225,7 +227,7 @@ class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
             hkv = attn.k_proj.out_features // self.head_dims[i]
             self.kv_heads.append(hkv)
             length = self.capacity if self.windows[i] is None else min(self.capacity, self.windows[i] + RING_SLACK)
-            shape = (1, hkv, length, self.head_dims[i])
+            shape = (self.batch, hkv, length, self.head_dims[i])
             self.keys.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
             self.values.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
         self.ring_slack = RING_SLACK
@@ -255,11 +257,11 @@ class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
 
     # ------------------------------------------------------------------ one layer
     def _qkv(self, i: int, layer, hidden: torch.Tensor, positions):
-        """Normed hidden ``[1, L, H]`` -> rotated q ``[1, Hq, L, D]`` and (None for a KV-shared layer) rotated k,
-        normed v ``[1, Hkv, L, D]``."""
+        """Normed hidden ``[A, L, H]`` at ``positions`` ``[L]`` or ``[A, L]`` -> rotated q ``[A, Hq, L, D]`` and
+        (None for a KV-shared layer) rotated k, normed v ``[A, Hkv, L, D]``."""
         attn = layer.self_attn
         cos, sin = self.tables[self.layer_types[i]]
-        cos, sin = cos[positions][None, None], sin[positions][None, None]  # [1, 1, L, D]
+        cos, sin = cos[positions].unsqueeze(-3), sin[positions].unsqueeze(-3)  # [1, L, D] or [A, 1, L, D]
         shape = (*hidden.shape[:-1], -1, self.head_dims[i])
         q = attn.q_norm(attn.q_proj(hidden).view(shape)).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
@@ -320,102 +322,28 @@ class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
         return hidden
 
     def _run_layers(self, input_ids: torch.Tensor, positions, write_kv, attend, taps_out, last_only: bool):
-        """Shared body of every forward: ``write_kv(i, k, v)`` stores layer i's new entries, ``attend(i, q)`` returns
-        ``[1, Hq, L, D]``. Returns logits ``[L, V]`` (``[1, V]`` with ``last_only``), soft-capped as the model."""
+        """Shared body of every forward over ``input_ids [A, L]`` at ``positions`` ``[L]`` or ``[A, L]``:
+        ``write_kv(i, k, v)`` stores layer i's new entries, ``attend(i, q)`` returns ``[A, Hq, L, D]``. Returns logits
+        ``[L, V]`` (``[1, V]`` with ``last_only``; ``[A, L, V]`` for ``A > 1``), soft-capped as the model."""
         hidden, per_layer = self._embed(input_ids)
-        L = input_ids.shape[1]
+        A, L = input_ids.shape
         tap = tap_writer(self.tap_layer_ids, hidden.shape[-1], taps_out)
         last_layer = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(i, layer, layer.input_layernorm(hidden), positions)
             if k is not None:
                 write_kv(i, k, v)
-            out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
+            out = attend(i, q).transpose(1, 2).reshape(A, L, -1)
             hidden = self._tail(layer, hidden, layer.self_attn.o_proj(out),
                                 per_layer[:, :, i] if per_layer is not None else None)
             if taps_out is not None and i in self.tap_layer_ids:
                 tap(i, self.final_norm(hidden) if i == last_layer else hidden)
         hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
-        logits = self.lm_head(hidden)[0]
+        logits = self.lm_head(hidden)
+        logits = logits[0] if A == 1 else logits
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
-
-    # ------------------------------------------------------------------ host-length forward
-    def _ring_slots(self, i: int, positions: torch.Tensor) -> torch.Tensor:
-        return positions % self.keys[i].shape[2]
-
-    @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None = None,
-                last_only: bool = False, row: int = 0) -> torch.Tensor:
-        """Run ``input_ids [1, L]`` at positions ``start .. start+L-1`` (any L: prefill chunks or a verify of at most
-        ``RING_SLACK + 1`` rows that may be rolled back). Global layers: SDPA over the exact prefix; sliding layers:
-        the ring's entries inside the window of the first query plus the new rows, then the last ``R`` new rows
-        enter the ring. ``row``: 0 (one cache row)."""
-        self._check_row(row)
-        L = input_ids.shape[1]
-        if start + L > self.capacity:
-            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
-        device = self.device
-        positions = torch.arange(start, start + L, device=device)
-        pending = {}
-
-        def write_kv(i, k, v):
-            if self.windows[i] is None:
-                self.keys[i][:, :, start : start + L] = k
-                self.values[i][:, :, start : start + L] = v
-            else:  # the ring's entries inside the first query's window, read before the new rows overwrite any
-                past = torch.arange(max(0, start - self.windows[i] + 1), start, device=device)
-                slots = self._ring_slots(i, past)
-                pending[i] = (torch.cat((self.keys[i][:, :, slots], k), 2),
-                              torch.cat((self.values[i][:, :, slots], v), 2), torch.cat((past, positions)))
-
-        def attend(i, q):
-            src = self.kv_source[i]
-            window = self.windows[i]
-            if window is None:
-                keys = self.keys[src][:, :, : start + L]
-                values = self.values[src][:, :, : start + L]
-                probe = self.__dict__.get("attention_probe")  # cmr's refreshes (fold_hf.modeling.retrieval)
-                if probe is not None and probe.armed and i == probe.layer_idx:
-                    probe.capture(q, keys, self.scalings[i])
-                return self._attend_prefix_sdpa(q, keys, values, start, self.scalings[i])
-            keys, values, key_pos = pending[src]
-            if L > PREFILL_ATTENTION_MIN_ROWS:  # a prefill chunk: keys at consecutive positions, the window's kernel
-                return prefill_attention(q, keys, values, keys.shape[2] - L, self.scalings[i], window)
-            visible = (key_pos[None, :] <= positions[:, None]) & (positions[:, None] - key_pos[None, :] < window)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=self.scalings[i],
-                                                  enable_gqa=True)
-
-        def attend_and_store(i, q):
-            out = attend(i, q)
-            src = self.kv_source[i]
-            if self.windows[i] is not None and src == i:
-                keys, values, _ = pending[i]
-                keep = min(L, self.keys[i].shape[2])
-                slots = self._ring_slots(i, positions[L - keep :])
-                self.keys[i][:, :, slots] = keys[:, :, keys.shape[2] - keep :]
-                self.values[i][:, :, slots] = values[:, :, values.shape[2] - keep :]
-            return out
-
-        logits = self._run_layers(input_ids, positions, write_kv, attend_and_store, taps_out, last_only)
-        self.length = start + L
-        return logits
-
-    def _attend_prefix_sdpa(self, q, keys, values, start: int, scaling: float) -> torch.Tensor:
-        L = q.shape[2]
-        if L > PREFILL_ATTENTION_MIN_ROWS:  # a prefill chunk (fold_hf.kernels.prefill_attention)
-            return prefill_attention(q, keys, values, start, scaling)
-        if L == 1:
-            mask, causal = None, False
-        elif start == 0:
-            mask, causal = None, True
-        else:
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask, causal = causal_lower_right(L, start + L), False
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, scale=scaling,
-                                              enable_gqa=True)
 
     # ------------------------------------------------------------------ cmr's query tap
     def keep_queries_unsupported(self) -> str | None:
@@ -446,6 +374,7 @@ class GemmaStaticTarget(GemmaFusedLayers, StaticTarget):
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
         if fused and attention != "triton":
             raise ValueError("fused layers run with attention='triton' (the decode kernel)")
+        self._check_one_row()
         L = input_ids.shape[1]
         if L > self.ring_slack + 1:
             raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack "

@@ -198,9 +198,9 @@ def test_gemma_prefill_in_chunks_matches_the_model(monkeypatch, recwarn, arch, v
     calls = []
     real = pa.prefill_attention
     monkeypatch.setattr(pa, "prefill_attention", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
-    import fold_hf.targets.gemma as gemma
+    import fold_hf.targets.gemma_rows as gemma_rows  # Gemma's host-length forwards
 
-    monkeypatch.setattr(gemma, "prefill_attention", pa.prefill_attention)
+    monkeypatch.setattr(gemma_rows, "prefill_attention", pa.prefill_attention)
     logits = runner.prefill(ids, chunk=80)
     assert not [w for w in recwarn if "prefill attention" in str(w.message)]  # the variant ran, no fallback
     assert len(calls) == 3 * len(runner.layers)
