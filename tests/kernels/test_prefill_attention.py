@@ -104,6 +104,8 @@ def test_variant_setting_and_fallback_warning(monkeypatch):
     monkeypatch.delenv(pa.PREFILL_ATTENTION_ENV)
     assert pa.prefill_attention_variant("cpu") == "sdpa" and pa.prefill_attention_variant("cuda") == pa.DEFAULT_CUDA
     assert "window" in pa.unsupported_reason("cudnn", q.to(torch.float16), 5) or DEVICE == "cpu"
+    # off CUDA a cudnn call falls to sdpa (the memory-efficient kernel is CUDA's), and says so
+    assert "needs CUDA" in pa.unsupported_reason("efficient", q, None)
 
 
 def _hf_logits(model, ids):
@@ -174,6 +176,25 @@ def test_gpu_variants_match_reference(variant, Hq, Hkv, D, start, L):
         want = prefill_attention_naive(q.float(), k.float(), v.float(), start, D ** -0.5)
         got = prefill_attention(q, k, v, start, D ** -0.5, variant=variant)
         assert rel(got, want) < 2e-2
+
+
+@pytest.mark.gpu(reason="SDPA's memory-efficient kernel is CUDA's")
+@pytest.mark.parametrize("Hq,Hkv,D", [(16, 4, 512), (16, 8, 256), (12, 4, 64)])
+@pytest.mark.parametrize("start,L", [(0, 1000), (777, 333), (8192, 4097), (129, 65)])
+def test_gpu_efficient_variant_matches_reference(Hq, Hkv, D, start, L):
+    """The ``efficient`` variant, and what a ``cudnn`` call at a head dim cuDNN cannot run (Gemma-4's 512) takes
+    instead (said once): both against the fp32 reference, GQA, query offsets, odd lengths."""
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v = inputs(Hq, Hkv, D, start, L, dtype, device="cuda")
+        want = prefill_attention_naive(q.float(), k.float(), v.float(), start, D ** -0.5)
+        assert rel(prefill_attention(q, k, v, start, D ** -0.5, variant="efficient"), want) < 2e-2
+        if D > 256:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                pa._warned.discard(pa.unsupported_reason("cudnn", q, None))
+                got = prefill_attention(q, k, v, start, D ** -0.5, variant="cudnn")
+            assert rel(got, want) < 2e-2
+            assert any("memory-efficient" in str(w.message) for w in seen)
 
 
 @pytest.mark.gpu(reason="bf16 Triton dots need CUDA")

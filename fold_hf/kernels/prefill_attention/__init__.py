@@ -7,11 +7,17 @@ Variants (``$FOLD_HF_PREFILL_ATTENTION``; all take and return the shapes of :fun
   log-sum-exp (:mod:`.split`); ``flash``: the same with PyTorch's FA2 kernel;
 * ``triton``: our flash-attention forward with a query offset (:mod:`.triton`; the default on CUDA for sliding-window
   layers, which read only their window);
+* ``efficient``: SDPA's memory-efficient kernel over key heads repeated for their query heads, a lower-right causal
+  bias (:func:`prefill_attention_efficient`); what a call takes on CUDA when ``cudnn`` / ``flash`` cannot run its
+  head dim (Gemma-4's global heads of 512): with GQA passed natively SDPA has no fused kernel there and its math
+  path writes ``[Hq, L, start + L]`` fp32 scores (a 32K Gemma-4-12B prefill peaked at 67.7 GiB against transformers'
+  39.2, benchmarks/results/2026-12-05-nvidia-h200-prefill-families);
 * ``sdpa``: ``F.scaled_dot_product_attention`` with a lower-right causal bias (the path before 2026-12-04: PyTorch
   runs its FA2 kernel for it) or a boolean mask for a window; the default on the CPU.
 
 Chosen by measurement on an H200 (benchmarks/results/2026-12-04-nvidia-h200-prefill). When the chosen variant
-cannot run a call (device, dtype, head dim, window) the call runs ``sdpa`` and a warning says why, once per reason.
+cannot run a call (device, dtype, head dim, window) the call runs ``efficient`` where it can, else ``sdpa``, and a
+warning says why, once per reason.
 :func:`~.naive.prefill_attention_naive` is the fp32 reference the tests compare every variant with.
 """
 
@@ -27,12 +33,12 @@ import torch.nn.functional as F
 from .naive import prefill_attention_naive
 
 PREFILL_ATTENTION_ENV = "FOLD_HF_PREFILL_ATTENTION"
-VARIANTS = ("cudnn", "flash", "triton", "sdpa")
+VARIANTS = ("cudnn", "flash", "triton", "efficient", "sdpa")
 DEFAULT_CUDA = "cudnn"
 _warned: set[str] = set()
 
-__all__ = ["PREFILL_ATTENTION_ENV", "VARIANTS", "prefill_attention", "prefill_attention_naive",
-           "prefill_attention_sdpa", "prefill_attention_variant", "unsupported_reason"]
+__all__ = ["PREFILL_ATTENTION_ENV", "VARIANTS", "prefill_attention", "prefill_attention_efficient",
+           "prefill_attention_naive", "prefill_attention_sdpa", "prefill_attention_variant", "unsupported_reason"]
 
 
 def prefill_attention_variant(device: torch.device | str, windowed: bool = False) -> str:
@@ -56,6 +62,12 @@ def unsupported_reason(variant: str, q: torch.Tensor, window: int | None) -> str
     if q.device.type != "cuda" and not (variant == "triton" and os.environ.get("TRITON_INTERPRET") == "1"):
         return f"{variant} prefill attention needs CUDA (tensors on {q.device.type})"
     D = q.shape[-1]
+    if variant == "efficient":
+        if window is not None:
+            return f"efficient prefill attention has no sliding window (window {window})"
+        if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or D % 8:
+            return f"efficient prefill attention takes fp16/bf16/fp32 and head dims in multiples of 8, not {q.dtype}, {D}"
+        return None
     if variant in ("cudnn", "flash"):
         if window is not None:
             return f"{variant} prefill attention has no sliding window (window {window})"
@@ -98,6 +110,26 @@ def prefill_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st
                                           enable_gqa=True)
 
 
+def prefill_attention_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                                scale: float) -> torch.Tensor:
+    """SDPA's memory-efficient kernel (shapes of :func:`prefill_attention`, no window): the ``Hkv`` key / value
+    heads repeated for their query heads (that kernel takes no GQA; a transient ``[B, Hq, start + L, D]`` copy
+    each), ``is_causal`` from position 0, a lower-right causal bias after it. The backend is forced, so a call it
+    cannot run raises rather than falling to the math path."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .split import expand_kv
+
+    L, group = q.shape[2], q.shape[1] // k.shape[1]
+    k, v = expand_kv(k, group), expand_kv(v, group)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        if start == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        from torch.nn.attention.bias import causal_lower_right
+
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, start + L), scale=scale)
+
+
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
                       window: int | None = None, variant: str | None = None) -> torch.Tensor:
     """Causal attention of a prefill chunk (semantics of :func:`~.naive.prefill_attention_naive`).
@@ -118,12 +150,19 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
         raise ValueError(f"prefill attention variant must be one of {VARIANTS}, got {variant!r}")
     reason = unsupported_reason(variant, q, window)
     if reason is not None:
+        instead = "sdpa"
+        if variant in ("cudnn", "flash") and q.device.type == "cuda" and unsupported_reason("efficient", q, window) is None:
+            instead = "efficient"
         if reason not in _warned:
             _warned.add(reason)
-            warnings.warn(f"{reason}: this prefill runs SDPA with a causal bias instead", stacklevel=2)
-        variant = "sdpa"
+            how = ("SDPA's memory-efficient kernel over repeated key heads" if instead == "efficient"
+                   else "SDPA with a causal bias")
+            warnings.warn(f"{reason}: this prefill runs {how} instead", stacklevel=2)
+        variant = instead
     if variant == "sdpa":
         return prefill_attention_sdpa(q, k, v, start, scale, window)
+    if variant == "efficient":
+        return prefill_attention_efficient(q, k, v, start, scale)
     if variant == "triton":
         from .triton import prefill_attention_triton
 
