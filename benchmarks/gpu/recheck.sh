@@ -16,7 +16,7 @@ timeout ${TESTS_TIMEOUT:-170} python -m pytest -q -m gpu -p no:cacheprovider -rA
   -k "exact or batched or efficient or gpu_variants" > "$out/t/tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|^E  " "$out/t/tests.log" | cut -c1-200 | head -20; tail -1 "$out/t/tests.log"
 SKIP_PAIR=1 SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-200} bash benchmarks/gpu/batched.sh "$out/b"
-rm -rf "$out/b/pair"
+rm -rf "$out/b/pair" "$out/b/shape/batched.csv"  # the rows are in batched.json: 8 files come back
 timeout ${FAMILY_TIMEOUT:-150} python benchmarks/family_prefill_bench.py --out "$out/g" --families gemma4_12b \
   --prompts 8192,32768 --repeats 3,2 > "$out/g/bench.log" 2>&1
 echo "family_prefill_bench rc=$?"; grep -E "ours|hf|warning|Error" "$out/g/bench.log" | cut -c10-200 | tail -8
