@@ -64,7 +64,7 @@ def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
 
 def batch_unsupported(family: str) -> str:
     """Why a family's runner takes one row at a time (the batch's rows are then decoded one after another)."""
-    return f"{family} keeps one row per cache (batched rounds run the Llama family)"
+    return f"{family} keeps one row per cache (batched rounds run the Llama and Qwen3.5 families)"
 
 
 class StaticTarget(abc.ABC):
@@ -106,8 +106,9 @@ class StaticTarget(abc.ABC):
         self._exact_kernels = None  # (LayerOps, attention) of exact mode, resolved on its first step
 
     def accept(self, n) -> None:
-        """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
-        rolls back by its length; families with recurrent state select the accepted position's state."""
+        """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor; after :meth:`forward_rows`, a list
+        of ints, one per row). Nothing to do here: a KV cache rolls back by its length; families with recurrent
+        state select each row's accepted position's state."""
 
     def step_state(self) -> list[torch.Tensor]:
         """Buffers a verify both reads and overwrites (:meth:`accept` commits a recurrent family's state into the
@@ -354,6 +355,18 @@ class StaticTarget(abc.ABC):
             if start + L > self.capacity:
                 raise ValueError(f"row {row}: {start + L} tokens exceed the cache capacity {self.capacity}")
 
+    def _check_one_row(self) -> None:
+        if self.batch != 1:
+            raise ValueError(f"forward_static runs a one-row cache; this runner holds {self.batch} rows "
+                             "(a batch's rounds run forward_rows)")
+
+    def fused_rows_unsupported(self) -> str | None:
+        """Why :meth:`forward_rows_static` cannot run this target (None when the family gives it): a batch's verify
+        on the static and graphs engines then runs :meth:`forward_rows` (host lengths), said once."""
+        if type(self).forward_rows_static is StaticTarget.forward_rows_static:
+            return f"{type(self).__name__} has no fused layers over rows (forward_rows_static)"
+        return None
+
     def forward_rows_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: list[int], bucket: int,
                             taps_out: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`forward_rows` with fixed shapes, nothing read on the host (CUDA-graph friendly): ``input_ids
@@ -390,9 +403,7 @@ class StaticTarget(abc.ABC):
         """
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
-        if self.batch != 1:
-            raise ValueError(f"forward_static runs a one-row cache; this runner holds {self.batch} rows "
-                             "(a batch's rounds run forward_rows)")
+        self._check_one_row()
         if self.exact and not (fused and attention == "triton"):
             raise ValueError("exact mode runs forward_static with fused=True and attention='triton' (its kernels); "
                              f"got fused={fused}, attention={attention!r}")
