@@ -25,7 +25,9 @@ recurrent state ``[Hv, Dk, Dv]`` (fp32; fp64 for fp64 models). The verify step c
 block position (the convolution windows are slices of one ``[C, K - 1 + L]`` buffer, the recurrent states come
 out of the kernel) and :meth:`Qwen35StaticTarget.accept` copies the accepted position's into place, on the device,
 inside the captured verify graph: a rejection costs no replay and no host read. The prompt is prefilled through
-the model's own forward (transformers' cache and kernels, chunked) and its states copied in.
+the model's own forward (transformers' cache and kernels, chunked) and its states copied in. A runner of ``batch``
+rows keeps these states per row and takes batched rounds (:mod:`fold_hf.targets.qwen35_rows`: ``forward_rows``, and
+``accept`` with one count per row).
 
 Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
 projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,

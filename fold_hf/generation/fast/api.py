@@ -61,8 +61,8 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
 
     Same arguments and result as :func:`fold_hf.generate` (the settings of a
     :class:`~fold_hf.generation.request.GenerationRequest`); a batch ``[B, L]`` (left-padded, ``attention_mask``) runs
-    in batched rounds (:mod:`~fold_hf.generation.fast.batched`, the Llama family), anything else row by row, saying
-    once why. Plus:
+    in batched rounds (:mod:`~fold_hf.generation.fast.batched`, the Llama and Qwen3.5 families), anything else row by
+    row, saying once why. Plus:
 
     Args:
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (docs/fast-loop.md); default ``graphs`` on CUDA,
