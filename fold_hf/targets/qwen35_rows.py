@@ -111,11 +111,9 @@ class Qwen35Rows:
         g = (-lin.A_log.float().exp() * F.softplus(a.float() + lin.dt_bias)).to(cd)
         recurrent = self.recurrent_rows[i]
         runs = [self._gated_delta(q[n], k[n], v[n], g[n], beta[n], recurrent[r]) for n, r in enumerate(rows)]
-        if A == 1:
-            out, states = runs[0][0][None], runs[0][1][None]  # views: no copy of the states
-        else:
-            out, states = torch.stack([o for o, _ in runs]), torch.stack([s for _, s in runs])
-        self._pending[i] = (window, states)  # [A, C, K - 1 + L], [A, L, Hv, Dk, Dv]
+        out = runs[0][0][None] if A == 1 else torch.stack([o for o, _ in runs])  # [A, L, Hv, Dv]
+        # window [A, C, K - 1 + L]; each row's states [L, Hv, Dk, Dv] as the kernel gave them (no stacked copy)
+        self._pending[i] = (window, [s for _, s in runs])
         self._pending_rows = rows
         out = lin.norm(out.to(hidden.dtype).reshape(-1, self.v_dim), z.reshape(-1, self.v_dim))
         return lin.out_proj(out.reshape(A, L, -1))
@@ -149,14 +147,14 @@ class Qwen35Rows:
             counts = [int(c) for c in n] if isinstance(n, (list, tuple)) else [int(n)]
             if len(counts) != len(rows):
                 raise ValueError(f"{len(counts)} accepted counts for the {len(rows)} rows of the last forward")
-            L = next(iter(self._pending.values()))[1].shape[1]
+            L = next(iter(self._pending.values()))[1][0].shape[0]
             for a, c in enumerate(counts):
                 if not 0 <= c < L:
                     raise ValueError(f"row {rows[a]}: {c} accepted drafts of a block of {L} tokens")
             for i, (window, states) in self._pending.items():
                 for a, (row, c) in enumerate(zip(rows, counts)):
                     self.conv_rows[i][row].copy_(window[a, :, c + 1 : c + 1 + K1])
-                    self.recurrent_rows[i][row].copy_(states[a, c])
+                    self.recurrent_rows[i][row].copy_(states[a][c])
         self._pending.clear()
 
     def step_state(self) -> list[torch.Tensor]:
