@@ -64,7 +64,7 @@ def bucket_length(needed: int, capacity: int, minimum: int = 256) -> int:
 
 def batch_unsupported(family: str) -> str:
     """Why a family's runner takes one row at a time (the batch's rows are then decoded one after another)."""
-    return f"{family} keeps one row per cache (batched rounds run the Llama and Gemma families)"
+    return f"{family} keeps one row per cache (batched rounds run the Llama, Qwen3.5 and Gemma families)"
 
 
 class StaticTarget(abc.ABC):
@@ -106,8 +106,9 @@ class StaticTarget(abc.ABC):
         self._exact_kernels = None  # (LayerOps, attention) of exact mode, resolved on its first step
 
     def accept(self, n) -> None:
-        """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor). Nothing to do here: a KV cache
-        rolls back by its length; families with recurrent state select the accepted position's state."""
+        """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor; after :meth:`forward_rows`, a list
+        of ints, one per row). Nothing to do here: a KV cache rolls back by its length; families with recurrent
+        state select each row's accepted position's state."""
 
     def step_state(self) -> list[torch.Tensor]:
         """Buffers a verify both reads and overwrites (:meth:`accept` commits a recurrent family's state into the

@@ -25,7 +25,9 @@ recurrent state ``[Hv, Dk, Dv]`` (fp32; fp64 for fp64 models). The verify step c
 block position (the convolution windows are slices of one ``[C, K - 1 + L]`` buffer, the recurrent states come
 out of the kernel) and :meth:`Qwen35StaticTarget.accept` copies the accepted position's into place, on the device,
 inside the captured verify graph: a rejection costs no replay and no host read. The prompt is prefilled through
-the model's own forward (transformers' cache and kernels, chunked) and its states copied in.
+the model's own forward (transformers' cache and kernels, chunked) and its states copied in. A runner of ``batch``
+rows keeps these states per row and takes batched rounds (:mod:`fold_hf.targets.qwen35_rows`: ``forward_rows``, and
+``accept`` with one count per row).
 
 Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
 projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,
@@ -64,6 +66,7 @@ from ..modeling.rope import compute_dtype
 from .base import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
 from .common import tap_writer, wrapped_text_parts
 from .moe import experts_unsupported, stacked_experts
+from .qwen35_rows import Qwen35Rows
 from .taps import HiddenTaps, _unwrap
 
 # the multimodal wrappers: text config in config.text_config, text decoder at model.model.language_model
@@ -133,17 +136,13 @@ def check(model, capacity: int | None = None) -> None:
                 raise UnsupportedTarget(f"{name}: layer {i} MoE block: {reason}")
 
 
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """As transformers' Qwen3.5 ``l2norm`` (FLA's): ``x * rsqrt(sum(x^2) + eps)``."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
+    """:class:`~fold_hf.targets.base.StaticTarget` for Qwen3.5 (same interface; ``batch`` rows: :class:`Qwen35Rows`).
 
-
-class Qwen35StaticTarget(StaticTarget):
-    """:class:`~fold_hf.targets.base.StaticTarget` for Qwen3.5 (same interface, batch 1).
-
-    Attention layers keep ``[1, Hkv, capacity, D]`` key/value buffers (``None`` at linear layers); linear layers
-    keep ``conv[i] [C, K - 1]`` and ``recurrent[i] [Hv, Dk, Dv]``. Every forward over a block leaves its
-    per-position states pending until :meth:`accept` selects one.
+    Attention layers keep ``[batch, Hkv, capacity, D]`` key/value buffers (``None`` at linear layers); linear layers
+    keep ``conv_rows[i] [batch, C, K - 1]`` and ``recurrent_rows[i] [batch, Hv, Dk, Dv]`` (``conv[i]`` /
+    ``recurrent[i]``: row 0's). Every forward over a block leaves its per-position states pending until
+    :meth:`accept` selects one per row.
     """
 
     def __init__(self, target, capacity: int, tap_layer_ids=(), batch: int = 1) -> None:
@@ -162,7 +161,7 @@ class Qwen35StaticTarget(StaticTarget):
 
         module = sys.modules[type(attn).__module__]
         self._apply_rope = module.apply_rotary_pos_emb
-        shape = (1, self.num_kv_heads, self.capacity, self.head_dim)
+        shape = (self.batch, self.num_kv_heads, self.capacity, self.head_dim)
         full = [t == "full_attention" for t in self.layer_types]
         self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) if f else None for f in full]
         self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) if f else None for f in full]
@@ -173,19 +172,11 @@ class Qwen35StaticTarget(StaticTarget):
         self.kernel = config.linear_conv_kernel_dim
         self.conv_dim = 2 * self.num_k_heads * self.k_dim + self.num_v_heads * self.v_dim
         # every linear layer's states in one tensor (views per layer), so the fused commit is one launch
-        self.linear_ids = [i for i, f in enumerate(full) if not f]
-        n_linear = len(self.linear_ids)
-        self._conv_all = torch.zeros(n_linear, self.conv_dim, self.kernel - 1, device=self.device, dtype=self.dtype)
-        self._recurrent_all = torch.zeros(n_linear, self.num_v_heads, self.k_dim, self.v_dim, device=self.device,
-                                          dtype=self.state_dtype)
-        slot = {i: n for n, i in enumerate(self.linear_ids)}
-        self.conv = [None if f else self._conv_all[slot[i]] for i, f in enumerate(full)]
-        self.recurrent = [None if f else self._recurrent_all[slot[i]] for i, f in enumerate(full)]
+        self._init_linear_states(full)
         self._fused_pending = None  # rows of the last fused verify whose inputs wait for accept()
         self._delta_pending = None  # the fused path's buffers (built on its first use)
         self._hybrid_ops = None
         self._ba_weights = {}
-        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         with torch.no_grad():
             # text positions: the same in the three mrope sections ([3, 1, capacity], as 5.17 and 5.24 both take)
             positions = torch.arange(self.capacity, device=self.device).expand(3, 1, self.capacity)
@@ -232,10 +223,6 @@ class Qwen35StaticTarget(StaticTarget):
             return f"odd rotary width {self.cos.shape[-1]}"
         return None
 
-    def bytes_held(self) -> int:
-        tensors = [t for t in self.keys + self.values + self.conv + self.recurrent if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     # ------------------------------------------------------------------ MLP / MoE
     def _mlp(self, layer, normed: torch.Tensor) -> torch.Tensor:
         """The layer's MLP of ``normed [1, L, H]``: the module (dense), or :meth:`_sparse_moe`."""
@@ -255,63 +242,6 @@ class Qwen35StaticTarget(StaticTarget):
         routed = stacked_experts(mlp.experts, x, index, weights)
         shared = torch.sigmoid(mlp.shared_expert_gate(x)) * shared
         return (routed + shared).reshape(hidden.shape)
-
-    # ------------------------------------------------------------------ linear attention
-    def _linear(self, i: int, layer, hidden: torch.Tensor) -> torch.Tensor:
-        """Gated DeltaNet over the block ``hidden [1, L, H]`` from the committed state; keeps every position's
-        state pending. Returns ``[1, L, H]``."""
-        from ..kernels.gated_delta import default_gated_delta
-
-        if self._gated_delta is None:
-            self._gated_delta = default_gated_delta(self.device)
-        lin = layer.linear_attn
-        L = hidden.shape[1]
-        cd = self.state_dtype
-        qkv = lin.in_proj_qkv(hidden)[0]  # [L, C]
-        z = lin.in_proj_z(hidden)
-        b = lin.in_proj_b(hidden)[0]
-        a = lin.in_proj_a(hidden)[0]
-        window = torch.cat((self.conv[i], qkv.transpose(0, 1).to(self.dtype)), dim=1)  # [C, K - 1 + L]
-        mixed = F.conv1d(window[None].to(lin.conv1d.weight.dtype), lin.conv1d.weight, groups=self.conv_dim)
-        mixed = F.silu(mixed)[0].transpose(0, 1).to(hidden.dtype)  # [L, C]
-        kd = self.num_k_heads * self.k_dim
-        q = mixed[:, :kd].reshape(L, self.num_k_heads, self.k_dim).to(cd)
-        k = mixed[:, kd : 2 * kd].reshape(L, self.num_k_heads, self.k_dim).to(cd)
-        v = mixed[:, 2 * kd :].reshape(L, self.num_v_heads, self.v_dim).to(cd)
-        q = _l2norm(q) * (self.k_dim ** -0.5)
-        k = _l2norm(k)
-        beta = b.sigmoid().to(cd)
-        g = (-lin.A_log.float().exp() * F.softplus(a.float() + lin.dt_bias)).to(cd)
-        out, states = self._gated_delta(q, k, v, g, beta, self.recurrent[i])
-        self._pending[i] = (window, states)
-        out = lin.norm(out.to(hidden.dtype).reshape(-1, self.v_dim), z.reshape(-1, self.v_dim))
-        return lin.out_proj(out.reshape(1, L, -1))
-
-    @torch.no_grad()
-    def accept(self, n) -> None:
-        """Commit the state after block position ``n`` (int or ``[1]`` long device tensor: the accepted drafts;
-        the block's first ``n + 1`` tokens are kept) of the last forward. After a fused verify the accepted
-        prefix is re-run from the committed states (one launch for every layer); otherwise the kept
-        per-position state is copied."""
-        if not self._pending and self._fused_pending is None:
-            return
-        if not isinstance(n, torch.Tensor):
-            n = torch.tensor([int(n)], device=self.device)
-        n = n.reshape(1).to(self.device)
-        if self._fused_pending is not None:
-            self._hybrid_ops.gated_delta_commit(n, self._delta_pending, self._fused_pending, self._recurrent_all,
-                                                self._conv_all)
-            self._fused_pending = None
-            return
-        columns = n + 1 + torch.arange(self.kernel - 1, device=self.device)
-        for i, (window, states) in self._pending.items():
-            self.conv[i].copy_(window.index_select(1, columns))
-            self.recurrent[i].copy_(states.index_select(0, n)[0])
-        self._pending.clear()
-
-    def step_state(self) -> list[torch.Tensor]:
-        """The committed convolution and recurrent states: a verify reads them and :meth:`accept` overwrites them."""
-        return [t for t in self.conv + self.recurrent if t is not None]
 
     # ------------------------------------------------------------------ fused layers
     def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
@@ -409,8 +339,13 @@ class Qwen35StaticTarget(StaticTarget):
 
     # ------------------------------------------------------------------ layers
     def _run_layers(self, input_ids, cos, sin, write_kv, attend, taps_out, last_only):
+        """:meth:`StaticTarget._run_layers` over ``input_ids [A, L]`` (``A`` > 1: :meth:`forward_rows`, rope rows
+        ``[A, L, d]``; the linear layers run the rows' own states, :meth:`_linear`). Returns logits ``[L, V]`` (or
+        ``[1, V]`` with ``last_only``), ``[A, L, V]`` for ``A > 1``."""
         hidden = self.embed(input_ids)
-        L = input_ids.shape[1]
+        A, L = input_ids.shape
+        if cos.dim() == 2:
+            cos, sin = cos[None], sin[None]
         tap = tap_writer(self.tap_layer_ids, hidden.shape[-1], taps_out)
         last_layer = len(self.layers) - 1
         self._pending.clear()
@@ -422,20 +357,21 @@ class Qwen35StaticTarget(StaticTarget):
                 hidden = residual + self._linear(i, layer, normed)
             else:
                 attn = layer.self_attn
-                query, gate = torch.chunk(attn.q_proj(normed).view(1, L, -1, 2 * self.head_dim), 2, dim=-1)
-                gate = gate.reshape(1, L, -1)
+                query, gate = torch.chunk(attn.q_proj(normed).view(A, L, -1, 2 * self.head_dim), 2, dim=-1)
+                gate = gate.reshape(A, L, -1)
                 q = attn.q_norm(query).transpose(1, 2)
-                k = attn.k_norm(attn.k_proj(normed).view(1, L, -1, self.head_dim)).transpose(1, 2)
-                v = attn.v_proj(normed).view(1, L, -1, self.head_dim).transpose(1, 2)
-                q, k = self._apply_rope(q, k, cos[None], sin[None])
+                k = attn.k_norm(attn.k_proj(normed).view(A, L, -1, self.head_dim)).transpose(1, 2)
+                v = attn.v_proj(normed).view(A, L, -1, self.head_dim).transpose(1, 2)
+                q, k = self._apply_rope(q, k, cos, sin)
                 write_kv(i, k, v)
-                out = attend(i, q).transpose(1, 2).reshape(1, L, -1)
+                out = attend(i, q).transpose(1, 2).reshape(A, L, -1)
                 hidden = residual + attn.o_proj(out * torch.sigmoid(gate))
             hidden = hidden + self._mlp(layer, layer.post_attention_layernorm(hidden))
             if taps_out is not None and i in self.tap_layer_ids:
                 tap(i, self.final_norm(hidden) if i == last_layer else hidden)
         hidden = self.final_norm(hidden[:, -1:] if last_only else hidden)
-        return self.lm_head(hidden)[0]
+        logits = self.lm_head(hidden)
+        return logits[0] if A == 1 else logits
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -443,7 +379,7 @@ class Qwen35StaticTarget(StaticTarget):
         """The prompt ``[1, P]`` through the model's own forward (transformers' cache and kernels), ``chunk``
         tokens at a time; its keys, values, convolution and recurrent states are then copied into the static
         buffers. ``on_taps(features [1, c, n_taps * H], start)`` per chunk. Returns the last logits ``[V]``.
-        ``row``: 0 (one cache row).
+        ``row``: the cache row filled (its attention entries and linear states; the other rows are left alone).
 
         Every chunk gets its 1-D positions explicitly (the text model expands them to its rope streams, as for no
         ``position_ids``): a multimodal wrapper would otherwise add the rope deltas an earlier image request left on
@@ -475,14 +411,14 @@ class Qwen35StaticTarget(StaticTarget):
             logits = out.logits[0, -1]
         for i, layer in enumerate(cache.layers):
             if self.layer_types[i] == "full_attention":
-                self.keys[i][:, :, :P] = layer.keys
-                self.values[i][:, :, :P] = layer.values
+                self.keys[i][row : row + 1, :, :P] = layer.keys
+                self.values[i][row : row + 1, :, :P] = layer.values
             else:
                 conv = layer.conv_states[0][0]  # [C, K'] (K' = K, zero-padded on the left for short prompts)
                 tail = conv[:, -(self.kernel - 1):]
-                self.conv[i].zero_()
-                self.conv[i][:, self.kernel - 1 - tail.shape[1]:] = tail
-                self.recurrent[i].copy_(layer.recurrent_states[0][0])
+                self.conv_rows[i][row].zero_()
+                self.conv_rows[i][row][:, self.kernel - 1 - tail.shape[1]:] = tail
+                self.recurrent_rows[i][row].copy_(layer.recurrent_states[0][0])
         self._pending.clear()
         self._fused_pending = None
         self.length = P

@@ -60,7 +60,7 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
 
     Same arguments and result as :func:`fold_hf.generate` (the settings of a
     :class:`~fold_hf.generation.request.GenerationRequest`); a batch ``[B, L]`` (left-padded, ``attention_mask``) runs
-    in batched rounds (:mod:`~fold_hf.generation.fast.batched`, the Llama and Gemma families), anything else row by
+    in batched rounds (:mod:`~fold_hf.generation.fast.batched`, the Llama, Qwen3.5 and Gemma families), anything else row by
     row, saying once why. Plus:
 
     Args:

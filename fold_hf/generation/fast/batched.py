@@ -23,11 +23,13 @@ they sample the same tokens as alone.
 Exact mode (``exact=True``, docs/exact-mode.md): the verify forward runs exact mode's kernels, each row as its own
 verify step, so a batched row's tokens have the bits of that row decoded alone in exact mode (bf16 included).
 
-Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama and Gemma families), every
-engine: the ``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and ``graphs`` (the
-default on CUDA) verify through the fused layers as a fixed-shape step (a CUDA graph in ``graphs``, :class:`_Verify`;
-the Llama family), while drafting and acceptance stay on the host; the Gemma family has no fused layers over rows,
-so there its verify runs host-length, said once. The other families and ``cmr`` (its refreshes read one row's target
+Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama, Qwen3.5 and Gemma
+families), every engine: the ``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and
+``graphs`` (the default on CUDA) verify through the fused layers as a fixed-shape step (a CUDA graph in ``graphs``,
+:class:`_Verify`; the Llama family), while drafting and acceptance stay on the host; the Qwen3.5 and Gemma families
+have no fused layers over rows, so there their verify runs host-length, said once. After each round the runner's
+``accept`` takes every row's accepted count (a recurrent family keeps each row's state at its own accepted position;
+a KV cache rolls back by the row's length). The other families and ``cmr`` (its refreshes read one row's target
 attention) decode the rows one after another (:func:`fold_hf.generation.batch.decode_rows`), which says so once,
 naming why.
 """
@@ -168,13 +170,16 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         logits = verify(ids, [row.index for row in active], [row.position for row in active], features)
         if phases is not None:
             verified = clock(verify.device)
+        accepted = []
         for a, row in enumerate(active):  # 3. each row's acceptance
             k = row.proposals.shape[0]
             commit, row.pending = accept(row.choice, logits[a, : k + 1], row.proposals, row.q, len(row.out.tokens),
                                          features[a : a + 1] if features is not None else None, row.pending)
+            accepted.append(commit.shape[0] - 1)
             row.position += commit.shape[0]
             row.out.commit(commit.tolist())
             row.last = commit[-1:].to(row.last.device)
+        verify.runner.accept(accepted)  # a recurrent family keeps each row's state at its accepted position
         now = clock(logits.device)
         for row in active:
             row.end = now
@@ -193,7 +198,7 @@ class _Verify:
     shared, each row's rope, cache write and decode attention its own launch at a context length read from the
     device) as a fixed-shape step of the session (a CUDA graph in ``graphs``), keyed by the running rows, the block
     width and the attention bucket of the longest row, replayed from the session's buffers; when the fused layers
-    cannot run the target or the family has none over rows (the runner's ``fused_rows_unsupported``: the Gemma
+    cannot run the target or the family has none over rows (the runner's ``fused_rows_unsupported``: the Qwen3.5 and Gemma
     family), the host-length forward, said once with the reason.
     """
 

@@ -1,0 +1,163 @@
+"""Rows of the Qwen3.5 runner (issue 35): the linear-attention state of every cache row, the Gated DeltaNet block
+over ``A`` rows, and the acceptance that leaves each row's state at its own accepted position.
+
+:class:`Qwen35Rows` is mixed into :class:`~fold_hf.targets.qwen35.Qwen35StaticTarget`. A runner of ``batch = B``
+rows holds, per linear layer, a convolution window ``[B, C, K - 1]`` (model dtype) and a recurrent state
+``[B, Hv, Dk, Dv]`` (fp32; fp64 for fp64 models), every layer's in one tensor; ``conv[i]`` / ``recurrent[i]`` are
+row 0's (the one-row forwards: ``forward_static`` and the fused layers, which run at ``batch = 1`` only).
+
+A host-length forward over cache rows ``rows`` (:meth:`~fold_hf.targets.base.StaticTarget.forward` with ``row=``,
+:meth:`~fold_hf.targets.base.StaticTarget.forward_rows` over ``[A, L]``) runs each row's block from that row's
+committed state and keeps each row's state after every block position pending; :meth:`Qwen35Rows.accept` then
+copies, for each row, the state after its own accepted position into its row: ``accept(n)`` after a one-row forward
+(an int or a ``[1]`` device tensor), ``accept([n_0, .., n_{A-1}])`` after ``forward_rows`` (one count per row, in
+the order of its ``rows``). The rule is the one-row rule: the block's first ``n + 1`` tokens are kept, so the
+recurrent state is the one after block position ``n`` and the convolution window the ``K - 1`` projections ending
+there.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """As transformers' Qwen3.5 ``l2norm`` (FLA's): ``x * rsqrt(sum(x^2) + eps)``."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+class Qwen35Rows:
+    """The rows part of the Qwen3.5 runner (module docstring)."""
+
+    batched_rows = True  # forward_rows: [A, L] rows, each from its own state at its own position (issue 35)
+    _state_rows: tuple[int, ...] = (0,)  # the cache rows of the forward in progress (row 0 for a one-row forward)
+
+    def _init_linear_states(self, full: list[bool]) -> None:
+        """Allocate every linear layer's convolution and recurrent states, ``batch`` rows each (module docstring)."""
+        B = self.batch
+        self.linear_ids = [i for i, f in enumerate(full) if not f]
+        n_linear = len(self.linear_ids)
+        self._conv_rows_all = torch.zeros(n_linear, B, self.conv_dim, self.kernel - 1, device=self.device,
+                                          dtype=self.dtype)
+        self._recurrent_rows_all = torch.zeros(n_linear, B, self.num_v_heads, self.k_dim, self.v_dim,
+                                               device=self.device, dtype=self.state_dtype)
+        # row 0 of every layer in one tensor (contiguous at batch 1, the only batch the fused commit runs at)
+        self._conv_all, self._recurrent_all = self._conv_rows_all[:, 0], self._recurrent_rows_all[:, 0]
+        slot = {i: n for n, i in enumerate(self.linear_ids)}
+        self.conv_rows = [None if f else self._conv_rows_all[slot[i]] for i, f in enumerate(full)]
+        self.recurrent_rows = [None if f else self._recurrent_rows_all[slot[i]] for i, f in enumerate(full)]
+        self.conv = [None if f else self._conv_all[slot[i]] for i, f in enumerate(full)]
+        self.recurrent = [None if f else self._recurrent_all[slot[i]] for i, f in enumerate(full)]
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pending_rows: tuple[int, ...] = ()
+
+    def bytes_held(self) -> int:
+        tensors = [t for t in self.keys + self.values if t is not None] + [self._conv_rows_all,
+                                                                          self._recurrent_rows_all]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # ------------------------------------------------------------------ host-length forwards over rows
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None = None,
+                last_only: bool = False, row: int = 0) -> torch.Tensor:
+        self._check_row(row)
+        self._state_rows = (row,)
+        try:
+            return super().forward(input_ids, start, taps_out, last_only, row)
+        finally:
+            self._state_rows = (0,)
+
+    @torch.no_grad()
+    def forward_rows(self, input_ids: torch.Tensor, rows: list[int], starts: list[int],
+                     taps_out: torch.Tensor | None = None) -> torch.Tensor:
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"cache rows {list(rows)} repeat a row (each row's state advances once per forward)")
+        self._state_rows = tuple(int(r) for r in rows)
+        try:
+            return super().forward_rows(input_ids, rows, starts, taps_out)
+        finally:
+            self._state_rows = (0,)
+
+    # ------------------------------------------------------------------ linear attention
+    def _linear(self, i: int, layer, hidden: torch.Tensor) -> torch.Tensor:
+        """Gated DeltaNet over the block ``hidden [A, L, H]`` of cache rows :attr:`_state_rows`, each from its
+        committed state; keeps every row's state after every position pending. Returns ``[A, L, H]``."""
+        from ..kernels.gated_delta import default_gated_delta
+
+        if self._gated_delta is None:
+            self._gated_delta = default_gated_delta(self.device)
+        rows = self._state_rows
+        lin = layer.linear_attn
+        A, L = hidden.shape[:2]
+        cd = self.state_dtype
+        qkv = lin.in_proj_qkv(hidden)  # [A, L, C]
+        z = lin.in_proj_z(hidden)
+        b = lin.in_proj_b(hidden)
+        a = lin.in_proj_a(hidden)
+        # slices, not an index tensor: a one-row step stays capturable
+        conv = self.conv_rows[i]
+        committed = conv[rows[0] : rows[0] + 1] if A == 1 else torch.cat([conv[r : r + 1] for r in rows])
+        window = torch.cat((committed, qkv.transpose(1, 2).to(self.dtype)), dim=2)  # [A, C, K - 1 + L]
+        mixed = F.conv1d(window.to(lin.conv1d.weight.dtype), lin.conv1d.weight, groups=self.conv_dim)
+        mixed = F.silu(mixed).transpose(1, 2).to(hidden.dtype)  # [A, L, C]
+        kd = self.num_k_heads * self.k_dim
+        q = mixed[..., :kd].reshape(A, L, self.num_k_heads, self.k_dim).to(cd)
+        k = mixed[..., kd : 2 * kd].reshape(A, L, self.num_k_heads, self.k_dim).to(cd)
+        v = mixed[..., 2 * kd :].reshape(A, L, self.num_v_heads, self.v_dim).to(cd)
+        q = _l2norm(q) * (self.k_dim ** -0.5)
+        k = _l2norm(k)
+        beta = b.sigmoid().to(cd)
+        g = (-lin.A_log.float().exp() * F.softplus(a.float() + lin.dt_bias)).to(cd)
+        recurrent = self.recurrent_rows[i]
+        runs = [self._gated_delta(q[n], k[n], v[n], g[n], beta[n], recurrent[r]) for n, r in enumerate(rows)]
+        out = runs[0][0][None] if A == 1 else torch.stack([o for o, _ in runs])  # [A, L, Hv, Dv]
+        # window [A, C, K - 1 + L]; each row's states [L, Hv, Dk, Dv] as the kernel gave them (no stacked copy)
+        self._pending[i] = (window, [s for _, s in runs])
+        self._pending_rows = rows
+        out = lin.norm(out.to(hidden.dtype).reshape(-1, self.v_dim), z.reshape(-1, self.v_dim))
+        return lin.out_proj(out.reshape(A, L, -1))
+
+    @torch.no_grad()
+    def accept(self, n) -> None:
+        """Commit, for each row of the last forward, the state after its block position ``n`` (the accepted drafts:
+        the block's first ``n + 1`` tokens are kept). ``n``: an int or a ``[1]`` long device tensor after a one-row
+        forward; a list of ints, one per row, after :meth:`forward_rows`. After a fused verify (one row) the
+        accepted prefix is re-run from the committed states (one launch for every layer); otherwise each row's kept
+        per-position state is copied into its row."""
+        if not self._pending and self._fused_pending is None:
+            return
+        if self._fused_pending is not None:
+            if not isinstance(n, torch.Tensor):
+                n = torch.tensor([int(n)], device=self.device)
+            self._hybrid_ops.gated_delta_commit(n.reshape(1).to(self.device), self._delta_pending,
+                                                self._fused_pending, self._recurrent_all, self._conv_all)
+            self._fused_pending = None
+            return
+        rows, K1 = self._pending_rows, self.kernel - 1
+        if isinstance(n, torch.Tensor):  # on the device (a captured one-row step): no host read
+            if len(rows) != 1:
+                raise ValueError(f"accept takes one count per row of the last forward ({len(rows)}) as a list")
+            n = n.reshape(1).to(self.device)
+            columns = n + 1 + torch.arange(K1, device=self.device)
+            for i, (window, states) in self._pending.items():
+                self.conv_rows[i][rows[0]].copy_(window[0].index_select(1, columns))
+                self.recurrent_rows[i][rows[0]].copy_(states[0].index_select(0, n)[0])
+        else:
+            counts = [int(c) for c in n] if isinstance(n, (list, tuple)) else [int(n)]
+            if len(counts) != len(rows):
+                raise ValueError(f"{len(counts)} accepted counts for the {len(rows)} rows of the last forward")
+            L = next(iter(self._pending.values()))[1][0].shape[0]
+            for a, c in enumerate(counts):
+                if not 0 <= c < L:
+                    raise ValueError(f"row {rows[a]}: {c} accepted drafts of a block of {L} tokens")
+            for i, (window, states) in self._pending.items():
+                for a, (row, c) in enumerate(zip(rows, counts)):
+                    self.conv_rows[i][row].copy_(window[a, :, c + 1 : c + 1 + K1])
+                    self.recurrent_rows[i][row].copy_(states[a][c])
+        self._pending.clear()
+
+    def step_state(self) -> list[torch.Tensor]:
+        """The committed convolution and recurrent states (every row): a verify reads them and :meth:`accept`
+        overwrites them."""
+        return [t for t in self.conv_rows + self.recurrent_rows if t is not None]

@@ -1,0 +1,256 @@
+"""Batched rounds over the Qwen3.5 hybrid target (issue 35): Gated DeltaNet layers keep a recurrent and a convolution
+state per cache row, and each row's acceptance leaves its own state at its own accepted position.
+
+Independent statements: the transformers model's own forward over a row's whole accepted text (the runner's rows),
+the row run alone through the one-row runner, and transformers' own greedy ``generate`` of each row alone, unpadded
+(fp32) for whole batched calls. Rejections come from a random drafter (most rounds reject, differently per row) and
+from an oracle with errors whose corrupted slot depends on the row and the position, so every row accepts 1 .. k + 1
+tokens in a pattern of its own: restoring a row's state at another position (or another row's state) changes its
+next logits and its tokens."""
+
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+
+import pytest
+import torch
+from test_qwen35 import BLOCK, MASK, TOL, prompt, qwen35_drafter, qwen35_target
+
+import fold_hf
+from fold_hf.generation import BatchGenerationResult, release_fast_state
+from fold_hf.generation.fast import SESSION_ATTR, batched as batched_module
+from fold_hf.generation.fast import settings
+from fold_hf.targets.base import StaticTarget
+from fold_hf.targets.qwen35 import Qwen35StaticTarget
+
+NEW = 20
+LENGTHS = (6, 37, 19)  # shorter than the drafter's window (16), longer, between: rows 0 and 2 are padded
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The tiny Qwen3.5 target with its projections drawn wide (std 0.5: at transformers' init, std 0.02, the linear
+    layers' state barely moves a greedy token, so restoring a row's state one position off would go unseen; here it
+    changes ~1 in 6 of the next tokens), and a random (untrained) drafter, in fp32."""
+    target = copy.deepcopy(qwen35_target())
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for module in target.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(std=0.5)
+    target = target.float()
+    drafter = qwen35_drafter(target).float()
+    return target, drafter
+
+
+def rows_of(lengths=LENGTHS, seed: int = 40) -> list[torch.Tensor]:
+    return [prompt(seed + i, n)[0] for i, n in enumerate(lengths)]
+
+
+def left_pad(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def alone(target, row: torch.Tensor, eos=None) -> list[int]:
+    """The row's new tokens by transformers' own greedy generate, the row alone and unpadded."""
+    extra = dict(eos_token_id=eos, pad_token_id=eos) if eos is not None else {}
+    out = target.generate(row[None], max_new_tokens=NEW, do_sample=False, **extra)
+    return out[0, len(row):].tolist()
+
+
+def expected(ids: torch.Tensor, news: list[list[int]], pad: int) -> torch.Tensor:
+    width = max(len(n) for n in news)
+    return torch.cat([ids, torch.tensor([n + [pad] * (width - len(n)) for n in news], dtype=torch.long)], dim=1)
+
+
+@pytest.fixture
+def verified(monkeypatch):
+    """The cache rows of every batched verify forward (``forward_rows``), recorded."""
+    seen = []
+    original = StaticTarget.forward_rows
+
+    def recording(self, input_ids, rows, starts, taps_out=None):
+        seen.append(list(rows))
+        return original(self, input_ids, rows, starts, taps_out)
+
+    monkeypatch.setattr(StaticTarget, "forward_rows", recording)
+    return seen
+
+
+def oracle_rows(monkeypatch, refs: list[torch.Tensor]) -> None:
+    """Every batched draft becomes row ``r``'s greedy continuation (from ``refs[r]``, its transformers output) with
+    one slot corrupted, picked by (row, position); the pick ``k`` corrupts none. Rows are told apart by their
+    drafter caches, in the order of the first round (every row drafts in it)."""
+    original = batched_module.propose_rows
+    order: dict[int, int] = {}
+
+    def propose_rows(drafter, lasts, pendings, caches, positions, counts, pickers):
+        out = original(drafter, lasts, pendings, caches, positions, counts, pickers)
+        for cache in caches:
+            order.setdefault(id(cache), len(order))
+        forced = []
+        for (tokens, q), cache, position, k in zip(out, caches, positions, counts):
+            row = order[id(cache)]
+            drafts = refs[row][position + 1 : position + 1 + k].tolist()
+            drafts += [0] * (k - len(drafts))
+            j = random.Random(f"{row}-{position}").randrange(k + 1)
+            if j < k:
+                drafts[j] = (drafts[j] + 1) % MASK
+            forced.append((torch.tensor(drafts, device=tokens.device), q))
+        return forced
+
+    monkeypatch.setattr(batched_module, "propose_rows", propose_rows)
+
+
+def run_batched(target, drafter, ids, mask, **kw):
+    out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, return_stats=True, **kw)
+    assert isinstance(out, BatchGenerationResult) and out.batched
+    release_fast_state(target)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the runner
+def test_forward_rows_is_each_row_alone_and_accept_keeps_each_rows_position():
+    """Three rows at three lengths: ``forward_rows`` gives each row the logits of that row run alone through the
+    one-row runner and of transformers' forward over its whole text; ``accept`` with a different count per row
+    (in another row order) leaves each row's state where the row alone leaves it, so the next block is right too."""
+    target = qwen35_target()  # fp64
+    lengths = [7, 30, 13]
+    seqs = [prompt(10 + i, n + 12)[0] for i, n in enumerate(lengths)]
+    runner = Qwen35StaticTarget(target, 64, (), batch=3)
+    singles = [Qwen35StaticTarget(target, 64, ()) for _ in lengths]
+    for i, (n, s) in enumerate(zip(lengths, seqs)):
+        runner.prefill(s[None, :n], row=i)
+        singles[i].prefill(s[None, :n])
+    with torch.no_grad():
+        full = [target(s[None]).logits[0] for s in seqs]
+    starts = list(lengths)
+    for counts, rows in (([0, 3, 1], [0, 1, 2]), ([2, 0, 3], [2, 0, 1]), ([1, 1, 0], [1, 2, 0])):
+        ids = torch.stack([seqs[r][starts[r] : starts[r] + 4] for r in rows])
+        logits = runner.forward_rows(ids, rows, [starts[r] for r in rows])
+        assert logits.shape == (3, 4, target.config.vocab_size)
+        for a, r in enumerate(rows):
+            own = singles[r].forward(ids[a : a + 1], starts[r])
+            torch.testing.assert_close(logits[a], own, rtol=0, atol=1e-12)
+            torch.testing.assert_close(logits[a], full[r][starts[r] : starts[r] + 4], **TOL)
+        runner.accept([counts[r] for r in rows])
+        for r in range(3):
+            singles[r].accept(counts[r])
+            starts[r] += counts[r] + 1
+    for r in range(3):  # each row's committed state is the row alone's
+        for i in runner.linear_ids:
+            torch.testing.assert_close(runner.recurrent_rows[i][r], singles[r].recurrent[i], rtol=0, atol=0)
+            torch.testing.assert_close(runner.conv_rows[i][r], singles[r].conv[i], rtol=0, atol=0)
+    # one row through the batched runner's one-row forward: its own state, the others' untouched
+    before = runner._recurrent_rows_all.clone()
+    logits = runner.forward(seqs[1][None, starts[1] : starts[1] + 2], starts[1], row=1)
+    torch.testing.assert_close(logits, full[1][starts[1] : starts[1] + 2], **TOL)
+    runner.accept(1)
+    assert torch.equal(runner._recurrent_rows_all[:, [0, 2]], before[:, [0, 2]])
+    assert not torch.equal(runner._recurrent_rows_all[:, 1], before[:, 1])
+
+
+def test_the_runner_holds_its_rows_and_refuses_what_does_not_fit():
+    target = qwen35_target()
+    one, three = Qwen35StaticTarget(target, 64), Qwen35StaticTarget(target, 64, batch=3)
+    assert three.bytes_held() == 3 * one.bytes_held()
+    assert fold_hf.targets.registry.batch_unsupported_reason(target) is None
+    assert three.fused_rows_unsupported() is not None  # its static engines verify host-length (said once)
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="repeat a row"):
+        three.forward_rows(ids, [1, 1], [4, 4])
+    three.forward_rows(ids, [0, 2], [4, 4])
+    with pytest.raises(ValueError, match="2 accepted counts for the 1 rows|1 accepted counts for the 2 rows"):
+        three.accept([1])
+    with pytest.raises(ValueError, match="4 accepted drafts of a block of 3"):
+        three.accept([1, 4])
+
+
+# ------------------------------------------------------------------------------------------------ whole calls
+def test_random_drafter_every_row_is_its_own_greedy_output(pair, verified):
+    """Mixed lengths, left padding, a random drafter (nearly every round rejects, at different rounds per row):
+    every row equals transformers' greedy generate of that row alone, and the rows ran together."""
+    target, drafter = pair
+    rows = rows_of()
+    ids, mask = left_pad(rows)
+    out = run_batched(target, drafter, ids, mask)
+    assert torch.equal(out.sequences, expected(ids, [alone(target, r) for r in rows], pad=-1))
+    assert max(len(v) for v in verified) == 3
+    assert min(n for row in out.rows for n in row.acceptance_lengths) == 1
+
+
+def test_forced_rejections_that_differ_per_row(pair, verified, monkeypatch):
+    """An oracle with errors: each row accepts 1 .. k + 1 tokens in a pattern of its own, so the rows of one verify
+    restore their states at different positions; every row is still its own greedy output."""
+    target, drafter = pair
+    rows = rows_of()
+    ids, mask = left_pad(rows)
+    refs = [target.generate(r[None], max_new_tokens=NEW + BLOCK, do_sample=False)[0] for r in rows]
+    oracle_rows(monkeypatch, refs)
+    out = run_batched(target, drafter, ids, mask)
+    assert torch.equal(out.sequences, expected(ids, [alone(target, r) for r in rows], pad=-1))
+    patterns = [row.acceptance_lengths for row in out.rows]
+    assert len({tuple(p) for p in patterns}) == 3, patterns
+    for p in patterns:
+        assert set(p) >= set(range(1, BLOCK + 1)), patterns  # every row rolls back by every amount
+    assert max(len(v) for v in verified) == 3
+
+
+def test_an_early_eos_row_leaves_the_batch(pair, verified):
+    """One row stops at its EOS early, another never: each row is transformers' greedy output (its EOS kept, the
+    shorter rows padded with it), and the stopped row is not verified again."""
+    target, drafter = pair
+    rows = rows_of((23, 9, 31), seed=60)
+    plain = [alone(target, r) for r in rows]
+    eos = next(t for t in range(MASK) if any(t in n[:NEW // 2] for n in plain) and any(t not in n for n in plain))
+    news = [alone(target, r, eos=eos) for r in rows]
+    early = min(range(3), key=lambda i: len(news[i]))
+    assert len(news[early]) <= NEW // 2 and max(len(n) for n in news) == NEW, news
+    ids, mask = left_pad(rows)
+    out = run_batched(target, drafter, ids, mask, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected(ids, news, pad=eos))
+    assert out.finish_reason[early] == "eos"
+    assert sum(early in v for v in verified) == len(out.rows[early].acceptance_lengths)
+    assert len(verified) == max(len(row.acceptance_lengths) for row in out.rows)
+
+
+def test_routed_generate_takes_batched_rounds(pair, verified):
+    """``target.generate(..., attention_mask, assistant_model=drafter)`` over a padded batch takes the fast loop's
+    batched rounds, and every row is transformers' greedy output of that row alone."""
+    target, drafter = pair
+    rows = rows_of(seed=80)
+    ids, mask = left_pad(rows)
+    release_fast_state(target)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="fold_hf: target.generate runs transformers'")
+        out = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=NEW, do_sample=False)
+    assert SESSION_ATTR in target.__dict__, "the routed batch did not take the fast loop"
+    release_fast_state(target)
+    news = [alone(target, r) for r in rows]
+    pad = target.generation_config.pad_token_id
+    assert torch.equal(out, expected(ids, news, pad=-1 if pad is None else pad))
+    assert max(len(v) for v in verified) == 3
+
+
+def test_static_engine_verifies_host_length_said_once(pair, verified, monkeypatch):
+    """On the static engine the batched verify runs host-length ``forward_rows`` (no fused layers over rows),
+    saying so once with the reason; the rows are still their own greedy outputs."""
+    target, drafter = pair
+    rows = rows_of((11, 26), seed=90)
+    ids, mask = left_pad(rows)
+    monkeypatch.setattr(settings, "_WARNED", set(), raising=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = run_batched(target, drafter, ids, mask, engine="static")
+    said = [str(w.message) for w in record if "verify host-length" in str(w.message)]
+    assert len(said) == 1 and "no fused layers over rows" in said[0], said
+    assert torch.equal(out.sequences, expected(ids, [alone(target, r) for r in rows], pad=-1))
+    assert max(len(v) for v in verified) == 2
