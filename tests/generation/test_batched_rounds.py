@@ -83,7 +83,7 @@ def test_forward_rows_gives_each_row_its_own_logits_at_its_own_position():
     torch.testing.assert_close(logits[1], full[0][starts[1] : starts[1] + 2], rtol=0, atol=1e-10)
 
 
-def test_the_runner_refuses_what_it_does_not_hold():
+def test_the_runner_refuses_what_it_does_not_hold(monkeypatch):
     target = tiny_target("llama", seed=5)
     runner = build_static_target(target, 32, (), batch=2)
     with pytest.raises(ValueError, match="row 2 is not a row of this runner's cache"):
@@ -92,7 +92,10 @@ def test_the_runner_refuses_what_it_does_not_hold():
         runner.forward_rows(torch.zeros(2, 4, dtype=torch.long), [0, 1], [3, 30])
     with pytest.raises(ValueError, match="one-row cache"):
         runner.forward_static(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 32)
-    qwen35 = tiny_target("qwen35", seed=5)  # a family that keeps one row per cache
+    from fold_hf.targets.qwen35 import Qwen35StaticTarget
+
+    monkeypatch.setattr(Qwen35StaticTarget, "batched_rows", False)  # every family holds rows now: one that says not
+    qwen35 = tiny_target("qwen35", seed=5)
     with pytest.raises(UnsupportedTarget, match="keeps one row per cache"):
         build_static_target(qwen35, 32, (), batch=2)
 
