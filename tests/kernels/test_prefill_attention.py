@@ -108,6 +108,22 @@ def test_variant_setting_and_fallback_warning(monkeypatch):
     assert "needs CUDA" in pa.unsupported_reason("efficient", q, None)
 
 
+def test_a_cudnn_call_cudnn_cannot_run_takes_the_efficient_kernel_or_says_why_not(monkeypatch):
+    """A cudnn call at a head dim cuDNN cannot run goes to the ``efficient`` variant; where this torch has no such
+    kernel for the call (here: the CPU, told the variant can run) the SDPA form answers, and a warning says why."""
+    monkeypatch.setattr(pa, "_warned", set())
+    reasons = {"cudnn": "cudnn prefill attention takes head dims <= 256 in multiples of 8, not 16", "efficient": None}
+    monkeypatch.setattr(pa, "unsupported_reason", lambda variant, q, window: reasons.get(variant))
+    q, k, v = inputs(4, 2, 16, 10, 70, torch.float32, device="cpu")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = prefill_attention(q, k, v, 10, 0.25, variant="cudnn")
+    said = [str(w.message) for w in seen]
+    assert any("memory-efficient kernel over repeated key heads instead" in m for m in said), said
+    assert any(m.startswith("efficient prefill attention cannot run here") for m in said), said
+    assert rel(got, prefill_attention_naive(q, k, v, 10, 0.25)) < 1e-5
+
+
 def _hf_logits(model, ids):
     with torch.no_grad():
         return model(ids).logits[0]

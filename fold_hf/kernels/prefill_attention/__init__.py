@@ -151,7 +151,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     reason = unsupported_reason(variant, q, window)
     if reason is not None:
         instead = "sdpa"
-        if variant in ("cudnn", "flash") and q.device.type == "cuda" and unsupported_reason("efficient", q, window) is None:
+        if variant in ("cudnn", "flash") and unsupported_reason("efficient", q, window) is None:
             instead = "efficient"
         if reason not in _warned:
             _warned.add(reason)
@@ -162,7 +162,16 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     if variant == "sdpa":
         return prefill_attention_sdpa(q, k, v, start, scale, window)
     if variant == "efficient":
-        return prefill_attention_efficient(q, k, v, start, scale)
+        if reason is None:  # asked for by name: its own error if SDPA has no such kernel here
+            return prefill_attention_efficient(q, k, v, start, scale)
+        try:
+            return prefill_attention_efficient(q, k, v, start, scale)
+        except RuntimeError as err:  # this torch build has no memory-efficient kernel for the call
+            why = f"efficient prefill attention cannot run here ({str(err).splitlines()[0]})"
+            if why not in _warned:
+                _warned.add(why)
+                warnings.warn(f"{why}: this prefill runs SDPA with a causal bias instead", stacklevel=2)
+            return prefill_attention_sdpa(q, k, v, start, scale, window)
     if variant == "triton":
         from .triton import prefill_attention_triton
 
