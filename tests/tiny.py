@@ -379,6 +379,37 @@ def run_path(path: str, target, drafter, ids: torch.Tensor, new: int, fold_confi
     return res.sequences, res.acceptance_lengths
 
 
+# ------------------------------------------------------------------ batches (issue 35's tests)
+PAD_FILL = 0  # what the left padding's input ids hold (their mask is 0: any id)
+
+
+def left_pad(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` (1-D id tensors) left-padded as transformers batches them: ``(ids [B, L], attention_mask [B, L])``."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD_FILL, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def greedy_alone(target, row: torch.Tensor, new: int, eos=None) -> list[int]:
+    """The row's new tokens from the target's own greedy generate, the row alone and unpadded (transformers stops a
+    batch-1 run at its EOS, which it keeps)."""
+    extra = dict(eos_token_id=eos, pad_token_id=eos) if eos is not None else {}
+    out = target.generate(row[None], max_new_tokens=new, do_sample=False, **extra)
+    return out[0, len(row):].tolist()
+
+
+def expected_batch(ids: torch.Tensor, news: list[list[int]], pad: int) -> torch.Tensor:
+    """transformers' batched layout written out: the padded prompts, then each row's new tokens, then pad ids up to
+    the longest row."""
+    width = max(len(n) for n in news)
+    tail = torch.tensor([n + [pad] * (width - len(n)) for n in news], dtype=torch.long)
+    return torch.cat([ids, tail], dim=1)
+
+
 def assert_step_reads_nothing_on_the_host(runner, start: int, rows: int = 4) -> None:
     """The device-length verify step (bucket, decode-kernel twin, fused twins) and ``accept`` run on fake tensors
     (``FakeTensorMode``: no values exist, so any ``nonzero``, ``.item()``, ``.tolist()`` or value-dependent shape

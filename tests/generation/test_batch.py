@@ -13,10 +13,9 @@ import torch
 import fold_hf
 from fold_hf.generation import BatchGenerationResult, GenerationResult, batch, release_fast_state
 from fold_hf.generation.fast import SESSION_ATTR
-from tiny import MASK_ID, mode_config, trained_pair
+from tiny import MASK_ID, expected_batch, greedy_alone, left_pad, mode_config, trained_pair
 
 NEW = 12
-PAD_FILL = 0  # what the left padding's input ids hold (their mask is 0: any id)
 
 
 @pytest.fixture(scope="module")
@@ -32,33 +31,17 @@ def row_prompt(seed: int, length: int) -> torch.Tensor:
     return torch.randint(0, MASK_ID, (length,), generator=torch.Generator().manual_seed(5000 + seed))
 
 
+def alone(target, row: torch.Tensor, eos=None) -> list[int]:
+    return greedy_alone(target, row, NEW, eos)
+
+
 ROWS = [row_prompt(0, 5), row_prompt(1, 70), row_prompt(2, 23)]  # short, much longer, medium (padded rows: 0, 2)
 
 
-def left_pad(rows) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD_FILL, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
-    return ids, mask
 
 
-def alone(target, row: torch.Tensor, eos=None) -> list[int]:
-    """The row's new tokens from the target's own greedy generate, the row alone and unpadded (transformers stops a
-    batch-1 run at its EOS, which it keeps)."""
-    extra = dict(eos_token_id=eos, pad_token_id=eos) if eos is not None else {}
-    out = target.generate(row[None], max_new_tokens=NEW, do_sample=False, **extra)
-    return out[0, len(row):].tolist()
 
 
-def expected_batch(ids: torch.Tensor, news: list[list[int]], pad: int) -> torch.Tensor:
-    """transformers' batched layout written out: the padded prompts, then each row's new tokens, then pad ids up to
-    the longest row."""
-    width = max(len(n) for n in news)
-    tail = torch.tensor([n + [pad] * (width - len(n)) for n in news], dtype=torch.long)
-    return torch.cat([ids, tail], dim=1)
 
 
 def run(path: str, target, drafter, ids, mask, **kw):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import drafter_config, prompt, tiny_target
+from tiny import drafter_config, left_pad, prompt, tiny_target
 
 import fold_hf
 from fold_hf import FoldConfig, FoldDrafter
@@ -130,11 +130,7 @@ def test_batched_rows_are_each_row_alone_in_exact_mode(interpreter):
     target = small_target(torch.float16)
     drafter = small_drafter(target)
     rows = [prompt(11, 5)[0], prompt(12, 23)[0], prompt(13, 12)[0]]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    ids, mask = left_pad(rows)
     new = 6
     batches = {}
     for assistant in (drafter, None):
@@ -237,12 +233,7 @@ def test_batched_rows_are_each_row_alone_and_the_ar_output_in_bf16_on_gpu():
     target = small_target(torch.bfloat16).cuda()
     drafter = small_drafter(target).cuda()
     rows = [prompt(20 + i, n)[0] for i, n in enumerate((5, 40, 17, 64, 9, 33))]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
-    ids, mask = ids.cuda(), mask.cuda()
+    ids, mask = (t.cuda() for t in left_pad(rows))
     sd = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=32, engine="graphs", exact=True,
                                return_stats=True)
     ar = fold_hf.fast_generate(target, None, ids, mask, max_new_tokens=32, engine="graphs", exact=True)

@@ -19,7 +19,7 @@ from fold_hf.generation.fast import batched as batched_module
 from fold_hf.generation.fast import settings
 from fold_hf.targets import gemma
 from fold_hf.targets.registry import batch_unsupported_reason, build_static_target
-from tiny import GEMMA_WINDOW, MASK_ID, oracle_tokens, tiny_drafter, tiny_target
+from tiny import GEMMA_WINDOW, MASK_ID, expected_batch, greedy_alone, left_pad, oracle_tokens, tiny_drafter, tiny_target
 
 NEW = 14
 SLACK = 3
@@ -35,26 +35,14 @@ def row_prompt(seed: int, length: int) -> torch.Tensor:
     return torch.randint(0, MASK_ID, (length,), generator=torch.Generator().manual_seed(7000 + seed))
 
 
-def left_pad(rows) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
-    return ids, mask
+
+
+
+
 
 
 def alone(target, row: torch.Tensor, eos=None) -> list[int]:
-    """The row's new tokens from transformers' own greedy generate, the row alone and unpadded."""
-    extra = dict(eos_token_id=eos, pad_token_id=eos) if eos is not None else {}
-    return target.generate(row[None], max_new_tokens=NEW, do_sample=False, **extra)[0, len(row):].tolist()
-
-
-def expected_batch(ids: torch.Tensor, news: list[list[int]], pad: int) -> torch.Tensor:
-    """transformers' batched layout: the padded prompts, each row's new tokens, then pad ids up to the longest row."""
-    width = max(len(n) for n in news)
-    return torch.cat([ids, torch.tensor([n + [pad] * (width - len(n)) for n in news], dtype=torch.long)], dim=1)
+    return greedy_alone(target, row, NEW, eos)
 
 
 @pytest.fixture

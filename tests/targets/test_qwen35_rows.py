@@ -17,6 +17,7 @@ import warnings
 import pytest
 import torch
 from test_qwen35 import BLOCK, MASK, TOL, prompt, qwen35_drafter, qwen35_target
+from tiny import expected_batch, greedy_alone, left_pad
 
 import fold_hf
 from fold_hf.generation import BatchGenerationResult, release_fast_state
@@ -49,26 +50,14 @@ def rows_of(lengths=LENGTHS, seed: int = 40) -> list[torch.Tensor]:
     return [prompt(seed + i, n)[0] for i, n in enumerate(lengths)]
 
 
-def left_pad(rows) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
-    return ids, mask
+
+
+
+
 
 
 def alone(target, row: torch.Tensor, eos=None) -> list[int]:
-    """The row's new tokens by transformers' own greedy generate, the row alone and unpadded."""
-    extra = dict(eos_token_id=eos, pad_token_id=eos) if eos is not None else {}
-    out = target.generate(row[None], max_new_tokens=NEW, do_sample=False, **extra)
-    return out[0, len(row):].tolist()
-
-
-def expected(ids: torch.Tensor, news: list[list[int]], pad: int) -> torch.Tensor:
-    width = max(len(n) for n in news)
-    return torch.cat([ids, torch.tensor([n + [pad] * (width - len(n)) for n in news], dtype=torch.long)], dim=1)
+    return greedy_alone(target, row, NEW, eos)
 
 
 @pytest.fixture
@@ -182,7 +171,7 @@ def test_random_drafter_every_row_is_its_own_greedy_output(pair, verified):
     rows = rows_of()
     ids, mask = left_pad(rows)
     out = run_batched(target, drafter, ids, mask)
-    assert torch.equal(out.sequences, expected(ids, [alone(target, r) for r in rows], pad=-1))
+    assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in rows], pad=-1))
     assert max(len(v) for v in verified) == 3
     assert min(n for row in out.rows for n in row.acceptance_lengths) == 1
 
@@ -196,7 +185,7 @@ def test_forced_rejections_that_differ_per_row(pair, verified, monkeypatch):
     refs = [target.generate(r[None], max_new_tokens=NEW + BLOCK, do_sample=False)[0] for r in rows]
     oracle_rows(monkeypatch, refs)
     out = run_batched(target, drafter, ids, mask)
-    assert torch.equal(out.sequences, expected(ids, [alone(target, r) for r in rows], pad=-1))
+    assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in rows], pad=-1))
     patterns = [row.acceptance_lengths for row in out.rows]
     assert len({tuple(p) for p in patterns}) == 3, patterns
     for p in patterns:
@@ -216,7 +205,7 @@ def test_an_early_eos_row_leaves_the_batch(pair, verified):
     assert len(news[early]) <= NEW // 2 and max(len(n) for n in news) == NEW, news
     ids, mask = left_pad(rows)
     out = run_batched(target, drafter, ids, mask, eos_token_id=eos)
-    assert torch.equal(out.sequences, expected(ids, news, pad=eos))
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
     assert out.finish_reason[early] == "eos"
     assert sum(early in v for v in verified) == len(out.rows[early].acceptance_lengths)
     assert len(verified) == max(len(row.acceptance_lengths) for row in out.rows)
@@ -236,7 +225,7 @@ def test_routed_generate_takes_batched_rounds(pair, verified):
     release_fast_state(target)
     news = [alone(target, r) for r in rows]
     pad = target.generation_config.pad_token_id
-    assert torch.equal(out, expected(ids, news, pad=-1 if pad is None else pad))
+    assert torch.equal(out, expected_batch(ids, news, pad=-1 if pad is None else pad))
     assert max(len(v) for v in verified) == 3
 
 
@@ -252,5 +241,5 @@ def test_static_engine_verifies_host_length_said_once(pair, verified, monkeypatc
         out = run_batched(target, drafter, ids, mask, engine="static")
     said = [str(w.message) for w in record if "verify host-length" in str(w.message)]
     assert len(said) == 1 and "no fused layers over rows" in said[0], said
-    assert torch.equal(out.sequences, expected(ids, [alone(target, r) for r in rows], pad=-1))
+    assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in rows], pad=-1))
     assert max(len(v) for v in verified) == 2
