@@ -21,10 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """As transformers' Qwen3.5 ``l2norm`` (FLA's): ``x * rsqrt(sum(x^2) + eps)``."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+from ..kernels.gated_delta.naive import l2norm
 
 
 class Qwen35Rows:
@@ -105,8 +102,8 @@ class Qwen35Rows:
         q = mixed[..., :kd].reshape(A, L, self.num_k_heads, self.k_dim).to(cd)
         k = mixed[..., kd : 2 * kd].reshape(A, L, self.num_k_heads, self.k_dim).to(cd)
         v = mixed[..., 2 * kd :].reshape(A, L, self.num_v_heads, self.v_dim).to(cd)
-        q = _l2norm(q) * (self.k_dim ** -0.5)
-        k = _l2norm(k)
+        q = l2norm(q) * (self.k_dim ** -0.5)
+        k = l2norm(k)
         beta = b.sigmoid().to(cd)
         g = (-lin.A_log.float().exp() * F.softplus(a.float() + lin.dt_bias)).to(cd)
         recurrent = self.recurrent_rows[i]

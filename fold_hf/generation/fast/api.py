@@ -60,8 +60,8 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
 
     Same arguments and result as :func:`fold_hf.generate` (the settings of a
     :class:`~fold_hf.generation.request.GenerationRequest`); a batch ``[B, L]`` (left-padded, ``attention_mask``) runs
-    in batched rounds (:mod:`~fold_hf.generation.fast.batched`, the Llama, Qwen3.5 and Gemma families), anything else row by
-    row, saying once why. Plus:
+    in batched rounds (:mod:`~fold_hf.generation.fast.batched`, the Llama, Qwen3.5 and Gemma families), anything
+    else row by row, saying once why. Plus:
 
     Args:
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (docs/fast-loop.md); default ``graphs`` on CUDA,
@@ -75,9 +75,9 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
 
     ``exact=True`` (docs/exact-mode.md): a token's logits have the same bits in an AR step and in a verify block,
     so greedy speculative output equals ``exact=True`` AR output bit for bit. It runs the static and graphs engines
-    (default ``static`` off CUDA; a batch's batched rounds on any engine) with ``target_attention="triton"`` and the fused layers of a Llama-family target
-    on CUDA (or a CPU under ``TRITON_INTERPRET=1``); anything else raises ValueError (``ExactUnavailable`` for the
-    device or the target) naming why.
+    (default ``static`` off CUDA; a batch's batched rounds on any engine) with ``target_attention="triton"`` and the
+    fused layers of a Llama-family target on CUDA (or a CPU under ``TRITON_INTERPRET=1``); anything else raises
+    ValueError (``ExactUnavailable`` for the device or the target) naming why.
 
     Sampling (``do_sample=True``, with temperature, top-k, top-p, min-p) and the repetition penalty and
     ``min_new_tokens`` run on the device inside the round (:mod:`~fold_hf.generation.sampling`), captured in the

@@ -198,8 +198,8 @@ class _Verify:
     shared, each row's rope, cache write and decode attention its own launch at a context length read from the
     device) as a fixed-shape step of the session (a CUDA graph in ``graphs``), keyed by the running rows, the block
     width and the attention bucket of the longest row, replayed from the session's buffers; when the fused layers
-    cannot run the target or the family has none over rows (the runner's ``fused_rows_unsupported``: the Qwen3.5 and Gemma
-    family), the host-length forward, said once with the reason.
+    cannot run the target or the family has none over rows (the runner's ``fused_rows_unsupported``: the Qwen3.5
+    and Gemma families), the host-length forward, said once with the reason.
     """
 
     def __init__(self, session, fused_layers: bool | None) -> None:

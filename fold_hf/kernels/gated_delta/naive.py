@@ -65,7 +65,8 @@ def gated_delta_states_reference(query: torch.Tensor, key: torch.Tensor, value: 
     return torch.stack(outputs), torch.stack(states)
 
 
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """As transformers' Qwen3.5 ``l2norm`` (FLA's): ``x * rsqrt(sum(x^2) + eps)`` over the last dim."""
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
@@ -96,8 +97,8 @@ def gated_delta_prepare_reference(qkv: torch.Tensor, b: torch.Tensor, a: torch.T
     k = mixed[:, kd : 2 * kd].reshape(L, num_k_heads, k_dim).to(state_dtype)
     hv = b.shape[-1]
     v = mixed[:, 2 * kd :].reshape(L, hv, -1).to(state_dtype)
-    q = _l2norm(q) * (k_dim ** -0.5)
-    k = _l2norm(k)
+    q = l2norm(q) * (k_dim ** -0.5)
+    k = l2norm(k)
     beta = b.sigmoid().to(state_dtype)
     g = (-a_log.float().exp() * F.softplus(a.float() + dt_bias)).to(state_dtype)
     assert K == conv_state.shape[1] + 1
@@ -199,4 +200,4 @@ def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.
 
 
 __all__ = ["gated_delta_commit_reference", "gated_delta_pending", "gated_delta_prepare_reference",
-           "gated_delta_states_reference", "gated_delta_verify_reference", "gated_rms_norm_reference"]
+           "gated_delta_states_reference", "gated_delta_verify_reference", "gated_rms_norm_reference", "l2norm"]

@@ -66,7 +66,8 @@ def unsupported_reason(variant: str, q: torch.Tensor, window: int | None) -> str
         if window is not None:
             return f"efficient prefill attention has no sliding window (window {window})"
         if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or D % 8:
-            return f"efficient prefill attention takes fp16/bf16/fp32 and head dims in multiples of 8, not {q.dtype}, {D}"
+            return (f"efficient prefill attention takes fp16/bf16/fp32 and head dims in multiples of 8, not "
+                    f"{q.dtype}, {D}")
         return None
     if variant in ("cudnn", "flash"):
         if window is not None:
@@ -130,6 +131,13 @@ def prefill_attention_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, start + L), scale=scale)
 
 
+def _say_once(reason: str, instead: str) -> None:
+    """Warn once per ``reason`` that a prefill runs ``instead`` of the variant it asked for."""
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"{reason}: this prefill runs {instead} instead", stacklevel=3)
+
+
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
                       window: int | None = None, variant: str | None = None) -> torch.Tensor:
     """Causal attention of a prefill chunk (semantics of :func:`~.naive.prefill_attention_naive`).
@@ -153,24 +161,19 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
         instead = "sdpa"
         if variant in ("cudnn", "flash") and unsupported_reason("efficient", q, window) is None:
             instead = "efficient"
-        if reason not in _warned:
-            _warned.add(reason)
-            how = ("SDPA's memory-efficient kernel over repeated key heads" if instead == "efficient"
-                   else "SDPA with a causal bias")
-            warnings.warn(f"{reason}: this prefill runs {how} instead", stacklevel=2)
+        _say_once(reason, "SDPA's memory-efficient kernel over repeated key heads" if instead == "efficient"
+                  else "SDPA with a causal bias")
         variant = instead
     if variant == "sdpa":
         return prefill_attention_sdpa(q, k, v, start, scale, window)
     if variant == "efficient":
-        if reason is None:  # asked for by name: its own error if SDPA has no such kernel here
-            return prefill_attention_efficient(q, k, v, start, scale)
         try:
             return prefill_attention_efficient(q, k, v, start, scale)
         except RuntimeError as err:  # this torch build has no memory-efficient kernel for the call
-            why = f"efficient prefill attention cannot run here ({str(err).splitlines()[0]})"
-            if why not in _warned:
-                _warned.add(why)
-                warnings.warn(f"{why}: this prefill runs SDPA with a causal bias instead", stacklevel=2)
+            if reason is None:  # asked for by name: its own error
+                raise
+            _say_once(f"efficient prefill attention cannot run here ({str(err).splitlines()[0]})",
+                      "SDPA with a causal bias")
             return prefill_attention_sdpa(q, k, v, start, scale, window)
     if variant == "triton":
         from .triton import prefill_attention_triton
