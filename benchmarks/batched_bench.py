@@ -33,11 +33,25 @@ and our batched AR throughput over it. ``summary`` holds issue 35's keys at B = 
 ``batched_ar_over_floor_8b_32k_b8``, ``batched_sd_round_over_ar_8b_32k_b8``,
 ``batched_ar_over_hf_batched_throughput_8b_32k_b8``.
 
+Section ``suite`` (``--suite FILE``, any device; the real pair of ``--pair``): the requests of a saved suite
+(``fold-hf bench``'s ``requests.jsonl``, :func:`fold_hf.bench.suites.save_requests`) at tier ``--tier``, in groups of
+``B`` (``--batches``; B = 1 is each request alone), every method of ``--methods`` (default ``fold-a2,dflash,window``,
+:mod:`fold_hf.bench.methods`, at the drafter's window and training length) and batched AR, whole calls on the fast
+loop's default engine (graphs on CUDA), ``--new`` new tokens a row with EOS off (every row runs its budget, as the
+suite runs do). Each method and B: every row's τ (mean acceptance length, from the row's own statistics),
+tokens/s over all groups, the rows whose tokens differ from batched AR's at the same B. Ratios:
+``{method}_over_ar_throughput_b{B}``, and ``{method}_speedup_b{B}_over_b1`` (whether batching keeps, loses or adds
+to the speedup over AR). A method's warm-up (graph capture, compilation) is one untimed call on the first group.
+For the Gemma-3 pair at 32K and B = 8 the ``fold-a2`` ratio is issue 35's
+``gemma3_batched_fold_over_ar_throughput_32k_b8`` (goal >= 1.3), written to ``summary`` when that is the run.
+
 Writes ``batched.json``, ``batched.csv`` and ``batched_throughput.png`` (tokens/s by B, every system) under
 ``--out``; ``--plot-only DIR`` redraws the plot from a run's ``batched.json``.
 
     python benchmarks/batched_bench.py --out $OUT/batched                          (CPU: the pair section)
     python benchmarks/batched_bench.py --out $OUT/batched --shape --batches 1,2,4,8,16 --contexts 8192,32768
+    python benchmarks/batched_bench.py --out $OUT/suite --pair gemma3-270m --suite requests.jsonl --tier 32768 \
+        --batches 1,8 --new 64
     python benchmarks/batched_bench.py --out /tmp/b --dry-run                      (tiny shapes: checks it runs)
 """
 
@@ -321,6 +335,101 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
             save()
 
 
+# ------------------------------------------------------------------------------------------------ suite section
+def suite_requests(path, tier: int, limit: int | None) -> list[dict]:
+    """The requests of the saved suite ``path`` whose tier is ``tier`` (at most ``limit``), in the file's order."""
+    from fold_hf.bench.suites import load_requests
+
+    requests = [r for r in load_requests(path) if int(r["tier"]) == tier]
+    if not requests:
+        raise SystemExit(f"{path} has no request of tier {tier}")
+    return requests[:limit] if limit else requests
+
+
+def suite_section(args, device: torch.device, report: dict, save) -> None:
+    """Section ``suite`` (module docstring): methods x B over a suite's tier, whole calls, per-row τ."""
+    from fold_hf.bench.methods import default_methods, resolve_methods
+
+    if args.dry_run:  # a saved suite of two tiers, random ids; the section reads the --tokens tier back
+        from fold_hf.bench.suites import save_requests
+
+        target, drafter = tiny_pair(device)
+        g = torch.Generator().manual_seed(7)
+        saved = [{"id": f"tiny-{tier}-{i}", "suite": "tiny", "tier": tier, "new_tokens": args.new,
+                  "input_ids": torch.randint(0, 200, (tier,), generator=g).tolist()}
+                 for tier in (args.tokens // 2, args.tokens) for i in range(max(args.batches))]
+        save_requests(saved, Path(args.out) / "tiny_requests.jsonl")
+        requests = suite_requests(Path(args.out) / "tiny_requests.jsonl", args.tokens, None)
+        pair = "tiny"
+    else:
+        from fold_hf.pairs import load_pair
+
+        target, _, drafter = load_pair(args.pair, device=device)
+        requests = suite_requests(args.suite, args.tier, args.max_requests)
+        pair = args.pair
+    pad = target.generation_config.pad_token_id or target.generation_config.eos_token_id or 0
+    pad = pad[0] if isinstance(pad, list) else int(pad)
+    wanted = resolve_methods(args.methods)
+    methods = {m.name: m.config for m in default_methods(drafter.fold_config.window, drafter.fold_config.train_length)}
+    unknown = [m for m in wanted if m not in methods or methods[m] is None]
+    if unknown:
+        raise SystemExit(f"--methods: {unknown} are not speculative methods of fold_hf.bench.methods")
+    systems = {"ar": None, **{m: methods[m] for m in wanted}}
+    tier = len(requests[0]["input_ids"])
+    kw = dict(max_new_tokens=args.new, do_sample=False, eos_token_id=[], return_stats=True)
+    throughput: dict[tuple[str, int], float] = {}
+    for B in args.batches:
+        groups = [requests[i : i + B] for i in range(0, len(requests) - B + 1, B)]  # whole groups only
+        if not groups:
+            raise SystemExit(f"B = {B}: fewer than {B} requests of tier {args.tier}")
+        reference: list[list[int]] = []
+        for name, config in systems.items():
+            method_drafter = drafter if config is not None else None
+
+            def call(group, method_drafter=method_drafter, config=config):
+                ids, mask = batch_of([r["input_ids"] for r in group], pad)
+                result = fast_generate(target, method_drafter, ids.to(device), mask.to(device), fold_config=config,
+                                       **kw)
+                rows = result.rows if hasattr(result, "rows") else [result]
+                return [row.new_tokens[0].tolist() for row in rows], [row.tau for row in rows]
+
+            call(groups[0])  # warm-up: the session, its graphs and kernels (not timed)
+            tokens, taus, elapsed = [], [], 0.0
+            for group in groups:
+                start = sync(device)
+                out, tau = call(group)
+                elapsed += sync(device) - start
+                tokens += out
+                taus += tau
+            if name == "ar":
+                reference = tokens
+            new = sum(len(t) for t in tokens)
+            throughput[name, B] = new / elapsed
+            differ = sum(a != b for a, b in zip(tokens, reference))
+            row = {"section": "suite", "pair": pair, "system": name, "batch": B, "tier": tier, "requests": len(tokens),
+                   "new_tokens": args.new, "seconds": elapsed, "tokens_per_s": new / elapsed,
+                   "tau_mean": statistics.fmean(taus) if config is not None else 1.0,
+                   "tau_rows": taus if config is not None else None, "rows_differing_from_ar": differ}
+            report["rows"].append(row)
+            log(f"suite B={B:2d} {name:8s} {new / elapsed:8.1f} tok/s  tau {row['tau_mean']:.2f}  "
+                f"rows differing from AR {differ}/{len(tokens)}")
+            save()
+        release_fast_state(target)
+        for name in wanted:
+            report["ratios"][f"{name}_over_ar_throughput_b{B}"] = throughput[name, B] / throughput["ar", B]
+    if 1 in args.batches:
+        for B in args.batches:
+            for name in wanted:
+                if B != 1:
+                    report["ratios"][f"{name}_speedup_b{B}_over_b1"] = (
+                        report["ratios"][f"{name}_over_ar_throughput_b{B}"]
+                        / report["ratios"][f"{name}_over_ar_throughput_b1"])
+    if pair == "gemma3-270m" and tier >= 32 * 1024 - 64 and "fold-a2" in wanted and 8 in args.batches:  # 32,704 + 64
+        report.setdefault("summary", {})["gemma3_batched_fold_over_ar_throughput_32k_b8"] = report["ratios"][
+            "fold-a2_over_ar_throughput_b8"]
+    save()
+
+
 def tiny_pair(device: torch.device):
     """A small Llama and a drafter of its shape (``--dry-run``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -392,7 +501,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--hf-steps", type=int, default=12,
                         help="transformers' AR steps per shape row (0: none; B <= --hf-max-batch)")
     parser.add_argument("--hf-max-batch", type=int, default=8, help="largest B of the shape section's HF rows")
-    parser.add_argument("--dry-run", action="store_true", help="tiny random pair: checks that both sections run")
+    parser.add_argument("--suite", help="the suite section: a saved suite's requests.jsonl")
+    parser.add_argument("--tier", type=int, default=32768, help="the suite section's tier (prompt tokens)")
+    parser.add_argument("--methods", default="fold-a2,dflash,window", help="the suite section's methods (and AR)")
+    parser.add_argument("--max-requests", type=int, default=None, help="the suite section's requests at most")
+    parser.add_argument("--dry-run", action="store_true", help="tiny random pair: checks that every section runs")
     parser.add_argument("--plot-only", action="store_true", help="redraw --out's plot from its batched.json")
     args = parser.parse_args(argv)
     if args.plot_only:
@@ -401,6 +514,7 @@ def main(argv=None) -> dict:
         return report
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    args.methods = [m for m in args.methods.split(",") if m]
     if args.dry_run:
         args.tokens, args.new, args.repeats, args.steps = 40, 6, 1, 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -422,7 +536,9 @@ def main(argv=None) -> dict:
     with torch.no_grad():
         if args.shape or args.dry_run:
             shape_section(args, device, report, save)
-        if not args.shape or args.dry_run:
+        if args.suite or args.dry_run:
+            suite_section(args, device, report, save)
+        if not (args.shape or args.suite) or args.dry_run:
             pair_section(args, device, report, save)
     save()
     plot_pair(report, out / "batched_throughput.png")

@@ -422,9 +422,10 @@ def test_what_batched_rounds_do_not_take_runs_row_by_row_naming_why(pair, monkey
 
 
 # ------------------------------------------------------------------------------------------------ the benchmark
-def test_batched_bench_dry_run_writes_both_sections(tmp_path):
-    """``benchmarks/batched_bench.py --dry-run``: the shape section's AR / verify rows against their floor and the
-    pair section's four systems per batch size, every system's rows equal to the rows decoded one at a time (fp32),
+def test_batched_bench_dry_run_writes_every_section(tmp_path):
+    """``benchmarks/batched_bench.py --dry-run``: the shape section's AR / verify rows against their floor, the
+    suite section's methods per batch size over a saved suite's tier, and the pair section's four systems per batch
+    size, every system's rows equal to the rows decoded one at a time (fp32),
     and the ratios named by both terms."""
     import json
     import subprocess
@@ -432,7 +433,8 @@ def test_batched_bench_dry_run_writes_both_sections(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "batched_bench.py"
-    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--batches", "1,3"],
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--batches", "1,3",
+                    "--methods", "fold,dflash"],
                    check=True, capture_output=True)
     report = json.loads((tmp_path / "batched.json").read_text())
     pair = {(r["system"], r["batch"]): r for r in report["rows"] if r["section"] == "pair"}
@@ -448,5 +450,15 @@ def test_batched_bench_dry_run_writes_both_sections(tmp_path):
     assert {"fold_batched_over_fold_rows_time_b3", "fold_batched_over_ar_batched_throughput_b3",
             "ar_batched_over_hf_batched_throughput_b3", "batched_ar_over_floor_static_t64_b3",
             "batched_round_over_ar_eager_t64_b3"} <= set(report["ratios"])
+    # the suite section: AR and the methods per B over a saved suite's tier (the tiny drafter is random: τ 1;
+    # "fold" is the alias of fold-a2)
+    suite = {(r["system"], r["batch"]): r for r in report["rows"] if r["section"] == "suite"}
+    assert set(suite) == {(s, b) for s in ("ar", "fold-a2", "dflash") for b in (1, 3)}
+    assert all(r["tier"] == 40 and r["requests"] == 3 and r["rows_differing_from_ar"] == 0 for r in suite.values())
+    assert all(len(r["tau_rows"]) == 3 and all(t >= 1 for t in r["tau_rows"]) for (s, _), r in suite.items()
+               if s != "ar")
+    assert {"fold-a2_over_ar_throughput_b3", "fold-a2_speedup_b3_over_b1"} <= set(report["ratios"])
+    assert report["ratios"]["dflash_speedup_b3_over_b1"] == pytest.approx(
+        report["ratios"]["dflash_over_ar_throughput_b3"] / report["ratios"]["dflash_over_ar_throughput_b1"])
     assert (tmp_path / "batched.csv").read_text().startswith("batch,")
     assert (tmp_path / "batched_throughput.png").stat().st_size > 0
