@@ -59,15 +59,5 @@ CUDA_VISIBLE_DEVICES=0 run_cmd python -m fold_hf.cli train-drafter --pair gemma3
   --seed ${SEED:-0} --max-minutes $left ${TIME_BUDGET:+--time-budget $TIME_BUDGET} 2>&1 | log /root/g3train/train-A.log
 [ "${DRY:-0}" = 1 ] && exit 0
 
-# at most 8 files come back from a call
-cp /root/g3train/train-A.log $out/ 2>/dev/null
-[ -n "$generated" ] && cp /root/g3train/data-*.log $out/
-d=/root/g3train/A
-if grep -q '"finished": true' $d/drafter/training.json 2>/dev/null; then
-  mkdir -p $out/drafter-A
-  cp $d/drafter/*.json $d/drafter/README.md $out/drafter-A/
-  split -b 15000000 $d/drafter/model.safetensors $out/drafter-A/model.safetensors.part-
-  echo "finished: drafter in $out/drafter-A, weights sha256 $(sha256sum $d/drafter/model.safetensors | cut -c1-64)"
-fi
-grep -v "^train drafter" /root/g3train/train-A.log | tail -n 4; grep "^train drafter" /root/g3train/train-A.log | tail -n 1
+finish_training_call /root/g3train/A $out A /root/g3train/train-A.log "$generated" /root/g3train/data-*.log
 echo "call took $(( $(date +%s) - started )) s"

@@ -78,15 +78,5 @@ CUDA_VISIBLE_DEVICES=0 run_cmd python -m fold_hf.cli train-drafter --pair gemma3
   ${TIME_BUDGET:+--time-budget $TIME_BUDGET} 2>&1 | log /root/g3mix/train-$run.log
 [ "${DRY:-0}" = 1 ] && exit 0
 
-# at most 8 files come back from a call
-cp /root/g3mix/train-$run.log $out/ 2>/dev/null
-[ -n "$generated" ] && cp /root/g3mix/data-*.log $out/
-d=/root/g3mix/$run
-if grep -q '"finished": true' $d/drafter/training.json 2>/dev/null; then
-  mkdir -p $out/drafter-$run
-  cp $d/drafter/*.json $d/drafter/README.md $out/drafter-$run/
-  split -b 15000000 $d/drafter/model.safetensors $out/drafter-$run/model.safetensors.part-
-  echo "finished: drafter in $out/drafter-$run, weights sha256 $(sha256sum $d/drafter/model.safetensors | cut -c1-64)"
-fi
-grep -v "^train drafter" /root/g3mix/train-$run.log | tail -n 4; grep "^train drafter" /root/g3mix/train-$run.log | tail -n 1
+finish_training_call /root/g3mix/$run $out $run /root/g3mix/train-$run.log "$generated" /root/g3mix/data-*.log
 echo "call took $(( $(date +%s) - started )) s"

@@ -93,25 +93,38 @@ def build_suite(tokenizer, suite: str, tiers, per_tier: int, new_tokens: int, se
 def _code_request(tokenizer, files, by_dir, rng, tier):
     cut_idx = rng.randrange(len(files))
     path, text = files[cut_idx]
+
+    def neighbours():
+        near = [i for i in by_dir.get(str(Path(path).parent), []) if i != cut_idx]
+        return near, [i for i in range(len(files)) if i not in near and i != cut_idx]
+
+    return _continue_after_context(tokenizer, rng, tier, f"# file: {path}\n", text, neighbours,
+                                   lambda i: _encode(tokenizer, f"# file: {files[i][0]}\n{files[i][1]}\n"),
+                                   min_lines=40, margin=10)
+
+
+def _continue_after_context(tokenizer, rng, length: int, header: str, text: str, neighbours, encode_piece,
+                            min_lines: int, margin: int) -> list[int] | None:
+    """The last ``length`` tokens of: other documents (``neighbours()`` gives (near, far); near ones last, right
+    before the cut one), then ``header`` and ``text`` up to a line in its second half (at least ``margin`` lines
+    before its end); None when ``text`` has fewer than ``min_lines`` lines or everything is shorter than ``length``."""
     lines = text.splitlines(keepends=True)
-    if len(lines) < 40:
+    if len(lines) < min_lines:
         return None
-    cut = rng.randrange(len(lines) // 2, len(lines) - 10)
-    tail = _encode(tokenizer, f"# file: {path}\n" + "".join(lines[:cut]))
-    if len(tail) >= tier:
-        return tail[-tier:]
-    near = [i for i in by_dir.get(str(Path(path).parent), []) if i != cut_idx]
-    far = [i for i in range(len(files)) if i not in near and i != cut_idx]
+    cut = rng.randrange(len(lines) // 2, len(lines) - margin)
+    tail = _encode(tokenizer, header + "".join(lines[:cut]))
+    if len(tail) >= length:
+        return tail[-length:]
+    near, far = neighbours()
     rng.shuffle(near)
     rng.shuffle(far)
     context: list[int] = []
-    for i in near + far:  # nearest files are placed last, right before the cut file
-        piece = _encode(tokenizer, f"# file: {files[i][0]}\n{files[i][1]}\n")
-        context = piece + context
-        if len(context) + len(tail) >= tier:
+    for item in near + far:
+        context = encode_piece(item) + context
+        if len(context) + len(tail) >= length:
             break
     ids = context + tail
-    return ids[-tier:] if len(ids) >= tier else None
+    return ids[-length:] if len(ids) >= length else None
 
 
 def _retrieval_request(tokenizer, files, rng, tier, cue_chars: int = 80):
@@ -215,25 +228,18 @@ def build_mixed_suite(tokenizer, tiers=MIXED_TIERS, per_tier: int = 48, new_toke
 
 def _mixed_request(tokenizer, docs, rng, length: int, cache: dict) -> list[int] | None:
     cut_doc = rng.choice(docs)
-    lines = cut_doc.text.splitlines(keepends=True)
-    if len(lines) < 8:
-        return None
-    cut = rng.randrange(len(lines) // 2, len(lines) - 2)
-    tail = _encode(tokenizer, f"=== {cut_doc.name} ===\n" + "".join(lines[:cut]))
-    if len(tail) >= length:
-        return tail[-length:]
-    near = [d for d in docs if d.group == cut_doc.group and d.name != cut_doc.name]
-    far = [d for d in docs if d.group != cut_doc.group]
-    rng.shuffle(near)
-    rng.shuffle(far)
-    context: list[int] = []
-    for d in near + far:  # nearest documents last, right before the cut one
+
+    def neighbours():
+        return ([d for d in docs if d.group == cut_doc.group and d.name != cut_doc.name],
+                [d for d in docs if d.group != cut_doc.group])
+
+    def encode_piece(d):
         if d.name not in cache:
             cache[d.name] = _encode(tokenizer, f"=== {d.name} ===\n{d.text}\n\n")
-        context = cache[d.name] + context
-        if len(context) + len(tail) >= length:
-            return (context + tail)[-length:]
-    return None
+        return cache[d.name]
+
+    return _continue_after_context(tokenizer, rng, length, f"=== {cut_doc.name} ===\n", cut_doc.text, neighbours,
+                                   encode_piece, min_lines=8, margin=2)
 
 
 def save_requests(requests: list[dict], path: str | Path) -> None:
