@@ -54,19 +54,3 @@ stop_until_gguf_whole() {
     exit 0
   fi
 }
-# the end of a training call (train_gemma3.sh, train_mix.sh): what comes back (at most 8 files a call): the training log,
-# the data logs of a call that generated data, and a finished drafter with its card, the weights in 15 MB parts
-#   finish_training_call RUN_DIR OUT NAME TRAIN_LOG GENERATED [DATA_LOG ...]
-finish_training_call() {
-  local d=$1 out=$2 name=$3 train_log=$4 generated=$5
-  shift 5
-  cp "$train_log" "$out"/ 2>/dev/null
-  [ -n "$generated" ] && cp "$@" "$out"/
-  if grep -q '"finished": true' "$d"/drafter/training.json 2>/dev/null; then
-    mkdir -p "$out/drafter-$name"
-    cp "$d"/drafter/*.json "$d"/drafter/README.md "$out/drafter-$name"/
-    split -b 15000000 "$d"/drafter/model.safetensors "$out/drafter-$name"/model.safetensors.part-
-    echo "finished: drafter in $out/drafter-$name, weights sha256 $(sha256sum "$d"/drafter/model.safetensors | cut -c1-64)"
-  fi
-  grep -v "^train drafter" "$train_log" | tail -n 4; grep "^train drafter" "$train_log" | tail -n 1
-}

@@ -35,21 +35,11 @@ out=${1:-${OUT:-/tmp}}
 started=$(date +%s)
 minutes=${MINUTES:-8.8}
 mkdir -p /root/g3train
+source benchmarks/gpu/train_lib.sh
 log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
 
 # 1. data, one shard per GPU (skipped once every shard exists)
-shards=()
-per_gpu=$(( ${SEQUENCES:-32768} / ngpu ))
-for g in $(seq 0 $((ngpu - 1))); do
-  shards+=(/root/g3data/gpu$g/data.pt)
-  if [ ! -f /root/g3data/gpu$g/data.pt ]; then
-    generated=1
-    CUDA_VISIBLE_DEVICES=$g run_cmd python -m fold_hf.cli train-drafter --pair gemma3-270m --generate-only \
-      --out /root/g3data/gpu$g --device ${DEVICE:-cuda} --sequences $per_gpu --gen-batch ${GEN_BATCH:-256} \
-      --seed $((1000 * g)) 2>&1 | log /root/g3train/data-gpu$g.log &
-  fi
-done
-wait
+generate_shards /root/g3data /root/g3train 0
 echo "data: ${shards[*]} ($(( $(date +%s) - started )) s)"
 
 # 2. training until MINUTES after this script started

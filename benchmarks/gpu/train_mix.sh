@@ -45,6 +45,7 @@ init=${INIT:-fold_hf/assets/gemma3-270m-dflash}
 started=$(date +%s)
 minutes=${MINUTES:-8.8}
 mkdir -p /root/g3mix
+source benchmarks/gpu/train_lib.sh
 log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
 mixargs=(--sources mix --mix-file "$mix" ${MIX_WEIGHTS:+--mix-weights $MIX_WEIGHTS})
 if [ "$init" = none ]; then
@@ -56,18 +57,7 @@ else
 fi
 
 # 1. data, one shard per GPU (skipped once every shard exists)
-shards=()
-per_gpu=$(( ${SEQUENCES:-32768} / ngpu ))
-for g in $(seq 0 $((ngpu - 1))); do
-  shards+=(/root/g3mixdata/gpu$g/data.pt)
-  if [ ! -f /root/g3mixdata/gpu$g/data.pt ]; then
-    generated=1
-    CUDA_VISIBLE_DEVICES=$g run_cmd python -m fold_hf.cli train-drafter --pair gemma3-270m --generate-only \
-      "${mixargs[@]}" --out /root/g3mixdata/gpu$g --device ${DEVICE:-cuda} --sequences $per_gpu \
-      --gen-batch ${GEN_BATCH:-256} --seed $((1000 * g + ${SEED:-0})) 2>&1 | log /root/g3mix/data-gpu$g.log &
-  fi
-done
-wait
+generate_shards /root/g3mixdata /root/g3mix ${SEED:-0} "${mixargs[@]}"
 echo "data: ${shards[*]} ($(( $(date +%s) - started )) s)"
 
 # 2. training until MINUTES after this script started
