@@ -19,24 +19,11 @@
 # check the sha256 printed).
 # TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls.
 # Dry run on a CPU (checks the commands, runs nothing): DRY=1 bash benchmarks/gpu/train_gemma3.sh /tmp/x
-if [ "${DRY:-0}" = 1 ]; then
-  exec 3>&1
-  run_cmd() { echo "+ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} $*" >&3; }
-  ngpu=${GPUS:-2}
-  mkdir() { :; }
-else
-  source benchmarks/gpu/env.sh > /dev/null
-  stop_until_gemma3_whole
-  run_cmd() { "$@"; }
-  ngpu=$(nvidia-smi -L | wc -l)
-  [ "${GPUS:-$ngpu}" -lt "$ngpu" ] && ngpu=$GPUS
-fi
+source benchmarks/gpu/train_lib.sh
 out=${1:-${OUT:-/tmp}}
 started=$(date +%s)
 minutes=${MINUTES:-8.8}
 mkdir -p /root/g3train
-source benchmarks/gpu/train_lib.sh
-log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
 
 # 1. data, one shard per GPU (skipped once every shard exists)
 generate_shards /root/g3data /root/g3train 0

@@ -1,5 +1,19 @@
-# Shared by the Gemma-3 training scripts (train_gemma3.sh, train_mix.sh), sourced in real and dry runs alike; they
-# define run_cmd, log, ngpu and (after the data step) out before calling these.
+# Shared by the Gemma-3 training scripts (train_gemma3.sh, train_mix.sh), sourced first: DRY=1 prints the commands
+# (run_cmd) instead of running them; otherwise env.sh is sourced (staged files, the GGUF joined) and the call stops
+# here until the Gemma-3 GGUF is whole. Sets run_cmd, ngpu (GPUS caps it) and log.
+if [ "${DRY:-0}" = 1 ]; then
+  exec 3>&1
+  run_cmd() { echo "+ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} $*" >&3; }
+  ngpu=${GPUS:-2}
+  mkdir() { :; }
+else
+  source benchmarks/gpu/env.sh > /dev/null
+  stop_until_gemma3_whole
+  run_cmd() { "$@"; }
+  ngpu=$(nvidia-smi -L | wc -l)
+  [ "${GPUS:-$ngpu}" -lt "$ngpu" ] && ngpu=$GPUS
+fi
+log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
 
 # data, one shard per GPU, skipped once every shard exists: GPU g generates SEQUENCES / ngpu continuations of windows
 # drawn with seed 1000 g + SEED0; sets the array shards and, when it generated anything, generated=1

@@ -24,29 +24,16 @@
 # RUN (default A) names the run (/root/g3mix/$RUN), so shape-sweep runs live side by side; data is shared.
 # TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls.
 # Dry run on a CPU (checks the commands, runs nothing): DRY=1 bash benchmarks/gpu/train_mix.sh /tmp/x
-if [ "${DRY:-0}" = 1 ]; then
-  exec 3>&1
-  run_cmd() { echo "+ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} $*" >&3; }
-  ngpu=${GPUS:-2}
-  mkdir() { :; }
-  mix=${MIX:-/root/cache/mix.jsonl.gz}
-else
-  source benchmarks/gpu/env.sh > /dev/null
-  stop_until_gemma3_whole
-  run_cmd() { "$@"; }
-  ngpu=$(nvidia-smi -L | wc -l)
-  [ "${GPUS:-$ngpu}" -lt "$ngpu" ] && ngpu=$GPUS
-  mix=${MIX:-/root/cache/mix.jsonl.gz}
-  [ -f "$mix" ] || { echo "no data mix at $mix: carry .stage/gmix (python -m fold_hf.data.mix export) first"; exit 1; }
-fi
+source benchmarks/gpu/train_lib.sh
+mix=${MIX:-/root/cache/mix.jsonl.gz}
+[ "${DRY:-0}" = 1 ] || [ -f "$mix" ] || {
+  echo "no data mix at $mix: carry .stage/gmix (python -m fold_hf.data.mix export) first"; exit 1; }
 out=${1:-${OUT:-/tmp}}
 run=${RUN:-A}
 init=${INIT:-fold_hf/assets/gemma3-270m-dflash}
 started=$(date +%s)
 minutes=${MINUTES:-8.8}
 mkdir -p /root/g3mix
-source benchmarks/gpu/train_lib.sh
-log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
 mixargs=(--sources mix --mix-file "$mix" ${MIX_WEIGHTS:+--mix-weights $MIX_WEIGHTS})
 if [ "$init" = none ]; then
   shape=(--layers ${LAYERS:-4} --intermediate ${INTERMEDIATE:-512} --block-size ${BLOCK:-8}); lr=${LR:-6e-4}
