@@ -305,7 +305,8 @@ def cmd_bench(args) -> int:
         tokenizer = pair.tokenizer()
         requests = []
         for suite in args.suites:
-            requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed,
+            per_tier = args.per_tier if args.per_tier is not None else 48 if suite == "mixed" else 8
+            requests += build_suite(tokenizer, suite, args.tiers, per_tier, args.new_tokens, seed=args.seed,
                                     nested=args.nested, bos_token_id=pair.bos_token_id(tokenizer))
         save_requests(requests, requests_file)
         print(f"wrote {len(requests)} requests to {requests_file}")

@@ -34,6 +34,8 @@ class ByteTokenizer:
     """One token per UTF-8 byte (what the suite and the windows need of a tokenizer)."""
 
     def __call__(self, text, add_special_tokens=False):
+        if isinstance(text, list):  # a batch, as fast tokenizers take it
+            return {"input_ids": [list(t.encode("utf-8")) for t in text]}
         return {"input_ids": list(text.encode("utf-8"))}
 
     def decode(self, ids):
@@ -286,6 +288,8 @@ def test_train_drafter_on_the_mix_with_distillation_then_resumes_from_its_weight
 
     class CharTokenizer:
         def __call__(self, text, add_special_tokens=False):
+            if isinstance(text, list):
+                return {"input_ids": [[ord(c) % 11 for c in t] for t in text]}
             return {"input_ids": [ord(c) % 11 for c in text]}
 
     target = tiny_target("llama", dtype=torch.float32)

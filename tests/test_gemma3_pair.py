@@ -508,3 +508,31 @@ def test_train_drafter_cli_on_a_staged_mix_with_distillation(tiny_gemma3_pair, t
 
 def _contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+def test_bench_builds_the_mixed_suite_48_per_tier_by_default(tiny_gemma3_pair, tmp_path, monkeypatch):
+    """`bench --suites mixed --build-only`: 48 requests per tier by default (8 of each kind), BOS first, nested, from
+    the mix's evaluation side (gather is replaced by a synthetic mix: the real one reads this machine for minutes)."""
+    from fold_hf.cli import main
+    from fold_hf.data import mix as mix_module
+
+    def fake_gather(splits=("train", "eval"), **kw):
+        docs = [mix_module.Doc(kind, "synthetic", f"{kind}-{g}", f"{kind}/{g}/{d}", side,
+                               "\n".join(" ".join(LETTERS[(g * 5 + d * 3 + j * (i + 1)) % 26] * (1 + j % 3)
+                                                   for j in range(12)) for i in range(12)))
+                for kind in mix_module.KINDS for g in range(4) for d in range(3)
+                for side in [("eval" if g == 0 else "train")] if side in splits]
+        return mix_module.Mix(docs, {})
+
+    monkeypatch.setattr(mix_module, "gather", fake_gather)
+    out = tmp_path / "mixed"
+    assert main(["bench", "--pair", "tiny-gemma3", "--device", "cpu", "--suites", "mixed", "--tiers", "48", "96",
+                 "--build-only", "--out", str(out)]) == 0
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(requests) == 96 and {r["suite"] for r in requests} == {f"mixed-{k}" for k in
+                                                                     ("python", "c", "markup", "structured", "logs",
+                                                                      "prose")}
+    by_id = {r["id"]: r for r in requests}
+    for k in range(48):
+        short, long = by_id[f"mixed-48-{k}"]["input_ids"], by_id[f"mixed-96-{k}"]["input_ids"]
+        assert short[0] == long[0] == 2 and short[1:] == long[-47:] and len(long) == 96
