@@ -314,3 +314,31 @@ def test_train_drafter_on_the_mix_with_distillation_then_resumes_from_its_weight
     own = {k: v for k, v in first.state_dict().items()}
     assert own.keys() == second.state_dict().keys()
     assert all(torch.equal(v, second.state_dict()[k]) for k, v in own.items())
+
+
+def test_the_shape_pick_takes_the_fastest_drafter_within_30_mb(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("pick", root / "benchmarks" / "pick_drafter_shape.py")
+    pick = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pick)
+
+    def candidate(name, speedups, size):
+        res, drafter = tmp_path / name / "res", tmp_path / name / "drafter"
+        res.mkdir(parents=True)
+        drafter.mkdir()
+        (drafter / "model.safetensors").write_bytes(b"\0" * size)
+        rows = [{"method": "fold-a2", "tier": t, "tau": 2.0, "speedup": s, "speedup_ci_low": s - 0.05,
+                 "speedup_ci_high": s + 0.05} for t, s in zip((4096, 32704), speedups)]
+        (res / "summary.json").write_text(json.dumps({"rows": rows}))
+        return f"{name}={res}:{drafter}"
+
+    args = [candidate("L2", (1.52, 1.42), 20_000_000), candidate("L4", (1.6, 1.5), 24_000_000),
+            candidate("L6", (1.9, 1.8), 34_000_000)]
+    assert pick.main(args) == 0
+    out = capsys.readouterr().out
+    assert "pick: L4" in out and "(over 30 MB)" in out and "overlaps L2's at tiers [4096, 32704]" in out
+    with pytest.raises(ValueError, match="no fold-a2 rows at tiers"):
+        pick.main([args[0], "--tiers", "8192"])
