@@ -123,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                        choices=_LazyChoices(_bench_suites), help="request suites, any of: %(choices)s")
     bench.add_argument("--tiers", type=int, nargs="+", default=[1024, 2048, 4096, 8192], metavar="TOKENS",
                        help="input lengths")
-    bench.add_argument("--per-tier", type=int, default=None,
-                       help="requests per suite and input length (default 8; mixed: 48, taken over its six kinds)")
+    bench.add_argument("--per-tier", type=int, default=8, help="requests per suite and input length")
+    bench.add_argument("--mixed-per-tier", type=int, default=48,
+                       help="requests per input length of the mixed suite, taken over its six kinds in turn")
     bench.add_argument("--nested", action="store_true",
                        help="every tier's request k is a suffix of one input built at the longest tier (same text, "
                             "same continuation point), so tiers differ in length only")

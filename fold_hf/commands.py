@@ -305,7 +305,7 @@ def cmd_bench(args) -> int:
         tokenizer = pair.tokenizer()
         requests = []
         for suite in args.suites:
-            per_tier = args.per_tier if args.per_tier is not None else 48 if suite == "mixed" else 8
+            per_tier = args.mixed_per_tier if suite == "mixed" else args.per_tier
             requests += build_suite(tokenizer, suite, args.tiers, per_tier, args.new_tokens, seed=args.seed,
                                     nested=args.nested, bos_token_id=pair.bos_token_id(tokenizer))
         save_requests(requests, requests_file)

@@ -179,8 +179,10 @@ def test_the_real_sources_here_split_disjointly():
     sides = {}
     for d in mix.docs:
         sides.setdefault(d.group, set()).add(d.split)
+        assert d.split == split_of("python", d.group)
     assert all(len(s) == 1 for s in sides.values())
-    assert sides["stdlib"] == {"train"} and sides["transformers"] == {"eval"}
+    # the cap may stop before a given group: whichever of the two is read is on its fixed side
+    assert sides.get("stdlib", {"train"}) == {"train"} and sides.get("transformers", {"eval"}) == {"eval"}
     assert mix.kinds("train") == ["python"] and mix.kinds("eval") == ["python"]
 
 
