@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tiers", type=int, nargs="+", default=[1024, 2048, 4096, 8192], metavar="TOKENS",
                        help="input lengths")
     bench.add_argument("--per-tier", type=int, default=8, help="requests per suite and input length")
+    bench.add_argument("--mixed-per-tier", type=int, default=48,
+                       help="requests per input length of the mixed suite, taken over its six kinds in turn")
     bench.add_argument("--nested", action="store_true",
                        help="every tier's request k is a suffix of one input built at the longest tier (same text, "
                             "same continuation point), so tiers differ in length only")
@@ -156,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     summ.add_argument("--title", default="", help="plot title")
     summ.add_argument("--focus", metavar="METHOD",
                       help="method compared request by request with the others (default: fold-a2)")
+    summ.add_argument("--headline", metavar="PREFIX",
+                      help="add the flat keys PREFIX_tau_4k_dflash, PREFIX_fold_tau_32k, PREFIX_fold_speedup_32k, "
+                           "PREFIX_fold_minus_window_tau_32k (each with _ci_low/_ci_high) to summary.json")
+    summ.add_argument("--headline-into", metavar="JSON",
+                      help="also merge those keys into this flat JSON (benchmarks/results/latest/summary.json)")
     summ.set_defaults(func=cmd_summarize)
 
     doctor = sub.add_parser("doctor", help="check a target-drafter pair and a FoldConfig; print what would run",
@@ -200,6 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="generate OUT/data.pt (--sequences continuations, windows drawn with --seed) and stop")
     train.add_argument("--data", nargs="+", metavar="DATA_PT",
                        help="train on these data.pt files (one per GPU from --generate-only) instead of generating")
+    train.add_argument("--sources", choices=("classic", "mix"), default="classic",
+                       help="windows of: classic = stdlib + even-numbered plays (the committed drafters' data); mix = "
+                            "the training side of the broad data mix (fold_hf.data.mix: seven kinds of text)")
+    train.add_argument("--mix-file", metavar="JSONL_GZ",
+                       help="--sources mix: the staged mix (`python -m fold_hf.data.mix export`); without it the mix "
+                            "is gathered from this machine")
+    train.add_argument("--mix-weights", metavar="KIND=W,...",
+                       help="--sources mix: window weight per kind (kinds not named get 0; default "
+                            "python=1,c=1,code-other=0.5,markup=1,structured=0.75,logs=0.75,prose=1.5)")
+    train.add_argument("--kl", type=float, default=0.0,
+                       help="weight of the distillation term, KL(target || drafter) per block slot, added to the CE")
     _add_pair_option(train)
     train.set_defaults(func=cmd_train)
     return parser

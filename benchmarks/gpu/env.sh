@@ -8,6 +8,8 @@ for p in .stage/p*; do [ -d "$p" ] && cp "$p"/part-* /root/stage/; done
 [ -d .gpu/cache/shakespeare ] && cp -r .gpu/cache/shakespeare /root/cache/
 # the same texts packed (5.0 MB instead of 12.4: benchmarks/gpu/stage-gemma3.sh writes it)
 [ -f .stage/gdata/shakespeare.tar.gz ] && tar -xzf .stage/gdata/shakespeare.tar.gz -C /root/cache
+# the data mix of issue #38 and the mixed suite's requests (benchmarks/gpu/train_mix.sh's header): kept in /root/cache
+for f in .stage/gmix/*.gz; do if [ -f "$f" ]; then cp "$f" /root/cache/; fi; done
 if [ -d .whl ] && [ ! -d /tmp/site/gguf ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 fi

@@ -3,7 +3,8 @@
 # for a GPU machine that takes at most 64 MiB per call, the tracked tree included, and reaches no registry.
 # Run from the project root on the CPU machine (transformers >= 5.24, the gguf package):
 #
-#   bash benchmarks/gpu/stage-gemma3.sh [N]        (N parts; default: as few as fit beside the tracked tree)
+#   bash benchmarks/gpu/slim.sh out                (first: the committed drafters aside, see below)
+#   bash benchmarks/gpu/stage-gemma3.sh [N]        (N parts; default: as few as fit beside the work tree as it is now)
 #
 # It writes ignored folders (nothing of the weights is ever committed):
 #   .stage/g0 .. .stage/g{N-1}   gemma3-part-00 ..: the GGUF cut in N pieces (split -n N)
@@ -16,14 +17,15 @@
 #   call 1:       carry .stage/gtok .whl          call 2: carry .stage/gdata [+ the bench requests, gzipped]
 #   calls 3..:    carry .stage/gK, one part each; benchmarks/gpu/env.sh copies what arrived and joins the parts,
 #                 checked by sha256, once all N are there (every Gemma script stops early until then)
-# The tracked tree is ~58 MB since the committed Gemma drafter (24.3 MB) joined it (2026-12-01): N ~ 32 parts.
+# With both committed drafters in it the tree is ~62 MB and no part fits (the script says so and stops): the staging
+# calls run on the slim tree (benchmarks/gpu/slim.sh out: ~14 MB, N = 5 parts of ~50 MB), and only the call that
+# needs a drafter brings that one back (slim.sh out gemma3-270m-dflash; restore all with slim.sh restore). N is
+# computed against the tree present when this script runs (benchmarks/gpu/parts.py: tracked files present +
+# untracked files not ignored), so run the staging calls with the tree as it was here.
 # sha256 of the joined file: a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 set -euo pipefail
-# default N: parts as large as fit beside the tracked tree in one call (64 MiB), less 0.5 MB of slack
-tree=$(git -C "$(git rev-parse --show-toplevel)" ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1)
-free=$(( 64 * 1024 * 1024 - tree - 500000 ))
-[ "$free" -gt 1000000 ] || { echo "the tracked tree ($tree bytes) leaves no room for parts" >&2; exit 1; }
-N=${1:-$(( (253113024 + free - 1) / free ))}
+# default N: parts as large as fit beside the work tree in one call (64 MiB), less 0.5 MB of slack
+N=${1:-$(python3 "$(git rev-parse --show-toplevel)/benchmarks/gpu/parts.py" parts 253113024)}
 SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 root=$(git rev-parse --show-toplevel)
 cd "$root"

@@ -19,37 +19,14 @@
 # check the sha256 printed).
 # TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls.
 # Dry run on a CPU (checks the commands, runs nothing): DRY=1 bash benchmarks/gpu/train_gemma3.sh /tmp/x
-if [ "${DRY:-0}" = 1 ]; then
-  exec 3>&1
-  run_cmd() { echo "+ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} $*" >&3; }
-  ngpu=${GPUS:-2}
-  mkdir() { :; }
-else
-  source benchmarks/gpu/env.sh > /dev/null
-  stop_until_gemma3_whole
-  run_cmd() { "$@"; }
-  ngpu=$(nvidia-smi -L | wc -l)
-  [ "${GPUS:-$ngpu}" -lt "$ngpu" ] && ngpu=$GPUS
-fi
+source benchmarks/gpu/train_lib.sh
 out=${1:-${OUT:-/tmp}}
 started=$(date +%s)
 minutes=${MINUTES:-8.8}
 mkdir -p /root/g3train
-log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
 
 # 1. data, one shard per GPU (skipped once every shard exists)
-shards=()
-per_gpu=$(( ${SEQUENCES:-32768} / ngpu ))
-for g in $(seq 0 $((ngpu - 1))); do
-  shards+=(/root/g3data/gpu$g/data.pt)
-  if [ ! -f /root/g3data/gpu$g/data.pt ]; then
-    generated=1
-    CUDA_VISIBLE_DEVICES=$g run_cmd python -m fold_hf.cli train-drafter --pair gemma3-270m --generate-only \
-      --out /root/g3data/gpu$g --device ${DEVICE:-cuda} --sequences $per_gpu --gen-batch ${GEN_BATCH:-256} \
-      --seed $((1000 * g)) 2>&1 | log /root/g3train/data-gpu$g.log &
-  fi
-done
-wait
+generate_shards /root/g3data /root/g3train 0
 echo "data: ${shards[*]} ($(( $(date +%s) - started )) s)"
 
 # 2. training until MINUTES after this script started
@@ -59,15 +36,5 @@ CUDA_VISIBLE_DEVICES=0 run_cmd python -m fold_hf.cli train-drafter --pair gemma3
   --seed ${SEED:-0} --max-minutes $left ${TIME_BUDGET:+--time-budget $TIME_BUDGET} 2>&1 | log /root/g3train/train-A.log
 [ "${DRY:-0}" = 1 ] && exit 0
 
-# at most 8 files come back from a call
-cp /root/g3train/train-A.log $out/ 2>/dev/null
-[ -n "$generated" ] && cp /root/g3train/data-*.log $out/
-d=/root/g3train/A
-if grep -q '"finished": true' $d/drafter/training.json 2>/dev/null; then
-  mkdir -p $out/drafter-A
-  cp $d/drafter/*.json $d/drafter/README.md $out/drafter-A/
-  split -b 15000000 $d/drafter/model.safetensors $out/drafter-A/model.safetensors.part-
-  echo "finished: drafter in $out/drafter-A, weights sha256 $(sha256sum $d/drafter/model.safetensors | cut -c1-64)"
-fi
-grep -v "^train drafter" /root/g3train/train-A.log | tail -n 4; grep "^train drafter" /root/g3train/train-A.log | tail -n 1
+finish_training_call /root/g3train/A $out A /root/g3train/train-A.log "$generated" /root/g3train/data-*.log
 echo "call took $(( $(date +%s) - started )) s"

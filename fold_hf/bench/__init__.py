@@ -11,6 +11,8 @@ suite names, e.g. for ``fold-hf bench --help``, imports neither torch nor transf
   - ``books``: spans of held-out Gutenberg plays; the target continues the text.
   - ``retrieval``: a span whose end restarts a passage from its first quarter, so the continuation copies
     content thousands of tokens back (where the far memory matters).
+  - ``mixed``: six kinds of text from the evaluation side of the data mix (:mod:`fold_hf.data.mix`), nested,
+    after the overlap check against the training side (:func:`.suites.build_mixed_suite`).
 
 * :mod:`.run`: every request runs AR and every method in the same process, one after the other, so each method
   is paired with an AR run of the same request on the same machine. Results are appended per request to
@@ -31,8 +33,8 @@ _EXPORTS = {
     ".methods": ("BENCH_ENGINES", "Method", "default_methods", "method_names", "window_sweep_methods"),
     ".plots": ("PLOT_METRICS", "plot_figure"),
     ".run": ("machine_info", "run_bench"),
-    ".suites": ("DEFAULT_TIERS", "SUITES", "build_suite", "load_requests", "save_requests"),
-    ".summary": ("length_retention", "paired_comparison", "summarize"),
+    ".suites": ("DEFAULT_TIERS", "SUITES", "build_mixed_suite", "build_suite", "load_requests", "save_requests"),
+    ".summary": ("headline_keys", "length_retention", "paired_comparison", "summarize"),
 }
 
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
@@ -41,8 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .methods import BENCH_ENGINES, Method, default_methods, method_names, window_sweep_methods
     from .plots import PLOT_METRICS, plot_figure
     from .run import machine_info, run_bench
-    from .suites import DEFAULT_TIERS, SUITES, build_suite, load_requests, save_requests
-    from .summary import length_retention, paired_comparison, summarize
+    from .suites import DEFAULT_TIERS, SUITES, build_mixed_suite, build_suite, load_requests, save_requests
+    from .summary import headline_keys, length_retention, paired_comparison, summarize
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())

@@ -49,7 +49,9 @@ def plot_figure(table: list[dict], metric: str, title: str = ""):
                 continue
             x = [r["tier"] for r in sel]
             y = [r[metric] for r in sel]
-            err = [[r[metric] - r[f"{metric}_ci_low"] for r in sel], [r[f"{metric}_ci_high"] - r[metric] for r in sel]]
+            # clamped at 0: on constant values the bootstrap bounds equal the mean up to rounding, either side of it
+            err = [[max(0.0, r[metric] - r[f"{metric}_ci_low"]) for r in sel],
+                   [max(0.0, r[f"{metric}_ci_high"] - r[metric]) for r in sel]]
             style = "-o" if method.startswith("fold") else "--."
             ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=method, linewidth=2 if method == "fold-a2" else 1)
         ax.axhline(1.0, color="black", linestyle=":", linewidth=1.2, label="AR")

