@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the pair's dtype; auto: fp32 on CPU, bf16 on GPU. In bf16 a speculative run can differ "
                             "from AR at a near-tie of two logits (the verify step rounds differently from one-token "
                             "decoding); fp32 shows losslessness. Shards of one directory must use one dtype")
+    bench.add_argument("--exact", action="store_true",
+                       help="exact mode (docs/exact-mode.md; --engine fast, CUDA): AR and every method with the "
+                            "row-count-invariant kernels, so differ_from_ar counts outputs that differ from exact AR "
+                            "(its guarantee: none, bf16 included)")
     _add_pair_option(bench)
     bench.add_argument("--window-sweep", type=int, nargs="+", metavar="W",
                        help="instead of every method: FOLD (alpha 2) and the window-only ablation at each window W "

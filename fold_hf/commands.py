@@ -290,6 +290,9 @@ def cmd_bench(args) -> int:
     from .pairs import get_pair, load_pair
 
     device = _device(args.device)
+    engine = _bench_engine(args.engine, device)
+    if args.exact and engine != "fast":
+        raise CliError(f"--exact runs on the fast engine; this run's engine is {engine!r} (--engine fast)")
     pair = get_pair(args.pair)
     print(f"pair {pair.key}: {pair.target.licence}", file=sys.stderr)
     out = Path(args.out) if args.out else default_bench_out(device)
@@ -326,7 +329,7 @@ def cmd_bench(args) -> int:
         index, count = args.shard
         requests = requests[index::count]
     runs = run_bench(target, drafter, requests, methods, out / (f"shard{index}of{count}" if args.shard else "run"),
-                     max_minutes=args.max_minutes, engine=_bench_engine(args.engine, device))
+                     max_minutes=args.max_minutes, engine=engine, exact=args.exact)
     files = sorted(out.glob("*/runs.jsonl")) or [runs]
     windows = f"W in {args.window_sweep}" if args.window_sweep else f"W={args.window}"
     summary = summarize(files, out, title=f"{pair.title} + DFlash drafter, {windows}")

@@ -35,17 +35,22 @@ def machine_info() -> dict:
 
 
 def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_dir: str | Path,
-              max_minutes: float | None = None, log=print, engine: str = "loop", warmup: bool | None = None) -> Path:
+              max_minutes: float | None = None, log=print, engine: str = "loop", warmup: bool | None = None,
+              exact: bool = False) -> Path:
     """Run every method on every request not yet in ``out_dir/runs.jsonl``; returns that file.
 
     ``engine``: ``"loop"`` decodes with the foundation loop (:func:`fold_hf.generate`: transformers' forward,
     the torch read), ``"fast"`` with :func:`fold_hf.fast_generate` (static caches, CUDA graphs and the Triton
     kernels on a GPU), which is what the speedups of a GPU run should time. ``warmup`` (default: on for
     ``fast``) runs each method once on the request before the timed run, so graph capture and kernel compilation
-    stay out of the timings; the tokens are the same either way.
+    stay out of the timings; the tokens are the same either way. ``exact``: every method and AR in exact mode
+    (``fast`` only; docs/exact-mode.md), so a row's ``same_as_ar`` holds the mode's guarantee (greedy speculative
+    output = exact AR output) on every request, bf16 included; rows record ``exact``.
     """
     if engine not in BENCH_ENGINES:
         raise ValueError(f"engine must be one of {BENCH_ENGINES}, got {engine!r}")
+    if exact and engine != "fast":
+        raise ValueError("exact mode runs on the fast engine (engine='fast')")
     if engine == "fast":
         from ..generation.fast import fast_generate, fast_unsupported
 
@@ -79,7 +84,8 @@ def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_
         rows = []
         reference = None
         for method in methods:
-            kwargs = dict(input_ids=ids, max_new_tokens=req["new_tokens"], fold_config=method.config, eos_token_id=[])
+            kwargs = dict(input_ids=ids, max_new_tokens=req["new_tokens"], fold_config=method.config, eos_token_id=[],
+                          **({"exact": True} if exact else {}))
             method_drafter = drafter if method.config is not None else None
             if warmup:
                 decode(target, method_drafter, **kwargs)
@@ -90,6 +96,7 @@ def run_bench(target, drafter, requests: list[dict], methods: list[Method], out_
             rows.append({"request": req["id"], "suite": req["suite"], "tier": req["tier"], "method": method.name,
                          "tau": res.tau, "tpot_s": res.tpot_s, "ttft_s": res.ttft_s, "rounds": res.rounds,
                          "new_tokens": res.num_new_tokens, "same_as_ar": tokens == reference, "engine": engine,
+                         "exact": exact,
                          "dtype": dtype, **({"family": req["family"]} if "family" in req else {})})
         with runs.open("a") as fh:  # a request is written whole, so pairing with its AR run survives restarts
             for row in rows:

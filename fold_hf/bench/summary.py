@@ -40,6 +40,7 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
     # runs from before the engine was recorded used the loop
     engine = _one_setting(rows, "engine", "loop", "engines", "their timings do not pair")
     dtype = _one_setting(rows, "dtype", "unrecorded", "dtypes", "their timings and outputs do not pair")
+    exact = _one_setting(rows, "exact", False, "exact modes", "exact mode's outputs and timings are its own")
     by_request: dict[str, dict[str, dict]] = {}
     for row in rows:
         by_request.setdefault(row["request"], {})[row["method"]] = row
@@ -76,7 +77,7 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
     paired = paired_comparison(by_request, focus) if focus is not None else []
     retention = length_retention(rows)
     summary = {"title": title, "date": _dt.date.today().isoformat(), "machine": machine,
-               "engine": engine, "dtype": dtype, "rows": table,
+               "engine": engine, "dtype": dtype, "exact": bool(exact), "rows": table,
                "averages": _averages(table), "paired": {"focus": focus, "rows": paired},
                "length_retention": retention}
     if headline:

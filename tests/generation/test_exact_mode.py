@@ -259,3 +259,36 @@ def test_time_rounds_times_exact_mode_steps_and_refuses_the_eager_engine():
     with pytest.raises(ValueError, match="static and graphs engines"):
         time_rounds(target, None, 20, 2, engine="eager", exact=True)
     fold_hf.generation.release_fast_state(target)
+
+
+# ------------------------------------------------------------------ fold-hf bench --exact
+def test_bench_in_exact_mode_finds_no_output_differing_from_exact_ar(interpreter, tmp_path, capsys):
+    """``run_bench(exact=True)`` (``fold-hf bench --exact``): AR and every method in exact mode, so every row's
+    ``same_as_ar`` holds (a random drafter: rejections) and the summary's ``differ_from_ar`` is 0; the summary says
+    ``exact``, refuses to mix exact and default runs, and the loop engine refuses exact mode (CLI too)."""
+    import json
+
+    from fold_hf.bench import default_methods, run_bench, summarize
+    from fold_hf.cli import main
+
+    target = small_target()
+    drafter = small_drafter(target)
+    requests = [{"id": "r0", "suite": "tiny", "tier": 30, "new_tokens": 10, "input_ids": prompt(2, 30)[0].tolist()}]
+    methods = [m for m in default_methods(window=16, train_length=24) if m.name in ("ar", "fold-a2")]
+    runs = run_bench(target, drafter, requests, methods, tmp_path / "exact", engine="fast", exact=True,
+                     log=lambda *a: None, warmup=False)
+    rows = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert len(rows) == 2 and all(r["exact"] and r["same_as_ar"] for r in rows)
+    assert target.__dict__["_fold_fast_session"].runner.exact  # the decodes ran exact mode's kernels
+    assert any(r["tau"] < K + 1 for r in rows if r["method"] != "ar")  # rejections happened
+    summary = summarize([runs], tmp_path / "sum")
+    assert summary["exact"] is True and summary["rows"] and all(r["differ_from_ar"] == 0 for r in summary["rows"])
+    other = tmp_path / "default" / "runs.jsonl"
+    other.parent.mkdir()
+    other.write_text("".join(json.dumps({**row, "exact": False}) + "\n" for row in rows))
+    with pytest.raises(ValueError, match="mix exact modes"):
+        summarize([runs, other], tmp_path / "sum")
+    with pytest.raises(ValueError, match="exact mode runs on the fast engine"):
+        run_bench(target, drafter, requests, methods, tmp_path / "x", engine="loop", exact=True)
+    assert main(["bench", "--exact", "--engine", "loop", "--device", "cpu", "--out", str(tmp_path / "cli")]) == 2
+    assert "--exact runs on the fast engine" in capsys.readouterr().err
