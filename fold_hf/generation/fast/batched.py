@@ -8,9 +8,16 @@ padding in the cache: a row's prompt is prefilled without its left padding), its
 :class:`~fold_hf.generation.sampling.TokenChoice` (its generator when the request gives one per row) and its
 :class:`~fold_hf.generation.tracker.Tracker` (EOS, stop strings, budget). A round:
 
-1. every running row drafts its block from its own cache, all rows in one drafter forward
-   (:func:`~fold_hf.modeling.drafter_rows.propose_rows`: the projections and the lm_head shared, each row's read its
-   own);
+1. every running row drafts its block from its own cache, all rows in one drafter forward: on engines ``static`` and
+   ``graphs`` one fixed-shape step (:class:`_DraftRows`, a CUDA graph in ``graphs``, keyed by the drafting rows and
+   whether some row reads far memory: :class:`~fold_hf.generation.static_drafter_rows.RowsDrafter`, the single-prompt
+   static drafter with a row axis: block embedding, ``fc`` over each row's new taps (``R`` rows per row, masked by
+   its length), every projection and the lm_head shared over ``[A, B]``; each row's cache row of one
+   ``[batch, Hkv, capacity, Dh]`` drafter cache, its length read from the device, its own FOLD read; greedy
+   proposals by argmax on the device); on the ``eager`` engine, for sampled or penalized rows and for the modes and
+   drafters the step does not cover (``streaming``, ``infllm``, ``yarn``, a DeepSpec confidence cut; said once), on
+   the host (:func:`~fold_hf.modeling.drafter_rows.propose_rows`: the projections and the lm_head shared, each row's
+   eager read its own, planned from host lengths);
 2. one verify forward (:class:`_Verify`) checks all of them: ``[A, 1 + k]`` tokens, a row with fewer proposals
    padded (its padded positions are past what it can keep, so they are rolled back by its length like any rejected
    entry); the projections read the weights once for the ``A`` rows, each row attends to its own prefix;
@@ -26,7 +33,9 @@ verify step, so a batched row's tokens have the bits of that row decoded alone i
 Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama, Qwen3.5 and Gemma
 families), every engine: the ``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and
 ``graphs`` (the default on CUDA) verify through the fused layers as a fixed-shape step (a CUDA graph in ``graphs``,
-:class:`_Verify`; the Llama family), while drafting and acceptance stay on the host; the Qwen3.5 and Gemma families
+:class:`_Verify`; the Llama family) and draft through the rows step (every family), so a round is two replays; what
+stays on the host is each row's acceptance, the copy of its accepted taps and lengths into the rows step's buffers,
+and the choice of the two steps' keys; the Qwen3.5 and Gemma families
 have no fused layers over rows, so there their verify runs host-length, said once. After each round the runner's
 ``accept`` takes every row's accepted count (a recurrent family keeps each row's state at its own accepted position;
 a KV cache rolls back by the row's length). The other families and ``cmr`` (its refreshes read one row's target
