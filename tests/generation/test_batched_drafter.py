@@ -88,6 +88,41 @@ def test_each_row_drafts_what_the_drafters_own_forward_drafts_for_it_alone(mode,
             torch.testing.assert_close(layer.keys[row, :, : committed[a]], theirs.keys[0, :, : committed[a]], **tol)
 
 
+def test_a_dspark_drafter_chains_each_rows_slots_from_its_own_anchor(tmp_path):
+    """A DSpark drafter (DeepSpec: the anchor slot predicts too, a Markov head biases slot k by the token before it):
+    each row's proposals equal the drafter's eager proposal for that row alone, two rounds, rows at 5, 60 and 21."""
+    from deepspec_tiny import deepspec_config, deepspec_weights, write_checkpoint
+
+    from fold_hf import FoldDrafter
+
+    target = tiny_target("qwen3", seed=3)
+    cfg = deepspec_config(target, "qwen3", block=4, markov_rank=target.config.vocab_size, with_markov=True)
+    directory = write_checkpoint(tmp_path, cfg, deepspec_weights(cfg, target, seed=7), dtype=torch.float64)
+    drafter = FoldDrafter.from_pretrained(directory).bind_target(target)
+    drafter.set_fold_config(mode_config("fold"))
+    prompts, R = [5, 60, 21], drafter.num_proposals + 1
+    assert drafter.first_proposal_slot == 0 and drafter.markov_head is not None
+    static = RowsDrafter(drafter, preallocated_cache(drafter, 128, "cpu", rows=3))
+    mine = [row_cache(static.cache, drafter, a) for a in range(3)]
+    alone = [drafter.new_cache() for _ in prompts]
+    for a, length in enumerate(prompts):
+        for cache in (mine[a], alone[a]):
+            commit_context(drafter, cache, _features(drafter, length, seed=a))
+    committed = list(prompts)
+    for r, news in enumerate([(1, 5, 3), (4, 2, 5)]):
+        lasts = [(2 + 4 * a + r) % drafter.config.mask_token_id for a in range(3)]
+        pendings = [_features(drafter, n, seed=10 * r + a) for a, n in enumerate(news)]
+        features = torch.zeros(3, R, pendings[0].shape[-1], dtype=pendings[0].dtype)
+        for a, pending in enumerate(pendings):
+            features[a, : pending.shape[1]] = pending[0]
+        lengths = torch.tensor([[committed[a], news[a], lasts[a], a] for a in range(3)])
+        tokens = static.draft_rows(features, lengths, True, (0, 1, 2))
+        for a in range(3):
+            expected, _ = drafter.propose(torch.tensor([lasts[a]]), pendings[a], alone[a])
+            assert tokens[a].tolist() == expected.tolist(), (r, a)
+        committed = [c + n for c, n in zip(committed, news)]
+
+
 def test_the_step_refuses_rows_that_do_not_match_its_cache():
     target = tiny_target("llama", seed=5)
     drafter = tiny_drafter(target, fold_config=mode_config("fold")).bind_target(target)
