@@ -66,7 +66,8 @@ def test_each_row_drafts_what_the_drafters_own_forward_drafts_for_it_alone(mode,
         pendings = [_features(drafter, n, seed=100 * r + a) for a, n in enumerate(news)]
         expected = [drafter.draft_logits(torch.tensor([last]), pending, cache)[0]
                     for last, pending, cache in zip(lasts, pendings, alone)]
-        features = torch.randn(3, R, pendings[0].shape[-1], dtype=torch.float64).to(drafter.fc.weight.dtype)
+        features = torch.randn(3, R, pendings[0].shape[-1], generator=torch.Generator().manual_seed(r),
+                               dtype=torch.float64).to(drafter.fc.weight.dtype)
         for a, pending in enumerate(pendings):  # the rest of a row's R rows is garbage the step must not read
             features[a, : pending.shape[1]] = pending[0]
         lengths = torch.tensor([[committed[a], news[a], lasts[a], cache_rows[a]] for a in range(3)])
