@@ -16,6 +16,7 @@ from test_batch import pair, row_prompt  # noqa: F401  (pair: test_batch's fixtu
 import fold_hf
 from fold_hf.generation import release_fast_state
 from fold_hf.generation.fast import SESSION_ATTR, batched, settings
+from fold_hf.generation.graphs import EagerStep
 from fold_hf.generation.static_drafter import commit_context, preallocated_cache
 from fold_hf.generation.static_drafter_rows import RowsDrafter, row_cache
 from fold_hf.kernels import default_layer_ops
@@ -37,7 +38,8 @@ def _features(drafter, n: int, seed: int) -> torch.Tensor:
 def test_each_row_drafts_what_the_drafters_own_forward_drafts_for_it_alone(mode, fused):
     """Three rows at three lengths (5 < W - B, 23 and 90 > W: far memory read), each in a cache row of its own (rows
     2, 0, 3 of a 4-row cache), two rounds committing different counts of new context per row: every row's logits equal
-    the drafter's eager forward over that row alone (fp64), and its proposals are their argmax."""
+    the drafter's eager forward over that row alone (fp64), and its proposals are their argmax; the step runs after
+    the graphs engine's two warm-up runs."""
     target = tiny_target("llama", seed=5)
     drafter = tiny_drafter(target, fold_config=mode_config(mode)).bind_target(target)
     prompts, cache_rows = [5, 90, 23], (2, 0, 3)
@@ -75,9 +77,12 @@ def test_each_row_drafts_what_the_drafters_own_forward_drafts_for_it_alone(mode,
         assert with_far == (mode in ("fold", "rerope"))  # the modes with far memory read it here,
         assert not static.needs_far(committed[0] + news[0])  # one row without any among them
         drafter.proposal_logits = recording
-        tokens = static.draft_rows(features, lengths, with_far, cache_rows)
+        # as the graphs engine runs it: two warm-up runs before the replay, which must change nothing it reads
+        tokens = EagerStep(lambda: static.draft_rows(features, lengths, with_far, cache_rows), warmup=2).replay()
         del drafter.proposal_logits
+        assert len(seen) == 3
         logits = seen.pop()
+        seen.clear()
         assert tokens.shape == (3, R - 1)
         for a in range(3):
             torch.testing.assert_close(logits[a], expected[a], **tol,
