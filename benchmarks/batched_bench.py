@@ -9,8 +9,8 @@ turn, median of ``--repeats``:
 
 * ``fold_batched``: ``fast_generate(target, drafter, ids, mask)``, the rows in batched rounds (FOLD, the drafter's
   own window and α);
-* on CUDA ``fold_batched_graphs`` / ``ar_batched_graphs``: the same with ``engine="graphs"`` (the batched verify
-  captured as a CUDA graph; drafting and acceptance on the host);
+* on CUDA ``fold_batched_graphs`` / ``ar_batched_graphs``: the same with ``engine="graphs"`` (the rows' drafts and the
+  batched verify each captured as a CUDA graph; acceptance on the host);
 * ``fold_rows``: the same rows one call each (the eager engine, as the batch runs; on CUDA also ``fold_rows_graphs``,
   the default single-prompt engine);
 * ``ar_batched``: ``fast_generate(target, None, ids, mask)``, batched AR on the same machinery;
@@ -26,8 +26,10 @@ Section ``shape`` (``--shape``, CUDA): a random Llama-3.1-8B-shape target in bf1
 its cache of ``B`` rows at context ``T`` (``--contexts``): the batched verify with one token per row (the batched AR
 step) and with a block per row, on the eager engine (host lengths) and the graphs engine (the fused layers' captured
 step), p50 over ``--steps`` calls, against the memory floor (weights once + ``B`` rows' KV at ``T``, at the copy
-bandwidth measured here); the drafter's proposals for the ``B`` rows at ``T`` (one drafter forward) beside it; the
-round estimate = verify + drafts (acceptance and the host's work between rounds left out); for ``B`` up to
+bandwidth measured here); the drafter's proposals for the ``B`` rows at ``T`` beside it, per engine (``draft_rows``:
+``propose_rows`` on the host for ``eager``, the rows drafting step for ``static`` / ``graphs``, captured in ``graphs``);
+the round estimate = verify + drafts of the same engine (acceptance and the host's work between rounds left out); for
+``B`` up to
 ``--hf-max-batch``, transformers' own batched AR step (``generate`` on a DynamicCache of ``T`` entries per row, sdpa)
 and our batched AR throughput over it. ``summary`` holds issue 35's keys at B = 8, T = 32K (graphs engine):
 ``batched_ar_over_floor_8b_32k_b8``, ``batched_sd_round_over_ar_8b_32k_b8``,
@@ -248,8 +250,6 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
     from fold_hf.generation.fast.batched import _Verify
     from fold_hf.generation.fast.session import session_for
     from fold_hf.generation.rounds import num_proposals
-    from fold_hf.generation.static_drafter import commit_context, preallocated_cache
-    from fold_hf.modeling.drafter_rows import propose_rows
 
     hf_steps = None
     if args.dry_run:
@@ -269,7 +269,6 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
     block = num_proposals(drafter) + 1
     taps = tuple(drafter.config.target_layer_ids)
     engines = ["eager", "graphs"] if device.type == "cuda" else ["eager", "static"]
-    greedy = lambda logits, first_slot=0: (logits.argmax(-1), None)  # noqa: E731
     for B in args.batches:
         for T in contexts:
             for engine in engines:  # the batched verify: host-length, and the fused layers' fixed-shape step
@@ -290,22 +289,12 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
                                            "floor_ms": floor * 1e3, "over_floor": p50 / floor})
                     log(f"B={B:2d} T={T:6d} {name:8s} {engine:6s} p50 {p50 * 1e3:8.2f} ms  floor {floor * 1e3:7.2f} ms"
                         f"  x{p50 / floor:.2f}")
+                p50 = timed(drafts(session, drafter, B, T, block), args.steps, device)
+                report["rows"].append({"section": "shape", "system": "draft_rows", "engine": engine, "batch": B,
+                                       "context": T, "p50_ms": p50 * 1e3})
+                log(f"B={B:2d} T={T:6d} draft    {engine:6s} p50 {p50 * 1e3:8.2f} ms  ({B} rows, one drafter forward)")
                 del session, runner, verify
                 release_fast_state(target)
-            # the drafter's proposals for B rows at T, one drafter forward (modeling/drafter_rows.py)
-            caches = []
-            for _ in range(B):
-                cache = preallocated_cache(drafter, T + block + 1, device, T + block)
-                commit_context(drafter, cache, torch.randn(1, T, len(taps) * target.config.hidden_size, device=device,
-                                                           dtype=drafter.fc.weight.dtype))
-                caches.append(cache)
-            last = torch.zeros(1, dtype=torch.long, device=device)
-            p50 = timed(lambda: propose_rows(drafter, [last] * B, [None] * B, caches, [T] * B, [block - 1] * B,
-                                             [greedy] * B), args.steps, device)
-            report["rows"].append({"section": "shape", "system": "draft_rows", "batch": B, "context": T,
-                                   "p50_ms": p50 * 1e3})
-            log(f"B={B:2d} T={T:6d} draft ({B} rows, one drafter forward) p50 {p50 * 1e3:8.2f} ms")
-            del caches
             if hf_steps is not None and B <= args.hf_max_batch:  # transformers' own batched AR step, same shape
                 release_fast_state(target)
                 torch.cuda.empty_cache()
@@ -321,7 +310,7 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
                 report["ratios"][f"batched_ar_over_floor_{engine}_t{T}_b{B}"] = ar["over_floor"]
                 report["ratios"][f"batched_verify_over_ar_{engine}_t{T}_b{B}"] = ver["p50_ms"] / ar["p50_ms"]
                 report["ratios"][f"batched_round_over_ar_{engine}_t{T}_b{B}"] = (
-                    (ver["p50_ms"] + by[("draft_rows", None)]["p50_ms"]) / ar["p50_ms"])
+                    (ver["p50_ms"] + by[("draft_rows", engine)]["p50_ms"]) / ar["p50_ms"])
                 if ("hf_ar_step", "hf") in by:  # both make B tokens a step: throughput ratio = step-time ratio
                     report["ratios"][f"ar_batched_{engine}_over_hf_batched_throughput_t{T}_b{B}"] = (
                         by[("hf_ar_step", "hf")]["p50_ms"] / ar["p50_ms"])
@@ -428,6 +417,47 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
         report.setdefault("summary", {})["gemma3_batched_fold_over_ar_throughput_32k_b8"] = report["ratios"][
             "fold-a2_over_ar_throughput_b8"]
     save()
+
+
+def drafts(session, drafter, B: int, T: int, block: int):
+    """A call drafting for ``B`` rows whose drafter caches hold ``T`` random entries, as ``session``'s engine drafts a
+    batched round (all ``block`` rows of the last verify committed): ``propose_rows`` on the host (``eager``), else the
+    rows drafting step (:meth:`~fold_hf.generation.static_drafter_rows.RowsDrafter.draft_rows`, a CUDA graph in
+    ``graphs``) with the fused drafter layers on CUDA."""
+    from fold_hf.generation.static_drafter import preallocated_cache
+    from fold_hf.modeling.drafter_rows import propose_rows
+
+    device, width = session.device, session.runner.tap_width
+    if session.engine == "eager":
+        caches = [preallocated_cache(drafter, T + block + 1, device, T + block) for _ in range(B)]
+        for cache in caches:  # the context's entries (random; they time the same as real ones)
+            for layer in cache.layers:
+                layer.keys[:, :, : T - block].normal_()
+                layer.values[:, :, : T - block].normal_()
+                layer.length = T - block
+        last = torch.zeros(1, dtype=torch.long, device=device)
+        new = torch.randn(1, block, width, device=device, dtype=session.runner.dtype)
+        greedy = lambda logits, first_slot=0: (logits.argmax(-1), None)  # noqa: E731
+
+        def host():  # the caches keep their length: every call commits the same block again
+            for cache in caches:
+                for layer in cache.layers:
+                    layer.length = T - block
+            return propose_rows(drafter, [last] * B, [new] * B, caches, [T] * B, [block - 1] * B, [greedy] * B)
+
+        return host
+    static = session.rows_drafter(drafter, fused=device.type == "cuda")
+    if static is None:
+        raise RuntimeError(f"engine {session.engine!r} has no rows drafting step here (the warning above says why)")
+    for layer in static.cache.layers:
+        layer.keys[:, :, : T - block].normal_()
+        layer.values[:, :, : T - block].normal_()
+    features, lengths = session.draft_row_buffers(B, static.verify_rows)
+    features.normal_()
+    lengths.copy_(torch.tensor([[T - block, block, 0, a] for a in range(B)]))
+    rows, with_far = tuple(range(B)), static.needs_far(T)
+    step = session.step(("draft_rows", rows, with_far), lambda: static.draft_rows(features, lengths, with_far, rows))
+    return step.replay
 
 
 def tiny_pair(device: torch.device):

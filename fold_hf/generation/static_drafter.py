@@ -67,13 +67,15 @@ def default_read_function(device: torch.device | str):
     return module.fold_read_triton if module is not None else None
 
 
-def preallocated_cache(drafter: FoldDrafter, capacity: int, device, request_length: int | None = None) -> FoldCache:
-    """A :class:`FoldCache` whose layers already hold ``[1, Hkv, capacity, Dh]`` buffers (length 0)."""
+def preallocated_cache(drafter: FoldDrafter, capacity: int, device, request_length: int | None = None,
+                       rows: int = 1) -> FoldCache:
+    """A :class:`FoldCache` whose layers already hold ``[rows, Hkv, capacity, Dh]`` buffers (length 0; ``rows`` > 1:
+    the batched rows step's cache, :mod:`~fold_hf.generation.static_drafter_rows`)."""
     cache = drafter.new_cache(request_length=request_length)
     attn = drafter.layers[0].self_attn
     dtype = drafter.fc.weight.dtype
     probe = torch.empty(1, attn.num_kv_heads, 1, attn.head_dim, device=device, dtype=dtype)
-    shaped = probe.expand(1, attn.num_kv_heads, capacity, attn.head_dim)
+    shaped = probe.expand(rows, attn.num_kv_heads, capacity, attn.head_dim)
     for layer in cache.layers:
         layer.lazy_initialization(shaped, shaped)
     return cache
@@ -293,9 +295,7 @@ class StaticDrafter:
         d_len, d_new, last = state[1:2], state[2:3], state[3:4]
         context_length = d_len + d_new
         true_positions = context_length + self.block_offsets  # block_start = end of the context
-        row_scale = None
-        if self.log_rerope_base is not None:
-            row_scale = (torch.log((true_positions + 1).to(self.acc)) / self.log_rerope_base).clamp_min(1.0)
+        row_scale = self._row_scale(true_positions)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
         plain = self.plain_tables
         views = {"true": _View((plain[0][true_positions], plain[1][true_positions]), context_length, plain)}
@@ -322,6 +322,12 @@ class StaticDrafter:
                     hidden=drafter.embed_block(ids[None]).to(self.dtype), row_scale=row_scale, views=views,
                     infllm=infllm, phase=phase)
 
+    def _row_scale(self, true_positions: torch.Tensor) -> torch.Tensor | None:
+        """ReRoPE's query scale of each block row at ``true_positions [..., B]`` (same shape), None in other modes."""
+        if self.log_rerope_base is None:
+            return None
+        return (torch.log((true_positions + 1).to(self.acc)) / self.log_rerope_base).clamp_min(1.0)
+
     def _view(self, geometry, rnd: dict) -> _View:
         if geometry.selection == "infllm":
             return rnd["views"]["infllm"]
@@ -347,11 +353,33 @@ class StaticDrafter:
             gather = self.infllm.select(i, heads(q), keys, rnd["infllm"], rebuild=rnd["phase"] != "steady")
         if gather is not None:
             keys, values = keys.index_select(2, gather), values.index_select(2, gather)
-        out = self.read(query_near, query_far, keys, values, block_keys, v_blk, *view.tables, view.length,
-                        view.length, g.window, g.alpha)
+        out = self._read(query_near, query_far, keys, values, block_keys, v_blk, view, g, rnd)
         if g.selection == "infllm":  # the window attention this read gave, from the read's own queries
             self.infllm.record(i, query_near, query_far, block_keys, keys, rnd["infllm"])
         return out
+
+    def _read(self, query_near, query_far, keys, values, block_keys, block_values, view: _View, geometry,
+              rnd: dict) -> torch.Tensor:
+        """The read function over ``view``'s length and tables (the kernel contract; a rows step reads row by row)."""
+        return self.read(query_near, query_far, keys, values, block_keys, block_values, *view.tables, view.length,
+                         view.length, geometry.window, geometry.alpha)
+
+    def _write(self, cache_layer, rnd: dict, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """The round's new context entries ``keys`` / ``values [1, Hkv, R, Dh]`` into ``cache_layer`` at its entry
+        positions ``[R]`` (a rows step: each row's into its own cache row)."""
+        cache_layer.keys.index_copy_(2, rnd["entry_positions"], keys)
+        cache_layer.values.index_copy_(2, rnd["entry_positions"], values)
+
+    def _rotate_fused(self, x, rows, row_scale, scale):
+        """Fused path: ``x [A, B, H, Dh]`` rotated by ``rows`` (``(cos, sin) [B, rd]``, or ``[A, B, rd]``), times the
+        logit scale (per block row with ReRoPE, ``row_scale [B]`` or ``[A, B]``), as ``[A, H, B, Dh]`` in the model
+        dtype: one launch over the ``A * B`` tokens."""
+        A, B = x.shape[:2]
+        if row_scale is not None:  # rerope: a row's query scale scales its logits
+            x = x * row_scale.to(x.dtype).reshape(-1, B)[:, :, None, None]
+        cos, sin = (t.expand(A, B, t.shape[-1]).reshape(A * B, t.shape[-1]) for t in rows)  # [B, rd]: every row's
+        out = self.ops.rotate_heads(x.reshape(1, A * B, *x.shape[2:]), cos, sin, scale, self.dtype)
+        return out if A == 1 else out.view(out.shape[1], A, B, out.shape[-1]).transpose(0, 1)
 
     def _draft_tokens(self, hidden: torch.Tensor, state: torch.Tensor, pick=None):
         """Proposals ``[R - 1]`` from the final-normed block ``[1, B, H]`` through the drafter's head
@@ -364,11 +392,13 @@ class StaticDrafter:
         return tokens if pick is None else (tokens, q)
 
     def _rotate(self, x, rows, row_scale, scale):
-        """Module path: ``x [1, H, B, Dh]`` rotated by ``rows`` in fp32, times the logit scale (per row with
-        ReRoPE), in the model dtype."""
+        """Module path: ``x [A, H, B, Dh]`` rotated by ``rows`` (``(cos, sin) [B, rd]``, or ``[A, B, rd]``: a rows
+        step's, each row's own) in fp32, times the logit scale (per block row with ReRoPE, ``row_scale [B]`` or
+        ``[A, B]``), in the model dtype."""
         if row_scale is not None:
-            scale = scale * row_scale[:, None]  # [B, 1]: rows
-        return (rotate_by_tables(x, *rows) * scale).to(self.dtype)
+            scale = scale * row_scale[..., None, :, None]  # [(A,) 1, B, 1]: block rows
+        cos, sin = rows
+        return (rotate_by_tables(x, cos.unsqueeze(-3), sin.unsqueeze(-3)) * scale).to(self.dtype)
 
     def _layers(self, rnd: dict, with_far: bool) -> torch.Tensor:
         """The drafter's layers through their own forward (:class:`~fold_hf.modeling.drafter_layer.DrafterLayer`),
@@ -387,21 +417,16 @@ class StaticDrafter:
         at the round's entry positions of the preallocated cache, then :meth:`_attend` of queries ``q [1, Hq, B, Dh]``
         and the block ``k_blk`` / ``v_blk [1, Hkv, B, Dh]``; returns ``[1, B, Hq, Dh]``."""
         cache_layer = self.cache.layers[i]
-        cache_layer.keys.index_copy_(2, rnd["entry_positions"], k_new)
-        cache_layer.values.index_copy_(2, rnd["entry_positions"], v_new)
+        self._write(cache_layer, rnd, k_new, v_new)
         return self._attend(i, cache_layer, q, k_blk, v_blk, rnd, with_far, self._rotate, lambda x: x)
 
     def _layers_fused(self, rnd: dict, with_far: bool) -> torch.Tensor:
         """:meth:`_layers` restated with the fused elementwise ops (pre-norm layers only): each residual add happens
-        inside the next norm, q|k|v and gate|up are one GEMM each; returns the final-normed block ``[1, B, H]``."""
+        inside the next norm, q|k|v and gate|up are one GEMM each; returns the final-normed block ``[A, B, H]`` (``A``
+        = 1, or a rows step's rows: every GEMM over all of them at once)."""
         drafter, B, ops = self.drafter, self.block, self.ops
-        hidden, context, entry_positions = rnd["hidden"], rnd["context"], rnd["entry_positions"]
-
-        def rotate(x, rows, row_scale, scale):  # x [1, B, H, Dh] -> [1, H, B, Dh]
-            if row_scale is not None:  # rerope: a row's query scale scales its logits
-                x = x * row_scale.to(x.dtype)[None, :, None, None]
-            return ops.rotate_heads(x, *rows, scale, self.dtype)
-
+        hidden, context = rnd["hidden"], rnd["context"]
+        A = hidden.shape[0]
         delta = None
         for i, (layer, cache_layer) in enumerate(zip(drafter.layers, self.cache.layers)):
             attn = layer.self_attn
@@ -412,19 +437,19 @@ class StaticDrafter:
             # 16, so the queries of the context rows, which nothing reads, cost nothing)
             rows = torch.cat((context, normed), 1)
             nc = context.shape[1]  # context rows: the last verify's (B, or B + 1 for DeepSpec)
-            qkv = F.linear(rows, qkv_weight, qkv_bias)  # [1, nc + B, (Hq + 2 Hkv) D]
+            qkv = F.linear(rows, qkv_weight, qkv_bias)  # [A, nc + B, (Hq + 2 Hkv) D]
             n_q, n_kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
-            q = ops.add_rms_norm(qkv[:, nc:, :n_q].view(1, B, attn.num_heads, attn.head_dim), None,
+            q = ops.add_rms_norm(qkv[:, nc:, :n_q].view(A, B, attn.num_heads, attn.head_dim), None,
                                  attn.q_norm.weight, attn.q_norm.eps)[1]
-            keys = ops.add_rms_norm(qkv[..., n_q:n_q + n_kv].view(1, nc + B, attn.num_kv_heads, attn.head_dim), None,
+            keys = ops.add_rms_norm(qkv[..., n_q:n_q + n_kv].view(A, nc + B, attn.num_kv_heads, attn.head_dim), None,
                                     attn.k_norm.weight, attn.k_norm.eps)[1]
-            values = qkv[..., n_q + n_kv:].view(1, nc + B, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-            cache_layer.keys.index_copy_(2, entry_positions, keys[:, :nc].transpose(1, 2))
-            cache_layer.values.index_copy_(2, entry_positions, values[:, :, :nc])
+            values = qkv[..., n_q + n_kv:].view(A, nc + B, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+            self._write(cache_layer, rnd, keys[:, :nc].transpose(1, 2), values[:, :, :nc])
             k_blk, v_blk = keys[:, nc:], values[:, :, nc:]
-            out = self._attend(i, cache_layer, q, k_blk, v_blk, rnd, with_far, rotate, lambda x: x.transpose(1, 2))
+            out = self._attend(i, cache_layer, q, k_blk, v_blk, rnd, with_far, self._rotate_fused,
+                               lambda x: x.transpose(1, 2))
             post = layer.post_attention_layernorm
-            hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(1, B, -1)), post.weight, post.eps)
+            hidden, normed = ops.add_rms_norm(hidden, attn.o_proj(out.reshape(A, B, -1)), post.weight, post.eps)
             gate, up = F.linear(normed, gate_up_weight).chunk(2, -1)
             delta = layer.mlp.down_proj(ops.silu_mul(gate, up))
         return ops.add_rms_norm(hidden, delta, drafter.norm.weight, drafter.norm.eps)[1]

@@ -8,9 +8,16 @@ padding in the cache: a row's prompt is prefilled without its left padding), its
 :class:`~fold_hf.generation.sampling.TokenChoice` (its generator when the request gives one per row) and its
 :class:`~fold_hf.generation.tracker.Tracker` (EOS, stop strings, budget). A round:
 
-1. every running row drafts its block from its own cache, all rows in one drafter forward
-   (:func:`~fold_hf.modeling.drafter_rows.propose_rows`: the projections and the lm_head shared, each row's read its
-   own);
+1. every running row drafts its block from its own cache, all rows in one drafter forward: on engines ``static`` and
+   ``graphs`` one fixed-shape step (:class:`_DraftRows`, a CUDA graph in ``graphs``, keyed by the drafting rows and
+   whether some row reads far memory: :class:`~fold_hf.generation.static_drafter_rows.RowsDrafter`, the single-prompt
+   static drafter with a row axis: block embedding, ``fc`` over each row's new taps (``R`` rows per row, masked by
+   its length), every projection and the lm_head shared over ``[A, B]``; each row's cache row of one
+   ``[batch, Hkv, capacity, Dh]`` drafter cache, its length read from the device, its own FOLD read; greedy
+   proposals by argmax on the device); on the ``eager`` engine, for sampled or penalized rows and for the modes and
+   drafters the step does not cover (``streaming``, ``infllm``, ``yarn``, a DeepSpec confidence cut; said once), on
+   the host (:func:`~fold_hf.modeling.drafter_rows.propose_rows`: the projections and the lm_head shared, each row's
+   eager read its own, planned from host lengths);
 2. one verify forward (:class:`_Verify`) checks all of them: ``[A, 1 + k]`` tokens, a row with fewer proposals
    padded (its padded positions are past what it can keep, so they are rolled back by its length like any rejected
    entry); the projections read the weights once for the ``A`` rows, each row attends to its own prefix;
@@ -26,7 +33,9 @@ verify step, so a batched row's tokens have the bits of that row decoded alone i
 Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama, Qwen3.5 and Gemma
 families), every engine: the ``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and
 ``graphs`` (the default on CUDA) verify through the fused layers as a fixed-shape step (a CUDA graph in ``graphs``,
-:class:`_Verify`; the Llama family), while drafting and acceptance stay on the host; the Qwen3.5 and Gemma families
+:class:`_Verify`; the Llama family) and draft through the rows step (every family), so a round is two replays; what
+stays on the host is each row's acceptance, the copy of its accepted taps and lengths into the rows step's buffers,
+and the choice of the two steps' keys; the Qwen3.5 and Gemma families
 have no fused layers over rows, so there their verify runs host-length, said once. After each round the runner's
 ``accept`` takes every row's accepted count (a recurrent family keeps each row's state at its own accepted position;
 a KV cache rolls back by the row's length). The other families and ``cmr`` (its refreshes read one row's target
@@ -48,9 +57,10 @@ from ..request import GenerationRequest, drafter_for_call, warn_past_context
 from ..rounds import accept, num_proposals, result_of, round_phases_in_effect
 from ..sampling import TokenChoice
 from ..static_drafter import commit_context, preallocated_cache
+from ..static_drafter_rows import row_cache
 from ..tracker import Tracker, clock
 from .session import session_for
-from .settings import resolve_fused_layers, warn_once
+from .settings import resolve_fused_drafter, resolve_fused_layers, warn_once
 
 
 def batched_unsupported(target, drafter, request: GenerationRequest) -> str | None:
@@ -74,6 +84,8 @@ class _Row:
     cache: object  # its FoldCache, or None (AR)
     last: torch.Tensor  # [1] the last committed token, not yet in the cache
     position: int  # where ``last`` goes
+    last_id: int = 0  # ``last`` on the host
+    drafted: int = 0  # entries of its drafter cache (the rows step: the committed ones, before ``pending``)
     pending: torch.Tensor | None = None  # tapped features the drafter has not committed
     first_token_at: float = 0.0
     end: float = 0.0
@@ -103,6 +115,8 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
         session = session_for(target, longest + budget + slots + 1, taps, engine, request.exact, batch=batch)
         runner, device = session.runner, session.device
         verify = _Verify(session, fused_layers)
+        draft_rows = _draft_rows_step(session, drafter, request, verify.fused, fused_layers)
+        whole = draft_rows.static.cache if draft_rows is not None else None
         taps_out = (torch.zeros(batch, slots + 1, runner.tap_width, device=device, dtype=runner.dtype)
                     if drafter is not None and runner.num_taps else None)
         sampling = request.sampling()
@@ -114,7 +128,9 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
             cache = None
             on_taps = None
             if drafter is not None:
-                cache = preallocated_cache(drafter, session.capacity, device, prompt.shape[1] + budget)
+                length = prompt.shape[1] + budget
+                cache = (preallocated_cache(drafter, session.capacity, device, length) if whole is None
+                         else row_cache(whole, drafter, i, length))  # the rows step's: a view of cache row i
 
                 def on_taps(features, start, cache=cache):
                     commit_context(drafter, cache, features)
@@ -123,17 +139,20 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
             choice = TokenChoice(sampling, request.row_generator(i), logits.shape[-1], device, prompt, out.eos, slots)
             last = choice.first(logits).to(device)
             out.first(int(last))
-            row = _Row(i, prompt, out, choice, cache, last, prompt.shape[1], first_token_at=clock(device))
+            row = _Row(i, prompt, out, choice, cache, last, prompt.shape[1], int(last),
+                       cache.get_seq_length() if cache is not None else 0, first_token_at=clock(device))
             row.end = row.first_token_at
             rows.append(row)
-        _rounds(verify, drafter, rows, budget, slots, taps_out)
+        _rounds(verify, drafter, rows, budget, slots, taps_out, draft_rows)
         results = [result_of(row.out, row.prompt, drafter, row.first_token_at - started,  # the call's reading mode
                              row.end - row.first_token_at) for row in rows]
     return assemble(input_ids, results, request, pad, batched=True)
 
 
-def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out: torch.Tensor | None) -> None:
-    """Rounds until every row has stopped (module docstring). Inside
+def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out: torch.Tensor | None,
+            draft_rows=None) -> None:
+    """Rounds until every row has stopped (module docstring); the drafts by ``draft_rows`` (:class:`_DraftRows`)
+    when given, else by :func:`~fold_hf.modeling.drafter_rows.propose_rows`. Inside
     :func:`~fold_hf.generation.rounds.round_phases` the drafts (all rows), the verify forward and the whole rounds are
     timed (each part ends with a device synchronisation)."""
     phases = round_phases_in_effect()
@@ -151,7 +170,10 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             if k > 0:
                 drafting.append(row)
                 counts.append(k)
-        if drafting:
+        if drafting and draft_rows is not None:
+            for row, k, tokens in zip(drafting, counts, draft_rows(drafting)):
+                row.proposals = tokens[:k]
+        elif drafting:
             proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
                                     [row.cache for row in drafting], [row.position for row in drafting], counts,
                                     [row.choice.picker() for row in drafting])
@@ -177,8 +199,9 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
                                          features[a : a + 1] if features is not None else None, row.pending)
             accepted.append(commit.shape[0] - 1)
             row.position += commit.shape[0]
-            row.out.commit(commit.tolist())
-            row.last = commit[-1:].to(row.last.device)
+            committed = commit.tolist()
+            row.out.commit(committed)
+            row.last, row.last_id = commit[-1:].to(row.last.device), committed[-1]
         verify.runner.accept(accepted)  # a recurrent family keeps each row's state at its accepted position
         now = clock(logits.device)
         for row in active:
@@ -188,6 +211,56 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             phases.draft_s += drafted - started
             phases.verify_s += verified - drafted
             phases.round_s += now - started
+
+
+def _draft_rows_step(session, drafter, request: GenerationRequest, fused: bool, fused_layers: bool | None):
+    """The rows drafting step of a batched call (:class:`_DraftRows`) on engines ``static`` and ``graphs``, or None:
+    the eager engine, no drafter, or what the step does not take (sampled or penalized drafts, whose picks read each
+    row's own generator and tokens seen; the modes and drafters :func:`~fold_hf.generation.static_drafter_rows.
+    rows_drafter_unsupported` names), each said once."""
+    if drafter is None or session.engine == "eager":
+        return None
+    sampling = request.sampling()
+    if sampling.do_sample or sampling.penalized:
+        warn_once(f"batched rounds on engine {session.engine!r} draft on the host (propose_rows): the rows drafting "
+                  f"step drafts greedily, and a sampled or penalized row picks its drafts with its own generator and "
+                  f"tokens seen")
+        return None
+    static = session.rows_drafter(drafter, resolve_fused_drafter(fused, fused_layers, "triton", session.runner,
+                                                                 session.engine))
+    return _DraftRows(session, static) if static is not None else None
+
+
+class _DraftRows:
+    """The drafts of the drafting rows ``[A]`` as one fixed-shape step of the session (a CUDA graph in ``graphs``):
+    :meth:`~fold_hf.generation.static_drafter_rows.RowsDrafter.draft_rows`, keyed by the rows and whether some row
+    reads far memory, replayed from the session's buffers (each row's pending taps and lengths copied in)."""
+
+    def __init__(self, session, static) -> None:
+        self.session, self.static, self.width = session, static, static.verify_rows
+
+    def __call__(self, rows: list[_Row]) -> torch.Tensor:
+        """Proposals ``[A, R - 1]`` (greedy) of ``rows``, whose pending taps the step commits to their caches."""
+        features, lengths = self.session.draft_row_buffers(len(rows), self.width)
+        host = []
+        for a, row in enumerate(rows):
+            new = 0 if row.pending is None else row.pending.shape[1]
+            if new > self.width:
+                raise AssertionError(f"row {row.index} has {new} pending taps, more than a round's {self.width}")
+            if new:
+                features[a, :new].copy_(row.pending[0])
+            host.append([row.drafted, new, row.last_id, row.index])
+        lengths.copy_(torch.tensor(host, dtype=torch.long))
+        with_far = any(self.static.needs_far(drafted + new) for drafted, new, _, _ in host)
+        keys = tuple(row.index for row in rows)
+        static = self.static
+        tokens = self.session.step(("draft_rows", keys, with_far),
+                                   lambda: static.draft_rows(features, lengths, with_far, keys)).replay()
+        for row, (drafted, new, _, _) in zip(rows, host):
+            row.drafted, row.pending = drafted + new, None  # committed by the step
+            for layer in row.cache.layers:  # the host length truthful (bytes_used, later reads)
+                layer.length = row.drafted
+        return tokens
 
 
 class _Verify:

@@ -20,6 +20,7 @@ from ..static_drafter import (
     preallocated_cache,
     static_drafter_unsupported,
 )
+from ..static_drafter_rows import RowsDrafter, rows_drafter_unsupported
 from .settings import warn_once
 
 ENGINES = ("eager", "static", "graphs")
@@ -63,6 +64,8 @@ class Session:
         self.static_drafters: dict[str, StaticDrafter | None] = {}  # by repr(FoldConfig), most recent last
         self.static_drafter = None
         self.draft_tag = None
+        self.rows_key = None  # the batched rounds' rows drafting step (rows_drafter)
+        self.rows_static: RowsDrafter | None = None
 
     def buffers(self, block: int):
         if block not in self.ids:
@@ -86,6 +89,46 @@ class Session:
             self.ids[key] = (torch.zeros(rows, width, dtype=torch.long, device=self.device),
                              torch.zeros(rows, width, dtype=torch.long, device=self.device), taps)
         return self.ids[key]
+
+    def draft_row_buffers(self, rows: int, width: int):
+        """Persistent ``(features [A, R, n_taps * H], lengths [A, 4] long)`` of the rows drafting step over ``A =
+        rows`` rows with ``R = width`` context rows each (:meth:`RowsDrafter.draft_rows`)."""
+        key = ("draft_rows", rows, width)
+        if key not in self.ids:
+            self.ids[key] = (torch.zeros(rows, width, self.runner.tap_width, device=self.device,
+                                         dtype=self.runner.dtype),
+                             torch.zeros(rows, 4, dtype=torch.long, device=self.device))
+        return self.ids[key]
+
+    def rows_drafter(self, drafter: FoldDrafter, fused: bool = False) -> RowsDrafter | None:
+        """The batched rounds' rows drafting step of ``drafter`` in its current mode, over one preallocated
+        ``[batch, Hkv, capacity, Dh]`` cache (kept with its steps while the drafter, its mode and ``fused`` stay;
+        the rows' caches view it: :func:`~fold_hf.generation.static_drafter_rows.row_cache`), or None after saying
+        once why the rows draft on the host (:func:`~fold_hf.modeling.drafter_rows.propose_rows`)."""
+        if fused:
+            why_not = fused_drafter_unsupported(drafter)
+            if why_not is not None:
+                warn_once(f"the drafter's rows step runs its modules, not the fused kernels: {why_not}")
+                fused = False
+        key = (id(drafter), repr(drafter.fold_config), drafter.confidence_threshold, fused)
+        if key == self.rows_key:
+            return self.rows_static
+        for k in [k for k in self.steps if k[0] == "draft_rows"]:
+            del self.steps[k]
+        self.rows_key, self.rows_static = key, None
+        reason = rows_drafter_unsupported(drafter)
+        read = default_read_function(self.device)
+        if read is None and self.engine == "static":
+            read = fold_read_geometry_reference
+        if reason is None and read is None:
+            reason = f"the FOLD Triton read kernel is not usable here ({triton_unavailable_reason(self.device)})"
+        if reason is not None:
+            warn_once(f"batched rounds on engine {self.engine!r} draft on the host (propose_rows): the rows drafting "
+                      f"step does not cover {reason}")
+            return None
+        cache = preallocated_cache(drafter, self.capacity, self.device, rows=self.batch)
+        self.rows_static = RowsDrafter(drafter, cache, read, layer_ops=default_layer_ops(self.device) if fused else None)
+        return self.rows_static
 
     def host_results(self, numel: int) -> list[torch.Tensor]:
         """Two host buffers (pinned on CUDA) receiving a round's result ``[numel]`` (long): one for the round in
