@@ -324,6 +324,47 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
             save()
 
 
+def drafts(session, drafter, B: int, T: int, block: int):
+    """A call drafting for ``B`` rows whose drafter caches hold ``T`` random entries, as ``session``'s engine drafts a
+    batched round (all ``block`` rows of the last verify committed): ``propose_rows`` on the host (``eager``), else the
+    rows drafting step (:meth:`~fold_hf.generation.static_drafter_rows.RowsDrafter.draft_rows`, a CUDA graph in
+    ``graphs``) with the fused drafter layers on CUDA."""
+    from fold_hf.generation.static_drafter import preallocated_cache
+    from fold_hf.modeling.drafter_rows import propose_rows
+
+    device, width = session.device, session.runner.tap_width
+    if session.engine == "eager":
+        caches = [preallocated_cache(drafter, T + block + 1, device, T + block) for _ in range(B)]
+        for cache in caches:  # the context's entries (random; they time the same as real ones)
+            for layer in cache.layers:
+                layer.keys[:, :, : T - block].normal_()
+                layer.values[:, :, : T - block].normal_()
+                layer.length = T - block
+        last = torch.zeros(1, dtype=torch.long, device=device)
+        new = torch.randn(1, block, width, device=device, dtype=session.runner.dtype)
+        greedy = lambda logits, first_slot=0: (logits.argmax(-1), None)  # noqa: E731
+
+        def host():  # the caches keep their length: every call commits the same block again
+            for cache in caches:
+                for layer in cache.layers:
+                    layer.length = T - block
+            return propose_rows(drafter, [last] * B, [new] * B, caches, [T] * B, [block - 1] * B, [greedy] * B)
+
+        return host
+    static = session.rows_drafter(drafter, fused=device.type == "cuda")
+    if static is None:
+        raise RuntimeError(f"engine {session.engine!r} has no rows drafting step here (the warning above says why)")
+    for layer in static.cache.layers:
+        layer.keys[:, :, : T - block].normal_()
+        layer.values[:, :, : T - block].normal_()
+    features, lengths = session.draft_row_buffers(B, static.verify_rows)
+    features.normal_()
+    lengths.copy_(torch.tensor([[T - block, block, 0, a] for a in range(B)]))
+    rows, with_far = tuple(range(B)), static.needs_far(T)
+    step = session.step(("draft_rows", rows, with_far), lambda: static.draft_rows(features, lengths, with_far, rows))
+    return step.replay
+
+
 # ------------------------------------------------------------------------------------------------ suite section
 def suite_requests(path, tier: int, limit: int | None) -> list[dict]:
     """The requests of the saved suite ``path`` whose tier is ``tier`` (at most ``limit``), in the file's order."""
@@ -417,47 +458,6 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
         report.setdefault("summary", {})["gemma3_batched_fold_over_ar_throughput_32k_b8"] = report["ratios"][
             "fold-a2_over_ar_throughput_b8"]
     save()
-
-
-def drafts(session, drafter, B: int, T: int, block: int):
-    """A call drafting for ``B`` rows whose drafter caches hold ``T`` random entries, as ``session``'s engine drafts a
-    batched round (all ``block`` rows of the last verify committed): ``propose_rows`` on the host (``eager``), else the
-    rows drafting step (:meth:`~fold_hf.generation.static_drafter_rows.RowsDrafter.draft_rows`, a CUDA graph in
-    ``graphs``) with the fused drafter layers on CUDA."""
-    from fold_hf.generation.static_drafter import preallocated_cache
-    from fold_hf.modeling.drafter_rows import propose_rows
-
-    device, width = session.device, session.runner.tap_width
-    if session.engine == "eager":
-        caches = [preallocated_cache(drafter, T + block + 1, device, T + block) for _ in range(B)]
-        for cache in caches:  # the context's entries (random; they time the same as real ones)
-            for layer in cache.layers:
-                layer.keys[:, :, : T - block].normal_()
-                layer.values[:, :, : T - block].normal_()
-                layer.length = T - block
-        last = torch.zeros(1, dtype=torch.long, device=device)
-        new = torch.randn(1, block, width, device=device, dtype=session.runner.dtype)
-        greedy = lambda logits, first_slot=0: (logits.argmax(-1), None)  # noqa: E731
-
-        def host():  # the caches keep their length: every call commits the same block again
-            for cache in caches:
-                for layer in cache.layers:
-                    layer.length = T - block
-            return propose_rows(drafter, [last] * B, [new] * B, caches, [T] * B, [block - 1] * B, [greedy] * B)
-
-        return host
-    static = session.rows_drafter(drafter, fused=device.type == "cuda")
-    if static is None:
-        raise RuntimeError(f"engine {session.engine!r} has no rows drafting step here (the warning above says why)")
-    for layer in static.cache.layers:
-        layer.keys[:, :, : T - block].normal_()
-        layer.values[:, :, : T - block].normal_()
-    features, lengths = session.draft_row_buffers(B, static.verify_rows)
-    features.normal_()
-    lengths.copy_(torch.tensor([[T - block, block, 0, a] for a in range(B)]))
-    rows, with_far = tuple(range(B)), static.needs_far(T)
-    step = session.step(("draft_rows", rows, with_far), lambda: static.draft_rows(features, lengths, with_far, rows))
-    return step.replay
 
 
 def tiny_pair(device: torch.device):
