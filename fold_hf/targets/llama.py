@@ -15,6 +15,8 @@ q/k/v/o projections, q/k norms where the model has them (Qwen3), MLP, final norm
   warning naming why (:meth:`LlamaStaticTarget.decode_projections`). On CUDA a decode step's projections (1 to 16
   rows) in the fused layers run the skinny Triton GEMMs of :mod:`fold_hf.kernels.gemm.triton` where they measured
   faster than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS.
+  The rule and the helpers (``decode_gemm``, ``project``, ``gated_mlp``) are family-free in
+  :mod:`fold_hf.targets.weight_layout`; the Qwen3.5 and Gemma fused layers use them too.
   An AR step's Triton launches there use programmatic dependent launch (:mod:`fold_hf.kernels.triton_pdl`;
   ``$FOLD_HF_PDL=0`` turns it off).
 * Exact mode (:meth:`LlamaStaticTarget.exact_unsupported`, docs/exact-mode.md): a decode / verify step's fused

@@ -29,11 +29,17 @@ the model's own forward (transformers' cache and kernels, chunked) and its state
 rows keeps these states per row and takes batched rounds (:mod:`fold_hf.targets.qwen35_rows`: ``forward_rows``, and
 ``accept`` with one count per row).
 
-Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
-projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,
-:mod:`fold_hf.kernels.gated_delta.triton`; torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
-:meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer
-in one launch (docs/targets-qwen35.md).
+Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the projections
+as the Llama family runs them (:mod:`fold_hf.targets.weight_layout`, :meth:`~Qwen35StaticTarget.merged_projections`):
+a linear layer's ``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a``, a full-attention layer's q|k|v and the MLP's gate|up
+each one GEMM over a buffer the model's parameters are views of, a step's products of 1 to 16 rows through the
+skinny Triton GEMMs on CUDA (gate|up ending in ``silu(gate) * up``), more rows cuBLAS, an AR step in ``pdl_scope``;
+a PEFT / quantized projection runs as its module, warned once; the lm_head and the MoE block stay the modules. The
+rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gated_delta.triton`; torch
+twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
+:meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer in
+one launch: in bytes cheaper than writing every position's state and selecting one for any block of two or more
+rows (the arithmetic at the 9B shape: docs/targets-qwen35.md).
 
 The same runner takes the MoE variant and the multimodal wrappers (text-only ids):
 

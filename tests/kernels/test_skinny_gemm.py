@@ -71,7 +71,9 @@ def check_gemms(device, dtype, shapes, gate_up: bool = True):
 
 # (rows, N, K, bias): N not a multiple of the 16-column tile, K not a multiple of the K tile
 INTERPRETER_SHAPES = [(1, 70, 200, True), (1, 33, 64, False), (1, 96, 600, False), (3, 70, 200, False),
-                      (10, 48, 129, True), (16, 64, 520, False)]
+                      (10, 48, 129, True), (16, 64, 520, False),
+                      # issue 39: the tiny Qwen3.5's merged in_proj_qkv|z|b|a (64 + 32 + 4 + 4 rows), Gemma-4's q|k
+                      (1, 104, 32, False), (4, 104, 32, False), (4, 48, 32, False)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -172,7 +174,10 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gemms_match_the_float64_product_on_gpu(dtype):
     shapes = [(1, 6144, 4096, False), (1, 4096, 14336, False), (10, 28672, 4096, False), (16, 4096, 4096, True),
-              (1, 1030, 4100, True), (7, 4098, 1000, False)]
+              (1, 1030, 4100, True), (7, 4098, 1000, False),
+              # issue 39: Qwen3.5-9B's merged in_proj_qkv|z|b|a (12,352 rows) at 1 and 16 rows; the Gemma-4-12B-like
+              # global q|k (10,240 x 3,840) at the 7-row verify and down_proj (K = 15,360) at one row
+              (1, 12352, 4096, False), (16, 12352, 4096, False), (7, 10240, 3840, False), (1, 3840, 15360, False)]
     from fold_hf.kernels.gemm.triton import skinny_linear_triton
 
     check_gemms("cuda", dtype, shapes)
