@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import fold_hf
 from fold_hf.generation import fast_generate
-from tiny import check_graph_engine_settings, greedy_reference, mode_config, trained_pair
+from tiny import check_graph_engine_settings, greedy_reference, mode_config, trained_pair, with_skinny_gemms
 from tiny import prompt as tiny_prompt
 
 
@@ -129,26 +129,9 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
     """Fused layers with the Triton GEMMs (interpreter) in place of F.linear: HF greedy's tokens, the unfused loop's
     acceptance lengths; the GEMMs see the AR step's 1 row and the verify block's rows, never a prefill chunk."""
     import fold_hf.kernels as kernels
-    from fold_hf.kernels.gemm import triton as triton_gemm
 
     seen = []
-
-    def counting(fn):
-        def run(x, weight, bias=None):
-            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
-            return fn(x, weight, bias)
-        return run
-
-    original = kernels.default_layer_ops
-
-    def with_gemms(device):
-        ops = original(device)
-        return kernels.LayerOps(ops.add_rms_norm, ops.rope_write, ops.silu_mul, ops.rotate_heads, "torch+gemm",
-                                skinny_linear=counting(triton_gemm.skinny_linear_triton),
-                                gate_up_silu=counting(triton_gemm.gate_up_silu_triton),
-                                skinny_rows=triton_gemm.MAX_ROWS)
-
-    monkeypatch.setattr(kernels, "default_layer_ops", with_gemms)
+    original = with_skinny_gemms(monkeypatch, seen)
     monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
     kw = dict(engine="static", target_attention="triton", fused_layers=True)
     with fp32_pair(arch) as (target, drafter):

@@ -26,7 +26,8 @@ import fold_hf
 from fold_hf.targets import gemma
 from fold_hf.targets.registry import build_static_target
 from fold_hf.targets.weight_layout import rows_of_one_buffer
-from tiny import MASK_ID, check_graph_engine_settings, greedy_reference, tiny_drafter, tiny_target
+from tiny import (MASK_ID, check_graph_engine_settings, greedy_reference, tiny_drafter, tiny_target,
+                  with_skinny_gemms)
 
 transformers = pytest.importorskip("transformers")
 ARCHS = ["gemma3", "gemma4", "gemma4_shared", "gemma4_moe"]
@@ -44,30 +45,6 @@ def small_ring(monkeypatch):
 
 def prompt(seed: int, length: int) -> torch.Tensor:
     return torch.randint(0, MASK_ID, (1, length), generator=torch.Generator().manual_seed(900 + seed))
-
-
-def with_skinny_gemms(monkeypatch, seen: list[int]) -> None:
-    """The fused layers' ops get the Triton skinny GEMMs (run by the interpreter); ``seen`` records each launch's
-    row count."""
-    import fold_hf.kernels as kernels
-    from fold_hf.kernels.gemm import triton as triton_gemm
-
-    def counting(fn):
-        def run(x, weight, bias=None):
-            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
-            return fn(x, weight, bias)
-        return run
-
-    original = kernels.default_layer_ops
-
-    def with_gemms(device):
-        ops = original(device)
-        return kernels.LayerOps(ops.add_rms_norm, ops.rope_write, ops.silu_mul, ops.rotate_heads, "torch+gemm",
-                                skinny_linear=counting(triton_gemm.skinny_linear_triton),
-                                gate_up_silu=counting(triton_gemm.gate_up_silu_triton),
-                                skinny_rows=triton_gemm.MAX_ROWS)
-
-    monkeypatch.setattr(kernels, "default_layer_ops", with_gemms)
 
 
 def merges_of(runner) -> list:
