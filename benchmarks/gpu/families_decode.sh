@@ -11,7 +11,8 @@
 # Goals: AR <= 1.25x the floor for both families, Qwen3.5's fold round <= 1.30x its AR step, Llama unchanged (1.20).
 #
 #   bash benchmarks/gpu/families_decode.sh [OUT_DIR]
-#     -> OUT_DIR/{tests.log, families_decode.json, hybrid/{bench.log,hybrid.csv,hybrid.json}, gemma/{bench.log,gemma.json}}
+#     -> OUT_DIR/{tests.log, families_decode.json, hybrid/{bench.log,hybrid.csv,hybrid.json},
+#                 gemma/{bench.log,gemma.json}}   (7 files)
 #   SKIP_TESTS=1, SKIP_QWEN=1, SKIP_GEMMA=1; HYBRID_ARGS / GEMMA_ARGS are added to each bench command
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 out=${1:-${OUT:-/tmp}}

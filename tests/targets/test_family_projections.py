@@ -148,6 +148,7 @@ def test_wrapped_projection_runs_as_its_module(arch, owner, name, monkeypatch):
 
 @pytest.mark.gpu(reason="CUDA graphs and the skinny GEMMs' CUDA launch")
 @pytest.mark.parametrize("arch", [a for a in ("qwen35", "gemma4", "gemma4_shared") if a in ARCHS])
-@pytest.mark.parametrize("env,values", [("FOLD_HF_SKINNY_GEMM", ("1", "0")), ("FOLD_HF_CONCAT_PROJECTIONS", ("1", "0"))])
+@pytest.mark.parametrize("env,values", [("FOLD_HF_SKINNY_GEMM", ("1", "0")),
+                                        ("FOLD_HF_CONCAT_PROJECTIONS", ("1", "0"))])
 def test_graph_engine_with_merged_skinny_projections_matches_on_gpu(arch, env, values, monkeypatch):
     check_graph_engine_settings(arch, monkeypatch, env, values, [(90, 1), (91, 300)])
