@@ -354,6 +354,7 @@ def with_skinny_gemms(monkeypatch, seen: list[int]):
         return kernels.LayerOps(ops.add_rms_norm, ops.rope_write, ops.silu_mul, ops.rotate_heads, "torch+gemm",
                                 skinny_linear=counting(triton_gemm.skinny_linear_triton),
                                 gate_up_silu=counting(triton_gemm.gate_up_silu_triton),
+                                gate_up_gelu=counting(triton_gemm.gate_up_gelu_tanh_triton),
                                 skinny_rows=triton_gemm.MAX_ROWS)
 
     monkeypatch.setattr(kernels, "default_layer_ops", with_gemms)

@@ -4,12 +4,13 @@ Projections as the Llama family runs them (:mod:`fold_hf.targets.weight_layout`)
 layer with ``attention_k_eq_v``, whose values are the raw keys; q alone on a KV-shared layer, which reads an earlier
 layer's cache) and gate|up as one GEMM, over buffers the model's own parameters become views of; on CUDA a decode
 step's products (1 to ``skinny_rows`` rows: an AR step, a verify block) and o / down / the per-layer-input gate and
-projection run the skinny Triton GEMMs (:mod:`fold_hf.kernels.gemm.triton`), more rows cuBLAS. A projection that is
+projection run the skinny Triton GEMMs (:mod:`fold_hf.kernels.gemm.triton`; gate|up ending in
+``gelu(gate, "tanh") * up``, one launch), more rows cuBLAS. A projection that is
 not a plain ``nn.Linear`` in the model dtype (PEFT, quantized) runs as its module, warned once. The router and
 experts of Gemma-4's MoE block and the lm_head stay the modules. The norms (Gemma-3's ``(1 + w)``, Gemma-4's ``w``
 and its scale-free value norm), the rope with the (ring) cache write, the ring attention of sliding layers, the
-sandwich norms with the residual and ``layer_scalar``, and GELU-tanh (over the gate|up product's halves, read in
-place) run as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton`; torch twins
+sandwich norms with the residual and ``layer_scalar``, and GELU-tanh (past the skinny rows: over the gate|up
+product's halves, read in place) run as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton`; torch twins
 off CUDA). An AR step launches the kernels that take it with programmatic dependent launch (the GEMMs'; the hybrid
 and Gemma kernels not yet).
 :meth:`GemmaFusedLayers.fused_unsupported` names what they do not cover (the fast loop then warns once and runs the
@@ -173,7 +174,8 @@ class GemmaFusedLayers:
             hidden, normed = ops.residual_norm(hidden, project(skinny, attn.o_proj, out), weight(pre),
                                                norm_epsilon(pre), offset, delta_weight=weight(post),
                                                delta_eps=norm_epsilon(post), norm_delta=True)
-            delta = gated_mlp(layer.mlp, normed, gate_up, skinny, ops.gelu_tanh_mul)
+            # with the skinny GEMMs gate|up and gelu(gate) * up are one launch
+            delta = gated_mlp(layer.mlp, normed, gate_up, skinny, ops.gelu_tanh_mul, self._layer_ops.gate_up_gelu)
             delta = self._moe_branch(layer, delta, hidden)  # Gemma-4's MoE block on the modules (else delta)
             after = self.layers[i + 1].input_layernorm if i + 1 < n_layers else self.final_norm
             post = layer.post_feedforward_layernorm

@@ -46,12 +46,17 @@ def oracle_gate_up_silu(x, weight, bias):
     return gate / (1 + torch.exp(-gate)) * up
 
 
+def oracle_gate_up_gelu(x, weight, bias):
+    gate, up = oracle_linear(x, weight, bias).chunk(2, -1)
+    return 0.5 * gate * (1 + torch.tanh(0.7978845608028654 * (gate + 0.044715 * gate**3))) * up
+
+
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 
 
 def check_gemms(device, dtype, shapes, gate_up: bool = True):
     """``gate_up``: also the gate|up products (whose plans always use ``tl.dot``)."""
-    from fold_hf.kernels.gemm.triton import gate_up_silu_triton, skinny_linear_triton
+    from fold_hf.kernels.gemm.triton import gate_up_gelu_tanh_triton, gate_up_silu_triton, skinny_linear_triton
 
     for rows, N, K, with_bias in shapes:
         seed = rows * 7 + N + K
@@ -67,6 +72,9 @@ def check_gemms(device, dtype, shapes, gate_up: bool = True):
             assert act.shape == (1, rows, N // 2)
             want = oracle_gate_up_silu(x.cpu(), weight.cpu(), None if bias is None else bias.cpu())
             assert rel_err(act.cpu(), want) < TOLERANCE[dtype], (rows, N, K, dtype)
+            act = gate_up_gelu_tanh_triton(x, weight, bias)  # Gemma's MLP (issue 39)
+            want = oracle_gate_up_gelu(x.cpu(), weight.cpu(), None if bias is None else bias.cpu())
+            assert rel_err(act.cpu(), want) < TOLERANCE[dtype], (rows, N, K, dtype, "gelu")
 
 
 # (rows, N, K, bias): N not a multiple of the 16-column tile, K not a multiple of the K tile
