@@ -181,8 +181,12 @@ TARGET_PATHS = {"default": {},
                 # 2026-11-30's GPU run); "fused_drafter": the drafter's static step fused too (the default since)
                 "fused_drafter": dict(target_attention="triton", fused_layers=True),
                 # exact mode (issue 37, docs/exact-mode.md): the row-count-invariant kernels on the fused step
-                "exact": dict(exact=True)}
-PATH_ENV = {"fused": {"FOLD_HF_FUSED_DRAFTER": "0"}, "fused_drafter": {"FOLD_HF_FUSED_DRAFTER": "1"}}
+                "exact": dict(exact=True),
+                # the fused layers with every projection its own cuBLAS GEMM (no merged weights, no skinny GEMMs):
+                # the Qwen3.5 / Gemma fused step before issue 39, an A/B row for hybrid_bench.py and gemma_bench.py
+                "separate": dict(target_attention="triton", fused_layers=True)}
+PATH_ENV = {"fused": {"FOLD_HF_FUSED_DRAFTER": "0"}, "fused_drafter": {"FOLD_HF_FUSED_DRAFTER": "1"},
+            "separate": {"FOLD_HF_SKINNY_GEMM": "0", "FOLD_HF_CONCAT_PROJECTIONS": "0"}}
 
 
 @contextlib.contextmanager

@@ -203,6 +203,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also write a torch.profiler top-kernel table of the AR step and the dflash round "
                              "(static engine) per context under OUT/profile/")
+    parser.add_argument("--separate-row", action="store_true",
+                        help="also the fused AR step with separate cuBLAS projections (our_ar_separate, issue 39)")
     parser.add_argument("--modules-row", action="store_true",
                         help="also time the AR step through the model's modules (fused_layers=False)")
     for name, default in SHAPE.items():
@@ -255,6 +257,17 @@ def main(argv=None) -> int:
                 if bandwidth is not None:
                     ratios[f"ar_modules_over_floor_{context}"] = modules / floor
                 log(f"our_ar_modules @ {context}: {modules:.2f} ms")
+            if args.separate_row:  # the fused AR step with each projection its own cuBLAS GEMM (issue 39's A/B)
+                from e2e_bench import path_environment
+
+                release_fast_state(target)
+                with path_environment("separate"):
+                    separate = median(rounds_ms(target, None, context, args, engine))
+                release_fast_state(target)
+                rows.append({"row": "our_ar_separate", "context": context, "p50_ms": separate})
+                if bandwidth is not None:
+                    ratios[f"ar_separate_over_floor_{context}"] = separate / floor
+                log(f"our_ar_separate @ {context}: {separate:.2f} ms")
             if args.profile:
                 from step_profile import profile_rounds
 

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_bench import build_random_pair, copy_bandwidth, machine, percentiles  # noqa: E402
+from e2e_bench import build_random_pair, copy_bandwidth, machine, path_environment, percentiles  # noqa: E402
 
 from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig  # noqa: E402
 from fold_hf.generation.fast import release_fast_state, time_rounds  # noqa: E402
@@ -181,6 +181,11 @@ def run(args) -> dict:
                 release_fast_state(target)
                 add("our_ar_modules", context, timed(target, None, context, args.rounds, args.repeats, engine,
                                                      fused_layers=False))
+            if args.separate_row:  # the fused AR step with each projection its own cuBLAS GEMM (issue 39's A/B)
+                release_fast_state(target)
+                with path_environment("separate"):
+                    add("our_ar_separate", context, timed(target, None, context, args.rounds, args.repeats, engine))
+                release_fast_state(target)
             if args.profile:
                 from step_profile import profile_rounds
 
@@ -290,9 +295,10 @@ def headline(rows: list[dict]) -> dict:
             continue
         floor = p50.get((pair, "floor", context))
         out[f"{pair}_ar_over_floor_{context}"] = value / floor if floor else None
-        modules = p50.get((pair, "our_ar_modules", context))
-        if modules:
-            out[f"{pair}_ar_modules_over_floor_{context}"] = modules / floor if floor else None
+        for name in ("modules", "separate"):  # --modules-row, --separate-row
+            other = p50.get((pair, f"our_ar_{name}", context))
+            if other:
+                out[f"{pair}_ar_{name}_over_floor_{context}"] = other / floor if floor else None
         for mode in ("dflash", "fold"):
             sd = p50.get((pair, f"our_sd_{mode}", context))
             out[f"{pair}_sd_{mode}_over_ar_{context}"] = sd / value if sd else None
@@ -333,6 +339,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sd-modes", default="dflash,fold", help="speculative rows to time (dflash, fold)")
     parser.add_argument("--kernel-sweep", action="store_true",
                         help="then time the fused Gated DeltaNet kernels' launch configurations (GPU only)")
+    parser.add_argument("--separate-row", action="store_true",
+                        help="also the fused AR step with separate cuBLAS projections (our_ar_separate, issue 39)")
     parser.add_argument("--modules-row", action="store_true",
                         help="also time Qwen3.5's AR step through the model's modules (fused_layers=False)")
     args = parser.parse_args(argv)

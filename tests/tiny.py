@@ -334,6 +334,33 @@ def check_graph_engine_settings(arch: str, monkeypatch, env: str, values, prompt
         fold_hf.generation.release_fast_state(target)
 
 
+def with_skinny_gemms(monkeypatch, seen: list[int]):
+    """The fused layers' ops (``fold_hf.kernels.default_layer_ops``) get the Triton skinny GEMMs (Triton's
+    interpreter on the CPU) in place of F.linear; ``seen`` records each launch's row count. Returns the original
+    ``default_layer_ops`` (to put back mid-test)."""
+    import fold_hf.kernels as kernels
+    from fold_hf.kernels.gemm import triton as triton_gemm
+
+    def counting(fn):
+        def run(x, weight, bias=None):
+            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+            return fn(x, weight, bias)
+        return run
+
+    original = kernels.default_layer_ops
+
+    def with_gemms(device):
+        ops = original(device)
+        return kernels.LayerOps(ops.add_rms_norm, ops.rope_write, ops.silu_mul, ops.rotate_heads, "torch+gemm",
+                                skinny_linear=counting(triton_gemm.skinny_linear_triton),
+                                gate_up_silu=counting(triton_gemm.gate_up_silu_triton),
+                                gate_up_gelu=counting(triton_gemm.gate_up_gelu_tanh_triton),
+                                skinny_rows=triton_gemm.MAX_ROWS)
+
+    monkeypatch.setattr(kernels, "default_layer_ops", with_gemms)
+    return original
+
+
 # ---- forced rejections and the generate paths, shared by the target-family tests
 
 def oracle_tokens(ref: torch.Tensor, position: int, k: int) -> list[int]:

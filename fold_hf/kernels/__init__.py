@@ -108,16 +108,17 @@ def skinny_gemm_enabled() -> bool:
 class LayerOps:
     """The fused elementwise ops of the fast loop's fused layers (target and drafter).
 
-    ``skinny_linear`` / ``gate_up_silu``: the decode-step GEMMs (:mod:`fold_hf.kernels.gemm.triton`, or their twins
+    ``skinny_linear`` / ``gate_up_silu`` / ``gate_up_gelu`` (Gemma's GELU-tanh): the decode-step GEMMs (:mod:`fold_hf.kernels.gemm.triton`, or their twins
     in :mod:`fold_hf.kernels.gemm.naive`), or None where the projections run as ``F.linear`` / the modules
     (the CPU path, whose multi-row products go to MKL's packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
     ``skinny_rows`` the most rows they take."""
 
     def __init__(self, add_rms_norm, rope_write, silu_mul, rotate_heads, backend: str, skinny_linear=None,
-                 gate_up_silu=None, skinny_rows: int = 0) -> None:
+                 gate_up_silu=None, skinny_rows: int = 0, gate_up_gelu=None) -> None:
         self.add_rms_norm, self.rope_write, self.silu_mul = add_rms_norm, rope_write, silu_mul
         self.rotate_heads, self.backend = rotate_heads, backend
         self.skinny_linear, self.gate_up_silu, self.skinny_rows = skinny_linear, gate_up_silu, skinny_rows
+        self.gate_up_gelu = gate_up_gelu
 
     def __repr__(self) -> str:
         gemm = ", skinny GEMMs" if self.skinny_linear is not None else ""
@@ -135,6 +136,7 @@ def default_layer_ops(device: torch.device) -> LayerOps:
         gemm = import_triton_module("gemm.triton") if skinny_gemm_enabled() else None
         if gemm is not None:
             skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
+                          gate_up_gelu=gemm.gate_up_gelu_tanh_triton,
                           skinny_rows=gemm.MAX_ROWS)
         return LayerOps(layer.add_rms_norm_triton, layer.rope_write_triton, layer.silu_mul_triton,
                         layer.rotate_heads_triton, "triton", **skinny)

@@ -54,7 +54,8 @@ stream before the MLP), as the model's layer computes it.
 Not taken by the fast loop (the reason is raised, and :func:`fold_hf.generate` runs them): bidirectional attention
 (``use_bidirectional_attention`` ``True`` / ``"all"``), length-dependent rope types, experts in another layout
 (:func:`~fold_hf.targets.moe.experts_unsupported`). Fused layers (the fast loop's default on CUDA): the
-projections stay the model's modules, norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
+projections as the Llama family runs them (q|k|v and gate|up merged, the skinny GEMMs for a step's few rows; see
+:mod:`fold_hf.targets.gemma_fused`), norms, rope + cache write, the ring attention and GELU-tanh run as fused kernels
 (:mod:`fold_hf.kernels.hybrid.triton` and :mod:`fold_hf.kernels.gemma.triton`, from
 :mod:`fold_hf.targets.gemma_fused`, whose ``fused_unsupported`` names what
 they do not cover, and the fast loop then warns once and runs the layers on the modules).

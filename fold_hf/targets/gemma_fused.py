@@ -1,9 +1,18 @@
 """The fused layers of the Gemma target family (:class:`~fold_hf.targets.gemma.GemmaStaticTarget`'s fast step).
 
-The projections stay the model's modules; the norms (Gemma-3's ``(1 + w)``, Gemma-4's ``w`` and its scale-free value
-norm), the rope with the (ring) cache write, the ring attention of sliding layers, the sandwich norms with the residual
-and ``layer_scalar``, and GELU-tanh run as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,
-:mod:`fold_hf.kernels.gemma.triton`; torch twins off CUDA).
+Projections as the Llama family runs them (:mod:`fold_hf.targets.weight_layout`): q|k|v as one GEMM (q|k on a global
+layer with ``attention_k_eq_v``, whose values are the raw keys; q alone on a KV-shared layer, which reads an earlier
+layer's cache) and gate|up as one GEMM, over buffers the model's own parameters become views of; on CUDA a decode
+step's products (1 to ``skinny_rows`` rows: an AR step, a verify block) and o / down / the per-layer-input gate and
+projection run the skinny Triton GEMMs (:mod:`fold_hf.kernels.gemm.triton`; gate|up ending in
+``gelu(gate, "tanh") * up``, one launch), more rows cuBLAS. A projection that is
+not a plain ``nn.Linear`` in the model dtype (PEFT, quantized) runs as its module, warned once. The router and
+experts of Gemma-4's MoE block and the lm_head stay the modules. The norms (Gemma-3's ``(1 + w)``, Gemma-4's ``w``
+and its scale-free value norm), the rope with the (ring) cache write, the ring attention of sliding layers, the
+sandwich norms with the residual and ``layer_scalar``, and GELU-tanh (past the skinny rows: over the gate|up
+product's halves, read in place) run as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton`; torch twins
+off CUDA). An AR step launches the kernels that take it with programmatic dependent launch (the GEMMs'; the hybrid
+and Gemma kernels not yet).
 :meth:`GemmaFusedLayers.fused_unsupported` names what they do not cover (the fast loop then warns once and runs the
 layers on the modules). A mixin: it reads the runner's attributes that :mod:`fold_hf.targets.gemma` sets (layers,
 ``layer_types``, ``kv_source``, ``windows``, ``head_dims``, ``scalings``, ``tables``, rings) and its
@@ -18,6 +27,7 @@ import torch.nn.functional as F
 from ..compat import has_norm_epsilon, norm_epsilon
 from .base import UnsupportedTarget
 from .common import tap_writer
+from .weight_layout import MergedLinears, decode_gemm, gated_mlp, merged_linears, project
 
 
 def _is_gelu_tanh(act, device, dtype) -> bool:
@@ -69,24 +79,52 @@ class GemmaFusedLayers:
                 return f"{layer_type} rope table of odd width {cos.shape[-1]}"
         return None
 
+    def merged_projections(self, i: int) -> tuple[MergedLinears | None, MergedLinears | None]:
+        """Layer ``i``'s (q|k|v, gate|up) as one GEMM each (:func:`~fold_hf.targets.weight_layout.merged_linears`;
+        the first call lays the weights out): q|k|v ``[(Hq + 2 Hkv) D, H]``, q|k ``[(Hq + Hkv) D, H]`` on a layer
+        without ``v_proj`` (``attention_k_eq_v``), q alone ``[Hq D, H]`` on a KV-shared layer; gate|up ``[2 I, H]``.
+        None where a projection is not a plain Linear in the model dtype (PEFT, quantized: warned once, the layer runs
+        its modules) or ``$FOLD_HF_CONCAT_PROJECTIONS=0``."""
+        layer = self.layers[i]
+        attn, mlp = layer.self_attn, layer.mlp
+        names = ("q_proj",)
+        if self.kv_source[i] == i:
+            names += ("k_proj", "v_proj") if getattr(attn, "v_proj", None) is not None else ("k_proj",)
+        qkv = merged_linears({name: getattr(attn, name) for name in names}, self.dtype, "qkv")
+        return qkv, merged_linears({"gate_proj": mlp.gate_proj, "up_proj": mlp.up_proj}, self.dtype, "gate_up")
+
     def _forward_static_fused(self, input_ids, positions, bucket: int, taps_out) -> torch.Tensor:
-        """The device-length forward with fused layers: per layer the projections, one kernel for the q/k/v norms,
-        rope and the (ring) cache write, the ring attention kernel (sliding layers, two launches) or the decode
-        kernel (global layers), one kernel for the sandwich norm + residual + next norm after the attention and one
-        after the MLP (with ``layer_scalar``), GELU-tanh fused with ``up``. Per-layer inputs (PLE) keep their gate
-        and projection on the modules."""
+        """The device-length forward with fused layers over ``input_ids [1, L]`` at ``positions [L]``: per layer
+        the q|k|v GEMM (:meth:`merged_projections`), one kernel for the q/k/v norms, rope and the (ring) cache write,
+        the ring attention kernel (sliding layers, two launches) or the decode kernel (global layers), o_proj, one
+        kernel for the sandwich norm + residual + next norm after the attention and one after the MLP (with
+        ``layer_scalar``), the gate|up GEMM, GELU-tanh times up, down_proj. A step's products of 1 to
+        ``skinny_rows`` rows run the skinny GEMMs where the device has them (:func:`~fold_hf.targets.weight_layout.
+        decode_gemm`, the Llama family's rule); an AR step opens :func:`~fold_hf.kernels.common.pdl_scope`. Returns
+        logits ``[L, V]``."""
+        from ..kernels.common import pdl_scope
+
         if self._hybrid_ops is None:
-            from ..kernels import default_hybrid_ops
+            from ..kernels import default_hybrid_ops, default_layer_ops
 
             reason = self.fused_unsupported()
             if reason is not None:
                 raise UnsupportedTarget(f"fused layers: {reason}")
             self._hybrid_ops = default_hybrid_ops(self.device)
+            self._layer_ops = default_layer_ops(self.device)
+        with pdl_scope(input_ids.shape[1] == 1):
+            return self._fused_layers(input_ids, positions, bucket, taps_out)
+
+    def _fused_layers(self, input_ids, positions, bucket: int, taps_out) -> torch.Tensor:
+        """The fused layers of :meth:`_forward_static_fused` (its checks done). Per-layer inputs (PLE) keep their
+        activation on the module; their gate and projection go through :func:`~fold_hf.targets.weight_layout.project`.
+        Returns logits ``[L, V]``."""
         ops, decode = self._hybrid_ops, self._decode_attention
         offset = self._norm_offset
         context_length = positions[:1].to(torch.int32)
         block_kv = {}
         L = input_ids.shape[1]
+        skinny = decode_gemm(self._layer_ops, L)
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
         hidden, per_layer = self._embed(input_ids)  # per_layer: [1, L, n_layers, d] or None
 
@@ -100,11 +138,18 @@ class GemmaFusedLayers:
             attn = layer.self_attn
             D = self.head_dims[i]
             cos, sin = self.tables[self.layer_types[i]]
-            q = attn.q_proj(normed).view(1, L, -1, D)
-            if self.kv_source[i] == i:
-                raw_k = attn.k_proj(normed).view(1, L, -1, D)
-                v_proj = getattr(attn, "v_proj", None)
-                raw_v = v_proj(normed).view(1, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
+            qkv, gate_up = self.merged_projections(i)
+            owns_kv = self.kv_source[i] == i
+            v_proj = getattr(attn, "v_proj", None)
+            if qkv is not None:  # one GEMM; the heads are read in place by the norm-rope kernel
+                q, *kv = qkv(normed, skinny)
+            else:
+                kv = [attn.k_proj(normed), v_proj(normed) if v_proj is not None else None] if owns_kv else []
+                q = attn.q_proj(normed)
+            q = q.view(1, L, -1, D)
+            if owns_kv:
+                raw_k = kv[0].view(1, L, -1, D)
+                raw_v = kv[1].view(1, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
                 q, k, v = ops.head_norm_rope_write(q, raw_k, raw_v, weight(attn.q_norm), weight(attn.k_norm),
                                                    norm_epsilon(attn.q_norm), offset, cos, sin, positions, self.keys[i],
                                                    self.values[i],
@@ -126,10 +171,11 @@ class GemmaFusedLayers:
                              max_context_length=bucket)
             out = out.reshape(1, L, -1)  # [1, L, Hq, D] from both kernels
             post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
-            hidden, normed = ops.residual_norm(hidden, attn.o_proj(out), weight(pre), norm_epsilon(pre), offset,
-                                               delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True)
-            mlp = layer.mlp
-            delta = mlp.down_proj(ops.gelu_tanh_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            hidden, normed = ops.residual_norm(hidden, project(skinny, attn.o_proj, out), weight(pre),
+                                               norm_epsilon(pre), offset, delta_weight=weight(post),
+                                               delta_eps=norm_epsilon(post), norm_delta=True)
+            # with the skinny GEMMs gate|up and gelu(gate) * up are one launch
+            delta = gated_mlp(layer.mlp, normed, gate_up, skinny, ops.gelu_tanh_mul, self._layer_ops.gate_up_gelu)
             delta = self._moe_branch(layer, delta, hidden)  # Gemma-4's MoE block on the modules (else delta)
             after = self.layers[i + 1].input_layernorm if i + 1 < n_layers else self.final_norm
             post = layer.post_feedforward_layernorm
@@ -137,8 +183,8 @@ class GemmaFusedLayers:
             if per_layer is not None:
                 hidden, _ = ops.residual_norm(hidden, delta, None, norm_epsilon(post), offset, norm_out=False,
                                               delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True)
-                gated = layer.act_fn(layer.per_layer_input_gate(hidden)) * per_layer[:, :, i]
-                delta, post = layer.per_layer_projection(gated), layer.post_per_layer_input_norm
+                gated = layer.act_fn(project(skinny, layer.per_layer_input_gate, hidden)) * per_layer[:, :, i]
+                delta, post = project(skinny, layer.per_layer_projection, gated), layer.post_per_layer_input_norm
             hidden, normed = ops.residual_norm(hidden, delta, weight(after), norm_epsilon(after), offset,
                                                delta_weight=weight(post), delta_eps=norm_epsilon(post), norm_delta=True,
                                                scalar=scalar)

@@ -15,6 +15,8 @@ q/k/v/o projections, q/k norms where the model has them (Qwen3), MLP, final norm
   warning naming why (:meth:`LlamaStaticTarget.decode_projections`). On CUDA a decode step's projections (1 to 16
   rows) in the fused layers run the skinny Triton GEMMs of :mod:`fold_hf.kernels.gemm.triton` where they measured
   faster than cuBLAS (gate|up with ``silu(gate) * up`` in the same launch); ``$FOLD_HF_SKINNY_GEMM=0`` keeps cuBLAS.
+  The rule and the helpers (``decode_gemm``, ``project``, ``gated_mlp``) are family-free in
+  :mod:`fold_hf.targets.weight_layout`; the Qwen3.5 and Gemma fused layers use them too.
   An AR step's Triton launches there use programmatic dependent launch (:mod:`fold_hf.kernels.triton_pdl`;
   ``$FOLD_HF_PDL=0`` turns it off).
 * Exact mode (:meth:`LlamaStaticTarget.exact_unsupported`, docs/exact-mode.md): a decode / verify step's fused
@@ -38,8 +40,7 @@ import torch
 from torch import nn
 
 from ..compat import has_norm_epsilon, norm_epsilon
-from ..kernels.common import is_sharded
-from ..kernels.gemm.cpu import _hooked, linear_module
+from ..kernels.gemm.cpu import linear_module
 from .base import StaticTarget, UnsupportedTarget
 from .common import tap_writer
 from .taps import _unwrap
@@ -47,7 +48,11 @@ from .tensor_parallel import local_heads, tensor_parallel_size
 from .weight_layout import (
     DecodeProjections,
     concat_projections_enabled,
+    decode_gemm,
     decode_projections_unsupported,
+    gated_mlp,
+    gemm_unsupported,
+    project,
     warn_separate_once,
 )
 
@@ -85,32 +90,9 @@ def check(model: nn.Module, capacity: int | None = None) -> None:
                                         f"request ({capacity} tokens); the fast loop attends to the full context")
 
 
-def _project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``: through ``gemm(x, weight, bias)`` (a decode step's skinny GEMM) when given and ``module`` is a
-    plain, hook-free ``nn.Linear`` with a contiguous weight in ``x``'s dtype; else
-    :func:`~fold_hf.kernels.gemm.cpu.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
-    if gemm is not None and _gemm_unsupported(module, x.dtype, "") is None:
-        return gemm(x, module.weight, module.bias)
-    return linear_module(module, x)
-
-
 def _fused_norm(norm: nn.Module, dtype: torch.dtype) -> bool:
     """Whether the fused RMSNorm kernel runs ``norm``: a Llama-style RMSNorm with its weight in ``dtype``."""
     return type(norm).__name__ in _RMS_NORMS and has_norm_epsilon(norm) and norm.weight.dtype == dtype
-
-
-def _gemm_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | None:
-    """Why :func:`_project` runs ``module`` (named ``name``) as its module rather than through a GEMM kernel (None
-    when the kernel takes it); exact mode refuses a target for which this is not None."""
-    if type(module) is not nn.Linear:
-        return f"{name} is a {type(module).__name__}, not a plain nn.Linear (LoRA and quantized layers run as modules)"
-    if is_sharded(module.weight):
-        return f"{name} is a tensor-parallel shard (its module's forward does the collectives)"
-    if module.weight.dtype != dtype or not module.weight.is_contiguous():
-        return f"{name}'s weight is not a contiguous {dtype} tensor"
-    if _hooked(module):
-        return f"{name} has forward hooks"
-    return None
 
 
 class LlamaStaticTarget(StaticTarget):
@@ -204,13 +186,13 @@ class LlamaStaticTarget(StaticTarget):
                 name: getattr(owner, name) for owner, names in ((attn, ("q_proj", "k_proj", "v_proj")),
                                                                 (mlp, ("gate_proj", "up_proj"))) for name in names}}
             for name, module in modules.items():
-                reason = reason or _gemm_unsupported(module, self.dtype, name)
+                reason = reason or gemm_unsupported(module, self.dtype, name)
             for name in ("q_norm", "k_norm"):
                 norm = getattr(attn, name, None)
                 if reason is None and norm is not None and not _fused_norm(norm, self.dtype):
                     reason = f"{name} {type(norm).__name__} is not a Llama-style RMSNorm in {self.dtype}"
             reason = None if reason is None else f"layer {i}: {reason}"
-        reason = reason or _gemm_unsupported(self.lm_head, self.dtype, "lm_head")
+        reason = reason or gemm_unsupported(self.lm_head, self.dtype, "lm_head")
         return None if reason is None else f"exact mode cannot run this target: {reason}"
 
     def decode_projections(self, layer) -> DecodeProjections | None:
@@ -336,7 +318,7 @@ class LlamaStaticTarget(StaticTarget):
         # a decode step's rows (AR 1, a verify block; A * L of a batch's rows) go through the skinny GEMMs where the
         # ops have them and take that many rows; a prefill chunk or a wide batch through cuBLAS. Exact mode: every
         # row count through the exact GEMM, the lm_head too
-        skinny = ops.skinny_linear if ops.skinny_linear is not None and (exact or A * L <= ops.skinny_rows) else None
+        skinny = decode_gemm(ops, A * L, exact)
         hidden = self.embed(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
@@ -369,20 +351,15 @@ class LlamaStaticTarget(StaticTarget):
                                        max_context_length=bucket))  # [1, L, Hq, D]
             out = outs[0] if A == 1 else torch.cat(outs)
             norm = layer.post_attention_layernorm
-            attn_out = _project(skinny, attn.o_proj, out.reshape(A, L, -1))
-            mlp = layer.mlp
+            attn_out = project(skinny, attn.o_proj, out.reshape(A, L, -1))
             hidden, normed = ops.add_rms_norm(hidden, attn_out, norm.weight, norm_epsilon(norm))
-            if projections is not None and skinny is not None:  # one launch: gate|up, then silu(gate) * up
-                act = ops.gate_up_silu(normed, projections.gate_up_weight, projections.gate_up_bias)
-            else:
-                gate, up = projections.gate_up(normed) if projections is not None else (mlp.gate_proj(normed),
-                                                                                        mlp.up_proj(normed))
-                act = ops.silu_mul(gate, up)
-            delta = _project(skinny, mlp.down_proj, act)
+            gate_up = projections.gate_up_merged if projections is not None else None
+            # with the skinny GEMMs gate|up and silu(gate) * up are one launch
+            delta = gated_mlp(layer.mlp, normed, gate_up, skinny, ops.silu_mul, ops.gate_up_silu)
         hidden, normed = ops.add_rms_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm))
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         if exact:
-            logits = _project(skinny, self.lm_head, normed)
+            logits = project(skinny, self.lm_head, normed)
         else:
             logits = linear_module(self.lm_head, normed[:, -1:] if last_only else normed)
         return logits[0] if positions.dim() == 1 else logits

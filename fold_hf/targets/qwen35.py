@@ -29,11 +29,17 @@ the model's own forward (transformers' cache and kernels, chunked) and its state
 rows keeps these states per row and takes batched rounds (:mod:`fold_hf.targets.qwen35_rows`: ``forward_rows``, and
 ``accept`` with one count per row).
 
-Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the
-projections stay the model's modules, the rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`,
-:mod:`fold_hf.kernels.gated_delta.triton`; torch twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
-:meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer
-in one launch (docs/targets-qwen35.md).
+Fused layers (:meth:`Qwen35StaticTarget._forward_static_fused`, the fast loop's default on CUDA): the projections
+as the Llama family runs them (:mod:`fold_hf.targets.weight_layout`, :meth:`~Qwen35StaticTarget.merged_projections`):
+a linear layer's ``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a``, a full-attention layer's q|k|v and the MLP's gate|up
+each one GEMM over a buffer the model's parameters are views of, a step's products of 1 to 16 rows through the
+skinny Triton GEMMs on CUDA (gate|up ending in ``silu(gate) * up``), more rows cuBLAS, an AR step in ``pdl_scope``;
+a PEFT / quantized projection runs as its module, warned once; the lm_head and the MoE block stay the modules. The
+rest runs as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gated_delta.triton`; torch
+twins off CUDA); the Gated DeltaNet verify writes no state, keeps the block's prepared inputs, and
+:meth:`~Qwen35StaticTarget.accept` re-runs the accepted prefix from the committed state for every linear layer in
+one launch: in bytes cheaper than writing every position's state and selecting one for any block of two or more
+rows (the arithmetic at the 9B shape: docs/targets-qwen35.md).
 
 The same runner takes the MoE variant and the multimodal wrappers (text-only ids):
 
@@ -59,7 +65,6 @@ Not covered (``check`` says so): activations other than silu, experts stored in 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..compat import has_norm_epsilon, norm_epsilon
 from ..modeling.rope import compute_dtype
@@ -68,6 +73,7 @@ from .common import tap_writer, wrapped_text_parts
 from .moe import experts_unsupported, stacked_experts
 from .qwen35_rows import Qwen35Rows
 from .taps import HiddenTaps, _unwrap
+from .weight_layout import MergedLinears, decode_gemm, gated_mlp, merged_linears, project
 
 # the multimodal wrappers: text config in config.text_config, text decoder at model.model.language_model
 WRAPPERS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
@@ -176,7 +182,6 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
         self._fused_pending = None  # rows of the last fused verify whose inputs wait for accept()
         self._delta_pending = None  # the fused path's buffers (built on its first use)
         self._hybrid_ops = None
-        self._ba_weights = {}
         with torch.no_grad():
             # text positions: the same in the three mrope sections ([3, 1, capacity], as 5.17 and 5.24 both take)
             positions = torch.arange(self.capacity, device=self.device).expand(3, 1, self.capacity)
@@ -247,9 +252,13 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
     def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                               taps_out: torch.Tensor | None) -> torch.Tensor:
         """``forward_static`` with the decode kernel and the fused ops of :mod:`fold_hf.kernels.hybrid.triton`
-        (torch twins off CUDA). Linear layers run their projections, one fused Gated DeltaNet kernel (conv,
-        norms, gates, delta rule; no state written) and the fused gated norm; the block's inputs wait in the
-        pending buffers for :meth:`accept`. Returns logits ``[L, V]``."""
+        (torch twins off CUDA) over ``input_ids [1, L]`` at ``positions [L]``. Linear layers run their input
+        projections as one GEMM, one fused Gated DeltaNet kernel (conv, norms, gates, delta rule; no state written)
+        and the fused gated norm; the block's inputs wait in the pending buffers for :meth:`accept`. An AR step (one
+        token) launches its Triton kernels that take it with programmatic dependent launch
+        (:func:`fold_hf.kernels.common.pdl_scope`), as the Llama family's. Returns logits ``[L, V]``."""
+        from ..kernels.common import pdl_scope
+
         if self._hybrid_ops is None:
             from ..kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
             from ..kernels.gated_delta.naive import gated_delta_pending
@@ -260,16 +269,44 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
             self._hybrid_ops = default_hybrid_ops(self.device)
             self._layer_ops = default_layer_ops(self.device)
             self._decode_attention = self._decode_attention or default_decode_attention(self.device)
-            self._ba_weights = self._concat_gate_projections()
             self._delta_pending = gated_delta_pending(
                 len(self.linear_ids), FUSED_MAX_ROWS, self.num_k_heads, self.k_dim, self.num_v_heads, self.v_dim,
                 self.conv_dim, self.dtype, self.state_dtype, self.device)
-        ops, silu_mul, decode = self._hybrid_ops, self._layer_ops.silu_mul, self._decode_attention
         L = input_ids.shape[1]
         if L > FUSED_MAX_ROWS:
             raise ValueError(f"a fused Qwen3.5 step takes at most {FUSED_MAX_ROWS} rows, got {L}")
+        with pdl_scope(L == 1):
+            return self._fused_layers(input_ids, positions, bucket, taps_out)
+
+    def merged_projections(self, i: int) -> tuple[MergedLinears | None, MergedLinears | None]:
+        """Layer ``i``'s (input projections, gate|up) as one GEMM each (:func:`~fold_hf.targets.weight_layout.
+        merged_linears`; the first call lays the weights out, nothing is held twice): a linear layer's
+        ``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a`` (``[C + Hv Dv + 2 Hv, H]``), a full-attention layer's q|k|v
+        (``[2 Hq D + 2 Hkv D, H]``, q with its interleaved output gate); gate|up ``[2 I, H]`` (None for the MoE
+        block). None where a projection is not a plain Linear in the model dtype (PEFT, quantized: warned once, the
+        layer runs its modules) or ``$FOLD_HF_CONCAT_PROJECTIONS=0``."""
+        layer = self.layers[i]
+        if self.layer_types[i] == "linear_attention":
+            lin = layer.linear_attn
+            names, owner, tag = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), lin, "qkvzba"
+        else:
+            names, owner, tag = ("q_proj", "k_proj", "v_proj"), layer.self_attn, "qkv"
+        inputs = merged_linears({name: getattr(owner, name) for name in names}, self.dtype, tag)
+        mlp = layer.mlp
+        gate_up = None if _is_sparse_moe(mlp) else merged_linears(
+            {"gate_proj": mlp.gate_proj, "up_proj": mlp.up_proj}, self.dtype, "gate_up")
+        return inputs, gate_up
+
+    def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
+                      taps_out: torch.Tensor | None) -> torch.Tensor:
+        """The fused layers of :meth:`_forward_static_fused` (its checks done): a step's projections of 1 to
+        ``skinny_rows`` rows through the skinny GEMMs where the device has them, more rows through cuBLAS
+        (:func:`~fold_hf.targets.weight_layout.decode_gemm`, the Llama family's rule). Returns logits ``[L, V]``."""
+        ops, layer_ops, decode = self._hybrid_ops, self._layer_ops, self._decode_attention
+        L = input_ids.shape[1]
         context_length = positions[:1].to(torch.int32)
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
+        skinny = decode_gemm(layer_ops, L)
 
         self._pending.clear()
         hidden = self.embed(input_ids)
@@ -281,28 +318,30 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
             hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm_epsilon(norm), 1.0)
             if i > 0:
                 tap(i - 1, hidden)
+            inputs, gate_up = self.merged_projections(i)
             if self.layer_types[i] == "linear_attention":
                 lin = layer.linear_attn
-                qkv = lin.in_proj_qkv(normed)[0]  # [L, C]
-                z = lin.in_proj_z(normed).reshape(L, self.num_v_heads, self.v_dim)
-                ba = self._ba_weights.get(i)
-                if ba is not None:  # one GEMM for the two tiny gate projections (strided halves, read in place)
-                    both = F.linear(normed, ba)[0]
-                    b, a = both[:, : self.num_v_heads], both[:, self.num_v_heads :]
+                if inputs is not None:  # one GEMM; qkv, z, b and a are strided views of its rows, read in place
+                    qkv, z, b, a = (x[0] for x in inputs(normed, skinny))
                 else:
-                    b = lin.in_proj_b(normed)[0]
-                    a = lin.in_proj_a(normed)[0]
+                    qkv, z, b, a = (m(normed)[0] for m in (lin.in_proj_qkv, lin.in_proj_z, lin.in_proj_b,
+                                                           lin.in_proj_a))
                 out = ops.gated_delta_verify(qkv, b, a, self.conv[i], lin.conv1d.weight.reshape(self.conv_dim, -1),
                                              lin.A_log, lin.dt_bias, self.recurrent[i], self.num_k_heads, self.k_dim,
                                              self._delta_pending, linear_slot[i])
+                z = z.reshape(L, self.num_v_heads, self.v_dim)
                 out = ops.gated_rms_norm(out, z, lin.norm.weight, norm_epsilon(lin.norm))
-                delta = lin.out_proj(out.reshape(1, L, -1))
+                delta = project(skinny, lin.out_proj, out.reshape(1, L, -1))
             else:
                 attn = layer.self_attn
-                both = attn.q_proj(normed).view(1, L, self.num_heads, 2 * D)
+                if inputs is not None:
+                    both, k, v = inputs(normed, skinny)
+                else:
+                    both, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
+                both = both.view(1, L, self.num_heads, 2 * D)
                 query, gate = both[..., :D], both[..., D:]
-                k = attn.k_proj(normed).view(1, L, self.num_kv_heads, D)
-                v = attn.v_proj(normed).view(1, L, self.num_kv_heads, D)
+                k = k.view(1, L, self.num_kv_heads, D)
+                v = v.view(1, L, self.num_kv_heads, D)
                 q, k, v = ops.head_norm_rope_write(query, k, v, attn.q_norm.weight, attn.k_norm.weight,
                                                    norm_epsilon(attn.q_norm), 1.0, self.cos, self.sin, positions,
                                                    self.keys[i], self.values[i])
@@ -310,32 +349,19 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
                     self.query_keep[1][:, :, :L].copy_(q)
                 out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
                              max_context_length=bucket)  # [1, L, Hq, D]
-                delta = attn.o_proj(ops.sigmoid_mul(out, gate).reshape(1, L, -1))
+                delta = project(skinny, attn.o_proj, ops.sigmoid_mul(out, gate).reshape(1, L, -1))
             norm = layer.post_attention_layernorm
             hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm_epsilon(norm), 1.0)
             mlp = layer.mlp
             if _is_sparse_moe(mlp):
                 delta = self._sparse_moe(mlp, normed)
-            else:
-                delta = mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+            else:  # with the skinny GEMMs gate|up and silu(gate) * up are one launch
+                delta = gated_mlp(mlp, normed, gate_up, skinny, layer_ops.silu_mul, layer_ops.gate_up_silu)
         hidden, normed = ops.residual_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm),
                                            1.0)
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
         self._fused_pending = L
         return self.lm_head(normed)[0]
-
-    def _concat_gate_projections(self) -> dict:
-        """``{layer: [2 Hv, H] weight}``: ``in_proj_b`` and ``in_proj_a`` of each linear layer stacked into one
-        GEMM (copies, 2 Hv x H each: 0.5 MB per layer at the 9B shape), made when the fused path first runs.
-        Only for plain bias-free ``nn.Linear`` pairs in the model dtype; a wrapped (PEFT) or quantized projection
-        runs as its module."""
-        out = {}
-        for i in self.linear_ids:
-            lin = self.layers[i].linear_attn
-            pair = (lin.in_proj_b, lin.in_proj_a)
-            if all(type(m) is torch.nn.Linear and m.bias is None and m.weight.dtype == self.dtype for m in pair):
-                out[i] = torch.cat([m.weight.detach() for m in pair])
-        return out
 
     # ------------------------------------------------------------------ layers
     def _run_layers(self, input_ids, cos, sin, write_kv, attend, taps_out, last_only):

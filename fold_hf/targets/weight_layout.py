@@ -10,8 +10,11 @@ the parameters laid out so and returns a view of the same buffer; after ``.to()`
 its own) it concatenates them again.
 
 Family-free: the drafter's fused step (:func:`fold_hf.generation.static_drafter.fused_projections`) and the static
-target's decode steps (:meth:`fold_hf.targets.llama.LlamaStaticTarget.decode_projections`) both use it; any
-target family whose layers have q/k/v and gate/up projections can (:func:`decode_projections`).
+targets' decode steps use it: the Llama family's q|k|v and gate|up (:class:`DecodeProjections`), Qwen3.5's
+``in_proj_qkv|in_proj_z|in_proj_b|in_proj_a``, q|k|v and gate|up and Gemma's q|k|v (q|k where ``attention_k_eq_v``)
+and gate|up (:class:`MergedLinears`, :func:`merged_linears`). The fused layers of every family then run a decode
+step's products (1 to ``ops.skinny_rows`` rows) through the skinny GEMMs and any more rows through cuBLAS, by the
+same rule (:func:`decode_gemm`, :func:`project`, :func:`gated_mlp`).
 
 A model whose parameters became such views saves as before: transformers' ``save_pretrained`` clones tensors that
 share a buffer without overlapping (safetensors itself refuses shared buffers).
@@ -26,7 +29,7 @@ import torch
 from torch import nn
 
 from ..kernels.common import is_sharded
-from ..kernels.gemm.cpu import linear
+from ..kernels.gemm.cpu import _hooked, linear, linear_module
 
 CONCAT_ENV = "FOLD_HF_CONCAT_PROJECTIONS"
 
@@ -45,7 +48,7 @@ _WARNED: set[str] = set()
 
 def warn_separate_once(reason: str) -> None:
     """A UserWarning, once per process and reason, that a layer runs its projections as separate modules."""
-    message = f"a layer runs q/k/v and gate/up as separate modules ({reason})"
+    message = f"a layer runs its input projections (q/k/v, gate/up) as separate modules ({reason})"
     if message not in _WARNED:
         _WARNED.add(message)
         warnings.warn(message, UserWarning, stacklevel=3)
@@ -104,8 +107,49 @@ def plain_linears_unsupported(named: dict[str, nn.Module], dtype: torch.dtype) -
     return None
 
 
+class MergedLinears:
+    """Plain ``nn.Linear`` modules that read the same input, as one GEMM over one buffer their parameters are views
+    of (:func:`concatenated_rows`: nothing held twice).
+
+    Attributes:
+        weight: ``[sum N_i, K]`` (module ``i``'s ``[N_i, K]`` weight is rows ``sum N_<i .. sum N_<=i``).
+        bias: ``[sum N_i]`` or None (no module has a bias).
+        widths: ``(N_0, N_1, ...)``, the modules' ``out_features``.
+        owners: the parameters whose in-place writes change the buffers (each keeps its own version counter).
+        tag: names the packed CPU copy (:func:`fold_hf.kernels.gemm.cpu.linear`).
+    """
+
+    __slots__ = ("weight", "bias", "widths", "owners", "tag")
+
+    def __init__(self, modules: list[nn.Module], tag: str) -> None:
+        self.weight = concatenated_rows(modules, "weight")
+        self.bias = concatenated_rows(modules, "bias")
+        self.widths = tuple(m.out_features for m in modules)
+        self.owners = tuple(p for m in modules for p in (m.weight, m.bias) if p is not None)
+        self.tag = tag
+
+    def product(self, hidden: torch.Tensor, gemm=None) -> torch.Tensor:
+        """``hidden [..., K]`` -> ``[..., sum N_i]``: ``gemm(hidden, weight, bias)`` when given (a decode step's skinny
+        GEMM), else :func:`fold_hf.kernels.gemm.cpu.linear` (several CPU rows: MKL's packed GEMM)."""
+        if gemm is not None:
+            return gemm(hidden, self.weight, self.bias)
+        return linear(hidden, self.weight, self.bias, owners=self.owners, tag=self.tag)
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A product ``[..., sum N_i]`` as views ``([..., N_0], [..., N_1], ...)`` (rows strided, read in place)."""
+        parts, start = [], 0
+        for width in self.widths:
+            parts.append(out[..., start : start + width])
+            start += width
+        return tuple(parts)
+
+    def __call__(self, hidden: torch.Tensor, gemm=None) -> tuple[torch.Tensor, ...]:
+        """``hidden [..., K]`` -> every module's output ``[..., N_i]``, views of one :meth:`product`."""
+        return self.split(self.product(hidden, gemm))
+
+
 class DecodeProjections:
-    """A layer's q|k|v and gate|up as single GEMMs (views of the concatenated buffers; see the module docstring).
+    """A Llama-style layer's q|k|v and gate|up as single GEMMs (two :class:`MergedLinears`).
 
     Attributes:
         qkv_weight: ``[(Hq + 2 Hkv) D, H]``; ``qkv_bias`` the same rows' bias or None.
@@ -113,40 +157,28 @@ class DecodeProjections:
         q_width, kv_width: output columns of q and of k (= of v).
     """
 
-    __slots__ = ("qkv_weight", "qkv_bias", "gate_up_weight", "gate_up_bias", "q_width", "kv_width", "qkv_owners",
-                 "gate_up_owners")
+    __slots__ = ("qkv_merged", "gate_up_merged", "qkv_weight", "qkv_bias", "gate_up_weight", "gate_up_bias",
+                 "q_width", "kv_width")
 
     def __init__(self, attn: nn.Module, mlp: nn.Module) -> None:
-        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-        self.qkv_weight = concatenated_rows(projections, "weight")
-        self.qkv_bias = concatenated_rows(projections, "bias")
-        self.gate_up_weight = concatenated_rows([mlp.gate_proj, mlp.up_proj], "weight")
-        self.gate_up_bias = concatenated_rows([mlp.gate_proj, mlp.up_proj], "bias")
+        self.qkv_merged = MergedLinears([attn.q_proj, attn.k_proj, attn.v_proj], "qkv")
+        self.gate_up_merged = MergedLinears([mlp.gate_proj, mlp.up_proj], "gate_up")
+        self.qkv_weight, self.qkv_bias = self.qkv_merged.weight, self.qkv_merged.bias
+        self.gate_up_weight, self.gate_up_bias = self.gate_up_merged.weight, self.gate_up_merged.bias
         self.q_width, self.kv_width = attn.q_proj.out_features, attn.k_proj.out_features
-        # whose in-place writes change the buffers (each parameter keeps its own version counter)
-        self.qkv_owners = tuple(p for m in projections for p in (m.weight, m.bias) if p is not None)
-        self.gate_up_owners = tuple(p for m in (mlp.gate_proj, mlp.up_proj) for p in (m.weight, m.bias)
-                                    if p is not None)
 
     def qkv(self, hidden: torch.Tensor, gemm=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output:
-        ``gemm(hidden, weight, bias)`` when given (a decode step's skinny GEMM), else
-        :func:`fold_hf.kernels.gemm.cpu.linear` (several CPU rows: MKL's packed GEMM)."""
-        if gemm is not None:
-            out = gemm(hidden, self.qkv_weight, self.qkv_bias)
-        else:
-            out = linear(hidden, self.qkv_weight, self.qkv_bias, owners=self.qkv_owners, tag="qkv")
-        return self.split_qkv(out)
+        """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output
+        (:meth:`MergedLinears.product`)."""
+        return self.qkv_merged(hidden, gemm)
 
     def split_qkv(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A q|k|v product ``[..., (Hq + 2 Hkv) D]`` as views ``(q, k, v)``."""
-        q_end, k_end = self.q_width, self.q_width + self.kv_width
-        return out[..., :q_end], out[..., q_end:k_end], out[..., k_end:]
+        return self.qkv_merged.split(out)
 
-    def gate_up(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gate_up(self, hidden: torch.Tensor, gemm=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden [..., H]`` -> views ``(gate [..., I], up [..., I])`` of one GEMM's output."""
-        return linear(hidden, self.gate_up_weight, self.gate_up_bias, owners=self.gate_up_owners,
-                      tag="gate_up").chunk(2, -1)
+        return self.gate_up_merged(hidden, gemm)
 
 
 def decode_projections_unsupported(attn: nn.Module, mlp: nn.Module, dtype: torch.dtype) -> str | None:
@@ -174,6 +206,66 @@ def decode_projections(attn: nn.Module, mlp: nn.Module, dtype: torch.dtype) -> D
     return DecodeProjections(attn, mlp)
 
 
-__all__ = ["CONCAT_ENV", "warn_separate_once", "DecodeProjections", "concat_projections_enabled", "concatenated_rows",
-           "decode_projections", "decode_projections_unsupported", "plain_linears_unsupported",
-           "rows_of_one_buffer"]
+def merged_linears(named: dict[str, nn.Module], dtype: torch.dtype, tag: str) -> MergedLinears | None:
+    """``named`` projections (in this order) as one :class:`MergedLinears`, or None when they cannot be
+    (:func:`plain_linears_unsupported`: a LoRA wrapper, a quantized layer, a shard, another dtype; warned once,
+    naming why, and the layer then runs them as modules) or ``$FOLD_HF_CONCAT_PROJECTIONS=0``."""
+    if not concat_projections_enabled():
+        return None
+    reason = plain_linears_unsupported(named, dtype)
+    if reason is not None:
+        warn_separate_once(f"static target: {reason}")
+        return None
+    return MergedLinears(list(named.values()), tag)
+
+
+def gemm_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | None:
+    """Why :func:`project` runs ``module`` (named ``name``) as its module rather than through a GEMM kernel (None
+    when the kernel takes it); the Llama family's exact mode refuses a target for which this is not None."""
+    if type(module) is not nn.Linear:
+        return f"{name} is a {type(module).__name__}, not a plain nn.Linear (LoRA and quantized layers run as modules)"
+    if is_sharded(module.weight):
+        return f"{name} is a tensor-parallel shard (its module's forward does the collectives)"
+    if module.weight.dtype != dtype or not module.weight.is_contiguous():
+        return f"{name}'s weight is not a contiguous {dtype} tensor"
+    if _hooked(module):
+        return f"{name} has forward hooks"
+    return None
+
+
+def project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for ``x [..., K]`` -> ``[..., N]``: through ``gemm(x, weight, bias)`` (a decode step's skinny
+    GEMM) when given and ``module`` is a plain, hook-free ``nn.Linear`` with a contiguous weight in ``x``'s dtype;
+    else :func:`~fold_hf.kernels.gemm.cpu.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
+    if gemm is not None and gemm_unsupported(module, x.dtype, "") is None:
+        return gemm(x, module.weight, module.bias)
+    return linear_module(module, x)
+
+
+def decode_gemm(ops, rows: int, exact: bool = False):
+    """The GEMM a fused layer's projections of ``rows`` rows run through: ``ops.skinny_linear`` (a
+    :class:`~fold_hf.kernels.LayerOps`) for a decode step's 1 to ``ops.skinny_rows`` rows (an AR step, a verify
+    block; any row count in exact mode), None (cuBLAS / the modules) for more rows (a prefill chunk, a wide batch)
+    or where the ops have no skinny GEMMs (the CPU path, ``$FOLD_HF_SKINNY_GEMM=0``)."""
+    if ops.skinny_linear is None or not (exact or rows <= ops.skinny_rows):
+        return None
+    return ops.skinny_linear
+
+
+def gated_mlp(mlp: nn.Module, normed: torch.Tensor, gate_up: MergedLinears | None, gemm, act_mul,
+              fused_act=None) -> torch.Tensor:
+    """``down_proj(act(gate_proj(x)) * up_proj(x))`` of ``normed [..., H]`` -> ``[..., H]``: gate|up as one GEMM
+    when ``gate_up`` is given (else the modules); ``fused_act(x, gate_up_weight, gate_up_bias)`` (the skinny gate|up
+    GEMM ending in the SiLU-and-multiply, ``ops.gate_up_silu``) when given with ``gemm``, else ``act_mul(gate, up)``
+    over the product's halves read in place; ``down_proj`` through :func:`project`."""
+    if gate_up is not None and gemm is not None and fused_act is not None:
+        act = fused_act(normed, gate_up.weight, gate_up.bias)
+    else:
+        gate, up = gate_up(normed, gemm) if gate_up is not None else (mlp.gate_proj(normed), mlp.up_proj(normed))
+        act = act_mul(gate, up)
+    return project(gemm, mlp.down_proj, act)
+
+
+__all__ = ["CONCAT_ENV", "warn_separate_once", "DecodeProjections", "MergedLinears", "concat_projections_enabled",
+           "concatenated_rows", "decode_gemm", "decode_projections", "decode_projections_unsupported", "gated_mlp",
+           "gemm_unsupported", "merged_linears", "plain_linears_unsupported", "project", "rows_of_one_buffer"]

@@ -178,6 +178,12 @@ def _check_kernels(device, dtype, H, heads, D, R, ring, L):
     z = _randn(L, heads, D, seed=14, dtype=dtype, device=device)
     torch.testing.assert_close(gdn_tri.gated_rms_norm_triton(o, z, qw, 1e-6),
                                gdn.gated_rms_norm_reference(o, z, qw, 1e-6), **tol)
+    # z read in place from a merged input projection's rows (qwen35.py: [L, C | Hv Dv | 2 Hv], strided tokens)
+    rows = _randn(L, 5 + heads * D + 3, seed=18, dtype=dtype, device=device)
+    strided = rows[:, 5 : 5 + heads * D].reshape(L, heads, D)
+    assert strided.data_ptr() == rows[:, 5:].data_ptr()  # a view: the kernel reads it in place
+    torch.testing.assert_close(gdn_tri.gated_rms_norm_triton(o, strided, qw, 1e-6),
+                               gdn.gated_rms_norm_reference(o, strided, qw, 1e-6), **tol)
 
 
 def _check_delta(device, dtype, L, HK, HV, DK, DV, K):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import fold_hf
 from fold_hf.generation import fast_generate
-from tiny import check_graph_engine_settings, greedy_reference, mode_config, trained_pair
+from tiny import check_graph_engine_settings, greedy_reference, mode_config, trained_pair, with_skinny_gemms
 from tiny import prompt as tiny_prompt
 
 
@@ -46,12 +46,17 @@ def oracle_gate_up_silu(x, weight, bias):
     return gate / (1 + torch.exp(-gate)) * up
 
 
+def oracle_gate_up_gelu(x, weight, bias):
+    gate, up = oracle_linear(x, weight, bias).chunk(2, -1)
+    return 0.5 * gate * (1 + torch.tanh(0.7978845608028654 * (gate + 0.044715 * gate**3))) * up
+
+
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 
 
 def check_gemms(device, dtype, shapes, gate_up: bool = True):
     """``gate_up``: also the gate|up products (whose plans always use ``tl.dot``)."""
-    from fold_hf.kernels.gemm.triton import gate_up_silu_triton, skinny_linear_triton
+    from fold_hf.kernels.gemm.triton import gate_up_gelu_tanh_triton, gate_up_silu_triton, skinny_linear_triton
 
     for rows, N, K, with_bias in shapes:
         seed = rows * 7 + N + K
@@ -67,11 +72,16 @@ def check_gemms(device, dtype, shapes, gate_up: bool = True):
             assert act.shape == (1, rows, N // 2)
             want = oracle_gate_up_silu(x.cpu(), weight.cpu(), None if bias is None else bias.cpu())
             assert rel_err(act.cpu(), want) < TOLERANCE[dtype], (rows, N, K, dtype)
+            act = gate_up_gelu_tanh_triton(x, weight, bias)  # Gemma's MLP (issue 39)
+            want = oracle_gate_up_gelu(x.cpu(), weight.cpu(), None if bias is None else bias.cpu())
+            assert rel_err(act.cpu(), want) < TOLERANCE[dtype], (rows, N, K, dtype, "gelu")
 
 
 # (rows, N, K, bias): N not a multiple of the 16-column tile, K not a multiple of the K tile
 INTERPRETER_SHAPES = [(1, 70, 200, True), (1, 33, 64, False), (1, 96, 600, False), (3, 70, 200, False),
-                      (10, 48, 129, True), (16, 64, 520, False)]
+                      (10, 48, 129, True), (16, 64, 520, False),
+                      # issue 39: the tiny Qwen3.5's merged in_proj_qkv|z|b|a (64 + 32 + 4 + 4 rows), Gemma-4's q|k
+                      (1, 104, 32, False), (4, 104, 32, False), (4, 48, 32, False)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -127,26 +137,9 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
     """Fused layers with the Triton GEMMs (interpreter) in place of F.linear: HF greedy's tokens, the unfused loop's
     acceptance lengths; the GEMMs see the AR step's 1 row and the verify block's rows, never a prefill chunk."""
     import fold_hf.kernels as kernels
-    from fold_hf.kernels.gemm import triton as triton_gemm
 
     seen = []
-
-    def counting(fn):
-        def run(x, weight, bias=None):
-            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
-            return fn(x, weight, bias)
-        return run
-
-    original = kernels.default_layer_ops
-
-    def with_gemms(device):
-        ops = original(device)
-        return kernels.LayerOps(ops.add_rms_norm, ops.rope_write, ops.silu_mul, ops.rotate_heads, "torch+gemm",
-                                skinny_linear=counting(triton_gemm.skinny_linear_triton),
-                                gate_up_silu=counting(triton_gemm.gate_up_silu_triton),
-                                skinny_rows=triton_gemm.MAX_ROWS)
-
-    monkeypatch.setattr(kernels, "default_layer_ops", with_gemms)
+    original = with_skinny_gemms(monkeypatch, seen)
     monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
     kw = dict(engine="static", target_attention="triton", fused_layers=True)
     with fp32_pair(arch) as (target, drafter):
@@ -172,7 +165,10 @@ def test_static_engine_runs_the_skinny_gemms_for_decode_rows(arch, interpreter, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gemms_match_the_float64_product_on_gpu(dtype):
     shapes = [(1, 6144, 4096, False), (1, 4096, 14336, False), (10, 28672, 4096, False), (16, 4096, 4096, True),
-              (1, 1030, 4100, True), (7, 4098, 1000, False)]
+              (1, 1030, 4100, True), (7, 4098, 1000, False),
+              # issue 39: Qwen3.5-9B's merged in_proj_qkv|z|b|a (12,352 rows) at 1 and 16 rows; the Gemma-4-12B-like
+              # global q|k (10,240 x 3,840) at the 7-row verify and down_proj (K = 15,360) at one row
+              (1, 12352, 4096, False), (16, 12352, 4096, False), (7, 10240, 3840, False), (1, 3840, 15360, False)]
     from fold_hf.kernels.gemm.triton import skinny_linear_triton
 
     check_gemms("cuda", dtype, shapes)

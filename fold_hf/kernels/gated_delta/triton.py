@@ -302,11 +302,11 @@ def _conv_commit_kernel(N, RAW, CONV, C, rows, K1: tl.constexpr, BK1: tl.constex
 
 # ---------------------------------------------------------------------------------------------- output norm
 @triton.jit
-def _gated_rms_norm_kernel(X, Z, W, OUT, D, eps, BD: tl.constexpr, LIB: tl.constexpr):
+def _gated_rms_norm_kernel(X, Z, W, OUT, D, z_heads, z_token_stride, eps, BD: tl.constexpr, LIB: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BD)
     ok = offs < D
-    z = tl.load(Z + row * D + offs, mask=ok, other=0.0)
+    z = tl.load(Z + (row // z_heads) * z_token_stride + (row % z_heads) * D + offs, mask=ok, other=0.0)
     dtype = z.dtype
     x = _round_to(tl.load(X + row * D + offs, mask=ok, other=0.0).to(tl.float32), dtype)
     n = _round_to(x * tl.math.rsqrt(tl.sum(x * x, 0) / D + eps), dtype)
@@ -315,15 +315,21 @@ def _gated_rms_norm_kernel(X, Z, W, OUT, D, eps, BD: tl.constexpr, LIB: tl.const
 
 
 def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """:func:`~fold_hf.kernels.gated_delta.naive.gated_rms_norm_reference` (``x``, ``gate [..., Dv]``)."""
+    """:func:`~fold_hf.kernels.gated_delta.naive.gated_rms_norm_reference` (``x``, ``gate [..., Hv, Dv]``). ``gate``
+    may have strided tokens (``z`` read in place from a merged input projection's rows, heads and values packed)."""
     D = x.shape[-1]
     if gate.shape != x.shape or weight.shape != (D,) or weight.dtype != gate.dtype:
         raise ValueError(f"x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)} "
                          f"{weight.dtype} do not match")
-    x, gate = x.contiguous(), gate.contiguous()
+    x = x.contiguous()
+    if gate.stride(-1) != 1 or (gate.dim() > 1 and gate.stride(-2) != D):
+        gate = gate.contiguous()
+    heads = gate.shape[-2] if gate.dim() > 1 else 1
+    tokens = gate.reshape(-1, heads, D)  # a view when the leading dims flatten (a copy otherwise)
     out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
-    _gated_rms_norm_kernel[(x.numel() // D,)](x, gate, weight, out, D, float(eps), BD=_next_pow2(D), LIB=_libdevice(),
-                                             num_warps=1 if D <= 256 else 4, **_EXACT)
+    _gated_rms_norm_kernel[(x.numel() // D,)](x, tokens, weight, out, D, heads, tokens.stride(0), float(eps),
+                                             BD=_next_pow2(D), LIB=_libdevice(), num_warps=1 if D <= 256 else 4,
+                                             **_EXACT)
     return out
 
 

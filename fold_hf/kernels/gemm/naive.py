@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..gemma.naive import gelu_tanh_mul_reference
 from ..layer.naive import silu_mul_reference
 
 
@@ -24,4 +25,11 @@ def gate_up_silu_reference(x: torch.Tensor, gate_up_weight: torch.Tensor,
     return silu_mul_reference(gate, up)
 
 
-__all__ = ["gate_up_silu_reference", "skinny_linear_reference"]
+def gate_up_gelu_tanh_reference(x: torch.Tensor, gate_up_weight: torch.Tensor,
+                                gate_up_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` of one gate|up product's halves (Gemma's MLP): ``[..., I]``."""
+    gate, up = F.linear(x, gate_up_weight, gate_up_bias).chunk(2, -1)
+    return gelu_tanh_mul_reference(gate, up)
+
+
+__all__ = ["gate_up_gelu_tanh_reference", "gate_up_silu_reference", "skinny_linear_reference"]

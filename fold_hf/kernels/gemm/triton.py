@@ -7,7 +7,8 @@ followed by a ``silu(gate) * up`` kernel. Here one program owns ``BLOCK_N`` outp
 there is no reduce pass, and the gate|up product can end in the SiLU-and-multiply:
 
 * :func:`skinny_linear_triton` ``x [..., K] @ weight[N, K]^T (+ bias)`` as ``F.linear``;
-* :func:`gate_up_silu_triton` ``silu(x @ gate^T) * (x @ up^T)`` over one ``[2 I, K]`` gate|up buffer (the
+* :func:`gate_up_silu_triton` ``silu(x @ gate^T) * (x @ up^T)`` (:func:`gate_up_gelu_tanh_triton`: Gemma's
+  GELU-tanh in place of the SiLU) over one ``[2 I, K]`` gate|up buffer (the
   layout of :class:`fold_hf.targets.weight_layout.DecodeProjections`), rounding gate and up to the model dtype
   before the SiLU as the unfused modules do, then exactly as
   :func:`fold_hf.kernels.layer.triton.silu_mul_triton`.
@@ -32,13 +33,14 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..gemma.triton import gelu_tanh_f32
 from ..layer.triton import _EXACT, _round_to
 from ..triton_pdl import launch_options, pdl_enter
 
 
 @triton.jit
 def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym, up_rows,
-                        HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, GELU: tl.constexpr, USE_DOT: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -75,12 +77,15 @@ def _skinny_gemm_kernel(X, W, BIAS, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     if SILU_MUL:
         g = _round_to(acc, dtype)  # the gate and up projections' outputs, as the modules round them
         u = _round_to(acc_up, dtype)
-        if LIBDEVICE_EXP:
-            e = libdevice.exp(-g)  # expf, as torch's silu
+        if GELU:  # Gemma's gelu(gate, "tanh") * up, as fold_hf.kernels.gemma.triton's kernel
+            act = _round_to(gelu_tanh_f32(g, LIBDEVICE_EXP), dtype)
         else:
-            e = tl.exp(-g)  # Triton's interpreter has no libdevice
-        silu = _round_to(tl.math.div_rn(g, 1.0 + e), dtype)
-        acc = _round_to(silu * u, dtype)
+            if LIBDEVICE_EXP:
+                e = libdevice.exp(-g)  # expf, as torch's silu
+            else:
+                e = tl.exp(-g)  # Triton's interpreter has no libdevice
+            act = _round_to(tl.math.div_rn(g, 1.0 + e), dtype)
+        acc = _round_to(act * u, dtype)
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -151,7 +156,8 @@ def skinny_wins(rows: int, out_features: int, in_features: int, silu_mul: bool =
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, up_rows: int,
-            silu_mul: bool, exact: bool = False) -> torch.Tensor:
+            silu_mul: bool, exact: bool = False, gelu: bool = False) -> torch.Tensor:
+    """``silu_mul``: a gate|up product ending in ``act(gate) * up``, SiLU or (``gelu``) GELU-tanh."""
     if x.dtype != weight.dtype:
         raise ValueError(f"x is {x.dtype}, the weight {weight.dtype}")
     if not weight.is_contiguous():
@@ -175,7 +181,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     kernel[grid](
         rows, weight, bias if bias is not None else weight, out, M, out_features, K, rows.stride(0),
         weight.stride(0), out_features, up_rows,
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, USE_DOT=plan.use_dot, BLOCK_M=plan.block_m,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, GELU=gelu, USE_DOT=plan.use_dot, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, STAGES=plan.num_stages,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         LIBDEVICE_EXP=os.environ.get("TRITON_INTERPRET") != "1",
@@ -213,6 +219,15 @@ def gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
     return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True)
 
 
+def gate_up_gelu_tanh_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
+                             gate_up_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` of ``gate, up = F.linear(x, gate_up_weight, gate_up_bias).chunk(2,
+    -1)`` (Gemma's MLP; :func:`gate_up_silu_triton`'s plan and rounding): ``x [..., K]``, ``gate_up_weight [2 I, K]``
+    -> ``[..., I]``."""
+    width = _gate_up_width(gate_up_weight)
+    return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True, gelu=True)
+
+
 def exact_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x [..., K]`` of any number of rows, ``weight [N, K]`` -> ``[..., N]``,
     under :func:`exact_plan`: row ``r``'s result is bit for bit the same whatever the other rows are and however
@@ -228,6 +243,6 @@ def exact_gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
     return _launch(x, gate_up_weight, gate_up_bias, width, width, silu_mul=True, exact=True)
 
 
-__all__ = ["MAX_ROWS", "PLAN_ENV", "GemmPlan", "decode_linear_triton", "exact_gate_up_silu_triton",
+__all__ = ["MAX_ROWS", "PLAN_ENV", "GemmPlan", "decode_linear_triton", "exact_gate_up_silu_triton", "gate_up_gelu_tanh_triton",
            "exact_linear_triton", "exact_plan", "gate_up_silu_triton", "gemm_plan", "skinny_linear_triton",
            "skinny_wins"]

@@ -21,17 +21,23 @@ from ..layer.triton import _round_to
 
 # ---------------------------------------------------------------------------------------------- GELU-tanh product
 @triton.jit
-def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
-    offs, ok, row, col = _elementwise_block(n, width, BLOCK)
-    g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0)
-    u = tl.load(UP + row * up_row + col, mask=ok, other=0.0)
-    x = g.to(tl.float32)
+def gelu_tanh_f32(x, LIB: tl.constexpr):
+    """``gelu(x, approximate="tanh")`` of fp32 ``x`` (``LIB``: libdevice's tanh; the interpreter has none). Also the
+    epilogue of :func:`fold_hf.kernels.gemm.triton.gate_up_gelu_tanh_triton`."""
     inner = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
     if LIB:
         th = libdevice.tanh(inner)
     else:
         th = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
-    gelu = _round_to(0.5 * x * (1.0 + th), g.dtype)
+    return 0.5 * x * (1.0 + th)
+
+
+@triton.jit
+def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
+    offs, ok, row, col = _elementwise_block(n, width, BLOCK)
+    g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0)
+    u = tl.load(UP + row * up_row + col, mask=ok, other=0.0)
+    gelu = _round_to(gelu_tanh_f32(g.to(tl.float32), LIB), g.dtype)
     tl.store(OUT + offs, _round_to(gelu * u.to(tl.float32), g.dtype).to(g.dtype), mask=ok)
 
 
