@@ -235,6 +235,62 @@ def test_exact_attention_rows_are_invariant(dtype, interpreter):
                 assert torch.equal(block[0, r], alone[0, 0]), (T, L, r)
 
 
+def ring_case(dtype, R, Hq=8, Hkv=2, D=16, seed=40):
+    """Queries ``[1, Hq, 9, D]`` and key / value rings ``[1, Hkv, R, D]`` of random data."""
+    return (randn(1, Hq, 9, D, dtype=dtype, seed=seed), randn(1, Hkv, R, D, dtype=dtype, seed=seed + 1),
+            randn(1, Hkv, R, D, dtype=dtype, seed=seed + 2))
+
+
+def oracle_ring(q, kr, vr, positions, window, scale):
+    """Sliding-window attention over a ring in float64, one (row, head) at a time: slot ``s`` holds the newest
+    position ``p <= positions[-1]`` with ``p = s (mod R)``; row ``r`` reads the slots with ``0 <= positions[r] - p <
+    window`` and ``p >= 0``."""
+    _, Hq, L, D = q.shape
+    Hkv, R = kr.shape[1], kr.shape[2]
+    top = int(positions[-1])
+    held = [top - ((top - s) % R) for s in range(R)]
+    out = torch.empty(1, L, Hq, D, dtype=torch.float64)
+    for r in range(L):
+        slots = [s for s in range(R) if held[s] >= 0 and 0 <= int(positions[r]) - held[s] < window]
+        for h in range(Hq):
+            keys, values = kr[0, h // (Hq // Hkv), slots].double(), vr[0, h // (Hq // Hkv), slots].double()
+            out[0, r, h] = torch.softmax(keys @ q[0, h, r].double() * scale, 0) @ values
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 3e-3)])
+def test_exact_ring_attention_matches_float64_and_rows_are_invariant(dtype, tol, interpreter):
+    """Gemma's sliding layers in exact mode: :func:`exact_ring_attention_triton` against a float64 loop, and row
+    ``r`` of a verify block at ``T .. T + L - 1`` (its rows written into the ring at ``p mod R``) bit for bit the same
+    as that query decoded alone at ``T + r``, whose ring holds, in the slots the block's later rows took, the older
+    entries an AR step still sees there (out of its window: other data)."""
+    from fold_hf.kernels.gemma.triton import exact_ring_attention_triton
+
+    R, window, scale = 160, 150, 0.25  # R >= window + the longest block; three splits of 64 slots at head dim 16
+    q, kr, vr = ring_case(dtype, R)
+    for T in (3, 100, 155, 500):  # a ring not yet full, across a split edge, just wrapped, wrapped many times
+        for L in (1, 4, 9):
+            positions = torch.arange(T, T + L)
+            block = exact_ring_attention_triton(q[:, :, :L], kr, vr, positions, window, scale)
+            assert rel_err(block, oracle_ring(q[:, :, :L], kr, vr, positions, window, scale)) < tol, (T, L)
+            for r in range(L):
+                kr2, vr2 = kr.clone(), vr.clone()
+                later = [(T + j) % R for j in range(r + 1, L)]  # slots of the block's later rows: older data alone
+                kr2[:, :, later] = randn(1, kr.shape[1], len(later), kr.shape[3], dtype=dtype, seed=T + r)
+                vr2[:, :, later] = randn(1, vr.shape[1], len(later), vr.shape[3], dtype=dtype, seed=T + r + 1)
+                alone = exact_ring_attention_triton(q[:, :, r : r + 1], kr2, vr2, positions[r : r + 1], window,
+                                                    scale)
+                assert torch.equal(block[0, r], alone[0, 0]), (T, L, r)
+
+
+def test_ring_attention_refuses_a_bad_tile(interpreter):
+    from fold_hf.kernels.gemma.triton import ring_attention_triton
+
+    q, kr, vr = ring_case(torch.float32, 40)
+    with pytest.raises(ValueError, match="power of two"):
+        ring_attention_triton(q, kr, vr, torch.arange(30, 39), 29, 0.25, block_m=24)
+
+
 def test_exact_attention_rejects_bad_inputs(interpreter):
     from fold_hf.kernels.exact_attention.triton import exact_decode_attention_triton
 
@@ -297,6 +353,20 @@ def test_exact_kernels_rows_are_invariant_in_bf16_on_gpu():
             alone = attend(q[:, :, r : r + 1], kc, vc, None, None, torch.tensor([T + r], device="cuda"), 0.088,
                            max_context_length=T + r + 1)
             assert torch.equal(block[0, r], alone[0, 0]), (T, r)
+    # Gemma's sliding layers: the ring at head dims 256 and 512 (Gemma-3 / Gemma-4), window 1024, 8 query heads a
+    # KV head, a verify block of 16 rows against each row alone
+    from fold_hf.kernels.gemma.triton import exact_ring_attention_triton
+
+    for D in (256, 512):
+        R, T = 1024 + 64, 5000
+        q = randn(1, 16, 16, D, dtype=dtype, seed=27).cuda()
+        kr = randn(1, 2, R, D, dtype=dtype, seed=28).cuda()
+        vr = randn(1, 2, R, D, dtype=dtype, seed=29).cuda()
+        positions = torch.arange(T, T + 16, device="cuda")
+        block = exact_ring_attention_triton(q, kr, vr, positions, 1024, D**-0.5)
+        for r in (0, 7, 15):
+            alone = exact_ring_attention_triton(q[:, :, r : r + 1], kr, vr, positions[r : r + 1], 1024, D**-0.5)
+            assert torch.equal(block[0, r], alone[0, 0]), (D, r)
 
 
 def test_exact_mode_benchmark_runs_tiny(interpreter, tmp_path):

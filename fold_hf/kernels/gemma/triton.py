@@ -112,10 +112,15 @@ def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, G: tl.constexpr, D: tl
     tl.store(OUT + (r * HQ + kvh * G + g) * D + rd, out.to(OUT.dtype.element_ty), mask=rd < D)
 
 
-def ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float) -> torch.Tensor:
+def ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float, *,
+                          block_m: int | None = None) -> torch.Tensor:
     """:func:`~fold_hf.kernels.gemma.naive.ring_attention_reference` in two launches: programs over (KV head,
     split of the ring) keep an online softmax of all ``G * L`` query rows of their KV head (keys read once per
-    head), a merge combines the splits. Returns ``[1, L, Hq, D]``."""
+    head), a merge combines the splits. Returns ``[1, L, Hq, D]``.
+
+    ``block_m``: query rows per program (a power of two, >= 16); by default it grows with ``G * L`` (more rows, fewer
+    programs). The splits follow the ring's slots (``R``, the head count), never ``L``, so with a fixed ``block_m``
+    a row's arithmetic does not depend on how many rows the block has (:func:`exact_ring_attention_triton`)."""
     _, HQ, L, D = query.shape
     HKV, R = key_ring.shape[1], key_ring.shape[2]
     if HQ % HKV or key_ring.shape[-1] != D or value_ring.shape != key_ring.shape or key_ring.stride(-1) != 1:
@@ -126,7 +131,9 @@ def ring_attention_triton(query, key_ring, value_ring, positions, window: int, s
     G = HQ // HKV
     query = query.contiguous()
     BD = max(16, _next_pow2(D))
-    BM = min(64, max(16, _next_pow2(G * L)))  # query rows per program (more rows: more programs)
+    BM = min(64, max(16, _next_pow2(G * L))) if block_m is None else int(block_m)  # query rows per program
+    if BM < 16 or BM & (BM - 1):
+        raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
     row_blocks = triton.cdiv(G * L, BM)
     BN = 64 if BD <= 128 else (32 if BD <= 256 else 16)
     chunks = triton.cdiv(R, BN)
@@ -145,4 +152,16 @@ def ring_attention_triton(query, key_ring, value_ring, positions, window: int, s
     return out
 
 
-__all__ = ["gelu_tanh_mul_triton", "ring_attention_triton"]
+EXACT_BLOCK_M = 16  # the exact mode's fixed query tile: every block size runs the same tl.dot shape
+
+
+def exact_ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float) -> torch.Tensor:
+    """:func:`ring_attention_triton` under one fixed tile (``block_m = EXACT_BLOCK_M``): row ``r`` of a block at
+    positions ``T .. T + L - 1`` gets the same bits as that query decoded alone at ``T + r`` over the same ring
+    (exact mode, issue 37, ``docs/exact-mode.md``): its keys sit in the slots their positions give (``p mod R``),
+    the splits are fixed by slot, the chunks of a split are visited in slot order, the splits merged in split
+    order. Shapes as :func:`ring_attention_triton`."""
+    return ring_attention_triton(query, key_ring, value_ring, positions, window, scaling, block_m=EXACT_BLOCK_M)
+
+
+__all__ = ["EXACT_BLOCK_M", "exact_ring_attention_triton", "gelu_tanh_mul_triton", "ring_attention_triton"]
