@@ -103,7 +103,7 @@ class StaticTarget(abc.ABC):
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
         self._layer_ops = None  # resolved on first use of fused=True
-        self._exact_kernels = None  # (LayerOps, attention) of exact mode, resolved on its first step
+        self._exact_kernels = None  # exact mode's kernels (LayerOps, attention, ...), resolved on its first step
 
     def accept(self, n) -> None:
         """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor; after :meth:`forward_rows`, a list
@@ -177,7 +177,7 @@ class StaticTarget(abc.ABC):
     def exact_unsupported(self) -> str | None:
         """Why exact mode cannot run this target, as a sentence naming exact mode (None when it can); a family that
         runs it says so."""
-        return f"exact mode runs the Llama family; {type(self.model).__name__} not yet"
+        return f"exact mode runs the Llama and Gemma families; {type(self.model).__name__} not yet"
 
     def set_exact(self, exact: bool) -> None:
         """Exact mode on or off: on, :meth:`forward_static` (``fused=True``, ``attention="triton"``, the only form it
@@ -193,6 +193,12 @@ class StaticTarget(abc.ABC):
             if reason is not None:
                 raise ExactUnavailable(reason)
         self.exact = bool(exact)
+
+    def _check_exact_forward(self, fused: bool, attention: str) -> None:
+        """In exact mode, raise unless :meth:`forward_static` runs its one exact form (fused, Triton attention)."""
+        if self.exact and not (fused and attention == "triton"):
+            raise ValueError("exact mode runs forward_static with fused=True and attention='triton' (its kernels); "
+                             f"got fused={fused}, attention={attention!r}")
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -404,9 +410,7 @@ class StaticTarget(abc.ABC):
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
         self._check_one_row()
-        if self.exact and not (fused and attention == "triton"):
-            raise ValueError("exact mode runs forward_static with fused=True and attention='triton' (its kernels); "
-                             f"got fused={fused}, attention={attention!r}")
+        self._check_exact_forward(fused, attention)
         if fused:
             if attention != "triton":
                 raise ValueError("fused layers run with attention='triton' (the decode kernel)")

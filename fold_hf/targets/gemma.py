@@ -376,6 +376,7 @@ class GemmaStaticTarget(GemmaRows, GemmaFusedLayers, StaticTarget):
         if fused and attention != "triton":
             raise ValueError("fused layers run with attention='triton' (the decode kernel)")
         self._check_one_row()
+        self._check_exact_forward(fused, attention)
         L = input_ids.shape[1]
         if L > self.ring_slack + 1:
             raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack "

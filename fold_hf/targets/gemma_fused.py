@@ -27,7 +27,15 @@ import torch.nn.functional as F
 from ..compat import has_norm_epsilon, norm_epsilon
 from .base import UnsupportedTarget
 from .common import tap_writer
-from .weight_layout import MergedLinears, decode_gemm, gated_mlp, merged_linears, project
+from .weight_layout import (
+    MergedLinears,
+    concat_projections_enabled,
+    decode_gemm,
+    gated_mlp,
+    gemm_unsupported,
+    merged_linears,
+    project,
+)
 
 
 def _is_gelu_tanh(act, device, dtype) -> bool:
@@ -79,6 +87,38 @@ class GemmaFusedLayers:
                 return f"{layer_type} rope table of odd width {cos.shape[-1]}"
         return None
 
+    def exact_unsupported(self) -> str | None:
+        """Why exact mode (docs/exact-mode.md) cannot run this target (None when it can): the device (CUDA, or a CPU
+        under Triton's interpreter), the fused layers, a one-row cache (a batch's rows verify host-length here),
+        every projection and the lm_head a plain Linear (:func:`~fold_hf.targets.weight_layout.gemm_unsupported`),
+        q|k|v and gate|up merged, and neither Gemma-4's per-layer inputs nor its MoE block (both run modules whose
+        kernels follow the row count)."""
+        from ..kernels.exact import exact_unavailable_reason
+
+        reason = exact_unavailable_reason(self.device) or self.fused_unsupported()
+        if reason is None and self.batch > 1:
+            reason = (f"a batch of {self.batch} rows (exact mode's batched rounds run the Llama family; a Gemma "
+                      "batch verifies host-length)")
+        if reason is None and not concat_projections_enabled():
+            reason = "$FOLD_HF_CONCAT_PROJECTIONS=0 (exact mode runs q|k|v and gate|up as one GEMM each)"
+        if reason is None and self.ple:
+            reason = "per-layer inputs (PLE) are computed by the model's modules"
+        for i, layer in enumerate(self.layers):
+            if reason is not None:
+                break
+            if getattr(layer, "enable_moe_block", False):
+                reason = f"layer {i}: the MoE block's router and experts run as modules"
+                break
+            attn, mlp = layer.self_attn, layer.mlp
+            names = [("q_proj", attn), ("o_proj", attn), ("gate_proj", mlp), ("up_proj", mlp), ("down_proj", mlp)]
+            if self.kv_source[i] == i:
+                names += [(name, attn) for name in ("k_proj", "v_proj") if getattr(attn, name, None) is not None]
+            for name, owner in names:
+                reason = reason or gemm_unsupported(getattr(owner, name), self.dtype, name)
+            reason = None if reason is None else f"layer {i}: {reason}"
+        reason = reason or gemm_unsupported(self.lm_head, self.dtype, "lm_head")
+        return None if reason is None else f"exact mode cannot run this target: {reason}"
+
     def merged_projections(self, i: int) -> tuple[MergedLinears | None, MergedLinears | None]:
         """Layer ``i``'s (q|k|v, gate|up) as one GEMM each (:func:`~fold_hf.targets.weight_layout.merged_linears`;
         the first call lays the weights out): q|k|v ``[(Hq + 2 Hkv) D, H]``, q|k ``[(Hq + Hkv) D, H]`` on a layer
@@ -119,12 +159,15 @@ class GemmaFusedLayers:
         """The fused layers of :meth:`_forward_static_fused` (its checks done). Per-layer inputs (PLE) keep their
         activation on the module; their gate and projection go through :func:`~fold_hf.targets.weight_layout.project`.
         Returns logits ``[L, V]``."""
-        ops, decode = self._hybrid_ops, self._decode_attention
+        ops, decode, ring_attention = self._hybrid_ops, self._decode_attention, self._hybrid_ops.ring_attention
+        gemm_ops = self._layer_ops
+        if self.exact:  # every GEMM (the lm_head too), the global and the ring attention row-count invariant
+            gemm_ops, decode, ring_attention = self._exact_ops()
         offset = self._norm_offset
         context_length = positions[:1].to(torch.int32)
         block_kv = {}
         L = input_ids.shape[1]
-        skinny = decode_gemm(self._layer_ops, L)
+        skinny = decode_gemm(gemm_ops, L, self.exact)
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
         hidden, per_layer = self._embed(input_ids)  # per_layer: [1, L, n_layers, d] or None
 
@@ -163,8 +206,8 @@ class GemmaFusedLayers:
             if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                 self.query_keep[1][:, :, :L].copy_(q)
             if self.windows[i] is not None:
-                out = ops.ring_attention(q, self.keys[src], self.values[src], positions, self.windows[i],
-                                         self.scalings[i])
+                out = ring_attention(q, self.keys[src], self.values[src], positions, self.windows[i],
+                                     self.scalings[i])
             else:
                 k, v = block_kv[src]
                 out = decode(q, self.keys[src], self.values[src], k, v, context_length, scaling=self.scalings[i],
@@ -190,7 +233,20 @@ class GemmaFusedLayers:
                                                scalar=scalar)
             if taps_out is not None and i in self.tap_layer_ids:
                 tap(i, normed if i == n_layers - 1 else hidden)  # the last layer's tap is after the final norm
-        logits = self.lm_head(normed)[0]
+        logits = (project(skinny, self.lm_head, normed) if self.exact else self.lm_head(normed))[0]
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
+
+    def _exact_ops(self):
+        """Exact mode's (:class:`~fold_hf.kernels.LayerOps` of its GEMMs, global decode attention, ring attention),
+        resolved on the first exact step (:mod:`fold_hf.kernels.exact`,
+        :func:`~fold_hf.kernels.gemma.triton.exact_ring_attention_triton`). The norms, the norm-rope-write and
+        GELU-tanh stay the hybrid ops: one program per row (or elementwise), configured by the widths alone."""
+        if self._exact_kernels is None:
+            from ..kernels import import_triton_module
+            from ..kernels.exact import exact_decode_attention, exact_layer_ops
+
+            ring = import_triton_module("gemma.triton").exact_ring_attention_triton
+            self._exact_kernels = (exact_layer_ops(self.device), exact_decode_attention(self.device), ring)
+        return self._exact_kernels

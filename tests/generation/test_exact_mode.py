@@ -182,9 +182,9 @@ def test_exact_mode_refuses_what_it_cannot_run(monkeypatch):
 
 
 def test_exact_mode_refuses_other_families_and_module_projections(interpreter):
-    gemma = tiny_target("gemma3", layers=2, dtype=torch.float32)
-    with pytest.raises(ExactUnavailable, match="exact mode runs the Llama family; Gemma3ForCausalLM not yet"):
-        fold_hf.fast_generate(gemma, None, prompt(0, 5), max_new_tokens=2, engine="static", exact=True)
+    qwen = tiny_target("qwen35", dtype=torch.float32)
+    with pytest.raises(ExactUnavailable, match="exact mode runs the Llama and Gemma families; Qwen3_5ForCausalLM not "):
+        fold_hf.fast_generate(qwen, None, prompt(0, 5), max_new_tokens=2, engine="static", exact=True)
 
     class Wrapped(torch.nn.Linear):  # stands for a LoRA wrapper or a quantized layer: it runs as its module
         pass
@@ -204,6 +204,127 @@ def test_exact_mode_refuses_other_families_and_module_projections(interpreter):
     exact_runner(target)  # the same target, plain again: accepted
 
 
+# ------------------------------------------------------------------ the Gemma family
+def gemma_target(arch: str, dtype=torch.float32):
+    """A tiny Gemma target exact mode runs: ``gemma3`` (two sliding layers of window 8, then a global one), or
+    ``gemma4`` without per-layer inputs (sliding and global layers of their own head dims, ``attention_k_eq_v``, the
+    last two layers KV-shared)."""
+    import transformers as tf
+
+    from tiny import VOCAB
+
+    torch.manual_seed(0)
+    if arch == "gemma3":
+        config = tiny_target("gemma3", dtype=torch.float64).config.to_dict()
+        config.update(num_hidden_layers=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+        return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**config)).to(dtype).eval()
+    config = tiny_target("gemma4_shared", dtype=torch.float64).config.to_dict()
+    config.update(hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB)
+    return tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**config)).to(dtype).eval()
+
+
+def gemma_block_against_ar_steps(target, prompt_length: int, device: str = "cpu"):
+    """As :func:`block_against_ar_steps` for a Gemma target (its own runner, rings of window + 3 slots wrapped)."""
+    from fold_hf.targets.gemma import GemmaStaticTarget
+
+    ids = prompt(4, prompt_length + K + 1).to(device)
+    context, block = ids[:, :prompt_length], ids[:, prompt_length:]
+    positions = torch.arange(prompt_length, prompt_length + K + 1, device=device)
+
+    def runner():
+        r = GemmaStaticTarget(target, 64)
+        r.set_exact(True)
+        r.prefill(context)
+        return r
+
+    block_logits = runner().forward_static(block, positions, 48, attention="triton", fused=True)
+    ar = runner()
+    steps = [ar.forward_static(block[:, r : r + 1], positions[r : r + 1], 32 if r < 2 else 48, attention="triton",
+                               fused=True)[0] for r in range(K + 1)]
+    with torch.no_grad():
+        model = target(ids).logits[0, prompt_length:]
+    return block_logits, steps, model
+
+
+@pytest.mark.parametrize("arch,dtype", [("gemma3", torch.float32), ("gemma3", torch.float16),
+                                        ("gemma4", torch.float32)])
+def test_gemma_verify_block_logits_are_the_ar_steps_bit_for_bit(arch, dtype, interpreter, monkeypatch):
+    """Gemma's sliding layers read their ring (wrapped: 21 tokens > 8 + 3 slots) through the exact ring kernel, its
+    global layers the exact decode attention, every GEMM and the lm_head the exact GEMM."""
+    from fold_hf.targets import gemma
+
+    monkeypatch.setattr(gemma, "RING_SLACK", 3)
+    target = gemma_target(arch, dtype)
+    block, steps, model = gemma_block_against_ar_steps(target, 21)
+    for r in range(K + 1):
+        assert torch.equal(block[r], steps[r]), f"row {r}"
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    assert torch.allclose(block.double(), model.double(), atol=tol, rtol=tol)
+
+
+def test_gemma_check_fails_with_the_default_kernels(interpreter, monkeypatch):
+    """The Gemma comparison with the default GEMMs (one row on the CUDA-core reduction, a block through ``tl.dot``)
+    and the default ring tile in exact mode's place finds rows whose bits differ."""
+    from fold_hf.kernels import LayerOps, import_triton_module
+    from fold_hf.targets import gemma
+    from fold_hf.targets.gemma_fused import GemmaFusedLayers
+
+    monkeypatch.setattr(gemma, "RING_SLACK", 3)
+    layer, gemm = import_triton_module("layer.triton"), import_triton_module("gemm.triton")
+    default = (LayerOps(layer.add_rms_norm_triton, layer.rope_write_triton, layer.silu_mul_triton,
+                        layer.rotate_heads_triton, "triton", skinny_linear=gemm.skinny_linear_triton,
+                        gate_up_silu=gemm.gate_up_silu_triton, skinny_rows=gemm.MAX_ROWS),
+               import_triton_module("exact_attention.triton").exact_decode_attention_triton,
+               import_triton_module("gemma.triton").ring_attention_triton)
+    monkeypatch.setattr(GemmaFusedLayers, "_exact_ops", lambda self: default)
+    block, steps, _ = gemma_block_against_ar_steps(gemma_target("gemma3"), 21)
+    assert not all(torch.equal(block[r], steps[r]) for r in range(K + 1))
+
+
+def test_gemma_greedy_speculative_output_is_the_exact_ar_output(interpreter, oracle, monkeypatch):
+    """Gemma-3 (the real pair's family; Gemma-4's layers are held to the AR steps' bits above), rings wrapped."""
+    from fold_hf.targets import gemma
+
+    monkeypatch.setattr(gemma, "RING_SLACK", K)
+    target = gemma_target("gemma3")
+    drafter = small_drafter(target)
+    ids = prompt(6, 13)
+    ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=10, engine="static", exact=True)
+    sd = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=10, engine="static", exact=True,
+                               return_stats=True)
+    assert torch.equal(sd.sequences, ar)
+    assert min(sd.acceptance_lengths) == 1, sd.acceptance_lengths
+    oracle(drafter, ar)
+    accepted = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=10, engine="static", exact=True,
+                                     return_stats=True)
+    assert torch.equal(accepted.sequences, ar)
+    assert len(set(accepted.acceptance_lengths)) >= 3, accepted.acceptance_lengths  # rolled back by many amounts
+
+
+def test_gemma_exact_mode_refuses_what_it_cannot_run(interpreter, monkeypatch):
+    from fold_hf.targets.gemma import GemmaStaticTarget
+
+    for arch, why in (("gemma4", "per-layer inputs"), ("gemma4_moe", "per-layer inputs")):
+        with pytest.raises(ExactUnavailable, match=why):
+            GemmaStaticTarget(tiny_target(arch, dtype=torch.float32), 32).set_exact(True)
+    target = gemma_target("gemma3")
+    with pytest.raises(ExactUnavailable, match="a batch of 2 rows"):
+        GemmaStaticTarget(target, 32, batch=2).set_exact(True)
+    monkeypatch.setenv("FOLD_HF_CONCAT_PROJECTIONS", "0")
+    with pytest.raises(ExactUnavailable, match="CONCAT_PROJECTIONS=0"):
+        GemmaStaticTarget(target, 32).set_exact(True)
+    monkeypatch.delenv("FOLD_HF_CONCAT_PROJECTIONS")
+    handle = target.lm_head.register_forward_hook(lambda module, args, out: out)
+    with pytest.raises(ExactUnavailable, match="lm_head has forward hooks"):
+        GemmaStaticTarget(target, 32).set_exact(True)
+    handle.remove()
+    runner = GemmaStaticTarget(target, 32)
+    runner.set_exact(True)
+    runner.prefill(prompt(0, 5))
+    with pytest.raises(ValueError, match="exact mode runs forward_static with fused=True"):
+        runner.forward_static(prompt(1, 1), torch.arange(5, 6), 16, attention="bucket")
+
+
 # ------------------------------------------------------------------ bf16 on a GPU (the lead's run)
 @pytest.mark.gpu(reason="bf16 MMA tiles: the interpreter's dot is numpy's and wrong in bf16")
 def test_verify_block_logits_are_the_ar_steps_in_bf16_on_gpu():
@@ -211,6 +332,33 @@ def test_verify_block_logits_are_the_ar_steps_in_bf16_on_gpu():
     block, steps, _ = block_against_ar_steps(target, "cuda")
     for r in range(K + 1):
         assert torch.equal(block[r], steps[r]), f"row {r}"
+
+
+@pytest.mark.gpu(reason="bf16 MMA tiles: the interpreter's dot is numpy's and wrong in bf16")
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
+def test_gemma_verify_block_logits_are_the_ar_steps_in_bf16_on_gpu(arch, monkeypatch):
+    from fold_hf.targets import gemma
+
+    monkeypatch.setattr(gemma, "RING_SLACK", 3)
+    target = gemma_target(arch, torch.bfloat16).cuda()
+    block, steps, _ = gemma_block_against_ar_steps(target, 21, "cuda")
+    for r in range(K + 1):
+        assert torch.equal(block[r], steps[r]), f"row {r}"
+
+
+@pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
+@pytest.mark.parametrize("engine", ["static", "graphs"])
+def test_gemma_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(engine, monkeypatch):
+    from fold_hf.targets import gemma
+
+    monkeypatch.setattr(gemma, "RING_SLACK", 8)
+    target = gemma_target("gemma3", torch.bfloat16).cuda()
+    drafter = small_drafter(target).cuda()
+    for seed in range(4):
+        ids = prompt(seed, 40).cuda()
+        ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=48, engine=engine, exact=True)
+        sd = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=48, engine=engine, exact=True)
+        assert torch.equal(sd, ar), seed
 
 
 @pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
