@@ -218,7 +218,7 @@ class GemmaFusedLayers:
                                                norm_epsilon(pre), offset, delta_weight=weight(post),
                                                delta_eps=norm_epsilon(post), norm_delta=True)
             # with the skinny GEMMs gate|up and gelu(gate) * up are one launch
-            delta = gated_mlp(layer.mlp, normed, gate_up, skinny, ops.gelu_tanh_mul, self._layer_ops.gate_up_gelu)
+            delta = gated_mlp(layer.mlp, normed, gate_up, skinny, ops.gelu_tanh_mul, gemm_ops.gate_up_gelu)
             delta = self._moe_branch(layer, delta, hidden)  # Gemma-4's MoE block on the modules (else delta)
             after = self.layers[i + 1].input_layernorm if i + 1 < n_layers else self.final_norm
             post = layer.post_feedforward_layernorm
