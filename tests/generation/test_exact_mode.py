@@ -327,50 +327,33 @@ def test_gemma_exact_mode_refuses_what_it_cannot_run(interpreter, monkeypatch):
 
 # ------------------------------------------------------------------ bf16 on a GPU (the lead's run)
 @pytest.mark.gpu(reason="bf16 MMA tiles: the interpreter's dot is numpy's and wrong in bf16")
-def test_verify_block_logits_are_the_ar_steps_in_bf16_on_gpu():
-    target = small_target(torch.bfloat16).cuda()
-    block, steps, _ = block_against_ar_steps(target, "cuda")
-    for r in range(K + 1):
-        assert torch.equal(block[r], steps[r]), f"row {r}"
-
-
-@pytest.mark.gpu(reason="bf16 MMA tiles: the interpreter's dot is numpy's and wrong in bf16")
-@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
-def test_gemma_verify_block_logits_are_the_ar_steps_in_bf16_on_gpu(arch, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gemma4"])
+def test_verify_block_logits_are_the_ar_steps_in_bf16_on_gpu(arch, monkeypatch):
     from fold_hf.targets import gemma
 
-    monkeypatch.setattr(gemma, "RING_SLACK", 3)
-    target = gemma_target(arch, torch.bfloat16).cuda()
-    block, steps, _ = gemma_block_against_ar_steps(target, 21, "cuda")
+    monkeypatch.setattr(gemma, "RING_SLACK", 3)  # the Gemma rings wrap (21 tokens > 8 + 3 slots)
+    if arch == "llama":
+        block, steps, _ = block_against_ar_steps(small_target(torch.bfloat16).cuda(), "cuda")
+    else:
+        block, steps, _ = gemma_block_against_ar_steps(gemma_target(arch, torch.bfloat16).cuda(), 21, "cuda")
     for r in range(K + 1):
         assert torch.equal(block[r], steps[r]), f"row {r}"
 
 
 @pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
 @pytest.mark.parametrize("engine", ["static", "graphs"])
-def test_gemma_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(engine, monkeypatch):
+def test_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(arch, engine, monkeypatch):
     from fold_hf.targets import gemma
 
     monkeypatch.setattr(gemma, "RING_SLACK", 8)
-    target = gemma_target("gemma3", torch.bfloat16).cuda()
+    target = (small_target(torch.bfloat16) if arch == "llama" else gemma_target(arch, torch.bfloat16)).cuda()
     drafter = small_drafter(target).cuda()
     for seed in range(4):
         ids = prompt(seed, 40).cuda()
         ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=48, engine=engine, exact=True)
         sd = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=48, engine=engine, exact=True)
-        assert torch.equal(sd, ar), seed
-
-
-@pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
-@pytest.mark.parametrize("engine", ["static", "graphs"])
-def test_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(engine):
-    target = small_target(torch.bfloat16).cuda()
-    drafter = small_drafter(target).cuda()
-    for seed in range(4):
-        ids = prompt(seed, 40).cuda()
-        ar = fold_hf.fast_generate(target, None, ids, max_new_tokens=48, engine=engine, exact=True)
-        sd = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=48, engine=engine, exact=True)
-        assert torch.equal(sd, ar), seed
+        assert torch.equal(sd, ar), (seed, arch)
 
 
 @pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
