@@ -83,6 +83,9 @@ def test_slim_moves_the_drafters_aside_and_back(repo):
     assert (repo / ".gpu" / "aside" / "gemma3-270m-dflash" / "model.safetensors").is_file()
     assert f"carries {full - 4000} bytes" in out.stdout
     assert slim("out").returncode == 0  # idempotent
+    git(repo, "add", "-A")  # a habitual `git add -A` while the drafters are aside stages no deletion
+    staged = subprocess.run(["git", "-C", str(repo), "diff", "--cached", "--name-only"], capture_output=True, text=True)
+    assert staged.stdout == ""
     keep = slim("out", "gemma3-270m-dflash")
     assert keep.returncode == 0 and "gemma3-270m-dflash: tree" in keep.stdout and "smollm2-135m-dflash: aside" in keep.stdout
     (repo / "fold_hf" / "assets" / "gemma3-270m-dflash" / "model.safetensors").write_bytes(b"changed")

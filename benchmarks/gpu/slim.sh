@@ -10,7 +10,8 @@
 # Idempotent: `out` leaves exactly KEEP in the tree (bringing a kept one back from aside if needed), `restore` with
 # nothing aside does nothing. It refuses to move a drafter whose files have uncommitted changes (or untracked
 # files), or when a drafter is both in the tree and aside. .gpu/ is ignored (.gitignore), so nothing aside is
-# committed or carried; git shows the moved drafters as deleted until `restore` (commit nothing meanwhile).
+# committed or carried; a drafter aside is marked skip-worktree, so `git add -A` and `git commit -a` cannot record it
+# as deleted (`git status` stays clean); `restore` clears the mark.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -25,6 +26,7 @@ bring_back() {
   if [ -d "$aside/$d" ]; then
     [ -e "fold_hf/assets/$d" ] && { echo "slim: $d is both in fold_hf/assets and in $aside; resolve by hand" >&2; exit 1; }
     mv "$aside/$d" "fold_hf/assets/$d"
+    git ls-files -z -- "fold_hf/assets/$d" | xargs -0 git update-index --no-skip-worktree
     clean "$d" || echo "slim: warning: restored $d differs from HEAD (git status -- fold_hf/assets/$d)" >&2
     echo "restored $d"
   fi
@@ -35,6 +37,8 @@ put_aside() {
     [ -e "$aside/$d" ] && { echo "slim: $d is both in fold_hf/assets and in $aside; resolve by hand" >&2; exit 1; }
     clean "$d" || { echo "slim: fold_hf/assets/$d has uncommitted changes; commit or discard them first" >&2; exit 1; }
     mkdir -p "$aside"
+    # skip-worktree first: while aside, `git add -A` / `commit -a` cannot record the drafter as deleted
+    git ls-files -z -- "fold_hf/assets/$d" | xargs -0 git update-index --skip-worktree
     mv "fold_hf/assets/$d" "$aside/$d"
     echo "moved $d to $aside"
   elif [ -d "$aside/$d" ]; then
