@@ -269,7 +269,7 @@ def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dty
     from fold_hf.generation.static_drafter import default_read_function
 
     target = tiny_target("llama", seed=5).to("cuda", dtype)
-    drafter = tiny_drafter(target, fold_config=mode_config("fold")).bind_target(target)
+    drafter = tiny_drafter(target, fold_config=mode_config("fold")).to("cuda").bind_target(target)
     prompts = [3, 300, 17, 64, 9, 150, 33, 240]
     R, A = drafter.num_proposals + 1, len(prompts)
     static = RowsDrafter(drafter, preallocated_cache(drafter, 512, "cuda", rows=A), default_read_function("cuda"),
