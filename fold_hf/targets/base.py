@@ -179,6 +179,20 @@ class StaticTarget(abc.ABC):
         runs it says so."""
         return f"exact mode runs the Llama and Gemma families; {type(self.model).__name__} not yet"
 
+    def _exact_basics_unsupported(self) -> str | None:
+        """What exact mode needs of every family (None when it holds): its kernels on this device, the family's fused
+        layers, and q|k|v and gate|up as one GEMM each; a family's :meth:`exact_unsupported` adds its own checks."""
+        from ..kernels.exact import exact_unavailable_reason
+        from .weight_layout import concat_projections_enabled
+
+        reason = exact_unavailable_reason(self.device)
+        if reason is None:
+            reason = self.fused_unsupported()
+            reason = None if reason is None else f"the fused layers cannot run this target ({reason})"
+        if reason is None and not concat_projections_enabled():
+            reason = "$FOLD_HF_CONCAT_PROJECTIONS=0 (exact mode runs q|k|v and gate|up as one GEMM each)"
+        return reason
+
     def set_exact(self, exact: bool) -> None:
         """Exact mode on or off: on, :meth:`forward_static` (``fused=True``, ``attention="triton"``, the only form it
         then takes) computes a row's logits with the same bits for any number of rows (an AR step, a verify block).

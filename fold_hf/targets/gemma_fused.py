@@ -29,7 +29,6 @@ from .base import UnsupportedTarget
 from .common import tap_writer
 from .weight_layout import (
     MergedLinears,
-    concat_projections_enabled,
     decode_gemm,
     gated_mlp,
     gemm_unsupported,
@@ -93,14 +92,10 @@ class GemmaFusedLayers:
         every projection and the lm_head a plain Linear (:func:`~fold_hf.targets.weight_layout.gemm_unsupported`),
         q|k|v and gate|up merged, and neither Gemma-4's per-layer inputs nor its MoE block (both run modules whose
         kernels follow the row count)."""
-        from ..kernels.exact import exact_unavailable_reason
-
-        reason = exact_unavailable_reason(self.device) or self.fused_unsupported()
+        reason = self._exact_basics_unsupported()
         if reason is None and self.batch > 1:
             reason = (f"a batch of {self.batch} rows (exact mode's batched rounds run the Llama family; a Gemma "
                       "batch verifies host-length)")
-        if reason is None and not concat_projections_enabled():
-            reason = "$FOLD_HF_CONCAT_PROJECTIONS=0 (exact mode runs q|k|v and gate|up as one GEMM each)"
         if reason is None and self.ple:
             reason = "per-layer inputs (PLE) are computed by the model's modules"
         for i, layer in enumerate(self.layers):

@@ -163,18 +163,12 @@ class LlamaStaticTarget(StaticTarget):
         """Why exact mode cannot run this target (None when it can): the device (CUDA, or a CPU under Triton's
         interpreter), the fused layers, a subclass replacing the fused forward, and any projection or head norm that
         would run as its module (LoRA, quantized, hooked: its kernel picks its reduction order by the row count)."""
-        from ..kernels.exact import exact_unavailable_reason
         from ..kernels.layer.triton import NORM_WARPS_ENV
 
-        reason = exact_unavailable_reason(self.device)
-        if reason is None:
-            reason = self.fused_unsupported()
-            reason = None if reason is None else f"the fused layers cannot run this target ({reason})"
+        reason = self._exact_basics_unsupported()
         if reason is None and (type(self)._fused_layers is not LlamaStaticTarget._fused_layers
                                or type(self).forward_static is not StaticTarget.forward_static):
             reason = f"{type(self).__name__} replaces the fused forward"
-        if reason is None and not concat_projections_enabled():
-            reason = "$FOLD_HF_CONCAT_PROJECTIONS=0 (exact mode runs q|k|v and gate|up as one GEMM each)"
         if reason is None and os.environ.get(NORM_WARPS_ENV):
             reason = f"${NORM_WARPS_ENV} is set (it changes the norms' launch between calls)"
         for i, layer in enumerate(self.layers):
