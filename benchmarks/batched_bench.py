@@ -122,6 +122,12 @@ def demo_rows(tokenizer, count: int, tokens: int) -> list[list[int]]:
     return [ids[i * stride : i * stride + tokens] for i in range(count)]
 
 
+def pad_id(target) -> int:
+    """The id a batch is left-padded with: the target's pad id, else its (first) EOS id, else 0."""
+    pad = target.generation_config.pad_token_id or target.generation_config.eos_token_id or 0
+    return pad[0] if isinstance(pad, list) else int(pad)
+
+
 def new_rows(sequences: torch.Tensor, width: int) -> list[list[int]]:
     return [row[width:].tolist() for row in sequences]
 
@@ -135,8 +141,7 @@ def pair_section(args, device: torch.device, report: dict, save) -> None:
         tokenizer = None
     else:
         target, tokenizer, drafter = load_pair(args.pair, device=device)
-    pad = target.generation_config.pad_token_id or target.generation_config.eos_token_id or 0
-    pad = pad[0] if isinstance(pad, list) else int(pad)
+    pad = pad_id(target)
     systems = ["fold_batched", "fold_rows", "ar_batched", "hf_batched"]
     if device.type == "cuda":  # the captured batched verify, and one call per row on the single-prompt default
         systems[1:1] = ["fold_batched_graphs", "ar_batched_graphs"]
@@ -397,8 +402,7 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
         target, _, drafter = load_pair(args.pair, device=device)
         requests = suite_requests(args.suite, args.tier, args.max_requests)
         pair = args.pair
-    pad = target.generation_config.pad_token_id or target.generation_config.eos_token_id or 0
-    pad = pad[0] if isinstance(pad, list) else int(pad)
+    pad = pad_id(target)
     wanted = resolve_methods(args.methods)
     methods = {m.name: m.config for m in default_methods(drafter.fold_config.window, drafter.fold_config.train_length)}
     unknown = [m for m in wanted if m not in methods or methods[m] is None]
