@@ -285,7 +285,8 @@ def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dty
     step = logits = None
     committed = list(prompts)
     for r in range(2):
-        news, lasts = [1 + (a + r) % R for a in range(A)], [5 + a for a in range(A)]
+        news = [1 + (a + r) % R for a in range(A)]
+        lasts = [(5 + a) % drafter.config.mask_token_id for a in range(A)]  # token ids inside the tiny vocabulary
         pendings = [_features(drafter, n, seed=50 * r + a).cuda() for a, n in enumerate(news)]
         for a, pending in enumerate(pendings):
             features[a, : news[a]] = pending[0]
