@@ -366,7 +366,7 @@ def drafts(session, drafter, B: int, T: int, block: int):
     features.normal_()
     lengths.copy_(torch.tensor([[T - block, block, 0, a] for a in range(B)]))
     rows, with_far = tuple(range(B)), static.needs_far(T)
-    step = session.step(("draft_rows", rows, with_far), lambda: static.draft_rows(features, lengths, with_far, rows))
+    step = session.step(("draft_rows", B, with_far), lambda: static.draft_rows(features, lengths, with_far, rows))
     return step.replay
 
 

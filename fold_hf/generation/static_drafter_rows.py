@@ -8,7 +8,9 @@ how a row is read:
 
 * one preallocated cache ``[batch, Hkv, capacity, Dh]`` per layer (:func:`row_cache`; each row of the batch keeps a
   :class:`~fold_hf.modeling.cache.FoldCache` viewing its own row of it, which the prompt's taps fill at prefill), so
-  every row's new context entries go in with one scatter a layer and nothing is copied between rounds;
+  every row's new context entries go in with one scatter a layer and nothing is copied between rounds (but when a
+  row stops: the batched rounds keep their running rows in cache rows ``0 .. A-1``, moving a running row's entries
+  into the stopped row's cache row with :meth:`RowsDrafter.move_row` and pointing its cache there, :func:`view_row`);
 * shared by the rows: the block embedding, ``fc`` over each row's new context features (a fixed ``R = proposals + 1``
   rows per row, only the first ``d_new`` of them counting: the rest lies past the row's length and is overwritten
   next round), every projection and the lm_head over ``[A, B]``;
@@ -54,9 +56,15 @@ def row_cache(whole: FoldCache, drafter: FoldDrafter, row: int, request_length: 
     ``[1, Hkv, capacity, Dh]`` of that row (length 0), so what the prefill commits to it lands in ``whole``."""
     cache = drafter.new_cache(request_length=request_length)
     for layer, source in zip(cache.layers, whole.layers):
-        layer.keys, layer.values = source.keys[row : row + 1], source.values[row : row + 1]
         layer.device, layer.is_initialized, layer.length = source.keys.device, True, 0
+    view_row(cache, whole, row)
     return cache
+
+
+def view_row(cache: FoldCache, whole: FoldCache, row: int) -> None:
+    """Point the layers of ``cache`` (a :func:`row_cache`) at row ``row`` of ``whole``; their lengths stay."""
+    for layer, source in zip(cache.layers, whole.layers):
+        layer.keys, layer.values = source.keys[row : row + 1], source.values[row : row + 1]
 
 
 class RowsDrafter(StaticDrafter):
@@ -72,6 +80,16 @@ class RowsDrafter(StaticDrafter):
         self.batch = cache.layers[0].keys.shape[0]
 
     @torch.no_grad()
+    def move_row(self, source: int, dest: int, length: int) -> None:
+        """Copy the first ``length`` entries (the committed ones) of cache row ``source`` into cache row ``dest``
+        (the batched rounds' move of a running row, :meth:`fold_hf.targets.base.StaticTarget.move_row`)."""
+        if not (0 <= source < self.batch and 0 <= dest < self.batch):
+            raise ValueError(f"rows {source} and {dest}: not both rows of a {self.batch}-row cache")
+        for layer in self.cache.layers:
+            for buffer in (layer.keys, layer.values):
+                buffer[dest, :, :length].copy_(buffer[source, :, :length])
+
+    @torch.no_grad()
     def draft_rows(self, new_features: torch.Tensor, lengths: torch.Tensor, with_far: bool,
                    rows: tuple[int, ...]) -> torch.Tensor:
         """Commit each row's new context rows and draft one block per row; graph-capturable.
@@ -83,7 +101,9 @@ class RowsDrafter(StaticDrafter):
                 ``new_features`` to commit (d_new), the last committed token, the row's cache row.
             with_far: run the far branch (some row's context exceeds a window minus the block: :meth:`needs_far`);
                 a row whose far memory is empty reads nothing from it.
-            rows: the cache rows, ``lengths[:, 3]`` on the host (the step's key: each row's read is its own call).
+            rows: the cache rows, ``lengths[:, 3]`` on the host (baked into a captured step: each row's read is its
+                own call over its cache row); the batched rounds pass ``0 .. A-1``, their running rows, so they key
+                the step by ``A`` alone.
 
         Returns:
             ``[A, R - 1]`` greedy proposals (long).

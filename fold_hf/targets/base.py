@@ -29,7 +29,9 @@ does not depend on the family:
 * Rows (a family with :attr:`StaticTarget.batched_rows`, issue 35): ``forward`` and ``prefill`` take ``row``, the
   cache row they fill; :meth:`StaticTarget.forward_rows` runs ``[A, L]`` tokens of ``A`` rows, each at its own
   position, as one forward (every projection reads its weights once for all rows; each row attends to its own
-  prefix, no padding read).
+  prefix, no padding read); :meth:`StaticTarget.move_row` copies one cache row's state into another (every buffer
+  of :meth:`StaticTarget.row_tensors`, a family adding its own per-row state), so batched rounds keep their running
+  rows in cache rows ``0 .. A-1``.
 * Taps: the outputs of the drafter's tapped layers (the last layer's after the final norm, as
   :class:`~fold_hf.targets.taps.HiddenTaps` captures them) concatenated ``[1, Lq, n_taps * H]``.
 * cmr's query tap (:meth:`StaticTarget.keep_queries`).
@@ -374,6 +376,34 @@ class StaticTarget(abc.ABC):
             self._check_row(row)
             if start + L > self.capacity:
                 raise ValueError(f"row {row}: {start + L} tokens exceed the cache capacity {self.capacity}")
+
+    def row_tensors(self) -> list[tuple[torch.Tensor, int, bool]]:
+        """Every buffer holding one entry per cache row, once each: ``(tensor, row axis, by position)``, ``by
+        position`` when the axis after the row's heads is a position (``[batch, H, capacity, D]``: :meth:`move_row`
+        copies the row's first ``length`` positions) rather than a whole state (a ring, a recurrent state: copied
+        whole). Here: every layer's key and value cache (row axis 0; a KV-shared layer's is its producer's tensor;
+        a sliding layer's ring by position only when it is the capacity long, its slot then the position); a family
+        with other per-row state adds it."""
+        unique = {id(t): t for t in self.keys + self.values if t is not None}
+        return [(t, 0, t.shape[2] == self.capacity) for t in unique.values()]
+
+    @torch.no_grad()
+    def move_row(self, source: int, dest: int, length: int) -> None:
+        """Copy cache row ``source``'s state into cache row ``dest`` (batched rounds keep their running rows in cache
+        rows ``0 .. A-1``: when a row stops, the last running row moves into its cache row,
+        :mod:`fold_hf.generation.fast.batched`). ``length``: the tokens ``source`` holds (its entries past it are
+        never read before they are written); every buffer of :meth:`row_tensors`. ``source`` is left as it was."""
+        self._check_row(source)
+        self._check_row(dest)
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"a row of {length} tokens does not fit the cache capacity {self.capacity}")
+        if source == dest:
+            return
+        for tensor, axis, by_position in self.row_tensors():
+            to, frm = tensor.select(axis, dest), tensor.select(axis, source)
+            if by_position:
+                to, frm = to[:, :length], frm[:, :length]
+            to.copy_(frm)
 
     def _check_one_row(self) -> None:
         if self.batch != 1:

@@ -49,6 +49,11 @@ class Qwen35Rows:
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pending_rows: tuple[int, ...] = ()
 
+    def row_tensors(self) -> list[tuple[torch.Tensor, int, bool]]:
+        """:meth:`~fold_hf.targets.base.StaticTarget.row_tensors`: the attention layers' key and value caches, and
+        every linear layer's convolution window and recurrent state (row axis 1 of the all-layer tensors; whole)."""
+        return super().row_tensors() + [(self._conv_rows_all, 1, False), (self._recurrent_rows_all, 1, False)]
+
     def bytes_held(self) -> int:
         tensors = [t for t in self.keys + self.values if t is not None] + [self._conv_rows_all,
                                                                           self._recurrent_rows_all]

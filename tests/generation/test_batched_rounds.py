@@ -17,7 +17,7 @@ import fold_hf
 from fold_hf import FoldConfig
 from fold_hf.generation import BatchGenerationResult, batch, release_fast_state
 from fold_hf.generation.fast import SESSION_ATTR
-from fold_hf.targets.base import StaticTarget, UnsupportedTarget
+from fold_hf.targets.base import StaticTarget, UnsupportedTarget, bucket_length
 from fold_hf.targets.registry import build_static_target
 from tiny import fit_drafter, mode_config, tiny_drafter, tiny_target
 
@@ -128,9 +128,11 @@ def test_an_early_eos_row_leaves_the_batch_and_the_others_go_on(pair, forwards):
     out = batched(target, drafter, ids, mask, eos_token_id=eos)
     assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
     assert out.finish_reason == ["length", "eos", "eos"]
-    for i in (1, 2):  # a row is not verified again once it stopped
-        assert sum(i in verified for verified, _, _ in forwards) == len(out.rows[i].acceptance_lengths)
-    assert len(forwards) == len(out.rows[0].acceptance_lengths)
+    # each round verifies the rows still running, in cache rows 0 .. A-1 (a stopped row's freed by the last running
+    # row's move): a row is not verified again once it stopped
+    rounds = [sum(len(row.acceptance_lengths) > r for row in out.rows) for r in range(len(forwards))]
+    assert [verified for verified, _, _ in forwards] == [list(range(n)) for n in rounds], forwards
+    assert len(forwards) == len(out.rows[0].acceptance_lengths) and rounds[-1] == 1
 
 
 def test_rows_with_different_budgets_left_by_max_length(pair):
@@ -231,7 +233,7 @@ def test_the_static_engine_verifies_the_batch_as_a_fixed_shape_step(pair, forwar
     release_fast_state(target)
     assert out.batched and not forwards  # verified by the steps, not forward_rows
     assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
-    assert {key[1] for key in keys} >= {(0, 1, 2), (0, 2)}, keys  # all three rows, then the two still running
+    assert {key[1] for key in keys} >= {3, 2}, keys  # all three rows, then the two still running (their count)
     eager = batched(target, drafter, ids, mask, eos_token_id=eos, fold_config=mode_config(mode))
     for mine, theirs in zip(out.rows, eager.rows):
         assert mine.proposals == theirs.proposals and mine.acceptance_lengths == theirs.acceptance_lengths
@@ -293,6 +295,56 @@ def test_the_static_engines_steps_serve_the_next_request_of_the_session(pair):
     steps = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
     release_fast_state(target)
     assert len(steps) == len(set(steps)) and steps  # one step per key, built by the first batch and replayed
+
+
+def _keys_by_round(out, prompts, capacity: int) -> tuple[set, set]:
+    """The verify steps' keys ``("rows", A, W, bucket, True)`` the rounds of ``out`` need (``A`` rows running, block
+    width ``W``, the bucket of the longest running row) and the running counts of the rounds in which some row drafts
+    (the rows drafting step's ``A``)."""
+    rows = out.rows
+    verify, drafting = set(), set()
+    for r in range(max(len(row.proposals) for row in rows)):
+        running = [(row, len(p)) for row, p in zip(rows, prompts) if len(row.proposals) > r]
+        width = 1 + max(len(row.proposals[r]) for row, _ in running)
+        longest = max(length + sum(row.acceptance_lengths[:r]) for row, length in running)
+        verify.add(("rows", len(running), width, bucket_length(longest + width, capacity), True))
+        if any(row.proposals[r] for row, _ in running):
+            drafting.add(len(running))
+    return verify, drafting
+
+
+def test_the_static_engines_steps_are_keyed_by_how_many_rows_run(pair):
+    """engine='static' (the fused layers' twins: the verify and the rows drafting step are both session steps, run
+    eagerly here through the keys the graphs engine captures): rows stop at their EOS in different rounds, and the
+    steps built are keyed by how many rows run (the running rows are cache rows 0 .. A-1, a stopped row's cache row
+    taking the last running row's state), not by which: one verify step per count, block width and bucket, one rows
+    drafting step per count (and far read). A second call whose rows stop in another order (the same prompts
+    permuted: another cache row stops first) builds no step. Every row is its own greedy output alone in both."""
+    target, drafter = pair
+    eos = 2
+    prompts = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5)]  # stop at their 12th (never), 2nd, 9th token
+    release_fast_state(target)
+    built = []
+    for order in ([0, 1, 2], [1, 2, 0]):  # the second call's cache row 0 stops first, the first call's row 1
+        rows = [prompts[i] for i in order]
+        ids, mask = left_pad(rows)
+        news = [alone(target, r, eos=eos) for r in rows]
+        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
+                                    fused_layers=True, eos_token_id=eos, return_stats=True,
+                                    fold_config=mode_config("fold"))
+        assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos)), order
+        stopped = [len(row.acceptance_lengths) for row in out.rows]
+        assert len(set(stopped)) == 3 and stopped.index(min(stopped)) == order.index(1), stopped  # in three rounds
+        session = target.__dict__[SESSION_ATTR]
+        verify, drafting = _keys_by_round(out, rows, session.capacity)
+        keys = list(session.steps)
+        assert {key for key in keys if key[0] == "rows"} == verify, (keys, verify)
+        draft_keys = [key for key in keys if key[0] == "draft_rows"]
+        assert {key[1] for key in draft_keys} == drafting and len(draft_keys) <= 2 * len(drafting), draft_keys
+        assert {key[1] for key in keys if key[0] == "rows"} == {3, 2, 1}, keys
+        built.append(keys)
+    release_fast_state(target)
+    assert built[1] == built[0]  # the second call replayed the first call's steps, none built
 
 
 @pytest.mark.gpu(reason="CUDA graphs: the captured batched verify")

@@ -9,10 +9,10 @@ padding in the cache: a row's prompt is prefilled without its left padding), its
 :class:`~fold_hf.generation.tracker.Tracker` (EOS, stop strings, budget). A round:
 
 1. every running row drafts its block from its own cache, all rows in one drafter forward: on engines ``static`` and
-   ``graphs`` one fixed-shape step (:class:`_DraftRows`, a CUDA graph in ``graphs``, keyed by the drafting rows and
-   whether some row reads far memory: :class:`~fold_hf.generation.static_drafter_rows.RowsDrafter`, the single-prompt
-   static drafter with a row axis: block embedding, ``fc`` over each row's new taps (``R`` rows per row, masked by
-   its length), every projection and the lm_head shared over ``[A, B]``; each row's cache row of one
+   ``graphs`` one fixed-shape step (:class:`_DraftRows`, a CUDA graph in ``graphs``, keyed by the number of
+   running rows and whether some row reads far memory: :class:`~fold_hf.generation.static_drafter_rows.RowsDrafter`,
+   the single-prompt static drafter with a row axis: block embedding, ``fc`` over each row's new taps (``R`` rows
+   per row, masked by its length), every projection and the lm_head shared over ``[A, B]``; each row's cache row of one
    ``[batch, Hkv, capacity, Dh]`` drafter cache, its length read from the device, its own FOLD read; greedy
    proposals by argmax on the device); on the ``eager`` engine, for sampled or penalized rows and for the modes and
    drafters the step does not cover (``streaming``, ``infllm``, ``yarn``, a DeepSpec confidence cut; said once), on
@@ -22,6 +22,17 @@ padding in the cache: a row's prompt is prefilled without its left padding), its
    padded (its padded positions are past what it can keep, so they are rolled back by its length like any rejected
    entry); the projections read the weights once for the ``A`` rows, each row attends to its own prefix;
 3. each row accepts, commits and stops on its own; a row that stopped leaves the batch (it costs nothing after).
+
+The running rows are always cache rows ``0 .. A-1`` (:func:`_compact`, before each round): when a row stops, the
+running row in the highest cache row moves into the cache row it freed (its target state,
+:meth:`~fold_hf.targets.base.StaticTarget.move_row`: every per-row buffer of the family, KV, Gemma's rings,
+Qwen3.5's convolution and recurrent states; on the rows step, its drafter entries and its drafter cache's view),
+a one-row copy per row that stopped, on every engine. So the fixed-shape steps are keyed by how many rows run, never
+by which: the verify by ``("rows", A, W, bucket, taps)`` (``A`` running rows, block width, attention bucket, taps
+or not), the drafts by ``("draft_rows", A, with_far)``. A row stopping needs no step for a new combination of rows:
+a step is built the first time the session meets its key (at most one per count of rows, width and bucket), and
+later rounds and calls of the session replay it. A round's drafts on the rows step cover every running row (a row
+whose budget takes no proposal keeps none).
 
 Greedy rows equal the row decoded alone (the same rule on the same logits, the attention of each row exactly its own);
 sampled rows keep the target's distribution exactly (per-row speculative sampling), and with one generator per row
@@ -57,7 +68,7 @@ from ..request import GenerationRequest, drafter_for_call, warn_past_context
 from ..rounds import accept, num_proposals, result_of, round_phases_in_effect
 from ..sampling import TokenChoice
 from ..static_drafter import commit_context, preallocated_cache
-from ..static_drafter_rows import row_cache
+from ..static_drafter_rows import row_cache, view_row
 from ..tracker import Tracker, clock
 from .session import session_for
 from .settings import resolve_fused_drafter, resolve_fused_layers, warn_once
@@ -77,7 +88,7 @@ def batched_unsupported(target, drafter, request: GenerationRequest) -> str | No
 class _Row:
     """One row's state between rounds."""
 
-    index: int  # cache row
+    index: int  # cache row (the running rows hold 0 .. A-1: _compact moves a row when another stops)
     prompt: torch.Tensor  # [1, P]
     out: Tracker
     choice: TokenChoice
@@ -157,7 +168,7 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
     timed (each part ends with a device synchronisation)."""
     phases = round_phases_in_effect()
     while True:
-        active = [row for row in rows if row.out.running(budget)]
+        active = _compact([row for row in rows if row.out.running(budget)], verify.runner, draft_rows)
         if not active:
             return
         if phases is not None:
@@ -170,9 +181,10 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             if k > 0:
                 drafting.append(row)
                 counts.append(k)
-        if drafting and draft_rows is not None:
-            for row, k, tokens in zip(drafting, counts, draft_rows(drafting)):
-                row.proposals = tokens[:k]
+        if drafting and draft_rows is not None:  # the step drafts every running row (cache rows 0 .. A-1); a row
+            # whose budget takes no proposal keeps none (it stops after this round's verify)
+            for row, tokens in zip(active, draft_rows(active)):
+                row.proposals = tokens[: max(0, min(slots, budget - len(row.out.tokens) - 1))]
         elif drafting:
             proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
                                     [row.cache for row in drafting], [row.position for row in drafting], counts,
@@ -213,6 +225,23 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             phases.round_s += now - started
 
 
+def _compact(active: list[_Row], runner, draft_rows) -> list[_Row]:
+    """The running rows ``active`` in cache rows ``0 .. A-1``, in cache-row order: each running row in a cache row
+    ``>= A`` moves into a cache row below ``A`` that a stopped row freed (its target state,
+    :meth:`~fold_hf.targets.base.StaticTarget.move_row`; its drafter entries in the rows step's cache,
+    :meth:`_DraftRows.move`); a one-row copy per row that stopped. So the fixed-shape steps are keyed by ``A``, not by
+    which rows run (module docstring)."""
+    A = len(active)
+    free = sorted(set(range(A)) - {row.index for row in active})
+    movers = sorted((row for row in active if row.index >= A), key=lambda row: row.index)
+    for dest, row in zip(free, movers):
+        runner.move_row(row.index, dest, row.position)  # its cache holds the tokens before ``last``
+        if draft_rows is not None:
+            draft_rows.move(row, dest)
+        row.index = dest
+    return sorted(active, key=lambda row: row.index)
+
+
 def _draft_rows_step(session, drafter, request: GenerationRequest, fused: bool, fused_layers: bool | None):
     """The rows drafting step of a batched call (:class:`_DraftRows`) on engines ``static`` and ``graphs``, or None:
     the eager engine, no drafter, or what the step does not take (sampled or penalized drafts, whose picks read each
@@ -232,16 +261,27 @@ def _draft_rows_step(session, drafter, request: GenerationRequest, fused: bool, 
 
 
 class _DraftRows:
-    """The drafts of the drafting rows ``[A]`` as one fixed-shape step of the session (a CUDA graph in ``graphs``):
-    :meth:`~fold_hf.generation.static_drafter_rows.RowsDrafter.draft_rows`, keyed by the rows and whether some row
-    reads far memory, replayed from the session's buffers (each row's pending taps and lengths copied in)."""
+    """The drafts of the ``A`` running rows (cache rows ``0 .. A-1``, :func:`_compact`) as one fixed-shape step of
+    the session (a CUDA graph in ``graphs``): :meth:`~fold_hf.generation.static_drafter_rows.RowsDrafter.draft_rows`,
+    keyed ``("draft_rows", A, with_far)`` (the number of running rows and whether some row reads far memory),
+    replayed from the session's buffers (each row's pending taps and lengths copied in)."""
 
     def __init__(self, session, static) -> None:
         self.session, self.static, self.width = session, static, static.verify_rows
 
+    def move(self, row: _Row, dest: int) -> None:
+        """Move ``row``'s committed drafter entries into cache row ``dest`` of the step's cache, its
+        :class:`~fold_hf.modeling.cache.FoldCache` then viewing that row (:func:`_compact`)."""
+        self.static.move_row(row.index, dest, row.drafted)
+        view_row(row.cache, self.static.cache, dest)
+
     def __call__(self, rows: list[_Row]) -> torch.Tensor:
-        """Proposals ``[A, R - 1]`` (greedy) of ``rows``, whose pending taps the step commits to their caches."""
-        features, lengths = self.session.draft_row_buffers(len(rows), self.width)
+        """Proposals ``[A, R - 1]`` (greedy) of ``rows`` (cache rows ``0 .. A-1`` in order), whose pending taps the
+        step commits to their caches."""
+        A = len(rows)
+        if [row.index for row in rows] != list(range(A)):
+            raise AssertionError(f"the rows step drafts cache rows 0 .. {A - 1}, got {[row.index for row in rows]}")
+        features, lengths = self.session.draft_row_buffers(A, self.width)
         host = []
         for a, row in enumerate(rows):
             new = 0 if row.pending is None else row.pending.shape[1]
@@ -252,10 +292,9 @@ class _DraftRows:
             host.append([row.drafted, new, row.last_id, row.index])
         lengths.copy_(torch.tensor(host, dtype=torch.long))
         with_far = any(self.static.needs_far(drafted + new) for drafted, new, _, _ in host)
-        keys = tuple(row.index for row in rows)
-        static = self.static
-        tokens = self.session.step(("draft_rows", keys, with_far),
-                                   lambda: static.draft_rows(features, lengths, with_far, keys)).replay()
+        static, cache_rows = self.static, tuple(range(A))
+        tokens = self.session.step(("draft_rows", A, with_far),
+                                   lambda: static.draft_rows(features, lengths, with_far, cache_rows)).replay()
         for row, (drafted, new, _, _) in zip(rows, host):
             row.drafted, row.pending = drafted + new, None  # committed by the step
             for layer in row.cache.layers:  # the host length truthful (bytes_used, later reads)
@@ -269,10 +308,11 @@ class _Verify:
     Engine ``eager``: :meth:`~fold_hf.targets.base.StaticTarget.forward_rows` (host lengths). Engines ``static`` and
     ``graphs``: :meth:`~fold_hf.targets.base.StaticTarget.forward_rows_static` (the family's fused layers: the GEMMs
     shared, each row's rope, cache write and decode attention its own launch at a context length read from the
-    device) as a fixed-shape step of the session (a CUDA graph in ``graphs``), keyed by the running rows, the block
-    width and the attention bucket of the longest row, replayed from the session's buffers; when the fused layers
-    cannot run the target or the family has none over rows (the runner's ``fused_rows_unsupported``: the Qwen3.5
-    and Gemma families), the host-length forward, said once with the reason.
+    device) as a fixed-shape step of the session (a CUDA graph in ``graphs``) over cache rows ``0 .. A-1`` (the
+    running rows, :func:`_compact`), keyed ``("rows", A, W, bucket, taps)``: the number of running rows, the block
+    width, the attention bucket of the longest row and whether it taps, replayed from the session's buffers; when the
+    fused layers cannot run the target or the family has none over rows (the runner's ``fused_rows_unsupported``: the
+    Qwen3.5 and Gemma families), the host-length forward, said once with the reason.
     """
 
     def __init__(self, session, fused_layers: bool | None) -> None:
@@ -295,12 +335,15 @@ class _Verify:
             return runner.forward_rows(ids, rows, starts, features)
         runner.check_rows(ids, rows, starts)
         A, W = ids.shape
+        if list(rows) != list(range(A)):
+            raise AssertionError(f"the fixed-shape verify runs cache rows 0 .. {A - 1}, got {list(rows)}")
         ids_buf, positions, taps = self.session.row_buffers(A, W, features is not None)
         ids_buf.copy_(ids)
         positions.copy_(torch.tensor(starts, device=self.device)[:, None] + torch.arange(W, device=self.device))
         bucket = bucket_length(max(starts) + W, runner.capacity)
-        key = ("rows", tuple(rows), W, bucket, taps is not None)
-        logits = self.session.step(key, lambda: runner.forward_rows_static(ids_buf, positions, rows, bucket,
+        key = ("rows", A, W, bucket, taps is not None)
+        cache_rows = list(range(A))
+        logits = self.session.step(key, lambda: runner.forward_rows_static(ids_buf, positions, cache_rows, bucket,
                                                                           taps)).replay()
         if features is not None:
             features.copy_(taps)
