@@ -41,11 +41,14 @@ Section ``suite`` (``--suite FILE``, any device; the real pair of ``--pair``): t
 :mod:`fold_hf.bench.methods`, at the drafter's window and training length) and batched AR, whole calls on the fast
 loop's default engine (graphs on CUDA), ``--new`` new tokens a row with EOS off (every row runs its budget, as the
 suite runs do). Each method and B: every row's τ (mean acceptance length, from the row's own statistics),
-tokens/s over all groups, the rows whose tokens differ from batched AR's at the same B. Ratios:
-``{method}_over_ar_throughput_b{B}``, and ``{method}_speedup_b{B}_over_b1`` (whether batching keeps, loses or adds
-to the speedup over AR). A method's warm-up (graph capture, compilation) is one untimed call on the first group.
+tokens/s over all groups (whole calls, what a user waits for: at 32K and 64 new tokens the prefill is most of it),
+decode tokens/s (tokens after each row's first over the decoding phase, :func:`decode_phase`: the part speculation
+can speed up), the rows whose tokens differ from batched AR's at the same B. Ratios:
+``{method}_over_ar_throughput_b{B}``, ``{method}_over_ar_decode_throughput_b{B}``, and
+``{method}_speedup_b{B}_over_b1`` (whether batching keeps, loses or adds to the whole-call speedup over AR). A method's warm-up (graph capture, compilation) is one untimed call on the first group.
 For the Gemma-3 pair at 32K and B = 8 the ``fold-a2`` ratio is issue 35's
-``gemma3_batched_fold_over_ar_throughput_32k_b8`` (goal >= 1.3), written to ``summary`` when that is the run.
+``gemma3_batched_fold_over_ar_throughput_32k_b8`` (goal >= 1.3), written to ``summary`` when that is the run, with
+``gemma3_batched_fold_over_ar_decode_throughput_32k_b8`` (the same, decoding phase only) beside it.
 
 Writes ``batched.json``, ``batched.csv`` and ``batched_throughput.png`` (tokens/s by B, every system) under
 ``--out``; ``--plot-only DIR`` redraws the plot from a run's ``batched.json``.
@@ -412,6 +415,7 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
     tier = len(requests[0]["input_ids"])
     kw = dict(max_new_tokens=args.new, do_sample=False, eos_token_id=[], return_stats=True)
     throughput: dict[tuple[str, int], float] = {}
+    decode_throughput: dict[tuple[str, int], float] = {}
     for B in args.batches:
         groups = [requests[i : i + B] for i in range(0, len(requests) - B + 1, B)]  # whole groups only
         if not groups:
@@ -425,32 +429,39 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
                 result = fast_generate(target, method_drafter, ids.to(device), mask.to(device), fold_config=config,
                                        **kw)
                 rows = result.rows if hasattr(result, "rows") else [result]
-                return [row.new_tokens[0].tolist() for row in rows], [row.tau for row in rows]
+                return ([row.new_tokens[0].tolist() for row in rows], [row.tau for row in rows],
+                        decode_phase(rows))
 
             call(groups[0])  # warm-up: the session, its graphs and kernels (not timed)
-            tokens, taus, elapsed = [], [], 0.0
+            tokens, taus, elapsed, decoding = [], [], 0.0, 0.0
             for group in groups:
                 start = sync(device)
-                out, tau = call(group)
+                out, tau, decode_s = call(group)
                 elapsed += sync(device) - start
+                decoding += decode_s
                 tokens += out
                 taus += tau
             if name == "ar":
                 reference = tokens
             new = sum(len(t) for t in tokens)
+            after_first = new - len(tokens)  # the first token of every row comes from its prefill
             throughput[name, B] = new / elapsed
+            decode_throughput[name, B] = after_first / decoding
             differ = sum(a != b for a, b in zip(tokens, reference))
             row = {"section": "suite", "pair": pair, "system": name, "batch": B, "tier": tier, "requests": len(tokens),
                    "new_tokens": args.new, "seconds": elapsed, "tokens_per_s": new / elapsed,
+                   "decode_seconds": decoding, "decode_tokens_per_s": after_first / decoding,
                    "tau_mean": statistics.fmean(taus) if config is not None else 1.0,
                    "tau_rows": taus if config is not None else None, "rows_differing_from_ar": differ}
             report["rows"].append(row)
-            log(f"suite B={B:2d} {name:8s} {new / elapsed:8.1f} tok/s  tau {row['tau_mean']:.2f}  "
-                f"rows differing from AR {differ}/{len(tokens)}")
+            log(f"suite B={B:2d} {name:8s} {new / elapsed:8.1f} tok/s (decode {after_first / decoding:8.1f})  "
+                f"tau {row['tau_mean']:.2f}  rows differing from AR {differ}/{len(tokens)}")
             save()
         release_fast_state(target)
         for name in wanted:
             report["ratios"][f"{name}_over_ar_throughput_b{B}"] = throughput[name, B] / throughput["ar", B]
+            report["ratios"][f"{name}_over_ar_decode_throughput_b{B}"] = (decode_throughput[name, B]
+                                                                         / decode_throughput["ar", B])
     if 1 in args.batches:
         for B in args.batches:
             for name in wanted:
@@ -459,9 +470,18 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
                         report["ratios"][f"{name}_over_ar_throughput_b{B}"]
                         / report["ratios"][f"{name}_over_ar_throughput_b1"])
     if pair == "gemma3-270m" and tier >= 32 * 1024 - 64 and "fold-a2" in wanted and 8 in args.batches:  # 32,704 + 64
-        report.setdefault("summary", {})["gemma3_batched_fold_over_ar_throughput_32k_b8"] = report["ratios"][
-            "fold-a2_over_ar_throughput_b8"]
+        summary = report.setdefault("summary", {})
+        summary["gemma3_batched_fold_over_ar_throughput_32k_b8"] = report["ratios"]["fold-a2_over_ar_throughput_b8"]
+        summary["gemma3_batched_fold_over_ar_decode_throughput_32k_b8"] = report["ratios"][
+            "fold-a2_over_ar_decode_throughput_b8"]
     save()
+
+
+def decode_phase(rows) -> float:
+    """Seconds a call spent decoding after every row had its first token: from the last row's first token (the rows
+    are prefilled one after another, each row's first token comes from its prefill) to the last row's end, from the
+    rows' own statistics (``ttft_s`` from the call's start, ``decode_s`` after it). One row: its ``decode_s``."""
+    return max(row.ttft_s + row.decode_s for row in rows) - max(row.ttft_s for row in rows)
 
 
 def tiny_pair(device: torch.device):

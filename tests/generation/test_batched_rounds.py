@@ -509,8 +509,28 @@ def test_batched_bench_dry_run_writes_every_section(tmp_path):
     assert all(r["tier"] == 40 and r["requests"] == 3 and r["rows_differing_from_ar"] == 0 for r in suite.values())
     assert all(len(r["tau_rows"]) == 3 and all(t >= 1 for t in r["tau_rows"]) for (s, _), r in suite.items()
                if s != "ar")
-    assert {"fold-a2_over_ar_throughput_b3", "fold-a2_speedup_b3_over_b1"} <= set(report["ratios"])
+    assert {"fold-a2_over_ar_throughput_b3", "fold-a2_speedup_b3_over_b1",
+            "fold-a2_over_ar_decode_throughput_b3"} <= set(report["ratios"])
+    # the decoding phase is part of the call: shorter than the whole call, and its tokens are all but each row's first
+    assert all(0 < r["decode_seconds"] < r["seconds"] for r in suite.values())
+    assert all(r["decode_tokens_per_s"] == pytest.approx((3 * r["new_tokens"] - 3) / r["decode_seconds"])
+               for r in suite.values())
     assert report["ratios"]["dflash_speedup_b3_over_b1"] == pytest.approx(
         report["ratios"]["dflash_over_ar_throughput_b3"] / report["ratios"]["dflash_over_ar_throughput_b1"])
     assert (tmp_path / "batched.csv").read_text().startswith("batch,")
     assert (tmp_path / "batched_throughput.png").stat().st_size > 0
+
+
+def test_the_decoding_phase_runs_from_the_last_rows_first_token_to_the_last_rows_end():
+    """``batched_bench.decode_phase``: rows prefilled one after another (first tokens at 1, 2 and 3 s from the call's
+    start) that end at 6, 5 and 4 s decode for 6 - 3 = 3 s; a single row for its own decode time."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from batched_bench import decode_phase
+
+    rows = [SimpleNamespace(ttft_s=t, decode_s=d) for t, d in ((1.0, 5.0), (2.0, 3.0), (3.0, 1.0))]
+    assert decode_phase(rows) == pytest.approx(3.0)
+    assert decode_phase(rows[1:2]) == pytest.approx(3.0)
