@@ -87,6 +87,29 @@ def test_exact_linear_rows_are_invariant(dtype, interpreter):
     assert row_mismatches(lambda rows: exact_gate_up_silu_triton(rows, wg), x, (1, 5, 16, 19)) == []
 
 
+def test_an_exact_plan_override_keeps_rows_invariant_and_bad_ones_are_refused(interpreter, monkeypatch):
+    """``$FOLD_HF_EXACT_GEMM_PLAN`` / ``$FOLD_HF_EXACT_GATE_UP_PLAN`` (the benchmarks' plan sweep) replace the tiles
+    for every row count: the products still match float64 and every row has its bits alone; a plan that is not four
+    integers or whose tiles are not powers of two >= 16 is refused, naming the variable."""
+    from fold_hf.kernels.gemm.triton import exact_gate_up_silu_triton, exact_linear_triton, exact_plan
+
+    monkeypatch.setenv("FOLD_HF_EXACT_GEMM_PLAN", "32,128,8,2")
+    monkeypatch.setenv("FOLD_HF_EXACT_GATE_UP_PLAN", "16,64,2,4")
+    assert (exact_plan(2).block_n, exact_plan(2).block_k, exact_plan(2).num_warps) == (32, 128, 8)
+    assert (exact_plan(2, silu_mul=True).block_n, exact_plan(2, silu_mul=True).num_stages) == (16, 4)
+    K, N = 300, 45
+    x = randn(18, K, dtype=torch.float32, seed=7)
+    w = randn(N, K, dtype=torch.float32, seed=8, scale=K**-0.5)
+    assert rel_err(exact_linear_triton(x, w), oracle_linear(x, w)) < 1e-5
+    assert row_mismatches(lambda rows: exact_linear_triton(rows, w), x, (1, 3, 16, 18)) == []
+    wg = randn(2 * N, K, dtype=torch.float32, seed=9, scale=K**-0.5)
+    assert row_mismatches(lambda rows: exact_gate_up_silu_triton(rows, wg), x, (1, 17)) == []
+    for bad in ("16,512,4", "24,512,4,3", "16,8,4,3", "a,b,c,d"):
+        monkeypatch.setenv("FOLD_HF_EXACT_GEMM_PLAN", bad)
+        with pytest.raises(ValueError, match="FOLD_HF_EXACT_GEMM_PLAN|power"):
+            exact_plan(2)
+
+
 @triton.jit
 def _split_k_kernel(X, W, P, M, N, K, chunk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Partial ``x @ w^T`` of one K chunk (program (n, split)) into ``P [splits, M, N]``."""

@@ -108,6 +108,9 @@ class GemmPlan:
 
 MAX_ROWS = 16  # rows one launch of this kernel takes (a verify block); more rows go to cuBLAS (a prefill chunk)
 PLAN_ENV = "FOLD_HF_SKINNY_GEMM_PLAN"  # benchmarks: "block_n,block_k,warps,stages[,dot]" for every launch
+# benchmarks: the exact plan's "block_n,block_k,warps,stages" (gate|up: its own variable); tiles and warps fixed for
+# every row count as the default's, so any value keeps exact mode's invariance (it changes which bits both give)
+EXACT_PLAN_ENV, EXACT_GATE_UP_PLAN_ENV = "FOLD_HF_EXACT_GEMM_PLAN", "FOLD_HF_EXACT_GATE_UP_PLAN"
 
 
 def exact_plan(element_bytes: int = 2, silu_mul: bool = False) -> GemmPlan:
@@ -115,7 +118,20 @@ def exact_plan(element_bytes: int = 2, silu_mul: bool = False) -> GemmPlan:
     over 16-row tiles of 16 columns and 512-wide K tiles (the gate|up product: 32 columns, 256-wide K tiles, the
     plan :func:`gemm_plan` gives it for every row count), K tiles halved in fp32, 4 warps, whatever the number of
     rows: every row is reduced by the same instructions in the same order (issue 37, ``docs/exact-mode.md``).
-    ``$FOLD_HF_SKINNY_GEMM_PLAN`` does not apply."""
+    ``$FOLD_HF_SKINNY_GEMM_PLAN`` does not apply; ``$FOLD_HF_EXACT_GEMM_PLAN`` / ``$FOLD_HF_EXACT_GATE_UP_PLAN``
+    (``"block_n,block_k,warps,stages"``, benchmarks: ``benchmarks/gpu/exact_plans.sh``) replace the tiles, still one
+    plan for every row count."""
+    override = os.environ.get(EXACT_GATE_UP_PLAN_ENV if silu_mul else EXACT_PLAN_ENV)
+    if override:
+        try:
+            block_n, block_k, warps, stages = (int(p) for p in override.split(","))
+        except ValueError:
+            raise ValueError(f"${EXACT_GATE_UP_PLAN_ENV if silu_mul else EXACT_PLAN_ENV}={override!r}: expected "
+                             f"'block_n,block_k,warps,stages' (four integers)") from None
+        if block_n < 16 or block_n & (block_n - 1) or block_k < 16 or block_k & (block_k - 1):
+            raise ValueError(f"exact GEMM plan {override!r}: block_n and block_k must be powers of two >= 16 "
+                             f"(tl.dot tiles)")
+        return GemmPlan(16, block_n, block_k, warps, stages, True)
     shrink = max(1, element_bytes // 2)
     if silu_mul:
         return GemmPlan(16, 32, 256 // shrink, 4, 3, True)
