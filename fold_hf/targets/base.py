@@ -25,7 +25,7 @@ does not depend on the family:
     ``[Hkv, G * L, S]`` fp32 score tensor is written; the bucket then only sizes the kernel's splits.
     ``fused=True``: the family's fused layers (:meth:`StaticTarget.fused_unsupported` says why not).
   Exact mode (:meth:`StaticTarget.set_exact`, docs/exact-mode.md): the fused decode / verify forward with kernels
-  whose reduction order does not depend on the number of rows (the Llama family only).
+  whose reduction order does not depend on the number of rows (the Llama and Gemma families).
 * Rows (a family with :attr:`StaticTarget.batched_rows`, issue 35): ``forward`` and ``prefill`` take ``row``, the
   cache row they fill; :meth:`StaticTarget.forward_rows` runs ``[A, L]`` tokens of ``A`` rows, each at its own
   position, as one forward (every projection reads its weights once for all rows; each row attends to its own

@@ -29,7 +29,9 @@ the slots it overwrites held positions ``<= t + L - 1 - R < t - window + 1``, ol
 and rejected entries at ``t + n + 1 ..`` are rewritten by the next verify (or sit below the window of every
 later query). Global layers keep the default family's full cache (the bucket attention or the decode kernel).
 Every cache holds ``batch`` rows (batched rounds, issue 35): the host-length forwards of one row or several
-(``forward_rows``) are :mod:`fold_hf.targets.gemma_rows`'; the device-length step runs a one-row runner.
+(``forward_rows``) are :mod:`fold_hf.targets.gemma_rows`'; the device-length step of one row (``forward_static``)
+runs a one-row runner, that of several rows (``forward_rows_static``: a batch's fixed-shape verify on the static and
+graphs engines) the fused layers over rows (:mod:`fold_hf.targets.gemma_fused`).
 
 **Multimodal wrappers** (text-only ids): the text config is ``config.text_config``, the text decoder
 ``model.model.language_model`` (the same ``Gemma3TextModel`` / ``Gemma4TextModel`` as in the causal LM, scaled
@@ -368,8 +370,8 @@ class GemmaStaticTarget(GemmaRows, GemmaFusedLayers, StaticTarget):
         Sliding layers write their rows into the ring at ``positions mod R`` and attend over the whole ring with a
         mask built on device: slot s holds position ``top - ((top - s) mod R)`` (``top = positions[-1]``), visible
         to query q when it is ``>= 0``, ``<= q`` and ``> q - window``. Global layers attend over the length
-        ``bucket`` (``attention="bucket"``) or through the decode kernel (``"triton"``). ``fused=True`` raises
-        :class:`UnsupportedTarget`.
+        ``bucket`` (``attention="bucket"``) or through the decode kernel (``"triton"``). ``fused=True``: the fused
+        layers (:mod:`fold_hf.targets.gemma_fused`; :class:`UnsupportedTarget` where they cannot run the target).
         """
         if attention not in TARGET_ATTENTIONS:
             raise ValueError(f"attention must be one of {TARGET_ATTENTIONS}, got {attention!r}")
@@ -377,10 +379,7 @@ class GemmaStaticTarget(GemmaRows, GemmaFusedLayers, StaticTarget):
             raise ValueError("fused layers run with attention='triton' (the decode kernel)")
         self._check_one_row()
         self._check_exact_forward(fused, attention)
-        L = input_ids.shape[1]
-        if L > self.ring_slack + 1:
-            raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack "
-                             f"({self.ring_slack} + 1)")
+        self._check_ring_slack(input_ids.shape[1])
         use_kernel = attention == "triton"
         if use_kernel and self._decode_attention is None:
             from ..kernels import default_decode_attention

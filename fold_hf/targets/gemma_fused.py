@@ -13,6 +13,10 @@ sandwich norms with the residual and ``layer_scalar``, and GELU-tanh (past the s
 product's halves, read in place) run as fused kernels (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton`; torch twins
 off CUDA). An AR step launches the kernels that take it with programmatic dependent launch (the GEMMs'; the hybrid
 and Gemma kernels not yet).
+Over rows (:meth:`GemmaFusedLayers.forward_rows_static`, a batch's verify on the static and graphs engines, issue 35)
+the same loop runs ``[A, L]`` tokens: embedding, per-layer inputs, GEMMs, norms, MLP / MoE and lm_head over the
+``A * L`` tokens, each row's norm-rope-write and attention its own launch in its own cache row at its own context
+length, read from the device positions (exact mode: the exact kernels, so a row has the bits of that row alone).
 :meth:`GemmaFusedLayers.fused_unsupported` names what they do not cover (the fast loop then warns once and runs the
 layers on the modules). A mixin: it reads the runner's attributes that :mod:`fold_hf.targets.gemma` sets (layers,
 ``layer_types``, ``kv_source``, ``windows``, ``head_dims``, ``scalings``, ``tables``, rings) and its
@@ -47,7 +51,8 @@ def _is_gelu_tanh(act, device, dtype) -> bool:
 
 
 class GemmaFusedLayers:
-    """``fused_unsupported`` and ``_forward_static_fused`` of :class:`~fold_hf.targets.gemma.GemmaStaticTarget`."""
+    """``fused_unsupported``, ``_forward_static_fused`` and ``forward_rows_static`` of
+    :class:`~fold_hf.targets.gemma.GemmaStaticTarget`."""
 
     def fused_unsupported(self) -> str | None:
         """Why the fused Gemma layers (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton`)
@@ -88,14 +93,10 @@ class GemmaFusedLayers:
 
     def exact_unsupported(self) -> str | None:
         """Why exact mode (docs/exact-mode.md) cannot run this target (None when it can): the device (CUDA, or a CPU
-        under Triton's interpreter), the fused layers, a one-row cache (a batch's rows verify host-length here),
-        every projection and the lm_head a plain Linear (:func:`~fold_hf.targets.weight_layout.gemm_unsupported`),
+        under Triton's interpreter), the fused layers, every projection and the lm_head a plain Linear (:func:`~fold_hf.targets.weight_layout.gemm_unsupported`),
         q|k|v and gate|up merged, and neither Gemma-4's per-layer inputs nor its MoE block (both run modules whose
         kernels follow the row count)."""
         reason = self._exact_basics_unsupported()
-        if reason is None and self.batch > 1:
-            reason = (f"a batch of {self.batch} rows (exact mode's batched rounds run the Llama family; a Gemma "
-                      "batch verifies host-length)")
         if reason is None and self.ple:
             reason = "per-layer inputs (PLE) are computed by the model's modules"
         for i, layer in enumerate(self.layers):
@@ -139,6 +140,41 @@ class GemmaFusedLayers:
         logits ``[L, V]``."""
         from ..kernels.common import pdl_scope
 
+        self._fused_ops_ready()
+        with pdl_scope(input_ids.shape[1] == 1):
+            return self._fused_layers(input_ids, positions, bucket, taps_out)
+
+    def forward_rows_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: list[int], bucket: int,
+                            taps_out: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`~fold_hf.targets.base.StaticTarget.forward_rows_static`: the fused layers over ``input_ids [A, L]``
+        at ``positions [A, L]`` (device), row ``a`` in cache row ``rows[a]`` (:meth:`_fused_layers`; exact mode's
+        kernels when it is on, so a row's logits have the bits of that row decoded alone). Returns logits
+        ``[A, L, V]``, soft-capped as the model."""
+        A, L = input_ids.shape
+        if positions.shape != (A, L):
+            raise ValueError(f"positions {tuple(positions.shape)} do not match the rows' tokens {(A, L)}")
+        if len(rows) != A:
+            raise ValueError(f"{A} rows of tokens need {A} cache rows, got {len(rows)}")
+        for row in rows:
+            self._check_row(row)
+        self._check_ring_slack(L)
+        if bucket > self.capacity:
+            raise ValueError(f"bucket {bucket} exceeds the cache capacity {self.capacity}")
+        self._fused_ops_ready()
+        with torch.no_grad():
+            return self._fused_layers(input_ids, positions, bucket, taps_out, rows=rows)
+
+    def _check_ring_slack(self, L: int) -> None:
+        """Raise unless a device-length step of ``L`` rows per cache row fits the sliding layers' rings (module
+        docstring of :mod:`fold_hf.targets.gemma`: at most ``ring_slack + 1`` rows written, then rolled back)."""
+        if L > self.ring_slack + 1:
+            raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack "
+                             f"({self.ring_slack} + 1)")
+
+    def _fused_ops_ready(self) -> None:
+        """Resolve the fused layers' ops on their first use (the hybrid and Gemma kernels, the layer ops' GEMMs, the
+        global layers' decode attention); raises :class:`UnsupportedTarget` where :meth:`fused_unsupported` says
+        why."""
         if self._hybrid_ops is None:
             from ..kernels import default_hybrid_ops, default_layer_ops
 
@@ -147,24 +183,34 @@ class GemmaFusedLayers:
                 raise UnsupportedTarget(f"fused layers: {reason}")
             self._hybrid_ops = default_hybrid_ops(self.device)
             self._layer_ops = default_layer_ops(self.device)
-        with pdl_scope(input_ids.shape[1] == 1):
-            return self._fused_layers(input_ids, positions, bucket, taps_out)
+        if self._decode_attention is None:
+            from ..kernels import default_decode_attention
 
-    def _fused_layers(self, input_ids, positions, bucket: int, taps_out) -> torch.Tensor:
-        """The fused layers of :meth:`_forward_static_fused` (its checks done). Per-layer inputs (PLE) keep their
-        activation on the module; their gate and projection go through :func:`~fold_hf.targets.weight_layout.project`.
-        Returns logits ``[L, V]``."""
+            self._decode_attention = default_decode_attention(self.device)
+
+    def _fused_layers(self, input_ids, positions, bucket: int, taps_out, rows=(0,)) -> torch.Tensor:
+        """The fused layers (their ops resolved, :meth:`_fused_ops_ready`) over ``input_ids [1, L]`` at ``positions
+        [L]`` in cache row ``rows[0]`` (logits ``[L, V]``: :meth:`_forward_static_fused`), or over ``input_ids
+        [A, L]`` at ``positions [A, L]``, row ``a`` in cache row ``rows[a]`` (logits ``[A, L, V]``:
+        :meth:`forward_rows_static`). The embedding, per-layer inputs, projections, norms, MLP, MoE block and
+        lm_head run once over the ``A * L`` tokens; each row's q/k/v norms + rope + (ring) cache write and its
+        attention (the ring kernel on a sliding layer, the decode kernel on a global one at the row's context length,
+        its first position, read on the device; a KV-shared layer reading its source's cache row) are that row's own
+        launches, exactly as when it runs alone. Per-layer inputs (PLE) keep their activation on the module; their
+        gate and projection go through :func:`~fold_hf.targets.weight_layout.project`."""
         ops, decode, ring_attention = self._hybrid_ops, self._decode_attention, self._hybrid_ops.ring_attention
         gemm_ops = self._layer_ops
         if self.exact:  # every GEMM (the lm_head too), the global and the ring attention row-count invariant
             gemm_ops, decode, ring_attention = self._exact_ops()
         offset = self._norm_offset
-        context_length = positions[:1].to(torch.int32)
-        block_kv = {}
-        L = input_ids.shape[1]
-        skinny = decode_gemm(gemm_ops, L, self.exact)
+        A, L = input_ids.shape
+        row_positions = [positions] if positions.dim() == 1 else [positions[a] for a in range(A)]  # [L] each
+        lengths = [p[:1].to(torch.int32) for p in row_positions]  # each row's context length, on the device
+        block_kv = {}  # (layer, row) -> the row's new keys and values
+        # a decode step's rows (A * L of a batch's rows) through the skinny GEMMs where the ops take that many
+        skinny = decode_gemm(gemm_ops, A * L, self.exact)
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
-        hidden, per_layer = self._embed(input_ids)  # per_layer: [1, L, n_layers, d] or None
+        hidden, per_layer = self._embed(input_ids)  # per_layer: [A, L, n_layers, d] or None
 
         def weight(norm):
             return getattr(norm, "weight", None)
@@ -177,37 +223,42 @@ class GemmaFusedLayers:
             D = self.head_dims[i]
             cos, sin = self.tables[self.layer_types[i]]
             qkv, gate_up = self.merged_projections(i)
-            owns_kv = self.kv_source[i] == i
+            src = self.kv_source[i]
+            owns_kv = src == i
             v_proj = getattr(attn, "v_proj", None)
             if qkv is not None:  # one GEMM; the heads are read in place by the norm-rope kernel
                 q, *kv = qkv(normed, skinny)
             else:
                 kv = [attn.k_proj(normed), v_proj(normed) if v_proj is not None else None] if owns_kv else []
                 q = attn.q_proj(normed)
-            q = q.view(1, L, -1, D)
+            q = q.view(A, L, -1, D)
             if owns_kv:
-                raw_k = kv[0].view(1, L, -1, D)
-                raw_v = kv[1].view(1, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
-                q, k, v = ops.head_norm_rope_write(q, raw_k, raw_v, weight(attn.q_norm), weight(attn.k_norm),
-                                                   norm_epsilon(attn.q_norm), offset, cos, sin, positions, self.keys[i],
-                                                   self.values[i],
-                                                   norm_value=getattr(attn, "v_norm", None) is not None)
-                block_kv[i] = (k, v)
-            else:
-                q, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None,
-                                                   norm_epsilon(attn.q_norm), offset,
-                                                   cos, sin, positions, None, None)
-            src = self.kv_source[i]
-            if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
-                self.query_keep[1][:, :, :L].copy_(q)
-            if self.windows[i] is not None:
-                out = ring_attention(q, self.keys[src], self.values[src], positions, self.windows[i],
-                                     self.scalings[i])
-            else:
-                k, v = block_kv[src]
-                out = decode(q, self.keys[src], self.values[src], k, v, context_length, scaling=self.scalings[i],
-                             max_context_length=bucket)
-            out = out.reshape(1, L, -1)  # [1, L, Hq, D] from both kernels
+                raw_k = kv[0].view(A, L, -1, D)
+                raw_v = kv[1].view(A, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
+            outs = []
+            for a, cache_row in enumerate(rows):
+                here = slice(cache_row, cache_row + 1)  # the row's own cache row of every cache
+                if owns_kv:
+                    qa, k, v = ops.head_norm_rope_write(q[a : a + 1], raw_k[a : a + 1], raw_v[a : a + 1],
+                                                        weight(attn.q_norm), weight(attn.k_norm),
+                                                        norm_epsilon(attn.q_norm), offset, cos, sin, row_positions[a],
+                                                        self.keys[i][here], self.values[i][here],
+                                                        norm_value=getattr(attn, "v_norm", None) is not None)
+                    block_kv[i, a] = (k, v)
+                else:
+                    qa, _, _ = ops.head_norm_rope_write(q[a : a + 1], None, None, weight(attn.q_norm), None,
+                                                        norm_epsilon(attn.q_norm), offset, cos, sin, row_positions[a],
+                                                        None, None)
+                if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                    self.query_keep[1][:, :, :L].copy_(qa)
+                keys, values = self.keys[src][here], self.values[src][here]
+                if self.windows[i] is not None:
+                    outs.append(ring_attention(qa, keys, values, row_positions[a], self.windows[i], self.scalings[i]))
+                else:
+                    k, v = block_kv[src, a]
+                    outs.append(decode(qa, keys, values, k, v, lengths[a], scaling=self.scalings[i],
+                                       max_context_length=bucket))  # [1, L, Hq, D] from both kernels
+            out = (outs[0] if A == 1 else torch.cat(outs)).reshape(A, L, -1)
             post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
             hidden, normed = ops.residual_norm(hidden, project(skinny, attn.o_proj, out), weight(pre),
                                                norm_epsilon(pre), offset, delta_weight=weight(post),
@@ -228,7 +279,9 @@ class GemmaFusedLayers:
                                                scalar=scalar)
             if taps_out is not None and i in self.tap_layer_ids:
                 tap(i, normed if i == n_layers - 1 else hidden)  # the last layer's tap is after the final norm
-        logits = (project(skinny, self.lm_head, normed) if self.exact else self.lm_head(normed))[0]
+        logits = project(skinny, self.lm_head, normed) if self.exact else self.lm_head(normed)
+        if positions.dim() == 1:
+            logits = logits[0]
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

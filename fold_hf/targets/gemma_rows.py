@@ -9,7 +9,8 @@ read the row's ring entries inside the window of its first query, append the new
 and then store the last ``R`` new rows in the row's ring. :meth:`GemmaRows.forward_rows` runs the layers once over
 ``[A, L]`` tokens (embedding, per-layer inputs, projections, norms, MLP and lm_head shared by the rows) and gives each
 row that same pair at its own start, so each row writes its own ring slots / global entries and attends to exactly
-what it attends to alone. A mixin: it reads the runner's attributes that :mod:`fold_hf.targets.gemma` sets
+what it attends to alone (the device-length rows step, ``forward_rows_static``, is the fused layers'
+:mod:`fold_hf.targets.gemma_fused`; in exact mode ``forward_rows`` runs it). A mixin: it reads the runner's attributes that :mod:`fold_hf.targets.gemma` sets
 (``windows``, ``kv_source``, ``scalings``, ``keys`` / ``values``) and its ``_run_layers``.
 """
 
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.prefill_attention import prefill_attention
-from .base import PREFILL_ATTENTION_MIN_ROWS
+from .base import PREFILL_ATTENTION_MIN_ROWS, bucket_length
 
 
 class GemmaRows:
@@ -105,6 +106,9 @@ class GemmaRows:
         self.check_rows(input_ids, rows, starts)
         A, L = input_ids.shape
         positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(L, device=self.device)
+        if self.exact:  # the exact kernels, each row as its own verify step (the fused layers over rows)
+            return self.forward_rows_static(input_ids, positions, rows, bucket_length(max(starts) + L, self.capacity),
+                                            taps_out)
         per_row = [self._row_attention(row, start, L) for row, start in zip(rows, starts)]
 
         def write_kv(i, k, v):  # k, v [A, Hkv, L, D]

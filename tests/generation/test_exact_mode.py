@@ -301,6 +301,66 @@ def test_gemma_greedy_speculative_output_is_the_exact_ar_output(interpreter, ora
     assert len(set(accepted.acceptance_lengths)) >= 3, accepted.acceptance_lengths  # rolled back by many amounts
 
 
+def test_gemma_batched_rows_are_each_row_alone_in_exact_mode(interpreter, monkeypatch):
+    """A left-padded Gemma-3 batch in exact mode (batched rounds: one verify forward for every row through the fused
+    layers over rows, each row's ring / global attention its own exact launch, the GEMMs the exact GEMM over the
+    rows), rings wrapped: each row's tokens, acceptance lengths and proposals are those of the row decoded alone in
+    exact mode (the static engine), with a drafter (rejections); and the batch's SD output is its AR output."""
+    from fold_hf.targets import gemma
+
+    monkeypatch.setattr(gemma, "RING_SLACK", K)
+    target = gemma_target("gemma3")
+    drafter = small_drafter(target)
+    rows = [prompt(11, 5)[0], prompt(12, 23)[0], prompt(13, 12)[0]]  # inside the window of 8; wrapped; wrapped
+    ids, mask = left_pad(rows)
+    new = 5
+    batches = {}
+    for assistant in (drafter, None):
+        batch = batches[assistant is None] = fold_hf.fast_generate(target, assistant, ids, mask, max_new_tokens=new,
+                                                                   exact=True, return_stats=True)
+        assert batch.batched
+        for i, r in enumerate(rows):
+            alone = fold_hf.fast_generate(target, assistant, r[None], max_new_tokens=new, engine="static",
+                                          exact=True, return_stats=True)
+            assert batch.rows[i].sequences.tolist() == alone.sequences.tolist(), (i, assistant is None)
+            assert batch.rows[i].acceptance_lengths == alone.acceptance_lengths, i
+            assert batch.rows[i].proposals == alone.proposals, i
+    sd, ar = batches[False], batches[True]
+    assert torch.equal(sd.sequences, ar.sequences)  # greedy SD = AR, batched, in exact mode
+    assert min(n for row in sd.rows for n in row.acceptance_lengths) == 1  # rejections happened
+
+
+def test_gemma_exact_rows_step_has_the_bits_of_each_row_alone(interpreter, monkeypatch):
+    """The exact fused rows step itself: three rows at their own lengths (one inside its first window, two with wrapped
+    rings) verify blocks of K + 1 in one ``forward_rows_static``; each row's logits equal, bit for bit, that row's
+    exact verify step through a one-row runner (Gemma-4 without per-layer inputs: KV-shared layers,
+    ``attention_k_eq_v``)."""
+    from fold_hf.targets import gemma
+    from fold_hf.targets.base import bucket_length
+    from fold_hf.targets.gemma import GemmaStaticTarget
+
+    monkeypatch.setattr(gemma, "RING_SLACK", K)
+    target = gemma_target("gemma4")
+    lengths = (5, 21, 13)
+    seqs = [prompt(30 + n, n + K + 1) for n in lengths]
+    runner = GemmaStaticTarget(target, 48, batch=3)
+    runner.set_exact(True)
+    singles = []
+    for i, (n, s) in enumerate(zip(lengths, seqs)):
+        runner.prefill(s[:, :n], row=i)
+        single = GemmaStaticTarget(target, 48)
+        single.set_exact(True)
+        single.prefill(s[:, :n])
+        singles.append(single)
+    positions = torch.tensor(lengths)[:, None] + torch.arange(K + 1)
+    ids = torch.cat([s[:, n:] for s, n in zip(seqs, lengths)])
+    bucket = bucket_length(max(lengths) + K + 1, 48)
+    logits = runner.forward_rows_static(ids, positions, [0, 1, 2], bucket)
+    for i in range(3):
+        alone = singles[i].forward_static(ids[i : i + 1], positions[i], bucket, attention="triton", fused=True)
+        assert torch.equal(logits[i], alone), f"row {i}"
+
+
 def test_gemma_exact_mode_refuses_what_it_cannot_run(interpreter, monkeypatch):
     from fold_hf.targets.gemma import GemmaStaticTarget
 
@@ -308,8 +368,7 @@ def test_gemma_exact_mode_refuses_what_it_cannot_run(interpreter, monkeypatch):
         with pytest.raises(ExactUnavailable, match=why):
             GemmaStaticTarget(tiny_target(arch, dtype=torch.float32), 32).set_exact(True)
     target = gemma_target("gemma3")
-    with pytest.raises(ExactUnavailable, match="a batch of 2 rows"):
-        GemmaStaticTarget(target, 32, batch=2).set_exact(True)
+    GemmaStaticTarget(target, 32, batch=2).set_exact(True)  # a batch's rows verify through the exact fused rows
     monkeypatch.setenv("FOLD_HF_CONCAT_PROJECTIONS", "0")
     with pytest.raises(ExactUnavailable, match="CONCAT_PROJECTIONS=0"):
         GemmaStaticTarget(target, 32).set_exact(True)
@@ -357,11 +416,15 @@ def test_greedy_speculative_output_is_the_exact_ar_output_in_bf16_on_gpu(arch, e
 
 
 @pytest.mark.gpu(reason="bf16 and the graphs engine (CUDA graphs)")
-def test_batched_rows_are_each_row_alone_and_the_ar_output_in_bf16_on_gpu():
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_batched_rows_are_each_row_alone_and_the_ar_output_in_bf16_on_gpu(arch, monkeypatch):
     """Issue 37's batch goal in bf16 on CUDA: a left-padded batch of 6 rows (block rows past one skinny GEMM's 16)
     in exact mode on the graphs engine; every row's tokens are that row's exact AR output decoded alone, and the
-    batch's SD output is its exact AR output."""
-    target = small_target(torch.bfloat16).cuda()
+    batch's SD output is its exact AR output (Gemma-3: the fused layers over rows, rings wrapped)."""
+    from fold_hf.targets import gemma
+
+    monkeypatch.setattr(gemma, "RING_SLACK", 8)
+    target = (small_target(torch.bfloat16) if arch == "llama" else gemma_target(arch, torch.bfloat16)).cuda()
     drafter = small_drafter(target).cuda()
     rows = [prompt(20 + i, n)[0] for i, n in enumerate((5, 40, 17, 64, 9, 33))]
     ids, mask = (t.cuda() for t in left_pad(rows))

@@ -15,9 +15,11 @@ import torch
 
 import fold_hf
 from fold_hf.generation import BatchGenerationResult, release_fast_state
+from fold_hf.generation.fast import SESSION_ATTR
 from fold_hf.generation.fast import batched as batched_module
 from fold_hf.generation.fast import settings
 from fold_hf.targets import gemma
+from fold_hf.targets.base import bucket_length
 from fold_hf.targets.registry import batch_unsupported_reason, build_static_target
 from tiny import GEMMA_WINDOW, MASK_ID, expected_batch, greedy_alone, left_pad, oracle_tokens, tiny_drafter, tiny_target
 
@@ -99,6 +101,133 @@ def test_forward_rows_gives_each_row_its_own_logits_at_its_own_position(arch):
     logits = runner.forward_rows(ids, [2, 0], starts)
     torch.testing.assert_close(logits[0], want[2][starts[0] : starts[0] + 2], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(logits[1], want[0][starts[1] : starts[1] + 2], rtol=1e-4, atol=1e-4)
+
+
+def fused_step(runner, ids, positions, bucket, taps_out=None):
+    """``forward_static`` through the fused layers (their torch twins here) of a one-row runner."""
+    return runner.forward_static(ids, positions, bucket, taps_out, attention="triton", fused=True)
+
+
+def owned_caches(runner):
+    """(layer, key cache, value cache) of every layer that writes its own cache (rings and global caches)."""
+    return [(i, runner.keys[i], runner.values[i]) for i in range(len(runner.layers)) if runner.kv_source[i] == i]
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared", "gemma4_moe", "gemma4_cg"])
+def test_forward_rows_static_gives_each_row_its_own_fused_step(arch):
+    """The fused layers over rows (``forward_rows_static``; the fused ops' torch twins, fp64): three rows at three
+    cache lengths (5: inside its first window; 40 and 23: rings wrapped) verify blocks of 4 at device positions in
+    one step, a rejected block first: each row's logits and taps equal that row's own fused ``forward_static``
+    through a one-row runner and the model's own forward over the row's whole sequence, and its cache row (rings,
+    global entries; KV-shared layers write none) holds what the one-row runner's cache holds; then rows 2 and 0 only,
+    in that order (cache rows not the step's rows), narrower."""
+    target = tiny_target(arch, seed=2, dtype=torch.float64)
+    taps = (1, 5)  # 5: after gemma4_shared's first KV-shared layer
+    seqs = [row_prompt(10 + n, n + 12) for n in LENGTHS]
+    with torch.no_grad():
+        full = [target(s[None], output_hidden_states=True) for s in seqs]
+    want = [f.logits[0] for f in full]
+    want_taps = [torch.cat([f.hidden_states[t + 1][0] for t in taps], -1) for f in full]
+    runner = build_static_target(target, 64, taps, batch=3)
+    singles = [build_static_target(target, 64, taps) for _ in LENGTHS]
+    assert runner.fused_rows_unsupported() is None and runner.fused_unsupported() is None
+    for i, (n, s) in enumerate(zip(LENGTHS, seqs)):
+        runner.prefill(s[None, :n], chunk=16, row=i)
+        singles[i].prefill(s[None, :n], chunk=16)
+    garbage = torch.full((3, 4), 3, dtype=torch.long)
+    tight = dict(rtol=1e-10, atol=1e-10)
+    for block in range(2):
+        starts = [n + 4 * block for n in LENGTHS]
+        positions = torch.tensor(starts)[:, None] + torch.arange(4)
+        bucket = bucket_length(max(starts) + 4, 64)
+        runner.forward_rows_static(garbage, positions, [0, 1, 2], bucket)  # rejected: rewritten by the next block
+        ids = torch.stack([s[p : p + 4] for s, p in zip(seqs, starts)])
+        out = torch.zeros(3, 4, runner.tap_width, dtype=torch.float64)
+        logits = runner.forward_rows_static(ids, positions, [0, 1, 2], bucket, taps_out=out)
+        assert logits.shape == (3, 4, target.config.get_text_config().vocab_size)
+        for i, p in enumerate(starts):
+            fused_step(singles[i], garbage[i : i + 1], positions[i], bucket)
+            single_taps = torch.zeros(1, 4, runner.tap_width, dtype=torch.float64)
+            torch.testing.assert_close(logits[i], fused_step(singles[i], ids[i : i + 1], positions[i], bucket,
+                                                             single_taps), **tight)
+            torch.testing.assert_close(out[i], single_taps[0], **tight)
+            torch.testing.assert_close(logits[i], want[i][p : p + 4], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out[i], want_taps[i][p : p + 4], rtol=1e-5, atol=1e-5)
+            for (layer, keys, values), (_, one_keys, one_values) in zip(owned_caches(runner),
+                                                                        owned_caches(singles[i])):
+                torch.testing.assert_close(keys[i], one_keys[0], **tight, msg=f"row {i}, layer {layer}")
+                torch.testing.assert_close(values[i], one_values[0], **tight, msg=f"row {i}, layer {layer}")
+    starts = [LENGTHS[2] + 8, LENGTHS[0] + 8]  # rows 2 and 0 only, two tokens each
+    positions = torch.tensor(starts)[:, None] + torch.arange(2)
+    ids = torch.stack([seqs[2][starts[0] : starts[0] + 2], seqs[0][starts[1] : starts[1] + 2]])
+    logits = runner.forward_rows_static(ids, positions, [2, 0], bucket_length(max(starts) + 2, 64))
+    torch.testing.assert_close(logits[0], want[2][starts[0] : starts[0] + 2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[1], want[0][starts[1] : starts[1] + 2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (1, 2, 0)])
+def test_each_row_of_the_fused_step_attends_at_its_own_context_length(order):
+    """Each row's attention launches read that row's own context length and positions (the decode kernel of a global
+    layer: its first position, from the device; the ring kernel of a sliding layer: its positions), never row 0's:
+    the launches are recorded, and with the shortest row first or a long row first each row's logits are its own
+    fused step's (one-row runner). The tiny Gemma-3 with a global layer (its window 8 against rows of 5 to 40)."""
+    target = tiny_target("gemma3", seed=4, dtype=torch.float64)
+    lengths = [LENGTHS[a] for a in order]
+    seqs = [row_prompt(20 + n, n + 4) for n in lengths]
+    runner = build_static_target(target, 64, batch=3)
+    singles = [build_static_target(target, 64) for _ in lengths]
+    for i, (n, s) in enumerate(zip(lengths, seqs)):
+        runner.prefill(s[None, :n], chunk=16, row=i)
+        singles[i].prefill(s[None, :n], chunk=16)
+    runner._fused_ops_ready()
+    seen = {"decode": [], "ring": []}
+    decode, ring = runner._decode_attention, runner._hybrid_ops.ring_attention
+
+    def recording_decode(q, keys, values, k, v, context_length, **kw):
+        seen["decode"].append((context_length.tolist(), keys.data_ptr()))
+        return decode(q, keys, values, k, v, context_length, **kw)
+
+    def recording_ring(q, keys, values, positions, window, scaling):
+        seen["ring"].append((positions.tolist(), keys.data_ptr()))
+        return ring(q, keys, values, positions, window, scaling)
+
+    runner._decode_attention, runner._hybrid_ops.ring_attention = recording_decode, recording_ring
+    positions = torch.tensor(lengths)[:, None] + torch.arange(3)
+    ids = torch.stack([s[n : n + 3] for s, n in zip(seqs, lengths)])
+    bucket = bucket_length(max(lengths) + 3, 64)
+    logits = runner.forward_rows_static(ids, positions, [0, 1, 2], bucket)
+    globals_ = [i for i, w in enumerate(runner.windows) if w is None]
+    slidings = [i for i, w in enumerate(runner.windows) if w is not None]
+    assert globals_ and slidings
+    row_bytes = [runner.keys[i][1].data_ptr() - runner.keys[i][0].data_ptr() for i in range(len(runner.layers))]
+    assert [length for length, _ in seen["decode"]] == [[n] for _ in globals_ for n in lengths]
+    assert [p for p, _ in seen["ring"]] == [list(range(n, n + 3)) for _ in slidings for n in lengths]
+    for kind, layers in (("decode", globals_), ("ring", slidings)):  # each row's launch reads its own cache row
+        for j, (_, pointer) in enumerate(seen[kind]):
+            layer = layers[j // 3]
+            assert pointer == runner.keys[layer].data_ptr() + (j % 3) * row_bytes[layer], (kind, j)
+    for i in range(3):
+        torch.testing.assert_close(logits[i], fused_step(singles[i], ids[i : i + 1], positions[i], bucket),
+                                   rtol=1e-10, atol=1e-10)
+
+
+def test_the_fused_rows_step_reads_nothing_on_the_host():
+    """``forward_rows_static`` runs on fake tensors (no values exist: any host read of a device value raises), so the
+    graphs engine can capture it; on a Gemma-4 with per-layer inputs and KV-shared layers."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # fp64: the CPU linears' MKL packed path (fp32) would fail once on fake tensors and stay off for the process
+    runner = build_static_target(tiny_target("gemma4_shared", seed=2, dtype=torch.float64), 64, (1, 5), batch=2)
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    positions = torch.tensor([[20], [7]]) + torch.arange(4)
+    runner.forward_rows_static(ids, positions, [0, 1], 64)  # the one-time set-up (it probes the activation)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        taps = mode.from_tensor(torch.zeros(2, 4, runner.tap_width, dtype=torch.float64))
+        logits = runner.forward_rows_static(mode.from_tensor(ids), mode.from_tensor(positions), [0, 1], 64, taps)
+        assert logits.shape[:2] == (2, 4)
+    with pytest.raises(ValueError, match="ring slack"):
+        runner.forward_rows_static(torch.zeros(2, SLACK + 2, dtype=torch.long),
+                                   torch.arange(SLACK + 2).repeat(2, 1), [0, 1], 64)
 
 
 def test_the_caches_hold_the_rows():
@@ -199,28 +328,76 @@ def test_each_batched_row_is_its_own_greedy_output(arch, drafts, forwards, monke
     assert max(len(r) for r in forwards) == 3
 
 
-def test_the_static_engine_says_once_that_it_verifies_host_length(monkeypatch, forwards):
-    """engine='static' (fused layers asked for: they run Gemma's one-row step, not rows; then the default): the batch
-    is still batched, its verify runs ``forward_rows``, the reason is said once per process (not again by the second
-    request), and every row is still its own greedy output."""
+def test_the_static_engine_verifies_the_rows_through_the_fused_layers(monkeypatch, forwards):
+    """engine='static' with the fused layers (their torch twins here; the graphs engine captures the same step): the
+    batch's verify is the session's fixed-shape rows step (``forward_rows_static``), not the host-length
+    ``forward_rows``, nothing says it verifies host-length, and every row (one stopping early at its EOS, so the
+    running rows change) is still transformers' greedy output of that row alone; on Gemma-3 and on a Gemma-4 with
+    per-layer inputs and KV-shared layers."""
+    monkeypatch.setattr(settings, "_WARNED", set())
+    for arch in ("gemma3", "gemma4_shared"):
+        target = tiny_target(arch, seed=3, dtype=torch.float32)
+        drafter = tiny_drafter(target, taps=(1, 5), seed=7)
+        rows, eos, early, news = rows_and_eos(target)
+        ids, mask = left_pad(rows)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
+                                        fused_layers=True, eos_token_id=eos, return_stats=True)
+        keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
+        release_fast_state(target)
+        assert not [str(w.message) for w in record if "host-length" in str(w.message)], arch
+        assert out.batched and not forwards, arch  # verified by the fused rows step, never forward_rows
+        assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos)), arch
+        assert out.finish_reason[early] == "eos"
+        assert {key[1] for key in keys} >= {3, 2}, keys  # all three rows, then the two still running
+
+
+def test_the_static_engine_without_fused_layers_says_once_that_it_verifies_host_length(monkeypatch, forwards):
+    """engine='static' with the fused layers off (their default off CUDA): the batch is still batched, its verify
+    runs ``forward_rows``, the reason is said once per process, and every row is its own greedy output."""
     monkeypatch.setattr(settings, "_WARNED", set())
     target = tiny_target("gemma4", seed=3, dtype=torch.float32)
     drafter = tiny_drafter(target, taps=(1, 5), seed=7)
     rows = [row_prompt(i, n) for i, n in enumerate(LENGTHS)]
     ids, mask = left_pad(rows)
     want = expected_batch(ids, [alone(target, r) for r in rows], pad=-1)
-    said = (r"batched rounds on engine 'static' verify host-length \(engine 'eager'\): GemmaStaticTarget has no fused "
-            r"layers over rows \(forward_rows_static\)")
-    for fused in (True, None):
+    said = (r"batched rounds on engine 'static' verify host-length \(engine 'eager'\): the fused layers are off here "
+            r"\(off by default off CUDA; fused_layers=True runs their twins\)")
+    for attempt in range(2):
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
-                                        fused_layers=fused, return_stats=True)
+                                        return_stats=True)
         release_fast_state(target)
         messages = [str(w.message) for w in record if "verify host-length" in str(w.message)]
-        assert len(messages) == (1 if fused else 0), messages  # once per process
-        if fused:
+        assert len(messages) == (1 if attempt == 0 else 0), messages  # once per process
+        if attempt == 0:
             assert re.fullmatch(said, messages[0]), messages
         assert out.batched and torch.equal(out.sequences, want)
         assert max(len(r) for r in forwards) == 3
         forwards.clear()
+
+
+@pytest.mark.gpu(reason="CUDA graphs and the fused Triton kernels: the captured batched verify over rows")
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4_shared"])
+def test_the_graphs_engine_verifies_gemma_rows_as_one_captured_step_on_the_gpu(arch):
+    """On CUDA (fp32): the graphs engine's captured batched verify through the Gemma fused layers over rows (Triton
+    ring, decode and norm-rope kernels per row, rings wrapped), 8 rows (block rows past one skinny GEMM's 16), rows
+    stopping at their EOS (the running rows change the captured step): every row is transformers' greedy output of
+    that row alone, and nothing verifies host-length."""
+    target = tiny_target(arch, seed=3, dtype=torch.float32).cuda()
+    drafter = tiny_drafter(target, taps=(1, 5), seed=7).cuda()
+    rows = [row_prompt(i, n) for i, n in enumerate((5, 40, 23, 9, 31, 12, 50, 17))]
+    ids, mask = left_pad(rows)
+    eos = 2
+    news = [alone(target, r.cuda(), eos=eos) for r in rows]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = fold_hf.fast_generate(target, drafter, ids.cuda(), mask.cuda(), max_new_tokens=NEW, engine="graphs",
+                                    eos_token_id=eos, return_stats=True)
+    keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
+    release_fast_state(target)
+    assert not [str(w.message) for w in record if "host-length" in str(w.message)]
+    assert out.batched and keys
+    assert torch.equal(out.sequences.cpu(), expected_batch(ids, news, pad=eos))

@@ -38,16 +38,16 @@ Greedy rows equal the row decoded alone (the same rule on the same logits, the a
 sampled rows keep the target's distribution exactly (per-row speculative sampling), and with one generator per row
 they sample the same tokens as alone.
 
-Exact mode (``exact=True``, docs/exact-mode.md): the verify forward runs exact mode's kernels, each row as its own
-verify step, so a batched row's tokens have the bits of that row decoded alone in exact mode (bf16 included).
+Exact mode (``exact=True``, docs/exact-mode.md; the Llama and Gemma families): the verify forward runs exact mode's
+kernels, each row as its own verify step, so a batched row's tokens have the bits of that row decoded alone in exact mode (bf16 included).
 
 Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama, Qwen3.5 and Gemma
 families), every engine: the ``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and
 ``graphs`` (the default on CUDA) verify through the fused layers as a fixed-shape step (a CUDA graph in ``graphs``,
-:class:`_Verify`; the Llama family) and draft through the rows step (every family), so a round is two replays; what
-stays on the host is each row's acceptance, the copy of its accepted taps and lengths into the rows step's buffers,
-and the choice of the two steps' keys; the Qwen3.5 and Gemma families
-have no fused layers over rows, so there their verify runs host-length, said once. After each round the runner's
+:class:`_Verify`; the Llama and Gemma families) and draft through the rows step (every family), so a round is two
+replays; what stays on the host is each row's acceptance, the copy of its accepted taps and lengths into the rows
+step's buffers, and the choice of the two steps' keys; the Qwen3.5 family has no fused layers over rows, so there
+its verify runs host-length, said once. After each round the runner's
 ``accept`` takes every row's accepted count (a recurrent family keeps each row's state at its own accepted position;
 a KV cache rolls back by the row's length). The other families and ``cmr`` (its refreshes read one row's target
 attention) decode the rows one after another (:func:`fold_hf.generation.batch.decode_rows`), which says so once,
@@ -312,7 +312,7 @@ class _Verify:
     running rows, :func:`_compact`), keyed ``("rows", A, W, bucket, taps)``: the number of running rows, the block
     width, the attention bucket of the longest row and whether it taps, replayed from the session's buffers; when the
     fused layers cannot run the target or the family has none over rows (the runner's ``fused_rows_unsupported``: the
-    Qwen3.5 and Gemma families), the host-length forward, said once with the reason.
+    Qwen3.5 family), the host-length forward, said once with the reason.
     """
 
     def __init__(self, session, fused_layers: bool | None) -> None:
