@@ -122,16 +122,12 @@ def test_greedy_speculative_output_is_the_exact_ar_output(interpreter, oracle):
     assert not target.__dict__["_fold_fast_session"].runner.exact
 
 
-def test_batched_rows_are_each_row_alone_in_exact_mode(interpreter):
-    """A left-padded batch in exact mode (batched rounds: one verify forward for every row, exact mode's kernels
-    row by row), fp16: each row's tokens, acceptance lengths and proposals are those of the row decoded alone in exact
-    mode (the static engine), with a drafter (rejections) and without (AR); and the batch's SD output is its AR
-    output."""
-    target = small_target(torch.float16)
-    drafter = small_drafter(target)
+def assert_batch_rows_alone_in_exact_mode(target, drafter, new: int) -> None:
+    """Three left-padded rows (5, 23 and 12 tokens) in exact mode, with ``drafter`` and without (AR): each row's
+    tokens, acceptance lengths and proposals are those of the row decoded alone in exact mode (the static engine), the
+    batch's SD output is its AR output, and some round rejected."""
     rows = [prompt(11, 5)[0], prompt(12, 23)[0], prompt(13, 12)[0]]
     ids, mask = left_pad(rows)
-    new = 6
     batches = {}
     for assistant in (drafter, None):
         batch = batches[assistant is None] = fold_hf.fast_generate(target, assistant, ids, mask, max_new_tokens=new,
@@ -146,6 +142,16 @@ def test_batched_rows_are_each_row_alone_in_exact_mode(interpreter):
     sd, ar = batches[False], batches[True]
     assert torch.equal(sd.sequences, ar.sequences)  # greedy SD = AR, batched, in exact mode
     assert min(n for row in sd.rows for n in row.acceptance_lengths) == 1  # rejections happened
+
+
+def test_batched_rows_are_each_row_alone_in_exact_mode(interpreter):
+    """A left-padded batch in exact mode (batched rounds: one verify forward for every row, exact mode's kernels
+    row by row), fp16: each row's tokens, acceptance lengths and proposals are those of the row decoded alone in exact
+    mode (the static engine), with a drafter (rejections) and without (AR); and the batch's SD output is its AR
+    output."""
+    target = small_target(torch.float16)
+    drafter = small_drafter(target)
+    assert_batch_rows_alone_in_exact_mode(target, drafter, new=6)
 
 
 # ------------------------------------------------------------------ refusals
@@ -311,23 +317,7 @@ def test_gemma_batched_rows_are_each_row_alone_in_exact_mode(interpreter, monkey
     monkeypatch.setattr(gemma, "RING_SLACK", K)
     target = gemma_target("gemma3")
     drafter = small_drafter(target)
-    rows = [prompt(11, 5)[0], prompt(12, 23)[0], prompt(13, 12)[0]]  # inside the window of 8; wrapped; wrapped
-    ids, mask = left_pad(rows)
-    new = 5
-    batches = {}
-    for assistant in (drafter, None):
-        batch = batches[assistant is None] = fold_hf.fast_generate(target, assistant, ids, mask, max_new_tokens=new,
-                                                                   exact=True, return_stats=True)
-        assert batch.batched
-        for i, r in enumerate(rows):
-            alone = fold_hf.fast_generate(target, assistant, r[None], max_new_tokens=new, engine="static",
-                                          exact=True, return_stats=True)
-            assert batch.rows[i].sequences.tolist() == alone.sequences.tolist(), (i, assistant is None)
-            assert batch.rows[i].acceptance_lengths == alone.acceptance_lengths, i
-            assert batch.rows[i].proposals == alone.proposals, i
-    sd, ar = batches[False], batches[True]
-    assert torch.equal(sd.sequences, ar.sequences)  # greedy SD = AR, batched, in exact mode
-    assert min(n for row in sd.rows for n in row.acceptance_lengths) == 1  # rejections happened
+    assert_batch_rows_alone_in_exact_mode(target, drafter, new=5)  # rows inside the window of 8; wrapped; wrapped
 
 
 def test_gemma_exact_rows_step_has_the_bits_of_each_row_alone(interpreter, monkeypatch):

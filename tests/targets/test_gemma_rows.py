@@ -61,6 +61,19 @@ def forwards(monkeypatch):
     return seen
 
 
+def _rows_and_model_outputs(arch: str, dtype):
+    """A tiny ``arch`` target, the taps (1 and 5: after gemma4_shared's first KV-shared layer), one sequence per
+    length of ``LENGTHS`` (+ 12 tokens to verify), and the model's own logits ``[n, V]`` and taps over each."""
+    target = tiny_target(arch, seed=2, dtype=dtype)
+    taps = (1, 5)
+    seqs = [row_prompt(10 + n, n + 12) for n in LENGTHS]
+    with torch.no_grad():
+        full = [target(s[None], output_hidden_states=True) for s in seqs]
+    want = [f.logits[0] for f in full]
+    want_taps = [torch.cat([f.hidden_states[t + 1][0] for t in taps], -1) for f in full]
+    return target, taps, seqs, want, want_taps
+
+
 # ------------------------------------------------------------------------------------------------ the runner
 @pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared", "gemma4_moe", "gemma4_cg"])
 def test_forward_rows_gives_each_row_its_own_logits_at_its_own_position(arch):
@@ -68,13 +81,7 @@ def test_forward_rows_gives_each_row_its_own_logits_at_its_own_position(arch):
     one ``forward_rows``, a rejected block first (rolled back by the length): each row's logits and taps equal the
     model's own forward over the row's whole sequence and that row run alone through ``forward`` of a one-row runner;
     then two rows in the other order, narrower."""
-    target = tiny_target(arch, seed=2, dtype=torch.float32)
-    taps = (1, 5)  # 5: after gemma4_shared's first KV-shared layer
-    seqs = [row_prompt(10 + n, n + 12) for n in LENGTHS]
-    with torch.no_grad():
-        full = [target(s[None], output_hidden_states=True) for s in seqs]
-    want = [f.logits[0] for f in full]
-    want_taps = [torch.cat([f.hidden_states[t + 1][0] for t in taps], -1) for f in full]
+    target, taps, seqs, want, want_taps = _rows_and_model_outputs(arch, torch.float32)
     runner = build_static_target(target, 64, taps, batch=3)
     singles = [build_static_target(target, 64, taps) for _ in LENGTHS]
     for i, (n, s) in enumerate(zip(LENGTHS, seqs)):
@@ -121,13 +128,7 @@ def test_forward_rows_static_gives_each_row_its_own_fused_step(arch):
     through a one-row runner and the model's own forward over the row's whole sequence, and its cache row (rings,
     global entries; KV-shared layers write none) holds what the one-row runner's cache holds; then rows 2 and 0 only,
     in that order (cache rows not the step's rows), narrower."""
-    target = tiny_target(arch, seed=2, dtype=torch.float64)
-    taps = (1, 5)  # 5: after gemma4_shared's first KV-shared layer
-    seqs = [row_prompt(10 + n, n + 12) for n in LENGTHS]
-    with torch.no_grad():
-        full = [target(s[None], output_hidden_states=True) for s in seqs]
-    want = [f.logits[0] for f in full]
-    want_taps = [torch.cat([f.hidden_states[t + 1][0] for t in taps], -1) for f in full]
+    target, taps, seqs, want, want_taps = _rows_and_model_outputs(arch, torch.float64)
     runner = build_static_target(target, 64, taps, batch=3)
     singles = [build_static_target(target, 64, taps) for _ in LENGTHS]
     assert runner.fused_rows_unsupported() is None and runner.fused_unsupported() is None
