@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PREFILL_CHUNK = 8192
+FUSED_PREFILL_ENV = "FOLD_HF_FUSED_PREFILL"  # 0: prefill chunks through the module kernels (every family)
 PREFILL_ATTENTION_MIN_ROWS = 64  # more query rows than a verify block: the prefill attention kernels
 TARGET_ATTENTIONS = ("bucket", "triton")
 

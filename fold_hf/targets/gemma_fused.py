@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compat import has_norm_epsilon, norm_epsilon
-from .base import UnsupportedTarget
+from .base import FUSED_PREFILL_ENV, UnsupportedTarget
 from .common import tap_writer
 from .weight_layout import (
     MergedLinears,
@@ -164,6 +164,36 @@ class GemmaFusedLayers:
         with torch.no_grad():
             return self._fused_layers(input_ids, positions, bucket, taps_out, rows=rows)
 
+    def _fused_prefill(self) -> bool:
+        """Whether :meth:`~fold_hf.targets.base.StaticTarget.prefill` runs its chunks through the fused layers
+        (:meth:`_prefill_chunk_fused`), as the Llama family's: on CUDA, ``$FOLD_HF_FUSED_PREFILL`` not ``0`` and
+        :meth:`fused_unsupported` None. The module path launches ~100 kernels a layer for a chunk (each RMSNorm in
+        fp32 with its casts, rope, GELU-tanh), which bounds a small target's time to first token on the host."""
+        import os
+
+        if self.device.type != "cuda" or os.environ.get(FUSED_PREFILL_ENV, "1") == "0":
+            return False
+        return self.fused_unsupported() is None
+
+    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None,
+                             row: int = 0) -> torch.Tensor:
+        """One prefill chunk ``[1, L]`` at positions ``start ..`` into cache row ``row``: the fused layers' kernels
+        (merged projections on cuBLAS, the norms, q/k/v norms + rope, GELU-tanh) around the module path's own cache
+        writes and prefill attention (:meth:`~fold_hf.targets.gemma_rows.GemmaRows._row_attention`: the global
+        layers' cache, the sliding layers' window of ring entries read before the chunk's rows enter the ring);
+        logits ``[1, V]`` of the last position."""
+        L = input_ids.shape[1]
+        if start + L > self.capacity:
+            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
+        self._check_row(row)
+        self._fused_ops_ready()
+        positions = torch.arange(start, start + L, device=self.device)
+        with torch.no_grad():
+            logits = self._fused_layers(input_ids, positions, start + L, taps_out, rows=(row,),
+                                        attention=self._row_attention(row, start, L), last_only=True)
+        self.length = start + L
+        return logits
+
     def _check_ring_slack(self, L: int) -> None:
         """Raise unless a device-length step of ``L`` rows per cache row fits the sliding layers' rings (module
         docstring of :mod:`fold_hf.targets.gemma`: at most ``ring_slack + 1`` rows written, then rolled back)."""
@@ -188,7 +218,8 @@ class GemmaFusedLayers:
 
             self._decode_attention = default_decode_attention(self.device)
 
-    def _fused_layers(self, input_ids, positions, bucket: int, taps_out, rows=(0,)) -> torch.Tensor:
+    def _fused_layers(self, input_ids, positions, bucket: int, taps_out, rows=(0,), attention=None,
+                      last_only: bool = False) -> torch.Tensor:
         """The fused layers (their ops resolved, :meth:`_fused_ops_ready`) over ``input_ids [1, L]`` at ``positions
         [L]`` in cache row ``rows[0]`` (logits ``[L, V]``: :meth:`_forward_static_fused`), or over ``input_ids
         [A, L]`` at ``positions [A, L]``, row ``a`` in cache row ``rows[a]`` (logits ``[A, L, V]``:
@@ -197,10 +228,17 @@ class GemmaFusedLayers:
         attention (the ring kernel on a sliding layer, the decode kernel on a global one at the row's context length,
         its first position, read on the device; a KV-shared layer reading its source's cache row) are that row's own
         launches, exactly as when it runs alone. Per-layer inputs (PLE) keep their activation on the module; their
-        gate and projection go through :func:`~fold_hf.targets.weight_layout.project`."""
+        gate and projection go through :func:`~fold_hf.targets.weight_layout.project`.
+
+        ``attention``: a prefill chunk's ``(write_kv, attend)`` of one cache row
+        (:meth:`~fold_hf.targets.gemma_rows.GemmaRows._row_attention`, the module path's own closures: the global
+        cache write, the sliding layers' ring entries in the window read before the chunk's rows overwrite them, the
+        prefill attention kernel): the norm-rope kernel then writes no cache and the closures attend and store.
+        ``last_only``: the lm_head over the last position only (logits ``[1, V]``)."""
         ops, decode, ring_attention = self._hybrid_ops, self._decode_attention, self._hybrid_ops.ring_attention
         gemm_ops = self._layer_ops
-        if self.exact:  # every GEMM (the lm_head too), the global and the ring attention row-count invariant
+        exact = self.exact and attention is None  # a prefill chunk is shared by AR and speculation: not exact
+        if exact:  # every GEMM (the lm_head too), the global and the ring attention row-count invariant
             gemm_ops, decode, ring_attention = self._exact_ops()
         offset = self._norm_offset
         A, L = input_ids.shape
@@ -208,7 +246,7 @@ class GemmaFusedLayers:
         lengths = [p[:1].to(torch.int32) for p in row_positions]  # each row's context length, on the device
         block_kv = {}  # (layer, row) -> the row's new keys and values
         # a decode step's rows (A * L of a batch's rows) through the skinny GEMMs where the ops take that many
-        skinny = decode_gemm(gemm_ops, A * L, self.exact)
+        skinny = decode_gemm(gemm_ops, A * L, exact)
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
         hidden, per_layer = self._embed(input_ids)  # per_layer: [A, L, n_layers, d] or None
 
@@ -218,6 +256,7 @@ class GemmaFusedLayers:
         first = self.layers[0].input_layernorm
         hidden, normed = ops.residual_norm(hidden, None, weight(first), norm_epsilon(first), offset)
         n_layers = len(self.layers)
+        step_rows = () if attention is not None else rows  # the rows whose attention the kernels below run
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             D = self.head_dims[i]
@@ -236,7 +275,19 @@ class GemmaFusedLayers:
                 raw_k = kv[0].view(A, L, -1, D)
                 raw_v = kv[1].view(A, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
             outs = []
-            for a, cache_row in enumerate(rows):
+            if attention is not None:  # a prefill chunk (one row): the module path's write and attention
+                write_kv, attend = attention
+                if owns_kv:
+                    qa, k, v = ops.head_norm_rope_write(q, raw_k, raw_v, weight(attn.q_norm), weight(attn.k_norm),
+                                                        norm_epsilon(attn.q_norm), offset, cos, sin, positions, None,
+                                                        None, norm_value=getattr(attn, "v_norm", None) is not None)
+                    write_kv(i, k, v)
+                else:
+                    qa, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None,
+                                                        norm_epsilon(attn.q_norm), offset, cos, sin, positions,
+                                                        None, None)
+                outs = [attend(i, qa).transpose(1, 2)]  # [1, Hq, L, D] -> [1, L, Hq, D], as the kernels below
+            for a, cache_row in enumerate(step_rows):
                 here = slice(cache_row, cache_row + 1)  # the row's own cache row of every cache
                 if owns_kv:
                     qa, k, v = ops.head_norm_rope_write(q[a : a + 1], raw_k[a : a + 1], raw_v[a : a + 1],
@@ -279,7 +330,9 @@ class GemmaFusedLayers:
                                                scalar=scalar)
             if taps_out is not None and i in self.tap_layer_ids:
                 tap(i, normed if i == n_layers - 1 else hidden)  # the last layer's tap is after the final norm
-        logits = project(skinny, self.lm_head, normed) if self.exact else self.lm_head(normed)
+        if last_only:
+            normed = normed[:, -1:]
+        logits = project(skinny, self.lm_head, normed) if exact else self.lm_head(normed)
         if positions.dim() == 1:
             logits = logits[0]
         if self.final_softcap is not None:

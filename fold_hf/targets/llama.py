@@ -41,7 +41,7 @@ from torch import nn
 
 from ..compat import has_norm_epsilon, norm_epsilon
 from ..kernels.gemm.cpu import linear_module
-from .base import StaticTarget, UnsupportedTarget
+from .base import FUSED_PREFILL_ENV, StaticTarget, UnsupportedTarget
 from .common import tap_writer
 from .taps import _unwrap
 from .tensor_parallel import local_heads, tensor_parallel_size
@@ -57,7 +57,6 @@ from .weight_layout import (
 )
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-FUSED_PREFILL_ENV = "FOLD_HF_FUSED_PREFILL"  # 0: prefill chunks through the module kernels
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 # MLPs computing down_proj(act_fn(gate_proj(x)) * up_proj(x)), which the host-length forward may run as gate|up
 _GATED_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")

@@ -146,6 +146,13 @@ def _check_kernels(device, dtype, H, heads, D, R, ring, L):
                                                   caches[2], caches[3], norm_value=norm_value)
         for g_, w_ in zip(list(got) + caches[:2], list(want) + caches[2:]):
             torch.testing.assert_close(g_, w_, **tol)
+    # no caches (a Gemma prefill chunk's sliding layer): the same q, k, v, nothing written; one cache alone refused
+    got = tri.head_norm_rope_write_triton(query, key, value, qw, kw_, 1e-6, 0.0, cos, sin, positions, None, None,
+                                          norm_value=True)
+    for g_, w_ in zip(got, want):  # want: the last loop's (offset 0, norm_value), written into caches there
+        torch.testing.assert_close(g_, w_, **tol)
+    with pytest.raises(ValueError, match="both caches or neither"):
+        tri.head_norm_rope_write_triton(query, key, value, qw, kw_, 1e-6, 0.0, cos, sin, positions, caches[0], None)
     got_q, none_k, _ = tri.head_norm_rope_write_triton(query, None, None, qw, None, 1e-6, 0.0, cos, sin, positions,
                                                        None, None)
     assert none_k is None

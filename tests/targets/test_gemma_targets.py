@@ -179,6 +179,93 @@ def test_static_forwards_match_the_model_fp32(arch):
         assert runner.keys[i].shape[2] == (64 if window is None else GEMMA_WINDOW + 3)
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "gemma4_shared"] + list(GEMMA_VARIANTS))
+def test_fused_prefill_chunks_give_the_models_logits_taps_and_the_module_paths_caches(arch):
+    """``_prefill_chunk_fused`` (the fused layers' kernels, torch twins on the CPU, around the module path's cache
+    writes and prefill attention) over chunks of 70, 70 and 10 tokens (the first two through the prefill attention
+    kernel with the sliding window over the ring's entries and the chunk, the last through the masked SDPA; the rings
+    wrap many times): the last position's logits and every tapped hidden state are the model's own forward's (fp32),
+    and every cache (rings, global layers) holds what the module path's chunks leave; then a decode step reads them."""
+    target = tiny_target(arch, seed=2, dtype=torch.float32)
+    taps = (1, 5)
+    ids = prompt(13, 150)
+    if arch == "gemma3_cg":
+        ids[0, 3] = ids[0, 90] = GEMMA3_IMAGE_ID
+    with torch.no_grad():
+        full = target(ids, output_hidden_states=True)
+    want_taps = torch.cat([full.hidden_states[t + 1][0] for t in taps], -1)
+    fused = build_static_target(target, capacity=160, tap_layer_ids=taps)
+    module = build_static_target(target, capacity=160, tap_layer_ids=taps)
+    assert not fused._fused_prefill()  # CPU: the module path by default
+    seen = []
+    for start in (0, 70, 140):
+        piece = ids[:, start : start + 70]
+        out = torch.empty(1, piece.shape[1], fused.tap_width)
+        logits = fused._prefill_chunk_fused(piece, start, out)
+        module.forward(piece, start, last_only=True)
+        assert logits.shape == (1, full.logits.shape[-1]) and fused.length == start + piece.shape[1]
+        torch.testing.assert_close(logits[0], full.logits[0, start + piece.shape[1] - 1], rtol=1e-4, atol=1e-4)
+        seen.append(out)
+    torch.testing.assert_close(torch.cat(seen, 1)[0], want_taps, rtol=1e-4, atol=1e-4)
+    for i in range(len(fused.layers)):
+        written = slice(None) if fused.windows[i] is not None else slice(0, 150)
+        torch.testing.assert_close(fused.keys[i][:, :, written], module.keys[i][:, :, written], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused.values[i][:, :, written], module.values[i][:, :, written], rtol=1e-5,
+                                   atol=1e-5)
+    nxt = prompt(14, 1)
+    with torch.no_grad():
+        want = target(torch.cat((ids, nxt), 1)).logits[0, -1]
+    torch.testing.assert_close(fused.forward(nxt, 150)[-1], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gemma4_shared"])
+def test_fused_prefill_chunks_run_the_triton_kernels(arch, interpreter, monkeypatch):
+    """The fused prefill chunk with the Triton kernels themselves (Triton's interpreter on the CPU: the norms, the
+    q/k/v norms + rope writing no cache, GELU-tanh), as CUDA runs it: the model's logits at every chunk's last
+    position and the module path's caches."""
+    import fold_hf.kernels as kernels
+
+    monkeypatch.setattr(kernels, "triton_kernels_enabled", lambda device: True)
+    target = tiny_target(arch, seed=2, dtype=torch.float32)
+    ids = prompt(15, 90)
+    with torch.no_grad():
+        full = target(ids).logits[0]
+    fused = build_static_target(target, capacity=96)
+    module = build_static_target(target, capacity=96)
+    fused._fused_ops_ready()
+    assert fused._hybrid_ops.backend == "triton"
+    for start in (0, 70):
+        piece = ids[:, start : start + 70]
+        logits = fused._prefill_chunk_fused(piece, start, None)
+        module.forward(piece, start, last_only=True)
+        torch.testing.assert_close(logits[0], full[start + piece.shape[1] - 1], rtol=1e-4, atol=1e-4)
+    for i in range(len(fused.layers)):
+        written = slice(None) if fused.windows[i] is not None else slice(0, 90)
+        torch.testing.assert_close(fused.keys[i][:, :, written], module.keys[i][:, :, written], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu(reason="the fused prefill's Triton kernels on CUDA, chunks of thousands of tokens")
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4_shared"])
+def test_fused_prefill_on_the_gpu_is_the_module_paths(arch):
+    """On CUDA the prefill runs the fused chunks by default (``_fused_prefill``): fp32, three chunks of 1,024 and one of
+    928 tokens (the rings wrapped hundreds of times), the last logits and every cache equal the module path's
+    (``$FOLD_HF_FUSED_PREFILL=0``) to fp32 rounding."""
+    target = tiny_target(arch, seed=2, dtype=torch.float32).to("cuda")
+    ids = prompt(16, 4000).to("cuda")
+    fused = build_static_target(target, capacity=4008)
+    module = build_static_target(target, capacity=4008)
+    assert fused._fused_prefill()
+    got = fused.prefill(ids, chunk=1024)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FOLD_HF_FUSED_PREFILL", "0")
+        assert not module._fused_prefill()
+        want = module.prefill(ids, chunk=1024)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for i in range(len(fused.layers)):
+        written = slice(None) if fused.windows[i] is not None else slice(0, 4000)
+        torch.testing.assert_close(fused.keys[i][:, :, written], module.keys[i][:, :, written], rtol=1e-4, atol=1e-4)
+
+
 def test_what_the_fast_path_refuses_or_warns(monkeypatch):
     moe = tiny_target("gemma4_moe")
     assert fast_unsupported(moe) is None  # the MoE block runs on the capturable experts step

@@ -89,7 +89,8 @@ def head_norm_rope_write_reference(query: torch.Tensor, key: torch.Tensor | None
         cos_table, sin_table: ``[capacity, R]`` rope tables in the model dtype (``R <= D``; dims past ``R`` pass).
         positions: ``[L]`` long; the cache rows written are ``positions % key_cache.shape[2]`` (a ring when the
             cache is shorter than the positions).
-        key_cache, value_cache: ``[1, Hkv, S, D]``.
+        key_cache, value_cache: ``[1, Hkv, S, D]``, or None: keys and values returned, no cache written (a Gemma
+            prefill chunk's sliding layer, whose ring is written after its attention).
 
     Returns:
         ``(q [1, Hq, L, D], k [1, Hkv, L, D], v [1, Hkv, L, D])`` contiguous (k and v None without a key).
@@ -105,9 +106,10 @@ def head_norm_rope_write_reference(query: torch.Tensor, key: torch.Tensor | None
     k = _rotate(k, cos, sin).transpose(1, 2).contiguous()
     v = _rms(value, None, eps, 0.0, dtype) if norm_value else value
     v = v.transpose(1, 2).contiguous()
-    slots = positions % key_cache.shape[2]
-    key_cache.index_copy_(2, slots, k)
-    value_cache.index_copy_(2, slots, v)
+    if key_cache is not None:
+        slots = positions % key_cache.shape[2]
+        key_cache.index_copy_(2, slots, k)
+        value_cache.index_copy_(2, slots, v)
     return q, k, v
 
 

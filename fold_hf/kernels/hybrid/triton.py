@@ -153,7 +153,8 @@ def _norm_rope_row(src, W, COS, SIN, pos, cos_stride, eps, offset, D, HALF: tl.c
 def _head_norm_rope_kernel(Q, K, V, QW, KW, COS, SIN, POS, KC, VC, QO, KO, VO, L, HQ, HKV,
                            q_tok, q_head, k_tok, k_head, v_tok, v_head, cache_head, cache_row, ring, cos_stride,
                            eps, offset, D, HALF: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                           NORM_QK: tl.constexpr, HAS_W: tl.constexpr, NORM_V: tl.constexpr):
+                           NORM_QK: tl.constexpr, HAS_W: tl.constexpr, NORM_V: tl.constexpr,
+                           WRITE: tl.constexpr):
     token = tl.program_id(0)
     head = tl.program_id(1)  # [0, HQ) queries, [HQ, HQ + HKV) keys, then values
     pos = tl.load(POS + token)
@@ -167,13 +168,15 @@ def _head_norm_rope_kernel(Q, K, V, QW, KW, COS, SIN, POS, KC, VC, QO, KO, VO, L
         out, offs, ok = _norm_rope_row(K + token * k_tok + h * k_head, KW, COS, SIN, pos, cos_stride, eps, offset,
                                        D, HALF, R, NORM_QK, HAS_W, True, BD)
         tl.store(KO + (h * L + token) * D + offs, out, mask=ok)
-        tl.store(KC + h * cache_head + slot * cache_row + offs, out, mask=ok)
+        if WRITE:
+            tl.store(KC + h * cache_head + slot * cache_row + offs, out, mask=ok)
     else:
         h = head - HQ - HKV
         out, offs, ok = _norm_rope_row(V + token * v_tok + h * v_head, KW, COS, SIN, pos, cos_stride, eps, 0.0,
                                        D, HALF, R, NORM_V, False, False, BD)
         tl.store(VO + (h * L + token) * D + offs, out, mask=ok)
-        tl.store(VC + h * cache_head + slot * cache_row + offs, out, mask=ok)
+        if WRITE:
+            tl.store(VC + h * cache_head + slot * cache_row + offs, out, mask=ok)
 
 
 def _heads(x: torch.Tensor):
@@ -186,7 +189,7 @@ def _heads(x: torch.Tensor):
 def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offset, cos_table, sin_table, positions,
                                 key_cache, value_cache, *, norm_qk=True, norm_value=False):
     """:func:`~fold_hf.kernels.hybrid.naive.head_norm_rope_write_reference` (queries and keys may be strided
-    views of a wider projection)."""
+    views of a wider projection; ``key_cache`` None: keys and values returned, no cache written)."""
     _, L, HQ, D = query.shape
     R = cos_table.shape[-1]
     if R % 2 or R > D or sin_table.shape != cos_table.shape:
@@ -197,6 +200,7 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
     query, q_tok, q_head = _heads(query)
     cos_table, sin_table = cos_table.contiguous(), sin_table.contiguous()
     q_out = query.new_empty(1, HQ, L, D)
+    write = key is not None and key_cache is not None
     if key is None:
         HKV, k_out = 0, None
         key = value = query
@@ -208,20 +212,27 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
         if key.shape != (1, L, HKV, D) or value.shape != key.shape:
             raise ValueError(f"key {tuple(key.shape)} / value {tuple(value.shape)} do not match query "
                              f"{tuple(query.shape)}")
-        if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
+        if (key_cache is None) != (value_cache is None):
+            raise ValueError("give both caches or neither")
+        if key_cache is not None and (key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1):
             raise ValueError("key and value caches must share strides with a contiguous head dim")
         key, k_tok, k_head = _heads(key)
         value, v_tok, v_head = _heads(value)
         k_out_arg = k_out = key.new_empty(1, HKV, L, D)
         v_out_arg = value.new_empty(1, HKV, L, D)
-        cache_head, cache_row, ring = key_cache.stride(1), key_cache.stride(2), key_cache.shape[2]
+        if key_cache is None:  # no cache write (WRITE off: the pointers are never stored through)
+            key_cache = value_cache = k_out
+            cache_head = cache_row = 0
+            ring = 1
+        else:
+            cache_head, cache_row, ring = key_cache.stride(1), key_cache.stride(2), key_cache.shape[2]
     weight = q_weight if q_weight is not None else query
     _head_norm_rope_kernel[(L, HQ + 2 * HKV)](
         query, key, value, weight, k_weight if k_weight is not None else weight, cos_table, sin_table, positions,
         key_cache, value_cache, q_out, k_out_arg, v_out_arg, L, HQ, HKV, q_tok, q_head, k_tok, k_head, v_tok, v_head,
         cache_head, cache_row, ring, cos_table.stride(0), float(eps), float(offset), D, HALF=R // 2, R=R,
         BD=_next_pow2(D), NORM_QK=bool(norm_qk), HAS_W=q_weight is not None, NORM_V=bool(norm_value),
-        num_warps=1 if D <= 256 else 2, **_EXACT)
+        WRITE=write, num_warps=1 if D <= 256 else 2, **_EXACT)
     if k_out is None:
         return q_out, None, None
     return q_out, k_out, v_out_arg
