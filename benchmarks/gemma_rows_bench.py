@@ -17,6 +17,7 @@ import time
 import torch
 import transformers as tf
 
+from fold_hf.generation.graphs import CapturedStep
 from fold_hf.targets.base import bucket_length
 from fold_hf.targets.gemma import GemmaStaticTarget
 
@@ -43,20 +44,6 @@ def milliseconds(fn, repeats: int = 20) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def captured(fn):
-    """``fn`` captured as a CUDA graph (after two warm-up runs on a side stream); returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -77,7 +64,7 @@ def main() -> None:
         rows = list(range(B))
         host = milliseconds(lambda: runner.forward_rows(ids, rows, starts))
         eager = milliseconds(lambda: runner.forward_rows_static(ids, positions, rows, bucket))
-        graph = milliseconds(captured(lambda: runner.forward_rows_static(ids, positions, rows, bucket)))
+        graph = milliseconds(CapturedStep(lambda: runner.forward_rows_static(ids, positions, rows, bucket)).replay)
         a = runner.forward_rows(ids, rows, starts).float()
         b = runner.forward_rows_static(ids, positions, rows, bucket).float()
         print(f"ctx {ctx} B={B} W={W}: host-length forward_rows {host:.2f} ms, forward_rows_static eager {eager:.2f} "
@@ -87,7 +74,8 @@ def main() -> None:
             one = GemmaStaticTarget(model, ctx + 64)
             one.prefill(torch.randint(0, 1000, (1, ctx), device="cuda"))
             p1 = torch.arange(ctx, ctx + W, device="cuda")
-            replay = captured(lambda: one.forward_static(ids[:1], p1, bucket, attention="triton", fused=True))
+            step = CapturedStep(lambda: one.forward_static(ids[:1], p1, bucket, attention="triton", fused=True))
+            replay = step.replay
             print(f"ctx {ctx} B=1 forward_static fused captured {milliseconds(replay):.2f} ms", flush=True)
             del one
         del runner

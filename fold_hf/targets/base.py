@@ -430,6 +430,15 @@ class StaticTarget(abc.ABC):
         """Whether :meth:`prefill` runs its chunks through the family's fused layers (``_prefill_chunk_fused``)."""
         return False
 
+    def _fused_prefill_allowed(self) -> bool:
+        """What a family's :meth:`_fused_prefill` asks of every family: CUDA, ``$FOLD_HF_FUSED_PREFILL`` not ``0``
+        and :meth:`fused_unsupported` None."""
+        import os
+
+        if self.device.type != "cuda" or os.environ.get(FUSED_PREFILL_ENV, "1") == "0":
+            return False
+        return self.fused_unsupported() is None
+
     # ------------------------------------------------------------------ device-length forward
     @torch.no_grad()
     def forward_static(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,

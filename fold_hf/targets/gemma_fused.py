@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compat import has_norm_epsilon, norm_epsilon
-from .base import FUSED_PREFILL_ENV, UnsupportedTarget
+from .base import UnsupportedTarget
 from .common import tap_writer
 from .weight_layout import (
     MergedLinears,
@@ -93,7 +93,8 @@ class GemmaFusedLayers:
 
     def exact_unsupported(self) -> str | None:
         """Why exact mode (docs/exact-mode.md) cannot run this target (None when it can): the device (CUDA, or a CPU
-        under Triton's interpreter), the fused layers, every projection and the lm_head a plain Linear (:func:`~fold_hf.targets.weight_layout.gemm_unsupported`),
+        under Triton's interpreter), the fused layers, every projection and the lm_head a plain Linear
+        (:func:`~fold_hf.targets.weight_layout.gemm_unsupported`),
         q|k|v and gate|up merged, and neither Gemma-4's per-layer inputs nor its MoE block (both run modules whose
         kernels follow the row count)."""
         reason = self._exact_basics_unsupported()
@@ -167,13 +168,10 @@ class GemmaFusedLayers:
     def _fused_prefill(self) -> bool:
         """Whether :meth:`~fold_hf.targets.base.StaticTarget.prefill` runs its chunks through the fused layers
         (:meth:`_prefill_chunk_fused`), as the Llama family's: on CUDA, ``$FOLD_HF_FUSED_PREFILL`` not ``0`` and
-        :meth:`fused_unsupported` None. The module path launches ~100 kernels a layer for a chunk (each RMSNorm in
-        fp32 with its casts, rope, GELU-tanh), which bounds a small target's time to first token on the host."""
-        import os
-
-        if self.device.type != "cuda" or os.environ.get(FUSED_PREFILL_ENV, "1") == "0":
-            return False
-        return self.fused_unsupported() is None
+        :meth:`fused_unsupported` None (:meth:`~fold_hf.targets.base.StaticTarget._fused_prefill_allowed`). The
+        module path launches ~100 kernels a layer for a chunk (each RMSNorm in fp32 with its casts, rope,
+        GELU-tanh), which bounds a small target's time to first token on the host."""
+        return self._fused_prefill_allowed()
 
     def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None,
                              row: int = 0) -> torch.Tensor:
@@ -256,7 +254,6 @@ class GemmaFusedLayers:
         first = self.layers[0].input_layernorm
         hidden, normed = ops.residual_norm(hidden, None, weight(first), norm_epsilon(first), offset)
         n_layers = len(self.layers)
-        step_rows = () if attention is not None else rows  # the rows whose attention the kernels below run
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             D = self.head_dims[i]
@@ -275,31 +272,25 @@ class GemmaFusedLayers:
                 raw_k = kv[0].view(A, L, -1, D)
                 raw_v = kv[1].view(A, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
             outs = []
-            if attention is not None:  # a prefill chunk (one row): the module path's write and attention
-                write_kv, attend = attention
-                if owns_kv:
-                    qa, k, v = ops.head_norm_rope_write(q, raw_k, raw_v, weight(attn.q_norm), weight(attn.k_norm),
-                                                        norm_epsilon(attn.q_norm), offset, cos, sin, positions, None,
-                                                        None, norm_value=getattr(attn, "v_norm", None) is not None)
-                    write_kv(i, k, v)
-                else:
-                    qa, _, _ = ops.head_norm_rope_write(q, None, None, weight(attn.q_norm), None,
-                                                        norm_epsilon(attn.q_norm), offset, cos, sin, positions,
-                                                        None, None)
-                outs = [attend(i, qa).transpose(1, 2)]  # [1, Hq, L, D] -> [1, L, Hq, D], as the kernels below
-            for a, cache_row in enumerate(step_rows):
+            for a, cache_row in enumerate(rows):
                 here = slice(cache_row, cache_row + 1)  # the row's own cache row of every cache
-                if owns_kv:
+                if owns_kv:  # a prefill chunk's caches are written by its closures (a ring after its attention)
+                    caches = (None, None) if attention is not None else (self.keys[i][here], self.values[i][here])
                     qa, k, v = ops.head_norm_rope_write(q[a : a + 1], raw_k[a : a + 1], raw_v[a : a + 1],
                                                         weight(attn.q_norm), weight(attn.k_norm),
                                                         norm_epsilon(attn.q_norm), offset, cos, sin, row_positions[a],
-                                                        self.keys[i][here], self.values[i][here],
-                                                        norm_value=getattr(attn, "v_norm", None) is not None)
+                                                        *caches, norm_value=getattr(attn, "v_norm", None) is not None)
                     block_kv[i, a] = (k, v)
                 else:
                     qa, _, _ = ops.head_norm_rope_write(q[a : a + 1], None, None, weight(attn.q_norm), None,
                                                         norm_epsilon(attn.q_norm), offset, cos, sin, row_positions[a],
                                                         None, None)
+                if attention is not None:  # a prefill chunk (one row): the module path's cache write and attention
+                    write_kv, attend = attention
+                    if owns_kv:
+                        write_kv(i, k, v)
+                    outs.append(attend(i, qa).transpose(1, 2))  # [1, Hq, L, D] -> [1, L, Hq, D], as the kernels'
+                    continue
                 if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                     self.query_keep[1][:, :, :L].copy_(qa)
                 keys, values = self.keys[src][here], self.values[src][here]

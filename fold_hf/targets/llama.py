@@ -41,7 +41,7 @@ from torch import nn
 
 from ..compat import has_norm_epsilon, norm_epsilon
 from ..kernels.gemm.cpu import linear_module
-from .base import FUSED_PREFILL_ENV, StaticTarget, UnsupportedTarget
+from .base import StaticTarget, UnsupportedTarget
 from .common import tap_writer
 from .taps import _unwrap
 from .tensor_parallel import local_heads, tensor_parallel_size
@@ -252,15 +252,12 @@ class LlamaStaticTarget(StaticTarget):
 
     def _fused_prefill(self) -> bool:
         """Whether :meth:`prefill` runs its chunks through the fused layers (:meth:`_prefill_chunk_fused`): on CUDA,
-        ``$FOLD_HF_FUSED_PREFILL`` not ``0``, the Llama family's own forward and :meth:`fused_unsupported` None."""
-        import os
-
-        if self.device.type != "cuda" or os.environ.get(FUSED_PREFILL_ENV, "1") == "0":
-            return False
+        ``$FOLD_HF_FUSED_PREFILL`` not ``0`` and :meth:`fused_unsupported` None
+        (:meth:`~fold_hf.targets.base.StaticTarget._fused_prefill_allowed`), and the Llama family's own forward."""
         if type(self)._fused_layers is not LlamaStaticTarget._fused_layers or type(self).forward is not \
                 StaticTarget.forward or self.__dict__.get("attention_probe") is not None:
             return False
-        return self.fused_unsupported() is None
+        return self._fused_prefill_allowed()
 
     def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None,
                              row: int = 0):

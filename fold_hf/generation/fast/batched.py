@@ -12,8 +12,8 @@ padding in the cache: a row's prompt is prefilled without its left padding), its
    ``graphs`` one fixed-shape step (:class:`_DraftRows`, a CUDA graph in ``graphs``, keyed by the number of
    running rows and whether some row reads far memory: :class:`~fold_hf.generation.static_drafter_rows.RowsDrafter`,
    the single-prompt static drafter with a row axis: block embedding, ``fc`` over each row's new taps (``R`` rows
-   per row, masked by its length), every projection and the lm_head shared over ``[A, B]``; each row's cache row of one
-   ``[batch, Hkv, capacity, Dh]`` drafter cache, its length read from the device, its own FOLD read; greedy
+   per row, masked by its length), every projection and the lm_head shared over ``[A, B]``; each row's cache row of
+   one ``[batch, Hkv, capacity, Dh]`` drafter cache, its length read from the device, its own FOLD read; greedy
    proposals by argmax on the device); on the ``eager`` engine, for sampled or penalized rows and for the modes and
    drafters the step does not cover (``streaming``, ``infllm``, ``yarn``, a DeepSpec confidence cut; said once), on
    the host (:func:`~fold_hf.modeling.drafter_rows.propose_rows`: the projections and the lm_head shared, each row's
@@ -39,7 +39,8 @@ sampled rows keep the target's distribution exactly (per-row speculative samplin
 they sample the same tokens as alone.
 
 Exact mode (``exact=True``, docs/exact-mode.md; the Llama and Gemma families): the verify forward runs exact mode's
-kernels, each row as its own verify step, so a batched row's tokens have the bits of that row decoded alone in exact mode (bf16 included).
+kernels, each row as its own verify step, so a batched row's tokens have the bits of that row decoded alone in exact
+mode (bf16 included).
 
 Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (the Llama, Qwen3.5 and Gemma
 families), every engine: the ``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and
