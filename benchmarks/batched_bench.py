@@ -384,6 +384,14 @@ def suite_requests(path, tier: int, limit: int | None) -> list[dict]:
     return requests[:limit] if limit else requests
 
 
+def session_steps(target) -> dict:
+    """The fast session's fixed-shape steps (CUDA graphs on the graphs engine) by key; empty without a session."""
+    from fold_hf.generation.fast import SESSION_ATTR
+
+    session = target.__dict__.get(SESSION_ATTR)
+    return dict(session.steps) if session is not None else {}
+
+
 def suite_section(args, device: torch.device, report: dict, save) -> None:
     """Section ``suite`` (module docstring): methods x B over a suite's tier, whole calls, per-row τ."""
     from fold_hf.bench.methods import default_methods, resolve_methods
@@ -433,11 +441,13 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
                         decode_phase(rows))
 
             call(groups[0])  # warm-up: the session, its graphs and kernels (not timed)
-            tokens, taus, elapsed, decoding = [], [], 0.0, 0.0
+            steps_before = len(session_steps(target))
+            tokens, taus, elapsed, decoding, group_s = [], [], 0.0, 0.0, []
             for group in groups:
                 start = sync(device)
                 out, tau, decode_s = call(group)
-                elapsed += sync(device) - start
+                group_s.append(sync(device) - start)
+                elapsed += group_s[-1]
                 decoding += decode_s
                 tokens += out
                 taus += tau
@@ -452,10 +462,15 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
                    "new_tokens": args.new, "seconds": elapsed, "tokens_per_s": new / elapsed,
                    "decode_seconds": decoding, "decode_tokens_per_s": after_first / decoding,
                    "tau_mean": statistics.fmean(taus) if config is not None else 1.0,
-                   "tau_rows": taus if config is not None else None, "rows_differing_from_ar": differ}
+                   "tau_rows": taus if config is not None else None, "rows_differing_from_ar": differ,
+                   "group_seconds": group_s,
+                   # fixed-shape steps (graphs) the timed calls built that the warm-up had not: their captures are
+                   # in the timed seconds
+                   "steps_built_while_timed": len(session_steps(target)) - steps_before}
             report["rows"].append(row)
             log(f"suite B={B:2d} {name:8s} {new / elapsed:8.1f} tok/s (decode {after_first / decoding:8.1f})  "
-                f"tau {row['tau_mean']:.2f}  rows differing from AR {differ}/{len(tokens)}")
+                f"tau {row['tau_mean']:.2f}  rows differing from AR {differ}/{len(tokens)}  steps built while timed "
+                f"{row['steps_built_while_timed']}")
             save()
         release_fast_state(target)
         for name in wanted:

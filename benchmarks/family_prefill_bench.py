@@ -1,5 +1,5 @@
-"""Time to first token on long prompts for the Qwen3.5-9B and Gemma-4-12B shapes (issue 36): our fast loop vs
-transformers' ``generate``, against the compute floor (GPU).
+"""Time to first token on long prompts for the Qwen3.5-9B, Gemma-4-12B and Gemma-3-270M shapes (issue 36): our
+fast loop vs transformers' ``generate``, against the compute floor (GPU).
 
 Random bf16 targets built on the GPU at the shapes of ``hybrid_bench.py`` (``qwen35_config``: Qwen3.5-9B text, 24
 Gated DeltaNet + 8 full-attention layers) and ``gemma_bench.py`` (``build_pair``: Gemma-3-12B dimensions with
@@ -8,6 +8,8 @@ by default, ``--prompts``):
 
 * ``ours``: ``fast_generate(target, None, ids, max_new_tokens=1)`` (AR, the prefill in chunks of ``--chunk``, the
   graphs engine), the session freed before every call so each call allocates its cache (as transformers' does);
+* ``ours_module`` (``--module-prefill``): ``ours`` with ``$FOLD_HF_FUSED_PREFILL=0``, the prefill chunks through
+  the module kernels instead of the fused layers (``fused_over_module_prefill_*`` in the headline);
 * ``hf``: ``target.generate(ids, max_new_tokens=1, fold_fast=False)`` (the target's attention implementation,
   sdpa), after our session is released.
 
@@ -40,6 +42,7 @@ import argparse
 import csv
 import importlib.util
 import json
+import os
 import sys
 import time
 import traceback
@@ -58,9 +61,9 @@ from last_mile_bench import (cpu_machine, hf_prefill, our_prefill, peak_matmul_f
                              rounded, ttft_calls)
 
 from fold_hf.generation.fast import release_fast_state  # noqa: E402
-from fold_hf.targets.base import PREFILL_CHUNK  # noqa: E402
+from fold_hf.targets.base import FUSED_PREFILL_ENV, PREFILL_CHUNK  # noqa: E402
 
-FAMILIES = ("qwen35_9b", "gemma4_12b")
+FAMILIES = ("qwen35_9b", "gemma4_12b", "gemma3_270m")
 FIELDS = ["gpu", "torch", "transformers", "date", "family", "P", "system", "first_call_s", "warm_median_s",
           "repeats", "peak_gib", "first_call_peak_gib", "floor_s", "fraction_of_floor", "error"]
 
@@ -72,10 +75,32 @@ def build_target(family: str, tiny: bool, max_positions: int, device: str):
     elif family == "gemma4_12b":
         target, _drafter = build_pair(shape_args(tiny, max_positions), device,
                                       torch.float32 if tiny else torch.bfloat16)
+    elif family == "gemma3_270m":  # the real Gemma-3 pair's target shape (random weights)
+        target = gemma3_270m(tiny, max_positions, device)
     else:
         raise SystemExit(f"--families: unknown {family!r} (of {', '.join(FAMILIES)})")
     target.generation_config.pad_token_id = 0
     return target
+
+
+def gemma3_270m(tiny: bool, max_positions: int, device: str):
+    """Gemma-3-270M's text shape (18 layers, 5 sliding of window 512 to 1 global, 4 query heads of 256, 1 KV
+    head, bf16), or a tiny twin of it (fp32) for ``--dry-run``."""
+    import transformers as tf
+
+    layer_types = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    if tiny:
+        config = tf.Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                     num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=16,
+                                     query_pre_attn_scalar=16, max_position_embeddings=max_positions,
+                                     layer_types=layer_types[:6], rope_theta=1e6)
+    else:
+        config = tf.Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                                     num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                                     query_pre_attn_scalar=256, max_position_embeddings=max_positions,
+                                     layer_types=layer_types, rope_theta=1e6)
+    torch.manual_seed(0)
+    return tf.Gemma3ForCausalLM(config).to(device, torch.float32 if tiny else torch.bfloat16).eval()
 
 
 def attention_pairs(P: int, window: int | None) -> int:
@@ -134,6 +159,13 @@ def run_family(family: str, args, device: torch.device, engine: str, peak_flops:
         floor_s = prefill_flops(target, P) / peak_flops
         n = args.repeats_by_prompt[P]
         runs = [("ours", ttft_calls(lambda: our_prefill(target, prompt, args.chunk, engine, fresh=True), n))]
+        if args.module_prefill:  # the same calls with the prefill chunks through the module kernels
+            os.environ[FUSED_PREFILL_ENV] = "0"
+            try:
+                runs.append(("ours_module", ttft_calls(
+                    lambda: our_prefill(target, prompt, args.chunk, engine, fresh=True), n)))
+            finally:
+                os.environ.pop(FUSED_PREFILL_ENV)
         release_fast_state(target)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -170,6 +202,9 @@ def headline(rows: list[dict]) -> dict:
         for suffix, key in (("", "warm_median_s"), ("_first_call", "first_call_s")):
             ours, hf = get(family, P, "ours", key), get(family, P, "hf", key)
             out[f"prefill_over_hf_{tag}{suffix}"] = round(ours / hf, 4) if ours and hf else None
+            module = get(family, P, "ours_module", key)
+            if module:
+                out[f"fused_over_module_prefill_{tag}{suffix}"] = round(ours / module, 4) if ours else None
         out[f"prefill_fraction_of_compute_floor_{tag}"] = rounded(get(family, P, "ours", "fraction_of_floor"), 4)
         out[f"hf_prefill_fraction_of_compute_floor_{tag}"] = rounded(get(family, P, "hf", "fraction_of_floor"), 4)
     return out
@@ -184,6 +219,9 @@ def main(argv=None) -> int:
                                                        "per --prompts length (e.g. 3,2)")
     parser.add_argument("--chunk", type=int, default=PREFILL_CHUNK, help="our prefill's chunk (the library default)")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--module-prefill", action="store_true",
+                        help=f"also time ours with ${FUSED_PREFILL_ENV}=0 (system ours_module: the prefill chunks "
+                             "through the module kernels, not the fused layers)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, static engine: checks the script")
     args = parser.parse_args(argv)
     if args.dry_run:

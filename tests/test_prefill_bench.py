@@ -46,27 +46,32 @@ def test_last_mile_bench_prefill_dry_run_writes_first_call_and_warm_rows(tmp_pat
                                       for r in csv_rows)
 
 
-def test_family_prefill_bench_dry_run_writes_both_families(tmp_path):
-    """``family_prefill_bench.py --dry-run``: tiny Qwen3.5 and Gemma-4 targets, two lengths past the sliding
-    window and the prefill chunk, ours and transformers' each with a first call and two warm calls; the headline
-    gives ours / HF for every family and length."""
+def test_family_prefill_bench_dry_run_writes_every_family(tmp_path):
+    """``family_prefill_bench.py --dry-run --module-prefill``: tiny Qwen3.5, Gemma-4 and Gemma-3 targets, two
+    lengths past the sliding window and the prefill chunk, ours, ours with the module-path prefill and transformers'
+    each with a first call and two warm calls; the headline gives ours / HF and ours / ours_module for every family
+    and length."""
     script = BENCHMARKS / "family_prefill_bench.py"
-    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run"], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--module-prefill"],
+                   check=True, capture_output=True)
     report = json.loads((tmp_path / "family_prefill.json").read_text())
     assert report["errors"] == {}
     keys = {(r["family"], r["P"], r["system"]) for r in report["rows"]}
-    assert keys == {(f, P, s) for f in ("qwen35_9b", "gemma4_12b") for P in (40, 72) for s in ("ours", "hf")}
+    families = ("qwen35_9b", "gemma4_12b", "gemma3_270m")
+    systems = ("ours", "ours_module", "hf")
+    assert keys == {(f, P, s) for f in families for P in (40, 72) for s in systems}
     for row in report["rows"]:
         assert row["first_call_s"] > 0 and row["repeats"] == 2 and len(row["warm_s"]) == 2, row
         assert row["floor_s"] > 0
-    for family in ("qwen35_9b", "gemma4_12b"):
+    for family in families:
         for P in (40, 72):
-            ours = next(r for r in report["rows"] if (r["family"], r["P"], r["system"]) == (family, P, "ours"))
-            hf = next(r for r in report["rows"] if (r["family"], r["P"], r["system"]) == (family, P, "hf"))
+            ours, module, hf = (next(r for r in report["rows"] if (r["family"], r["P"], r["system"]) == (family, P, s))
+                                for s in systems)
             assert report["headline"][f"prefill_over_hf_{family}_{P}"] == round(
                 ours["warm_median_s"] / hf["warm_median_s"], 4)
             assert report["headline"][f"prefill_over_hf_{family}_{P}_first_call"] == round(
                 ours["first_call_s"] / hf["first_call_s"], 4)
+            assert report["headline"][f"fused_over_module_prefill_{family}_{P}"] == round(
+                ours["warm_median_s"] / module["warm_median_s"], 4)
     rows = list(csv.DictReader((tmp_path / "family_prefill.csv").open()))
-    assert len(rows) == 8 and {r["system"] for r in rows} == {"ours", "hf"}
+    assert len(rows) == 18 and {r["system"] for r in rows} == set(systems)

@@ -270,7 +270,8 @@ def test_what_the_rows_step_does_not_take_drafts_on_the_host_saying_why_once(pai
 
 # ------------------------------------------------------------------------------------------------ on the GPU
 @pytest.mark.gpu(reason="CUDA graphs: the captured rows drafting step with the Triton FOLD read")
-def test_the_graphs_engine_captures_the_rows_step_and_every_row_is_its_own():
+@pytest.mark.parametrize("mode", ["fold", "window", "dflash"])
+def test_the_graphs_engine_captures_the_rows_step_and_every_row_is_its_own(mode):
     """On CUDA (fp32), graphs engine, 8 rows: the drafts run as captured rows steps (no propose_rows), every row is its
     own greedy output, and every row's proposals and acceptances equal the eager engine's (propose_rows)."""
     from fold_hf.generation.graphs import CapturedStep
@@ -284,7 +285,7 @@ def test_the_graphs_engine_captures_the_rows_step_and_every_row_is_its_own():
         for engine in ("graphs", "eager"):
             outs[engine] = fold_hf.fast_generate(target, drafter, ids.cuda(), mask.cuda(), max_new_tokens=NEW,
                                                  engine=engine, eos_token_id=EOS, return_stats=True,
-                                                 fold_config=mode_config("fold"))
+                                                 fold_config=mode_config(mode))
             if engine == "graphs":
                 steps = {k: s for k, s in target.__dict__[SESSION_ATTR].steps.items() if k[0] == "draft_rows"}
                 assert steps and all(isinstance(s, CapturedStep) for s in steps.values())
@@ -296,16 +297,18 @@ def test_the_graphs_engine_captures_the_rows_step_and_every_row_is_its_own():
 
 
 @pytest.mark.gpu(reason="bf16 Triton FOLD reads of the rows step inside a CUDA graph")
+@pytest.mark.parametrize("mode", ["fold", "window", "dflash"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dtype):
-    """8 rows at lengths from 3 to 300 (W = 16: most read far memory), the step captured in a CUDA graph with the
-    Triton read and fused layers, replayed twice with new lengths: each row's logits match the drafter's eager forward
-    over that row alone (bf16: to bf16 rounding; fp32: tightly)."""
+def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dtype, mode):
+    """8 rows at lengths from 3 to 300 (W = 16: with FOLD most read far memory; the window and the drafter as trained
+    read without a far branch), the step captured in a CUDA graph with the Triton read and fused layers, replayed twice
+    with new lengths: each row's logits match the drafter's eager forward over that row alone (bf16: to bf16
+    rounding; fp32: tightly)."""
     from fold_hf.generation.graphs import CapturedStep
     from fold_hf.generation.static_drafter import default_read_function
 
     target = tiny_target("llama", seed=5).to("cuda", dtype)
-    drafter = tiny_drafter(target, fold_config=mode_config("fold")).to("cuda").bind_target(target)
+    drafter = tiny_drafter(target, fold_config=mode_config(mode)).to("cuda").bind_target(target)
     prompts = [3, 300, 17, 64, 9, 150, 33, 240]
     R, A = drafter.num_proposals + 1, len(prompts)
     static = RowsDrafter(drafter, preallocated_cache(drafter, 512, "cuda", rows=A), default_read_function("cuda"),
@@ -329,7 +332,9 @@ def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dty
         lengths.copy_(torch.tensor([[committed[a], news[a], lasts[a], a] for a in range(A)]))
         if step is None:  # the logits the graph writes at every replay: the tensor its capture allocated
             drafter.proposal_logits = lambda hidden: seen.append(original(hidden)) or seen[-1]
-            step = CapturedStep(lambda: static.draft_rows(features, lengths, True, tuple(range(A))))
+            with_far = any(static.needs_far(c + n) for c, n in zip(committed, news))
+            assert with_far == (mode == "fold")
+            step = CapturedStep(lambda: static.draft_rows(features, lengths, with_far, tuple(range(A))))
             del drafter.proposal_logits
             logits = seen[-1]
         step.replay()

@@ -297,15 +297,16 @@ def test_the_static_engines_steps_serve_the_next_request_of_the_session(pair):
     assert len(steps) == len(set(steps)) and steps  # one step per key, built by the first batch and replayed
 
 
-def _keys_by_round(out, prompts, capacity: int) -> tuple[set, set]:
+def _keys_by_round(out, prompts, capacity: int, slots: int) -> tuple[set, set]:
     """The verify steps' keys ``("rows", A, W, bucket, True)`` the rounds of ``out`` need (``A`` rows running, block
-    width ``W``, the bucket of the longest running row) and the running counts of the rounds in which some row drafts
-    (the rows drafting step's ``A``)."""
+    width ``W`` = ``slots + 1`` always: a row with fewer proposals is padded to a full block, the bucket of the longest
+    running row) and the running counts of the rounds in which some row drafts (the rows drafting step's ``A``)."""
     rows = out.rows
     verify, drafting = set(), set()
     for r in range(max(len(row.proposals) for row in rows)):
         running = [(row, len(p)) for row, p in zip(rows, prompts) if len(row.proposals) > r]
-        width = 1 + max(len(row.proposals[r]) for row, _ in running)
+        assert max(len(row.proposals[r]) for row, _ in running) <= slots
+        width = 1 + slots
         longest = max(length + sum(row.acceptance_lengths[:r]) for row, length in running)
         verify.add(("rows", len(running), width, bucket_length(longest + width, capacity), True))
         if any(row.proposals[r] for row, _ in running):
@@ -317,9 +318,10 @@ def test_the_static_engines_steps_are_keyed_by_how_many_rows_run(pair):
     """engine='static' (the fused layers' twins: the verify and the rows drafting step are both session steps, run
     eagerly here through the keys the graphs engine captures): rows stop at their EOS in different rounds, and the
     steps built are keyed by how many rows run (the running rows are cache rows 0 .. A-1, a stopped row's cache row
-    taking the last running row's state), not by which: one verify step per count, block width and bucket, one rows
-    drafting step per count (and far read). A second call whose rows stop in another order (the same prompts
-    permuted: another cache row stops first) builds no step. Every row is its own greedy output alone in both."""
+    taking the last running row's state), not by which: one verify step per count and bucket (the block width is
+    always a full block, so rows nearing their budget build none), one rows drafting step per count (and far read).
+    A second call whose rows stop in another order (the same prompts permuted: another cache row stops first) builds
+    no step. Every row is its own greedy output alone in both."""
     target, drafter = pair
     eos = 2
     prompts = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5)]  # stop at their 12th (never), 2nd, 9th token
@@ -336,7 +338,7 @@ def test_the_static_engines_steps_are_keyed_by_how_many_rows_run(pair):
         stopped = [len(row.acceptance_lengths) for row in out.rows]
         assert len(set(stopped)) == 3 and stopped.index(min(stopped)) == order.index(1), stopped  # in three rounds
         session = target.__dict__[SESSION_ATTR]
-        verify, drafting = _keys_by_round(out, rows, session.capacity)
+        verify, drafting = _keys_by_round(out, rows, session.capacity, drafter.num_proposals)
         keys = list(session.steps)
         assert {key for key in keys if key[0] == "rows"} == verify, (keys, verify)
         draft_keys = [key for key in keys if key[0] == "draft_rows"]

@@ -29,9 +29,10 @@ running row in the highest cache row moves into the cache row it freed (its targ
 Qwen3.5's convolution and recurrent states; on the rows step, its drafter entries and its drafter cache's view),
 a one-row copy per row that stopped, on every engine. So the fixed-shape steps are keyed by how many rows run, never
 by which: the verify by ``("rows", A, W, bucket, taps)`` (``A`` running rows, block width, attention bucket, taps
-or not), the drafts by ``("draft_rows", A, with_far)``. A row stopping needs no step for a new combination of rows:
-a step is built the first time the session meets its key (at most one per count of rows, width and bucket), and
-later rounds and calls of the session replay it. A round's drafts on the rows step cover every running row (a row
+or not), the drafts by ``("draft_rows", A, with_far)``. The fixed-shape verify always takes a full block (``W`` =
+proposals + 1, a row with fewer proposals padded with its last token), so ``W`` is one per call. A row stopping needs
+no step for a new combination of rows: a step is built the first time the session meets its key (at most one per
+count of rows and bucket), and later rounds and calls of the session replay it. A round's drafts on the rows step cover every running row (a row
 whose budget takes no proposal keeps none).
 
 Greedy rows equal the row decoded alone (the same rule on the same logits, the attention of each row exactly its own);
@@ -195,8 +196,10 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
                 row.proposals, row.q = proposals.to(row.last.device), q
         for row in active:
             row.out.proposals.append(row.proposals.tolist())
-        # 2. one verify forward: each row's last token and proposals, padded with its last token to the longest
-        width = 1 + max(row.proposals.shape[0] for row in active)
+        # 2. one verify forward: each row's last token and proposals, padded with its last token to the longest, or
+        # on the fixed-shape verify to a full block always (one step per row count: a width that shrinks as rows
+        # near their budget would capture, and compile for, a new shape mid-call)
+        width = 1 + (slots if verify.fused else max(row.proposals.shape[0] for row in active))
         ids = torch.stack([torch.cat((row.last, row.proposals, row.last.expand(width - 1 - row.proposals.shape[0])))
                            for row in active])
         features = taps_out[: len(active), :width] if taps_out is not None else None

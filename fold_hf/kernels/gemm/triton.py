@@ -115,9 +115,12 @@ EXACT_PLAN_ENV, EXACT_GATE_UP_PLAN_ENV = "FOLD_HF_EXACT_GEMM_PLAN", "FOLD_HF_EXA
 
 def exact_plan(element_bytes: int = 2, silu_mul: bool = False) -> GemmPlan:
     """The one plan of the exact GEMMs (:func:`exact_linear_triton`, :func:`exact_gate_up_silu_triton`): ``tl.dot``
-    over 16-row tiles of 16 columns and 512-wide K tiles (the gate|up product: 32 columns, 256-wide K tiles, the
-    plan :func:`gemm_plan` gives it for every row count), K tiles halved in fp32, 4 warps, whatever the number of
-    rows: every row is reduced by the same instructions in the same order (issue 37, ``docs/exact-mode.md``).
+    over 16-row tiles of 16 columns and 512-wide K tiles with 2 warps (the gate|up product: 32 columns, 256-wide K
+    tiles, 4 warps, the plan :func:`gemm_plan` gives it for every row count), K tiles halved in fp32, whatever the
+    number of rows: every row is reduced by the same instructions in the same order (issue 37,
+    ``docs/exact-mode.md``). 2 warps, not 4: on the H200 at the Llama-3.1-8B shape, 32K, exact mode's AR step is
+    1.038x the default's with them against 1.105x with 4, and its SD round 1.018x against 1.055x
+    (``benchmarks/results/2026-12-05-nvidia-h200-rows-prefill/exact-plans``).
     ``$FOLD_HF_SKINNY_GEMM_PLAN`` does not apply; ``$FOLD_HF_EXACT_GEMM_PLAN`` / ``$FOLD_HF_EXACT_GATE_UP_PLAN``
     (``"block_n,block_k,warps,stages"``, benchmarks: ``benchmarks/gpu/exact_plans.sh``) replace the tiles, still one
     plan for every row count."""
@@ -135,7 +138,7 @@ def exact_plan(element_bytes: int = 2, silu_mul: bool = False) -> GemmPlan:
     shrink = max(1, element_bytes // 2)
     if silu_mul:
         return GemmPlan(16, 32, 256 // shrink, 4, 3, True)
-    return GemmPlan(16, 16, 512 // shrink, 4, 3, True)
+    return GemmPlan(16, 16, 512 // shrink, 2, 3, True)
 
 
 def gemm_plan(rows: int, out_features: int, in_features: int, silu_mul: bool = False,
