@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--modes", default="window,dflash,fold")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu (engines static and eager)")
+    parser.add_argument("--alone", type=int, default=2, help="rows also decoded alone")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     from fold_hf.bench.methods import default_methods
@@ -51,10 +53,10 @@ def main(argv=None) -> int:
     else:
         from fold_hf.pairs import load_pair
 
-        device = torch.device("cuda")
+        device = torch.device(args.device)
         target, _, drafter = load_pair(args.pair, device=device)
         prompts = [r["input_ids"] for r in suite_requests(args.suite, args.tier, args.batch)]
-        engines = ("graphs", "static", "eager")
+        engines = ("graphs", "static", "eager") if device.type == "cuda" else ("static", "eager")
     configs = {m.name: m.config for m in default_methods(drafter.fold_config.window, drafter.fold_config.train_length)}
     ids, mask = batch_of(prompts, pad_id(target))
     ids, mask = ids.to(device), mask.to(device)
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
             report["rows"].append({"mode": mode, "engine": engine, "warnings": sorted({str(w.message)[:300]
                                                                                       for w in said})})
         alone = []
-        for i, prompt in enumerate(prompts[:2]):  # two rows alone (single-prompt path)
+        for prompt in prompts[: args.alone]:  # rows alone (single-prompt path)
             one = torch.tensor([prompt], device=device)
             alone.append(fast_generate(target, drafter, one, fold_config=config, engine=engines[0], **kw))
         release_fast_state(target)
@@ -86,8 +88,8 @@ def main(argv=None) -> int:
                          first_differing_round=first, taus=[r.tau for r in rows])
             log(f"{mode:8s} {engine:7s} tau {entry['tau']:.2f}  rows proposing as eager {sum(same)}/{len(rows)}  "
                 f"first differing round {first}")
-        log(f"{mode:8s} alone   tau {[round(a.tau, 3) for a in alone]} (rows 0-1; batched eager: "
-            f"{[round(r.tau, 3) for r in reference[:2]]})")
+        log(f"{mode:8s} alone   tau {[round(a.tau, 3) for a in alone]} (the first rows; batched eager: "
+            f"{[round(r.tau, 3) for r in reference[: len(alone)]]})")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "modes_check.json").write_text(json.dumps(report, indent=1, default=str))
     return 0

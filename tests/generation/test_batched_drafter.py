@@ -299,20 +299,29 @@ def test_the_graphs_engine_captures_the_rows_step_and_every_row_is_its_own(mode)
 @pytest.mark.gpu(reason="bf16 Triton FOLD reads of the rows step inside a CUDA graph")
 @pytest.mark.parametrize("mode", ["fold", "window", "dflash"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dtype, mode):
-    """8 rows at lengths from 3 to 300 (W = 16: with FOLD most read far memory; the window and the drafter as trained
-    read without a far branch), the step captured in a CUDA graph with the Triton read and fused layers, replayed twice
-    with new lengths: each row's logits match the drafter's eager forward over that row alone (bf16: to bf16
-    rounding; fp32: tightly)."""
+@pytest.mark.parametrize("shape", ["tiny", "long"])
+def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dtype, mode, shape):
+    """8 rows, the step captured in a CUDA graph with the Triton read and fused layers, replayed twice with new
+    lengths: each row's logits match the drafter's eager forward over that row alone (bf16: to bf16 rounding; fp32:
+    tightly). ``tiny``: lengths 3 to 300 (W = 16: with FOLD most read far memory; the window and the drafter as
+    trained read without a far branch). ``long``: the Gemma-3 pair's drafter shape (4 heads of 256 over 1 KV head,
+    blocks of 8, W = 2048) at lengths 100 to 33,000 of a 34K cache."""
+    from fold_hf import FoldConfig
     from fold_hf.generation.graphs import CapturedStep
     from fold_hf.generation.static_drafter import default_read_function
 
     target = tiny_target("llama", seed=5).to("cuda", dtype)
-    drafter = tiny_drafter(target, fold_config=mode_config(mode)).to("cuda").bind_target(target)
-    prompts = [3, 300, 17, 64, 9, 150, 33, 240]
+    if shape == "tiny":
+        drafter = tiny_drafter(target, fold_config=mode_config(mode))
+        prompts, capacity = [3, 300, 17, 64, 9, 150, 33, 240], 512
+    else:
+        config = FoldConfig(mode=mode, window=2048, alpha=2.0, train_length=4096)
+        drafter = tiny_drafter(target, fold_config=config, block=8, heads=4, kv_heads=1, head_dim=256)
+        prompts, capacity = [3000, 33000, 100, 20000, 2100, 9000, 31000, 500], 34000
+    drafter = drafter.to("cuda").bind_target(target)
     R, A = drafter.num_proposals + 1, len(prompts)
-    static = RowsDrafter(drafter, preallocated_cache(drafter, 512, "cuda", rows=A), default_read_function("cuda"),
-                         layer_ops=default_layer_ops(torch.device("cuda")))
+    static = RowsDrafter(drafter, preallocated_cache(drafter, capacity, "cuda", rows=A),
+                         default_read_function("cuda"), layer_ops=default_layer_ops(torch.device("cuda")))
     mine = [row_cache(static.cache, drafter, a) for a in range(A)]
     alone = [drafter.new_cache() for _ in prompts]
     for a, length in enumerate(prompts):
@@ -344,3 +353,21 @@ def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dty
         for a in range(A):
             torch.testing.assert_close(logits[a].float(), expected[a], **tol, msg=f"round {r} row {a}")
         committed = [c + n for c, n in zip(committed, news)]
+
+
+def test_the_modes_check_dry_run_finds_every_row_proposing_as_the_eager_engine(tmp_path):
+    """``benchmarks/batched_modes_check.py --dry-run`` (a tiny pair, engines static and eager, three modes): every row
+    of the static engine's rows step proposes round by round what the eager engine's ``propose_rows`` proposes."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "batched_modes_check.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--batch", "3", "--new", "8",
+                    "--alone", "1"], check=True, capture_output=True)
+    rows = json.loads((tmp_path / "modes_check.json").read_text())["rows"]
+    assert {(r["mode"], r["engine"]) for r in rows} == {(m, e) for m in ("window", "dflash", "fold")
+                                                         for e in ("static", "eager")}
+    for row in rows:
+        assert row["rows_proposing_as_eager"] == 3 and row["first_differing_round"] == [None] * 3, row
