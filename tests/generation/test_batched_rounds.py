@@ -135,6 +135,30 @@ def test_an_early_eos_row_leaves_the_batch_and_the_others_go_on(pair, forwards):
     assert len(forwards) == len(out.rows[0].acceptance_lengths) and rounds[-1] == 1
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
+@pytest.mark.parametrize("processing", [dict(repetition_penalty=8.0), dict(min_new_tokens=6)],
+                         ids=["repetition_penalty", "min_new_tokens"])
+def test_processed_greedy_rows_are_each_their_own_output(pair, engine, processing):
+    """Greedy rows whose scores are processed (a repetition penalty over the row's own tokens, or EOS masked until
+    min_new_tokens): acceptance runs row by row (the plain-argmax acceptance of all rows at once does not apply),
+    and every row is transformers' greedy output of that row alone with the same processing (EOS = 2, which rows 1
+    and 2 generate early unprocessed)."""
+    target, drafter = pair
+    rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5)]
+    ids, mask = left_pad(rows)
+    news = [target.generate(r[None], max_new_tokens=NEW, do_sample=False, eos_token_id=2, pad_token_id=2,
+                            **processing)[0, len(r):].tolist() for r in rows]
+    news = [n[: n.index(2) + 1] if 2 in n else n for n in news]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="batched rounds on engine")
+        out = batched(target, drafter, ids, mask, eos_token_id=2, engine=engine, **processing)
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=2)), (out.sequences, news)
+    if "min_new_tokens" in processing:
+        assert min(len(n) for n in news) >= 6 and any(len(n) < NEW for n in news)  # the mask held EOS back
+    else:  # the penalty changes what the rows generate
+        assert news != [alone(target, r, eos=2) for r in rows]
+
+
 def test_rows_with_different_budgets_left_by_max_length(pair):
     """max_length counts the padded width: every row gets the same number of new tokens, as in transformers."""
     target, drafter = pair

@@ -185,8 +185,12 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
                 counts.append(k)
         if drafting and draft_rows is not None:  # the step drafts every running row (cache rows 0 .. A-1); a row
             # whose budget takes no proposal keeps none (it stops after this round's verify)
-            for row, tokens in zip(active, draft_rows(active)):
-                row.proposals = tokens[: max(0, min(slots, budget - len(row.out.tokens) - 1))]
+            tokens = draft_rows(active)
+            host = tokens.tolist()  # every row's proposals in one read
+            for a, row in enumerate(active):
+                k = max(0, min(slots, budget - len(row.out.tokens) - 1))
+                row.proposals = tokens[a, :k]
+                row.out.proposals.append(host[a][:k])
         elif drafting:
             proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
                                     [row.cache for row in drafting], [row.position for row in drafting], counts,
@@ -194,8 +198,9 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             for row, (proposals, q) in zip(drafting, proposed):
                 row.pending = None  # committed to the drafter's cache by the draft
                 row.proposals, row.q = proposals.to(row.last.device), q
-        for row in active:
-            row.out.proposals.append(row.proposals.tolist())
+        if not (drafting and draft_rows is not None):
+            for row in active:
+                row.out.proposals.append(row.proposals.tolist())
         # 2. one verify forward: each row's last token and proposals, padded with its last token to the longest, or
         # on the fixed-shape verify to a full block always (one step per row count: a width that shrinks as rows
         # near their budget would capture, and compile for, a new shape mid-call)
@@ -208,16 +213,20 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         logits = verify(ids, [row.index for row in active], [row.position for row in active], features)
         if phases is not None:
             verified = clock(verify.device)
-        accepted = []
-        for a, row in enumerate(active):  # 3. each row's acceptance
-            k = row.proposals.shape[0]
-            commit, row.pending = accept(row.choice, logits[a, : k + 1], row.proposals, row.q, len(row.out.tokens),
-                                         features[a : a + 1] if features is not None else None, row.pending)
-            accepted.append(commit.shape[0] - 1)
-            row.position += commit.shape[0]
-            committed = commit.tolist()
-            row.out.commit(committed)
-            row.last, row.last_id = commit[-1:].to(row.last.device), committed[-1]
+        if _greedy_plain(active):  # 3. each row's acceptance: greedy, one argmax and one read for all rows
+            accepted = _accept_greedy(active, logits, features)
+        else:  # row by row (sampling, penalties, a min_new_tokens mask)
+            accepted = []
+            for a, row in enumerate(active):
+                k = row.proposals.shape[0]
+                commit, row.pending = accept(row.choice, logits[a, : k + 1], row.proposals, row.q,
+                                             len(row.out.tokens), features[a : a + 1] if features is not None else None,
+                                             row.pending)
+                accepted.append(commit.shape[0] - 1)
+                row.position += commit.shape[0]
+                committed = commit.tolist()
+                row.out.commit(committed)
+                row.last, row.last_id = commit[-1:].to(row.last.device), committed[-1]
         verify.runner.accept(accepted)  # a recurrent family keeps each row's state at its accepted position
         now = clock(logits.device)
         for row in active:
@@ -227,6 +236,43 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             phases.draft_s += drafted - started
             phases.verify_s += verified - drafted
             phases.round_s += now - started
+
+
+def _greedy_plain(active: list[_Row]) -> bool:
+    """Whether every row picks by the plain argmax of its logits (greedy, no penalty, no min_new_tokens mask): then
+    :func:`_accept_greedy` accepts all rows at once."""
+    return all(not row.choice.sampling.do_sample and not row.choice.sampling.penalized and not row.choice.masks_eos
+               for row in active)
+
+
+def _accept_greedy(active: list[_Row], logits: torch.Tensor, features: torch.Tensor | None) -> list[int]:
+    """Greedy acceptance of every row of a round from the verify's ``logits [A, W, V]``: one argmax over the ``A * W``
+    rows (:func:`~fold_hf.kernels.greedy_select_ops`, the kernels the one-row verify uses) and one host read, then
+    per row on the host: ``n`` = the leading proposals equal to the target's argmax (the row's host proposals,
+    ``row.out.proposals[-1]``), the committed tokens (those and the argmax after them), the accepted rows of the
+    tapped ``features [A, W, T]`` joined to the row's pending ones. The rule of
+    :func:`~fold_hf.generation.rounds.accept` for a greedy choice, without a launch and a read per row. Returns each
+    row's ``n``."""
+    from ..sampling import greedy_ops
+
+    A, W, V = logits.shape
+    posterior = greedy_ops(logits.device).argmax_rows(logits.reshape(A * W, V)).view(A, W)
+    host = posterior.tolist()
+    accepted = []
+    for a, row in enumerate(active):
+        proposals = row.out.proposals[-1]
+        n = 0
+        while n < len(proposals) and proposals[n] == host[a][n]:
+            n += 1
+        committed = proposals[:n] + [host[a][n]]
+        if features is not None:
+            taps = features[a : a + 1, : n + 1].clone()  # the verify's buffer is rewritten next round
+            row.pending = taps if row.pending is None else torch.cat((row.pending, taps), 1)
+        row.position += n + 1
+        row.out.commit(committed)
+        row.last, row.last_id = posterior[a, n : n + 1].to(row.last.device), committed[-1]
+        accepted.append(n)
+    return accepted
 
 
 def _compact(active: list[_Row], runner, draft_rows) -> list[_Row]:
