@@ -427,8 +427,30 @@ class StaticTarget(abc.ABC):
         raise UnsupportedTarget(f"fused layers over rows: {self.fused_unsupported()}")
 
     def _fused_prefill(self) -> bool:
-        """Whether :meth:`prefill` runs its chunks through the family's fused layers (``_prefill_chunk_fused``)."""
+        """Whether :meth:`prefill` runs its chunks through the family's fused layers (:meth:`_prefill_chunk_fused`)."""
         return False
+
+    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None,
+                             row: int = 0) -> torch.Tensor:
+        """One prefill chunk ``[1, L]`` at positions ``start ..`` into cache row ``row`` through the family's fused
+        layers (``_fused_layers``, the lm_head over the last position only), attending as
+        :meth:`_prefill_attention` says; logits ``[1, V]`` of the last position."""
+        L = input_ids.shape[1]
+        if start + L > self.capacity:
+            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
+        self._check_row(row)
+        positions = torch.arange(start, start + L, device=self.device)
+        with torch.no_grad():
+            logits = self._fused_layers(input_ids, positions, start + L, taps_out, rows=(row,), last_only=True,
+                                        **self._prefill_attention(row, start, L))
+        self.length = start + L
+        return logits
+
+    def _prefill_attention(self, row: int, start: int, L: int) -> dict:
+        """The keywords by which the family's ``_fused_layers`` runs a prefill chunk of ``L`` rows at ``start`` in
+        cache row ``row`` (its cache writes and its attention over the row's cache); a family whose
+        :meth:`_fused_prefill` can be True gives them."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused prefill")
 
     def _fused_prefill_allowed(self) -> bool:
         """What a family's :meth:`_fused_prefill` asks of every family: CUDA, ``$FOLD_HF_FUSED_PREFILL`` not ``0``

@@ -173,24 +173,14 @@ class GemmaFusedLayers:
         GELU-tanh), which bounds a small target's time to first token on the host."""
         return self._fused_prefill_allowed()
 
-    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None,
-                             row: int = 0) -> torch.Tensor:
-        """One prefill chunk ``[1, L]`` at positions ``start ..`` into cache row ``row``: the fused layers' kernels
-        (merged projections on cuBLAS, the norms, q/k/v norms + rope, GELU-tanh) around the module path's own cache
-        writes and prefill attention (:meth:`~fold_hf.targets.gemma_rows.GemmaRows._row_attention`: the global
-        layers' cache, the sliding layers' window of ring entries read before the chunk's rows enter the ring);
-        logits ``[1, V]`` of the last position."""
-        L = input_ids.shape[1]
-        if start + L > self.capacity:
-            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
-        self._check_row(row)
+    def _prefill_attention(self, row: int, start: int, L: int) -> dict:
+        """A prefill chunk's attention (:meth:`~fold_hf.targets.base.StaticTarget._prefill_chunk_fused`): the fused
+        layers' kernels (merged projections on cuBLAS, the norms, q/k/v norms + rope, GELU-tanh) around the module
+        path's own cache writes and prefill attention
+        (:meth:`~fold_hf.targets.gemma_rows.GemmaRows._row_attention`: the global layers' cache, the sliding layers'
+        window of ring entries read before the chunk's rows enter the ring)."""
         self._fused_ops_ready()
-        positions = torch.arange(start, start + L, device=self.device)
-        with torch.no_grad():
-            logits = self._fused_layers(input_ids, positions, start + L, taps_out, rows=(row,),
-                                        attention=self._row_attention(row, start, L), last_only=True)
-        self.length = start + L
-        return logits
+        return {"attention": self._row_attention(row, start, L)}
 
     def _check_ring_slack(self, L: int) -> None:
         """Raise unless a device-length step of ``L`` rows per cache row fits the sliding layers' rings (module

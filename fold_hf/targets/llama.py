@@ -259,28 +259,19 @@ class LlamaStaticTarget(StaticTarget):
             return False
         return self._fused_prefill_allowed()
 
-    def _prefill_chunk_fused(self, input_ids: torch.Tensor, start: int, taps_out: torch.Tensor | None,
-                             row: int = 0):
-        """One prefill chunk ``[1, L]`` at ``start`` into cache row ``row``: the fused layers' elementwise kernels (norms, rope with the
-        cache write, ``silu(gate) * up``) around cuBLAS projections and the prefill attention
-        (:func:`fold_hf.kernels.prefill_attention.prefill_attention`); logits ``[1, V]`` of the last row."""
+    def _prefill_attention(self, row: int, start: int, L: int) -> dict:
+        """A prefill chunk's attention (:meth:`~fold_hf.targets.base.StaticTarget._prefill_chunk_fused`): the fused
+        layers' elementwise kernels (norms, rope with the cache write, ``silu(gate) * up``) around cuBLAS projections,
+        and the prefill attention (:func:`fold_hf.kernels.prefill_attention.prefill_attention`) over the row's cache
+        up to the chunk's end."""
         from ..kernels.prefill_attention import prefill_attention
-
-        L = input_ids.shape[1]
-        if start + L > self.capacity:
-            raise ValueError(f"{start + L} tokens exceed the cache capacity {self.capacity}")
-        positions = torch.arange(start, start + L, device=self.device)
 
         def attend(i, q):  # q [1, Hq, L, D] -> [1, L, Hq, D]
             keys = self.keys[i][row : row + 1, :, : start + L]
             values = self.values[i][row : row + 1, :, : start + L]
             return prefill_attention(q, keys, values, start, self.scaling).transpose(1, 2)
 
-        with torch.no_grad():
-            logits = self._fused_layers(input_ids, positions, start + L, taps_out, attend=attend, last_only=True,
-                                        rows=(row,))
-        self.length = start + L
-        return logits
+        return {"attend": attend}
 
     def _forward_static_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                               taps_out: torch.Tensor | None) -> torch.Tensor:
