@@ -1,6 +1,7 @@
 """Which engine drafts what for a batch, per reading mode (issue 35): one group of B suite requests of a real pair
-decoded batched on engines ``graphs`` (captured rows drafting step and verify), ``static`` (the same steps uncaptured)
-and ``eager`` (the host-driven ``propose_rows`` and host-length verify), and each row alone on ``graphs``; per mode
+decoded batched on engines ``graphs`` (captured rows drafting step and verify), ``static`` (the same steps uncaptured),
+``static-notriton`` (``static`` with ``$FOLD_HF_DISABLE_TRITON=1``: the torch twins and the torch FOLD read) and
+``eager`` (the host-driven ``propose_rows`` and host-length verify), and each row alone on ``graphs``; per mode
 and engine, τ and how many rows propose round by round exactly what the eager engine proposes for them (the
 independent statement: the drafter's own forward per row). A wrong rows step shows up as rows that propose
 differently (and a lower τ) on ``graphs`` / ``static`` only.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import warnings
@@ -56,7 +58,8 @@ def main(argv=None) -> int:
         device = torch.device(args.device)
         target, _, drafter = load_pair(args.pair, device=device)
         prompts = [r["input_ids"] for r in suite_requests(args.suite, args.tier, args.batch)]
-        engines = ("graphs", "static", "eager") if device.type == "cuda" else ("static", "eager")
+        engines = (("graphs", "static", "static-notriton", "eager") if device.type == "cuda"
+                   else ("static", "eager"))
     configs = {m.name: m.config for m in default_methods(drafter.fold_config.window, drafter.fold_config.train_length)}
     ids, mask = batch_of(prompts, pad_id(target))
     ids, mask = ids.to(device), mask.to(device)
@@ -66,9 +69,15 @@ def main(argv=None) -> int:
         config = configs.get(mode) or configs.get(f"{mode}-a2")
         runs = {}
         for engine in engines:
-            with warnings.catch_warnings(record=True) as said:
-                warnings.simplefilter("always")
-                out = fast_generate(target, drafter, ids, mask, fold_config=config, engine=engine, **kw)
+            plain = engine.removesuffix("-notriton")
+            if plain != engine:  # the same engine with every Triton kernel off (torch twins, the torch FOLD read)
+                os.environ["FOLD_HF_DISABLE_TRITON"] = "1"
+            try:
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    out = fast_generate(target, drafter, ids, mask, fold_config=config, engine=plain, **kw)
+            finally:
+                os.environ.pop("FOLD_HF_DISABLE_TRITON", None)
             runs[engine] = out.rows
             release_fast_state(target)
             report["rows"].append({"mode": mode, "engine": engine, "warnings": sorted({str(w.message)[:300]
