@@ -298,9 +298,11 @@ class StaticDrafter:
         row_scale = self._row_scale(true_positions)
         ids = torch.cat((last, torch.full((B - 1,), self.mask_id, dtype=last.dtype, device=last.device)))
         plain = self.plain_tables
-        views = {"true": _View((plain[0][true_positions], plain[1][true_positions]), context_length, plain)}
+        # the reads take their lengths as int32 (the kernels' type): converted once a round, not per layer
+        read_length = context_length.to(torch.int32)
+        views = {"true": _View((plain[0][true_positions], plain[1][true_positions]), read_length, plain)}
         if self.owns_tables:
-            views["yarn"] = _View((self.cos[true_positions], self.sin[true_positions]), context_length,
+            views["yarn"] = _View((self.cos[true_positions], self.sin[true_positions]), read_length,
                                   (self.cos, self.sin))
         kept = None
         if "streaming" in self.selections:

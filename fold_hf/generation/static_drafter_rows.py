@@ -122,7 +122,9 @@ class RowsDrafter(StaticDrafter):
         context_length = d_len + d_new
         true_positions = context_length[:, None] + self.block_offsets  # [A, B]
         cos, sin = self.plain_tables
-        views = {"true": _View((cos[true_positions], sin[true_positions]), context_length, self.plain_tables)}
+        # the reads take their lengths as int32 (the kernels' type): converted once a round, not per row and layer
+        views = {"true": _View((cos[true_positions], sin[true_positions]), context_length.to(torch.int32),
+                               self.plain_tables)}
         return dict(entry_positions=d_len[:, None] + self.row_offsets, context=drafter.context_features(new_features),
                     hidden=drafter.embed_block(drafter.block_ids(last)).to(self.dtype),
                     row_scale=self._row_scale(true_positions), views=views, infllm=None, phase=None, rows=rows,
