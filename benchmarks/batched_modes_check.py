@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import warnings
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batched_bench import batch_of, log, pad_id, suite_requests, tiny_pair  # noqa: E402
+from last_mile_bench import env_var  # noqa: E402
 
 from fold_hf.generation import release_fast_state  # noqa: E402
 from fold_hf.generation.fast import fast_generate  # noqa: E402
@@ -70,14 +70,11 @@ def main(argv=None) -> int:
         runs = {}
         for engine in engines:
             plain = engine.removesuffix("-notriton")
-            if plain != engine:  # the same engine with every Triton kernel off (torch twins, the torch FOLD read)
-                os.environ["FOLD_HF_DISABLE_TRITON"] = "1"
-            try:
-                with warnings.catch_warnings(record=True) as said:
-                    warnings.simplefilter("always")
-                    out = fast_generate(target, drafter, ids, mask, fold_config=config, engine=plain, **kw)
-            finally:
-                os.environ.pop("FOLD_HF_DISABLE_TRITON", None)
+            # "-notriton": the same engine with every Triton kernel off (torch twins, the torch FOLD read)
+            with env_var({"FOLD_HF_DISABLE_TRITON": "1"} if plain != engine else {}), \
+                    warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                out = fast_generate(target, drafter, ids, mask, fold_config=config, engine=plain, **kw)
             runs[engine] = out.rows
             release_fast_state(target)
             report["rows"].append({"mode": mode, "engine": engine, "warnings": sorted({str(w.message)[:300]

@@ -42,7 +42,6 @@ import argparse
 import csv
 import importlib.util
 import json
-import os
 import sys
 import time
 import traceback
@@ -57,8 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_bench import log  # noqa: E402
 from gemma_bench import build_pair, shape_args  # noqa: E402
 from hybrid_bench import build_qwen35_pair  # noqa: E402
-from last_mile_bench import (cpu_machine, hf_prefill, our_prefill, peak_matmul_flops, prefill_repeats,  # noqa: E402
-                             rounded, ttft_calls)
+from last_mile_bench import (cpu_machine, env_var, hf_prefill, our_prefill, peak_matmul_flops,  # noqa: E402
+                             prefill_repeats, rounded, ttft_calls)
 
 from fold_hf.generation.fast import release_fast_state  # noqa: E402
 from fold_hf.targets.base import FUSED_PREFILL_ENV, PREFILL_CHUNK  # noqa: E402
@@ -160,12 +159,9 @@ def run_family(family: str, args, device: torch.device, engine: str, peak_flops:
         n = args.repeats_by_prompt[P]
         runs = [("ours", ttft_calls(lambda: our_prefill(target, prompt, args.chunk, engine, fresh=True), n))]
         if args.module_prefill:  # the same calls with the prefill chunks through the module kernels
-            os.environ[FUSED_PREFILL_ENV] = "0"
-            try:
+            with env_var(FUSED_PREFILL_ENV, "0"):
                 runs.append(("ours_module", ttft_calls(
                     lambda: our_prefill(target, prompt, args.chunk, engine, fresh=True), n)))
-            finally:
-                os.environ.pop(FUSED_PREFILL_ENV)
         release_fast_state(target)
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -144,11 +144,19 @@ def accept(choice, logits: torch.Tensor, proposals: torch.Tensor, q, generated: 
                              generated)
     n = int(n)
     commit = torch.cat((there[:n], final.to(there.dtype)))
-    if features is not None:
-        accepted = features[:, : n + 1].clone()  # a runner's buffer is rewritten by the next verify
-        pending = accepted if pending is None else torch.cat((pending, accepted), 1)
+    pending = join_pending(pending, features, n)
     choice.observe(commit)
     return commit, pending
+
+
+def join_pending(pending, features, n: int):
+    """``pending`` (the tapped features the drafter has not committed, ``[1, m, T]`` or None) with the accepted rows
+    ``features[:, : n + 1]`` of a verify's taps ``[1, k + 1, T]`` appended, copied (a runner's buffer is rewritten by
+    the next verify); ``pending`` itself when ``features`` is None."""
+    if features is None:
+        return pending
+    accepted = features[:, : n + 1].clone()
+    return accepted if pending is None else torch.cat((pending, accepted), 1)
 
 
 def result_of(out: Tracker, prompt: torch.Tensor, drafter, ttft_s: float, decode_s: float) -> GenerationResult:

@@ -67,7 +67,7 @@ from ...targets.base import bucket_length
 from ...targets.registry import batch_unsupported_reason
 from ..batch import assemble, check_batch, unpadded_rows
 from ..request import GenerationRequest, drafter_for_call, warn_past_context
-from ..rounds import accept, num_proposals, result_of, round_phases_in_effect
+from ..rounds import accept, join_pending, num_proposals, result_of, round_phases_in_effect
 from ..sampling import TokenChoice
 from ..static_drafter import commit_context, preallocated_cache
 from ..static_drafter_rows import row_cache, view_row
@@ -104,6 +104,13 @@ class _Row:
     end: float = 0.0
     proposals: torch.Tensor | None = field(default=None, repr=False)  # this round's
     q: torch.Tensor | None = field(default=None, repr=False)
+
+    def take(self, committed: list[int], last: torch.Tensor) -> None:
+        """Commit a round's tokens ``committed`` (accepted proposals and the round's own token, ``last`` ``[1]`` on
+        the device) to the row: its output, its position, its last token."""
+        self.position += len(committed)
+        self.out.commit(committed)
+        self.last, self.last_id = last.to(self.last.device), committed[-1]
 
 
 @torch.no_grad()
@@ -191,14 +198,14 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
                 k = max(0, min(slots, budget - len(row.out.tokens) - 1))
                 row.proposals = tokens[a, :k]
                 row.out.proposals.append(host[a][:k])
-        elif drafting:
-            proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
-                                    [row.cache for row in drafting], [row.position for row in drafting], counts,
-                                    [row.choice.picker() for row in drafting])
-            for row, (proposals, q) in zip(drafting, proposed):
-                row.pending = None  # committed to the drafter's cache by the draft
-                row.proposals, row.q = proposals.to(row.last.device), q
-        if not (drafting and draft_rows is not None):
+        else:
+            if drafting:
+                proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
+                                        [row.cache for row in drafting], [row.position for row in drafting], counts,
+                                        [row.choice.picker() for row in drafting])
+                for row, (proposals, q) in zip(drafting, proposed):
+                    row.pending = None  # committed to the drafter's cache by the draft
+                    row.proposals, row.q = proposals.to(row.last.device), q
             for row in active:
                 row.out.proposals.append(row.proposals.tolist())
         # 2. one verify forward: each row's last token and proposals, padded with its last token to the longest, or
@@ -223,10 +230,7 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
                                              len(row.out.tokens), features[a : a + 1] if features is not None else None,
                                              row.pending)
                 accepted.append(commit.shape[0] - 1)
-                row.position += commit.shape[0]
-                committed = commit.tolist()
-                row.out.commit(committed)
-                row.last, row.last_id = commit[-1:].to(row.last.device), committed[-1]
+                row.take(commit.tolist(), commit[-1:])
         verify.runner.accept(accepted)  # a recurrent family keeps each row's state at its accepted position
         now = clock(logits.device)
         for row in active:
@@ -264,13 +268,8 @@ def _accept_greedy(active: list[_Row], logits: torch.Tensor, features: torch.Ten
         n = 0
         while n < len(proposals) and proposals[n] == host[a][n]:
             n += 1
-        committed = proposals[:n] + [host[a][n]]
-        if features is not None:
-            taps = features[a : a + 1, : n + 1].clone()  # the verify's buffer is rewritten next round
-            row.pending = taps if row.pending is None else torch.cat((row.pending, taps), 1)
-        row.position += n + 1
-        row.out.commit(committed)
-        row.last, row.last_id = posterior[a, n : n + 1].to(row.last.device), committed[-1]
+        row.pending = join_pending(row.pending, features[a : a + 1] if features is not None else None, n)
+        row.take(proposals[:n] + [host[a][n]], posterior[a, n : n + 1])
         accepted.append(n)
     return accepted
 
