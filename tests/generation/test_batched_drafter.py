@@ -207,12 +207,17 @@ def _corrupting(drafter):
     return drafter, calls
 
 
+@pytest.mark.parametrize("buckets", [False, True], ids=["rows", "buckets"])
 @pytest.mark.parametrize("fused_layers", [True, None], ids=["fused", "modules"])
-def test_static_batched_rounds_draft_every_row_in_one_step(pair, host_drafts, fused_layers):
+def test_static_batched_rounds_draft_every_row_in_one_step(pair, host_drafts, fused_layers, buckets, monkeypatch):
     """engine='static': the rows draft through the rows step (its fused layers' twins with fused_layers=True, the
     drafter's modules otherwise), never propose_rows; every row is its own greedy output alone, with a row shorter
     than the window, one reading far memory, per-row rejections that differ and a row stopping at its EOS; and each
-    row proposes and accepts round by round exactly what the eager engine's propose_rows gives it."""
+    row proposes and accepts round by round exactly what the eager engine's propose_rows gives it. ``buckets``: the
+    steps run row buckets as on the graphs engine (the parked cache rows of the rows that stopped beside the running
+    ones), keyed by the bucket of the count of rows still running."""
+    if buckets:
+        monkeypatch.setattr(batched, "pads_rows", lambda engine: engine == "static")
     target, drafter = pair
     rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5), row_prompt(1, 90)]
     ids, mask = left_pad(rows)
@@ -227,7 +232,9 @@ def test_static_batched_rounds_draft_every_row_in_one_step(pair, host_drafts, fu
                                                  fused_layers=fused_layers if engine == "static" else None,
                                                  eos_token_id=EOS, return_stats=True, fold_config=mode_config("fold"))
         if engine == "static":
-            keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "draft_rows"]
+            steps = target.__dict__[SESSION_ATTR].steps
+            keys = [key for key in steps if key[0] == "draft_rows"]
+            verifies = [key for key in steps if key[0] == "rows"]
             assert not host_drafts and calls[0] > 0
         release_fast_state(target)
         assert torch.equal(outs[engine].sequences, expected_batch(ids, news, pad=EOS)), engine
@@ -236,7 +243,12 @@ def test_static_batched_rounds_draft_every_row_in_one_step(pair, host_drafts, fu
     drafting = [r for r in range(rounds) if any(r < len(row.proposals) and row.proposals[r] for row in eager)]
     assert len(host_drafts) == len(drafting)  # the eager engine's drafts: propose_rows, once a round some row drafts
     running = {sum(len(row.proposals) > r for row in eager) for r in drafting}
-    assert {key[1] for key in keys} == running and {4, 3} < running, keys  # by the count of rows still running
+    assert {4, 3} < running
+    bucketed = {batched.row_bucket(A, len(rows), buckets) for A in running}
+    assert {key[1] for key in keys} == bucketed, keys  # by the (bucket of the) count of rows still running
+    if fused_layers:  # the fixed-shape verify: the same buckets (a round whose rows take no draft verifies too)
+        assert {key[1] for key in verifies} >= bucketed and {key[1] for key in verifies} <= {1, 2, 3, 4} - (
+            {3} if buckets else set()), verifies
     assert {key[2] for key in keys} == {True}  # some row reads far memory in every round
     patterns = [row.acceptance_lengths for row in outs["static"].rows]
     assert len({tuple(p) for p in patterns}) == len(rows) and {1, 2, 3} <= {n for p in patterns for n in p}, patterns

@@ -533,6 +533,7 @@ def test_batched_bench_dry_run_writes_every_section(tmp_path):
     suite = {(r["system"], r["batch"]): r for r in report["rows"] if r["section"] == "suite"}
     assert set(suite) == {(s, b) for s in ("ar", "fold-a2", "dflash") for b in (1, 3)}
     assert all(r["tier"] == 40 and r["requests"] == 3 and r["rows_differing_from_ar"] == 0 for r in suite.values())
+    assert all(r["rows_differing_from_ar_alone"] == 0 and not r["exact"] for r in suite.values())  # fp32: = AR alone
     assert all(len(r["tau_rows"]) == 3 and all(t >= 1 for t in r["tau_rows"]) for (s, _), r in suite.items()
                if s != "ar")
     assert {"fold-a2_over_ar_throughput_b3", "fold-a2_speedup_b3_over_b1",

@@ -30,10 +30,13 @@ Qwen3.5's convolution and recurrent states; on the rows step, its drafter entrie
 a one-row copy per row that stopped, on every engine. So the fixed-shape steps are keyed by how many rows run, never
 by which: the verify by ``("rows", A, W, bucket, taps)`` (``A`` running rows, block width, attention bucket, taps
 or not), the drafts by ``("draft_rows", A, with_far)``. The fixed-shape verify always takes a full block (``W`` =
-proposals + 1, a row with fewer proposals padded with its last token), so ``W`` is one per call. A row stopping needs
-no step for a new combination of rows: a step is built the first time the session meets its key (at most one per
-count of rows and bucket), and later rounds and calls of the session replay it. A round's drafts on the rows step cover every running row (a row
-whose budget takes no proposal keeps none).
+proposals + 1, a row with fewer proposals padded with its last token), so ``W`` is one per call. A step is built the
+first time the session meets its key, and later rounds and calls of the session replay it. On the ``graphs`` engine
+``A`` is a row bucket (1, 2, 4, 8, 16, at most the batch: :func:`row_bucket`): the steps then also run ``bucket - A``
+*parked* rows, cache rows that rows which stopped or moved left behind, each at the length it was left at
+(:class:`_Parked`; their outputs are dropped, their writes land past what their cache row holds), so a batch whose rows
+stop one by one replays one graph per bucket instead of capturing one per count of running rows mid-call. A round's
+drafts on the rows step cover every running row (a row whose budget takes no proposal keeps none).
 
 Greedy rows equal the row decoded alone (the same rule on the same logits, the attention of each row exactly its own);
 sampled rows keep the target's distribution exactly (per-row speculative sampling), and with one generator per row
@@ -86,6 +89,29 @@ def batched_unsupported(target, drafter, request: GenerationRequest) -> str | No
     return None
 
 
+def row_bucket(A: int, batch: int, pad: bool) -> int:
+    """The rows a fixed-shape step runs for ``A`` running rows of a ``batch``-row call: ``A`` itself, or with
+    ``pad`` (the ``graphs`` engine: :func:`pads_rows`) the next power of two, at most ``batch``."""
+    return min(1 << (A - 1).bit_length(), batch) if pad else A
+
+
+def pads_rows(engine: str) -> bool:
+    """Whether the fixed-shape steps run a row bucket (:func:`row_bucket`): on the ``graphs`` engine, where a new count
+    of rows is a graph captured (and kernels compiled) mid-call; the ``static`` engine runs each count as it comes."""
+    return engine == "graphs"
+
+
+@dataclass(frozen=True)
+class _Parked:
+    """A cache row no running row holds (its row stopped, or moved down by :func:`_compact`), as it was left: the
+    target cache holds ``position`` entries, the drafter cache ``drafted``; ``last_id`` a token to feed it. A row
+    bucket's extra rows run these (:func:`row_bucket`)."""
+
+    position: int
+    drafted: int
+    last_id: int
+
+
 @dataclass
 class _Row:
     """One row's state between rounds."""
@@ -102,6 +128,7 @@ class _Row:
     pending: torch.Tensor | None = None  # tapped features the drafter has not committed
     first_token_at: float = 0.0
     end: float = 0.0
+    left: bool = False  # stopped, its cache row parked (_compact)
     proposals: torch.Tensor | None = field(default=None, repr=False)  # this round's
     q: torch.Tensor | None = field(default=None, repr=False)
 
@@ -176,10 +203,14 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
     :func:`~fold_hf.generation.rounds.round_phases` the drafts (all rows), the verify forward and the whole rounds are
     timed (each part ends with a device synchronisation)."""
     phases = round_phases_in_effect()
+    parked: dict[int, _Parked] = {}  # cache rows no running row holds, as they were left
+    pad = pads_rows(verify.session.engine)  # (a host-length verify takes no bucket: it runs the running rows)
     while True:
-        active = _compact([row for row in rows if row.out.running(budget)], verify.runner, draft_rows)
+        active = _compact([row for row in rows if row.out.running(budget)], verify.runner, draft_rows, rows, parked)
         if not active:
             return
+        # a fixed-shape step's extra rows of the bucket: cache rows A .. bucket - 1, every one parked
+        extra = [parked[index] for index in range(len(active), row_bucket(len(active), len(rows), pad))]
         if phases is not None:
             started = clock(verify.device)
         drafting, counts = [], []
@@ -192,7 +223,7 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
                 counts.append(k)
         if drafting and draft_rows is not None:  # the step drafts every running row (cache rows 0 .. A-1); a row
             # whose budget takes no proposal keeps none (it stops after this round's verify)
-            tokens = draft_rows(active)
+            tokens = draft_rows(active, extra)
             host = tokens.tolist()  # every row's proposals in one read
             for a, row in enumerate(active):
                 k = max(0, min(slots, budget - len(row.out.tokens) - 1))
@@ -217,7 +248,7 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         features = taps_out[: len(active), :width] if taps_out is not None else None
         if phases is not None:
             drafted = clock(verify.device)
-        logits = verify(ids, [row.index for row in active], [row.position for row in active], features)
+        logits = verify(ids, [row.index for row in active], [row.position for row in active], features, extra)
         if phases is not None:
             verified = clock(verify.device)
         if _greedy_plain(active):  # 3. each row's acceptance: greedy, one argmax and one read for all rows
@@ -274,19 +305,29 @@ def _accept_greedy(active: list[_Row], logits: torch.Tensor, features: torch.Ten
     return accepted
 
 
-def _compact(active: list[_Row], runner, draft_rows) -> list[_Row]:
+def _compact(active: list[_Row], runner, draft_rows, rows: list[_Row] = (),
+             parked: dict[int, _Parked] | None = None) -> list[_Row]:
     """The running rows ``active`` in cache rows ``0 .. A-1``, in cache-row order: each running row in a cache row
     ``>= A`` moves into a cache row below ``A`` that a stopped row freed (its target state,
     :meth:`~fold_hf.targets.base.StaticTarget.move_row`; its drafter entries in the rows step's cache,
     :meth:`_DraftRows.move`); a one-row copy per row that stopped. So the fixed-shape steps are keyed by ``A``, not by
-    which rows run (module docstring)."""
+    which rows run (module docstring). ``parked`` (updated): the cache rows no running row holds, as their rows (of
+    ``rows``, every row of the call) left them."""
     A = len(active)
+    if parked is not None:
+        running = {id(row) for row in active}
+        for row in rows:  # a row that stopped leaves its cache row as it was (once: a mover may take it later)
+            if id(row) not in running and not row.left:
+                parked[row.index], row.left = _Parked(row.position, row.drafted, row.last_id), True
     free = sorted(set(range(A)) - {row.index for row in active})
     movers = sorted((row for row in active if row.index >= A), key=lambda row: row.index)
     for dest, row in zip(free, movers):
         runner.move_row(row.index, dest, row.position)  # its cache holds the tokens before ``last``
         if draft_rows is not None:
             draft_rows.move(row, dest)
+        if parked is not None:
+            parked[row.index] = _Parked(row.position, row.drafted, row.last_id)
+            parked.pop(dest, None)
         row.index = dest
     return sorted(active, key=lambda row: row.index)
 
@@ -324,13 +365,14 @@ class _DraftRows:
         self.static.move_row(row.index, dest, row.drafted)
         view_row(row.cache, self.static.cache, dest)
 
-    def __call__(self, rows: list[_Row]) -> torch.Tensor:
+    def __call__(self, rows: list[_Row], extra: list[_Parked] = ()) -> torch.Tensor:
         """Proposals ``[A, R - 1]`` (greedy) of ``rows`` (cache rows ``0 .. A-1`` in order), whose pending taps the
-        step commits to their caches."""
+        step commits to their caches; ``extra``: the parked cache rows ``A ..`` of a row bucket (:func:`row_bucket`),
+        drafted from as they were left (nothing committed) and their proposals dropped."""
         A = len(rows)
         if [row.index for row in rows] != list(range(A)):
             raise AssertionError(f"the rows step drafts cache rows 0 .. {A - 1}, got {[row.index for row in rows]}")
-        features, lengths = self.session.draft_row_buffers(A, self.width)
+        features, lengths = self.session.draft_row_buffers(A + len(extra), self.width)
         host = []
         for a, row in enumerate(rows):
             new = 0 if row.pending is None else row.pending.shape[1]
@@ -339,11 +381,12 @@ class _DraftRows:
             if new:
                 features[a, :new].copy_(row.pending[0])
             host.append([row.drafted, new, row.last_id, row.index])
+        with_far = any(self.static.needs_far(drafted + new) for drafted, new, _, _ in host)  # the running rows'
+        host += [[p.drafted, 0, p.last_id, A + i] for i, p in enumerate(extra)]
         lengths.copy_(torch.tensor(host, dtype=torch.long))
-        with_far = any(self.static.needs_far(drafted + new) for drafted, new, _, _ in host)
-        static, cache_rows = self.static, tuple(range(A))
-        tokens = self.session.step(("draft_rows", A, with_far),
-                                   lambda: static.draft_rows(features, lengths, with_far, cache_rows)).replay()
+        static, cache_rows = self.static, tuple(range(len(host)))
+        tokens = self.session.step(("draft_rows", len(host), with_far),
+                                   lambda: static.draft_rows(features, lengths, with_far, cache_rows)).replay()[:A]
         for row, (drafted, new, _, _) in zip(rows, host):
             row.drafted, row.pending = drafted + new, None  # committed by the step
             for layer in row.cache.layers:  # the host length truthful (bytes_used, later reads)
@@ -378,11 +421,20 @@ class _Verify:
                 self.fused = False
                 warn_once(f"batched rounds on engine {session.engine!r} verify host-length (engine 'eager'): {why}")
 
-    def __call__(self, ids: torch.Tensor, rows: list[int], starts: list[int], features):
+    def __call__(self, ids: torch.Tensor, rows: list[int], starts: list[int], features, extra: list[_Parked] = ()):
+        """Logits ``[A, W, V]`` of the running rows; ``extra`` (the fixed-shape verify): the parked cache rows ``A ..``
+        of a row bucket (:func:`row_bucket`), each fed its last token at its length (their writes land past what
+        their cache rows hold, their logits and taps dropped)."""
         runner = self.runner
         if not self.fused:
             return runner.forward_rows(ids, rows, starts, features)
         runner.check_rows(ids, rows, starts)
+        n = ids.shape[0]
+        if extra:
+            fed = torch.tensor([[p.last_id] for p in extra], device=ids.device)
+            ids = torch.cat((ids, fed.expand(-1, ids.shape[1])))
+            rows = list(rows) + list(range(n, n + len(extra)))
+            starts = list(starts) + [p.position for p in extra]
         A, W = ids.shape
         if list(rows) != list(range(A)):
             raise AssertionError(f"the fixed-shape verify runs cache rows 0 .. {A - 1}, got {list(rows)}")
@@ -395,5 +447,5 @@ class _Verify:
         logits = self.session.step(key, lambda: runner.forward_rows_static(ids_buf, positions, cache_rows, bucket,
                                                                           taps)).replay()
         if features is not None:
-            features.copy_(taps)
-        return logits
+            features.copy_(taps[:n])
+        return logits[:n]
