@@ -2,7 +2,9 @@
 FOLD (or another method of :mod:`fold_hf.bench.methods`) and batched AR on one engine, each called twice to warm up,
 then once inside :func:`~fold_hf.generation.rounds.round_phases` (each part synchronised: the drafts of all rows, the
 one verify, the rest of the round on the host) and once timed as a whole call; and the session's fixed-shape steps by
-key. Prints one JSON line per system and writes ``OUT/anatomy.json``.
+key. Prints one JSON line per system and writes ``OUT/anatomy.json``; with ``--profile`` one more call of each system
+under ``torch.profiler`` (CPU and CUDA), its kernels and ops by total device time in ``OUT/profile_<system>.txt``
+(what a FOLD call spends that batched AR's does not, e.g. before the last row's first token).
 
     python benchmarks/batched_anatomy.py --pair gemma3-270m --suite requests.jsonl --tier 32704 --batch 8 --out DIR
 """
@@ -23,16 +25,20 @@ from batched_bench import batch_of, pad_id, session_steps, suite_requests  # noq
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pair", required=True)
-    parser.add_argument("--suite", required=True, help="a saved suite's requests.jsonl")
-    parser.add_argument("--tier", type=int, required=True)
+    parser.add_argument("--pair")
+    parser.add_argument("--suite", help="a saved suite's requests.jsonl")
+    parser.add_argument("--tier", type=int)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--group", type=int, default=0, help="which group of --batch requests of the tier")
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--method", default="fold-a2")
     parser.add_argument("--engine", default="graphs")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--profile", action="store_true", help="one more call per system under torch.profiler")
+    parser.add_argument("--dry-run", action="store_true", help="batched_bench's tiny random pair, random prompts")
     args = parser.parse_args(argv)
+    if not args.dry_run and not (args.pair and args.suite and args.tier):
+        parser.error("--pair, --suite and --tier are required (or --dry-run)")
 
     from fold_hf.bench.methods import default_methods
     from fold_hf.generation.fast import fast_generate
@@ -40,10 +46,19 @@ def main(argv=None) -> dict:
     from fold_hf.pairs import load_pair
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    target, _, drafter = load_pair(args.pair, device=device)
+    if args.dry_run:
+        from batched_bench import tiny_pair
+
+        target, drafter = tiny_pair(device)
+        g = torch.Generator().manual_seed(0)
+        requests = [{"input_ids": torch.randint(0, 200, (n,), generator=g).tolist()} for n in (40, 23, 31)]
+        args.pair, args.tier = "tiny", 40
+    else:
+        target, _, drafter = load_pair(args.pair, device=device)
+        requests = suite_requests(args.suite, args.tier, None)
+        requests = requests[args.group * args.batch: (args.group + 1) * args.batch]
     config = {m.name: m.config for m in default_methods(drafter.fold_config.window,
                                                         drafter.fold_config.train_length)}[args.method]
-    requests = suite_requests(args.suite, args.tier, None)[args.group * args.batch: (args.group + 1) * args.batch]
     ids, mask = batch_of([r["input_ids"] for r in requests], pad_id(target))
     ids, mask = ids.to(device), mask.to(device)
     kw = dict(max_new_tokens=args.new, do_sample=False, eos_token_id=[], return_stats=True, engine=args.engine)
@@ -73,9 +88,29 @@ def main(argv=None) -> dict:
                "steps_built_after_first_call": sorted(str(k) for k in set(session_steps(target)) - before)}
         report["systems"][name] = row
         print(json.dumps({name: row}), flush=True)
+        if args.profile:
+            profile_call(call, device, Path(args.out) / f"profile_{name}.txt")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "anatomy.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def profile_call(call, device: torch.device, path: Path, rows: int = 40) -> None:
+    """One ``call()`` under ``torch.profiler``: its ops and kernels by total device time (CPU time off CUDA), and the
+    count of every op, written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"ops and kernels: {sum(e.count for e in events)} calls\n"
+                    + events.table(sort_by=key, row_limit=rows, max_name_column_width=60) + "\n"
+                    + events.table(sort_by="count", row_limit=rows, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -561,3 +561,25 @@ def test_the_decoding_phase_runs_from_the_last_rows_first_token_to_the_last_rows
     rows = [SimpleNamespace(ttft_s=t, decode_s=d) for t, d in ((1.0, 5.0), (2.0, 3.0), (3.0, 1.0))]
     assert decode_phase(rows) == pytest.approx(3.0)
     assert decode_phase(rows[1:2]) == pytest.approx(3.0)
+
+
+def test_batched_anatomy_dry_run_splits_each_call_and_profiles_it(tmp_path):
+    """``benchmarks/batched_anatomy.py --dry-run --profile``: per system the rounds and their parts (drafts + verify +
+    host = the round), a decoding phase inside the call, the session's steps, and a profile table of its ops."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "batched_anatomy.py"
+    subprocess.run([sys.executable, str(script), "--dry-run", "--profile", "--new", "8", "--engine", "static",
+                    "--out", str(tmp_path)], check=True, capture_output=True)
+    report = json.loads((tmp_path / "anatomy.json").read_text())
+    assert report["batch"] == 3 and set(report["systems"]) == {"fold-a2", "ar"}
+    for name, row in report["systems"].items():
+        assert row["rounds"] > 0 and 0 < row["decode_s"] < row["call_s"]
+        parts = row["draft_ms_per_round"] + row["verify_ms_per_round"] + row["other_ms_per_round"]
+        assert parts == pytest.approx(row["round_ms_per_round"], abs=0.01)
+        assert any("rows" in key for key in row["steps"])
+        assert (tmp_path / f"profile_{name}.txt").read_text().startswith("ops and kernels:")
+    assert len(report["systems"]["fold-a2"]["tau_rows"]) == 3 and report["systems"]["ar"]["tau_rows"] is None
