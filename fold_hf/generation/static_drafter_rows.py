@@ -16,8 +16,9 @@ how a row is read:
   next round), every projection and the lm_head over ``[A, B]``;
 * per row: its committed length and last token, read from the device (``lengths [A, 4]``, never baked in a graph),
   the rope rows of its block, and its own FOLD read (window boundary and far memory with its own normalization and
-  α): one call of the read function per row and layer over its cache row at its length (``fold_read_triton`` with
-  device lengths, capturable; on the ``static`` engine off CUDA its torch twin);
+  α): all rows' reads of a layer in one call of the rows read (``fold_read_rows_triton``: one split launch and one
+  merge launch over every row's cache row at its length, read on the device, capturable), or where there is none
+  (the ``static`` engine off CUDA) one call of the read function per row and layer (its torch twin);
 * proposals: the argmax of every row's slots (a DSpark Markov head: slot by slot, row by row).
 
 It covers the reading modes of :data:`ROWS_MODES` (the other modes keep per-request state or tables one request
@@ -69,15 +70,18 @@ def view_row(cache: FoldCache, whole: FoldCache, row: int) -> None:
 
 class RowsDrafter(StaticDrafter):
     """The rows step (module docstring) of ``drafter`` over ``cache`` (:func:`preallocated_cache` with ``rows`` =
-    the batch); ``read_function``, ``tables`` and ``layer_ops`` as for :class:`StaticDrafter`."""
+    the batch); ``read_function``, ``tables`` and ``layer_ops`` as for :class:`StaticDrafter`; ``rows_read``: a
+    function with the contract of :func:`~fold_hf.kernels.fold_read.triton.fold_read_rows_triton` reading every
+    row of a layer in one call, or None (one ``read_function`` call per row)."""
 
     def __init__(self, drafter: FoldDrafter, cache: FoldCache, read_function=None, tables=None,
-                 layer_ops=None) -> None:
+                 layer_ops=None, rows_read=None) -> None:
         reason = rows_drafter_unsupported(drafter)
         if reason is not None:
             raise ValueError(f"the rows drafting step does not cover {reason}")
         super().__init__(drafter, cache, read_function, tables, layer_ops)
         self.batch = cache.layers[0].keys.shape[0]
+        self.rows_read = rows_read
 
     @torch.no_grad()
     def move_row(self, source: int, dest: int, length: int) -> None:
@@ -141,6 +145,9 @@ class RowsDrafter(StaticDrafter):
               rnd: dict) -> torch.Tensor:
         """Each row's read of its cache row at its own length (queries ``[A, Hq, B, Dh]``, block ``[A, Hkv, B, Dh]``,
         cache ``[batch, Hkv, capacity, Dh]``); returns ``[A, B, Hq, Dh]``."""
+        if self.rows_read is not None:  # every row in one call: its cache row and length read on the device
+            return self.rows_read(query_near, query_far, keys, values, block_keys, block_values, *view.tables,
+                                  view.length, view.length, rnd["cache_rows"], geometry.window, geometry.alpha)
         outs = []
         for a, row in enumerate(rnd["rows"]):
             length = view.length[a : a + 1]

@@ -105,6 +105,8 @@ class StaticTarget(abc.ABC):
         self.device, self.dtype = weight.device, weight.dtype
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
+        self._decode_rows = False  # the rows' verify attention in one launch pair: resolved by _rows_decode
+        self._row_indices: dict[tuple, torch.Tensor] = {}
         self._layer_ops = None  # resolved on first use of fused=True
         self._exact_kernels = None  # exact mode's kernels (LayerOps, attention, ...), resolved on its first step
 
@@ -425,6 +427,26 @@ class StaticTarget(abc.ABC):
         its first), keys read up to ``bucket`` (static, above every row's last position); the family's fused layers.
         Returns logits ``[A, L, V]``; raises :class:`UnsupportedTarget` where the family has none."""
         raise UnsupportedTarget(f"fused layers over rows: {self.fused_unsupported()}")
+
+    def _rows_decode(self):
+        """The verify attention of several cache rows in one launch pair
+        (:func:`~fold_hf.kernels.fold_read.triton.decode_attention_rows_triton`) where the rows' decode attention is
+        the Triton kernel, else None (one call of the decode attention per row: its torch twin off CUDA)."""
+        if self._decode_rows is False:
+            from ..kernels import import_triton_module, triton_kernels_enabled
+
+            module = import_triton_module("fold_read.triton") if triton_kernels_enabled(self.device) else None
+            self._decode_rows = module.decode_attention_rows_triton if module is not None else None
+        return self._decode_rows
+
+    def _row_index(self, rows) -> torch.Tensor:
+        """Cache rows ``rows`` as an int32 device tensor, made once per tuple (outside a capture: a graph's warm-up
+        runs first) and kept, so a captured step reads a buffer that lives as long as the runner."""
+        key = tuple(rows)
+        index = self._row_indices.get(key)
+        if index is None:
+            index = self._row_indices[key] = torch.tensor(key, dtype=torch.int32, device=self.device)
+        return index
 
     def _fused_prefill(self) -> bool:
         """Whether :meth:`prefill` runs its chunks through the family's fused layers (:meth:`_prefill_chunk_fused`)."""

@@ -289,10 +289,13 @@ class LlamaStaticTarget(StaticTarget):
         """The fused layers over ``input_ids [1, L]`` at ``positions [L]`` in cache row ``rows[0]`` (logits ``[L, V]``),
         or over ``input_ids [A, L]`` at ``positions [A, L]``, row ``a`` in cache row ``rows[a]`` (logits ``[A, L, V]``:
         :meth:`forward_rows_static`). A row's context length is its first position; every row's rope, cache write and
-        attention are its own launch, exactly as when it runs alone."""
+        attention are its own launch, exactly as when it runs alone; or, on CUDA outside exact mode, the rows'
+        attention of a layer is one launch pair over every row's cache row at its length (:meth:`_rows_decode`)."""
         exact = self.exact and attend is None  # exact mode's decode / verify step (a prefill chunk is shared)
         ops, decode = self._fused_ops(exact)
         A, L = input_ids.shape
+        rows_decode = self._rows_decode() if A > 1 and attend is None and not exact else None
+        row_index = self._row_index(rows) if rows_decode is not None else None
         lengths = positions.reshape(A, L)[:, :1].to(torch.int32)  # [A, 1]: each row's context length
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
 
@@ -327,10 +330,17 @@ class LlamaStaticTarget(StaticTarget):
                     self.query_keep[1][:, :, :L].copy_(qa)
                 if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
                     outs.append(attend(i, qa))
+                elif rows_decode is not None:  # attended below, every row at once
+                    outs.append((qa, ka, va))
                 else:
                     outs.append(decode(qa, keys, values, ka, va, lengths[a], scaling=self.scaling,
                                        max_context_length=bucket))  # [1, L, Hq, D]
-            out = outs[0] if A == 1 else torch.cat(outs)
+            if rows_decode is not None:
+                qs, ks, vs = (torch.cat(parts) for parts in zip(*outs))
+                out = rows_decode(qs, self.keys[i], self.values[i], ks, vs, lengths[:, 0], row_index,
+                                  scaling=self.scaling, max_context_length=bucket)  # [A, L, Hq, D]
+            else:
+                out = outs[0] if A == 1 else torch.cat(outs)
             norm = layer.post_attention_layernorm
             attn_out = project(skinny, attn.o_proj, out.reshape(A, L, -1))
             hidden, normed = ops.add_rms_norm(hidden, attn_out, norm.weight, norm_epsilon(norm))

@@ -94,6 +94,43 @@ def test_each_row_drafts_what_the_drafters_own_forward_drafts_for_it_alone(mode,
             torch.testing.assert_close(layer.keys[row, :, : committed[a]], theirs.keys[0, :, : committed[a]], **tol)
 
 
+@pytest.mark.parametrize("mode", ["fold", "window", "dflash", "rerope"])
+def test_the_rows_read_in_one_launch_reads_each_row_as_the_per_row_kernel_does(interpreter, mode):
+    """The rows step with every row's read of a layer in one ``fold_read_rows_triton`` call (what the graphs engine
+    runs) against the same step reading row by row with ``fold_read_triton`` (held to the drafter's own forward by the
+    GPU test below and by the kernel's oracle tests), in Triton's interpreter, fp32: three rows in cache rows 2, 0, 3
+    of a 4-row cache at lengths 5, 90 (far memory) and 23, two rounds; the logits agree to fp32 rounding and the
+    proposals are equal."""
+    from fold_hf.kernels.fold_read.triton import fold_read_rows_triton, fold_read_triton
+
+    target = tiny_target("llama", seed=5, dtype=torch.float32)
+    drafter = tiny_drafter(target, fold_config=mode_config(mode)).bind_target(target)
+    prompts, cache_rows, R = [5, 90, 23], (2, 0, 3), drafter.num_proposals + 1
+    steps = {}
+    for name, rows_read in (("per_row", None), ("rows", fold_read_rows_triton)):
+        static = RowsDrafter(drafter, preallocated_cache(drafter, 128, "cpu", rows=4), fold_read_triton,
+                             rows_read=rows_read)
+        for a, length in enumerate(prompts):
+            commit_context(drafter, row_cache(static.cache, drafter, cache_rows[a]), _features(drafter, length, a))
+        steps[name] = static
+    committed = list(prompts)
+    seen = {"per_row": [], "rows": []}
+    original = drafter.proposal_logits
+    for r, news in enumerate([(2, 4, 1), (3, 1, 4)]):
+        features = torch.randn(3, R, _features(drafter, 1, 0).shape[-1], generator=torch.Generator().manual_seed(r))
+        lengths = torch.tensor([[committed[a], news[a], (5 + a + r) % drafter.config.mask_token_id, cache_rows[a]]
+                                for a in range(3)])
+        with_far = any(steps["rows"].needs_far(committed[a] + news[a]) for a in range(3))
+        tokens = {}
+        for name, static in steps.items():
+            drafter.proposal_logits = lambda hidden, name=name: seen[name].append(original(hidden)) or seen[name][-1]
+            tokens[name] = static.draft_rows(features, lengths, with_far, cache_rows)
+            del drafter.proposal_logits
+        torch.testing.assert_close(seen["rows"][-1], seen["per_row"][-1], rtol=1e-4, atol=1e-4)
+        assert torch.equal(tokens["rows"], tokens["per_row"]), (mode, r)
+        committed = [c + n for c, n in zip(committed, news)]
+
+
 def test_a_dspark_drafter_chains_each_rows_slots_from_its_own_anchor(tmp_path):
     """A DSpark drafter (DeepSpec: the anchor slot predicts too, a Markov head biases slot k by the token before it):
     each row's proposals equal the drafter's eager proposal for that row alone, two rounds, rows at 5, 60 and 21."""
@@ -312,15 +349,17 @@ def test_the_graphs_engine_captures_the_rows_step_and_every_row_is_its_own(mode)
 @pytest.mark.parametrize("mode", ["fold", "window", "dflash"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", ["tiny", "long"])
-def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dtype, mode, shape):
+@pytest.mark.parametrize("reads", ["rows", "per_row"])
+def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dtype, mode, shape, reads):
     """8 rows, the step captured in a CUDA graph with the Triton read and fused layers, replayed twice with new
     lengths: each row's logits match the drafter's eager forward over that row alone (bf16: to bf16 rounding; fp32:
     tightly). ``tiny``: lengths 3 to 300 (W = 16: with FOLD most read far memory; the window and the drafter as
     trained read without a far branch). ``long``: the Gemma-3 pair's drafter shape (4 heads of 256 over 1 KV head,
-    blocks of 8, W = 2048) at lengths 100 to 33,000 of a 34K cache."""
+    blocks of 8, W = 2048) at lengths 100 to 33,000 of a 34K cache. ``reads``: every row of a layer in one launch
+    pair (``fold_read_rows_triton``, the session's default on CUDA) or one ``fold_read_triton`` per row."""
     from fold_hf import FoldConfig
     from fold_hf.generation.graphs import CapturedStep
-    from fold_hf.generation.static_drafter import default_read_function
+    from fold_hf.generation.static_drafter import default_read_function, default_rows_read_function
 
     target = tiny_target("llama", seed=5).to("cuda", dtype)
     if shape == "tiny":
@@ -333,7 +372,9 @@ def test_the_captured_rows_step_reads_each_row_as_its_own_forward_on_the_gpu(dty
     drafter = drafter.to("cuda").bind_target(target)
     R, A = drafter.num_proposals + 1, len(prompts)
     static = RowsDrafter(drafter, preallocated_cache(drafter, capacity, "cuda", rows=A),
-                         default_read_function("cuda"), layer_ops=default_layer_ops(torch.device("cuda")))
+                         default_read_function("cuda"), layer_ops=default_layer_ops(torch.device("cuda")),
+                         rows_read=default_rows_read_function("cuda") if reads == "rows" else None)
+    assert (static.rows_read is not None) == (reads == "rows")
     mine = [row_cache(static.cache, drafter, a) for a in range(A)]
     alone = [drafter.new_cache() for _ in prompts]
     for a, length in enumerate(prompts):

@@ -583,3 +583,24 @@ def test_batched_anatomy_dry_run_splits_each_call_and_profiles_it(tmp_path):
         assert any("rows" in key for key in row["steps"])
         assert (tmp_path / f"profile_{name}.txt").read_text().startswith("ops and kernels:")
     assert len(report["systems"]["fold-a2"]["tau_rows"]) == 3 and report["systems"]["ar"]["tau_rows"] is None
+
+
+def test_the_verify_keeps_the_calls_last_attention_bucket_near_the_end():
+    """A batched verify's attention bucket (a graph key): the call's last bucket (of the most keys a row can reach)
+    once the longest row is within 1/8 of it, so rows of a 32,704-token prompt never cross the 32,768 boundary
+    mid-call; further from it, the bucket of the keys needed (a multiple of 1/8 of the length, at least 256)."""
+    from types import SimpleNamespace
+
+    from fold_hf.generation.fast.batched import _Verify
+
+    verify = object.__new__(_Verify)
+    verify.runner = SimpleNamespace(capacity=33024)
+    verify.final = 32704 + 64 + 8 + 1
+    assert verify._bucket(32704 + 8) == 33024  # not 32,768: the bucket the rows end in
+    assert verify._bucket(32777) == 33024
+    assert verify._bucket(20000) == 20480  # 10 steps of 2,048
+    assert verify._bucket(300) == 512
+    verify.final = None  # no call bound: the growing buckets alone
+    assert verify._bucket(32712) == 32768 and verify._bucket(32769) == 33024
+    verify.runner, verify.final = SimpleNamespace(capacity=4096), 1100  # a short call: its last bucket is 1,280
+    assert verify._bucket(1150) == 1280 and verify._bucket(1000) == 1024  # 1,000 <= 7/8 of 1,280: its own bucket

@@ -248,3 +248,91 @@ def test_graph_engine_with_the_decode_kernel_matches_the_bucket_attention_on_gpu
                     res = fast_generate(target, drafter, **kw, target_attention="triton")
                     assert torch.equal(res.sequences, bucket.sequences), (arch, mode, length, engine)
                     assert res.acceptance_lengths == bucket.acceptance_lengths, (arch, mode, length, engine)
+
+
+# ---------------------------------------------------------------------------------------------------- rows
+def rows_vs_sdpa(reads, L, Hq, Hkv, head_dim, dtype, device, batch=4, capacity=200, max_context_length=None,
+                 num_splits=None, seed=5):
+    """``decode_attention_rows_triton`` over ``reads`` = ``[(cache_row, T), ...]`` of one ``[batch, Hkv, capacity,
+    Dh]`` cache, and each read's causal SDPA over its own ``cache[:T] ++ block`` in fp64."""
+    from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    A = len(reads)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    query, block_keys, block_values = rand(A, Hq, L, head_dim), rand(A, Hkv, L, head_dim), rand(A, Hkv, L, head_dim)
+    keys, values = rand(batch, Hkv, capacity, head_dim), rand(batch, Hkv, capacity, head_dim)
+    scaling = head_dim**-0.5
+    oracles = [sdpa_over_concatenation(dict(query=query[a : a + 1], context_keys=keys[row : row + 1],
+                                            context_values=values[row : row + 1], block_keys=block_keys[a : a + 1],
+                                            block_values=block_values[a : a + 1]), T, scaling)[0]
+               for a, (row, T) in enumerate(reads)]
+    out = decode_attention_rows_triton(query, keys, values, block_keys, block_values,
+                                       torch.tensor([T for _, T in reads], dtype=torch.int32, device=device),
+                                       torch.tensor([row for row, _ in reads], dtype=torch.int32, device=device),
+                                       scaling=scaling, num_splits=num_splits, max_context_length=max_context_length)
+    assert out.shape == (A, L, Hq, head_dim) and out.dtype == dtype
+    return out, torch.stack(oracles)
+
+
+ROWS_CASES = [
+    dict(reads=[(2, 0), (0, 63), (3, 150)], L=4, Hq=4, Hkv=2, head_dim=16, num_splits=3),
+    dict(reads=[(1, 190), (0, 1)], L=1, Hq=8, Hkv=2, head_dim=32, max_context_length=196),
+    dict(reads=[(3, 40), (2, 41), (1, 7)], L=7, Hq=4, Hkv=1, head_dim=64),
+]
+
+
+@pytest.mark.parametrize("case", ROWS_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rows_kernel_in_interpreter_is_each_rows_own_attention(interpreter, case, dtype):
+    """One launch over several rows of a batch (each its cache row and length, from the device) gives every row the
+    causal attention over its own prefix and block (fp64 SDPA)."""
+    out, oracle = rows_vs_sdpa(**case, dtype=dtype, device="cpu")
+    for a in range(len(case["reads"])):
+        assert rel_err(out[a], oracle[a]) < TOLERANCE[dtype], a
+
+
+@pytest.mark.gpu(reason="bf16 at the Llama-3.1-8B and Gemma-3 global shapes, contexts to 32K")
+@pytest.mark.parametrize("Hq, Hkv, head_dim", [(32, 8, 128), (4, 1, 256)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_kernel_is_each_rows_own_attention_on_gpu(Hq, Hkv, head_dim, dtype):
+    reads = [(5, 32760), (0, 700), (7, 1), (2, 8191)]
+    out, oracle = rows_vs_sdpa(reads, 8, Hq, Hkv, head_dim, dtype, "cuda", batch=8, capacity=32784,
+                               max_context_length=32768 + 16)
+    for a in range(len(reads)):
+        assert rel_err(out[a], oracle[a].to(out.device)) < TOLERANCE[dtype], a
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_batchs_verify_attends_every_row_in_one_launch_as_row_by_row(interpreter, arch):
+    """The Llama family's fused layers over rows (``forward_rows_static``, a batch's verify) with every row's
+    attention of a layer in one ``decode_attention_rows_triton`` launch pair (the default on CUDA) against the same
+    forward attending row by row with ``decode_attention_triton`` (held to SDPA by the kernel tests above), in Triton's
+    interpreter, fp32: three rows of a 4-row cache (rows 3, 0, 2) at lengths 5, 31 and 17, blocks of 4; the logits
+    agree to fp32 rounding and the rows' cache entries are the same."""
+    from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton, decode_attention_triton
+    from fold_hf.targets.base import bucket_length
+    from fold_hf.targets.llama import LlamaStaticTarget
+    from tiny import tiny_target
+
+    target = tiny_target(arch, layers=2, dtype=torch.float32)
+    starts, rows, L = [5, 31, 17], [3, 0, 2], 4
+    seqs = [tiny_prompt(40 + a, n + L) for a, n in enumerate(starts)]
+    logits, caches = {}, {}
+    for name, rows_kernel in (("row_by_row", None), ("rows", decode_attention_rows_triton)):
+        runner = LlamaStaticTarget(target, 64, batch=4)
+        for seq, n, row in zip(seqs, starts, rows):
+            runner.prefill(seq[:, :n], row=row)
+        runner._fused_ops(False)
+        runner._decode_attention, runner._decode_rows = decode_attention_triton, rows_kernel
+        ids = torch.cat([seq[:, n:] for seq, n in zip(seqs, starts)])
+        positions = torch.tensor(starts)[:, None] + torch.arange(L)
+        logits[name] = runner.forward_rows_static(ids, positions, rows, bucket_length(max(starts) + L, 64))
+        caches[name] = [runner.keys[i][rows].clone() for i in range(len(runner.keys))]
+    assert logits["rows"].shape == (3, L, target.config.vocab_size)
+    torch.testing.assert_close(logits["rows"], logits["row_by_row"], rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(caches["rows"], caches["row_by_row"]):
+        assert torch.equal(mine, theirs)

@@ -161,7 +161,7 @@ def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: tor
         taps = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         session = session_for(target, longest + budget + slots + 1, taps, engine, request.exact, batch=batch)
         runner, device = session.runner, session.device
-        verify = _Verify(session, fused_layers)
+        verify = _Verify(session, fused_layers, longest + budget + slots + 1)
         draft_rows = _draft_rows_step(session, drafter, request, verify.fused, fused_layers)
         whole = draft_rows.static.cache if draft_rows is not None else None
         taps_out = (torch.zeros(batch, slots + 1, runner.tap_width, device=device, dtype=runner.dtype)
@@ -407,8 +407,9 @@ class _Verify:
     Qwen3.5 family), the host-length forward, said once with the reason.
     """
 
-    def __init__(self, session, fused_layers: bool | None) -> None:
+    def __init__(self, session, fused_layers: bool | None, final: int | None = None) -> None:
         self.session, self.runner, self.device = session, session.runner, session.device
+        self.final = final  # the most keys a row of the call can reach (its attention buckets: _bucket)
         self.fused = False
         if session.engine != "eager":
             self.fused = session.runner.exact or resolve_fused_layers(fused_layers, "triton", session.runner,
@@ -441,7 +442,7 @@ class _Verify:
         ids_buf, positions, taps = self.session.row_buffers(A, W, features is not None)
         ids_buf.copy_(ids)
         positions.copy_(torch.tensor(starts, device=self.device)[:, None] + torch.arange(W, device=self.device))
-        bucket = bucket_length(max(starts) + W, runner.capacity)
+        bucket = self._bucket(max(starts) + W)
         key = ("rows", A, W, bucket, taps is not None)
         cache_rows = list(range(A))
         logits = self.session.step(key, lambda: runner.forward_rows_static(ids_buf, positions, cache_rows, bucket,
@@ -449,3 +450,17 @@ class _Verify:
         if features is not None:
             features.copy_(taps[:n])
         return logits[:n]
+
+    def _bucket(self, needed: int) -> int:
+        """The attention bucket of a verify whose longest row needs ``needed`` keys: the call's last bucket (that of
+        :attr:`final` keys) once ``needed`` is within 1/8 of it, else the bucket of ``needed``
+        (:func:`~fold_hf.targets.base.bucket_length`). So the rows of a long prompt cross no bucket boundary
+        mid-call: a boundary crossed by the first row of one call and by none of another is a step captured inside
+        a call (the H100 suite at 32,704 + 64 tokens built them), while a short prompt with many new tokens keeps
+        buckets that grow with it (the decode kernel sizes its splits by the bucket)."""
+        capacity = self.runner.capacity
+        if self.final is not None:
+            last = bucket_length(min(self.final, capacity), capacity)
+            if needed <= last and 8 * needed > 7 * last:
+                return last
+        return bucket_length(needed, capacity)

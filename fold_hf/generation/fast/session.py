@@ -16,6 +16,7 @@ from ..graphs import CapturedStep, EagerStep
 from ..static_drafter import (
     StaticDrafter,
     default_read_function,
+    default_rows_read_function,
     fused_drafter_unsupported,
     preallocated_cache,
     static_drafter_unsupported,
@@ -127,7 +128,9 @@ class Session:
                       f"step does not cover {reason}")
             return None
         cache = preallocated_cache(drafter, self.capacity, self.device, rows=self.batch)
-        self.rows_static = RowsDrafter(drafter, cache, read, layer_ops=default_layer_ops(self.device) if fused else None)
+        layer_ops = default_layer_ops(self.device) if fused else None
+        self.rows_static = RowsDrafter(drafter, cache, read, layer_ops=layer_ops,
+                                       rows_read=default_rows_read_function(self.device))
         return self.rows_static
 
     def host_results(self, numel: int) -> list[torch.Tensor]:

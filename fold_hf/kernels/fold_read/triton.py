@@ -70,8 +70,9 @@ def _fold_split_kernel(
     PART_M, PART_L, PART_ACC,
     stride_kh, stride_kn, stride_vh, stride_vn, stride_bkh, stride_bkn, stride_bvh, stride_bvn, stride_cos,
     num_rows, Lq, G, head_dim, value_dim, half_rotary, chunk, num_splits, window_splits, near_log2_scale,
-    far_log2_scale, LEN_FROM_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr,
-    KEYS_PREROTATED: tl.constexpr, BLOCK_CAUSAL: tl.constexpr,
+    far_log2_scale, ROW_PTR, kv_heads, stride_kb, stride_vb, stride_bkb, stride_bvb,
+    LEN_FROM_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr,
+    KEYS_PREROTATED: tl.constexpr, BLOCK_CAUSAL: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_X: tl.constexpr, HAS_REST: tl.constexpr,
     MIXED_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
@@ -79,14 +80,26 @@ def _fold_split_kernel(
     pdl_enter(PDL)
     # row blocks of one (head, split) launch side by side so their shared key tiles come from L2
     row_block = tl.program_id(0)
-    head = tl.program_id(1)
+    head_id = tl.program_id(1)  # ROWS: read a's KV head h at a * kv_heads + h (the partials' head index)
     split = tl.program_id(2)
-    if LEN_FROM_PTR:
-        T = tl.load(CTX_LEN_PTR)
-        t = tl.load(BLOCK_START_PTR)
+    if ROWS:
+        # the reads of several rows in one launch: read a's queries, block and lengths at index a, its context in
+        # cache row ROW_PTR[a] of the buffers
+        a = head_id // kv_heads
+        head = head_id % kv_heads
+        cache_row = tl.load(ROW_PTR + a).to(tl.int64)
+        T = tl.load(CTX_LEN_PTR + a)
+        t = tl.load(BLOCK_START_PTR + a)
     else:
-        T = ctx_len_value
-        t = block_start_value
+        a = 0
+        head = head_id
+        cache_row = 0
+        if LEN_FROM_PTR:
+            T = tl.load(CTX_LEN_PTR)
+            t = tl.load(BLOCK_START_PTR)
+        else:
+            T = ctx_len_value
+            t = block_start_value
 
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -96,6 +109,8 @@ def _fold_split_kernel(
     dv_ok = offs_dv < value_dim
     r = offs_m % Lq
     q_head = head * G + offs_m // Lq
+    if ROWS:  # queries are contiguous [A, Hq, Lq, Dh]: read a's heads follow the kv_heads * G of the reads before it
+        q_head = q_head + a * kv_heads * G
     # queries are contiguous [Hq, Lq, Dh]: row m of this KV head sits at (q_head * Lq + r) * Dh
     q_off = (q_head.to(tl.int64) * Lq + r) * head_dim
     q_mask = row_ok[:, None] & d_ok[None, :]
@@ -103,6 +118,13 @@ def _fold_split_kernel(
 
     k_base = K + head.to(tl.int64) * stride_kh
     v_base = V + head.to(tl.int64) * stride_vh
+    bk_base = BK + head.to(tl.int64) * stride_bkh
+    bv_base = BV + head.to(tl.int64) * stride_bvh
+    if ROWS:
+        k_base += cache_row * stride_kb
+        v_base += cache_row * stride_vb
+        bk_base += a.to(tl.int64) * stride_bkb
+        bv_base += a.to(tl.int64) * stride_bvb
     # row r's window starts at entry p - D + 1; row 0 has the widest window
     # scalar bounds use `if` rather than tl.minimum/maximum, which the interpreter turns into 1-element tensors
     lo = split * chunk
@@ -235,9 +257,9 @@ def _fold_split_kernel(
         # the block keys (already rotated) are in every row's window
         offs_l = tl.arange(0, BLOCK_L)
         l_ok = offs_l < Lq
-        bk = tl.load(BK + head.to(tl.int64) * stride_bkh + offs_l[:, None] * stride_bkn + offs_d[None, :],
+        bk = tl.load(bk_base + offs_l[:, None] * stride_bkn + offs_d[None, :],
                      mask=l_ok[:, None] & d_ok[None, :], other=0.0)
-        bv = tl.load(BV + head.to(tl.int64) * stride_bvh + offs_l[:, None] * stride_bvn + offs_dv[None, :],
+        bv = tl.load(bv_base + offs_l[:, None] * stride_bvn + offs_dv[None, :],
                      mask=l_ok[:, None] & dv_ok[None, :], other=0.0)
         q_near = tl.load(QN + q_off[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
         s = tl.dot(q_near, tl.trans(bk), input_precision=DOT_PRECISION) * near_log2_scale
@@ -248,7 +270,7 @@ def _fold_split_kernel(
         m_n, l_n, acc_n = _online_update(m_n, l_n, acc_n, s, bv, block_visible, False, DOT_PRECISION)
 
     # partials: [branch, Hkv, splits, rows(, Dv)]
-    part = (head * num_splits + split).to(tl.int64) * num_rows + offs_m
+    part = (head_id * num_splits + split).to(tl.int64) * num_rows + offs_m
     branch_stride = tl.num_programs(1).to(tl.int64) * num_splits * num_rows
     tl.store(PART_M + part, m_n, mask=row_ok)
     tl.store(PART_L + part, l_n, mask=row_ok)
@@ -287,8 +309,80 @@ def fold_read_triton(query_near: torch.Tensor, query_far: torch.Tensor | None, c
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
     """
-    tune = Tuning(**tuning)
     Hq, Lq, Dh, Hkv, capacity, Dv = read_shapes("fold_read_triton", query_near, context_keys, context_values)
+    len_from_ptr = isinstance(context_length, torch.Tensor)
+    if len_from_ptr != isinstance(block_start, torch.Tensor):
+        raise ValueError("context_length and block_start must both be ints or both be tensors")
+    ctx_ptr, ctx_value, span = length_arguments(context_length, capacity, query_near)
+    start_ptr, start_value = (block_start.to(torch.int32), 0) if len_from_ptr else (query_near, int(block_start))
+    return _fold_read(query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
+                      (ctx_ptr, ctx_value, start_ptr, start_value, span, len_from_ptr), window, alpha, num_splits,
+                      Tuning(**tuning), None)
+
+
+def fold_read_rows_triton(query_near: torch.Tensor, query_far: torch.Tensor | None, context_keys: torch.Tensor,
+                          context_values: torch.Tensor, block_keys: torch.Tensor, block_values: torch.Tensor,
+                          cos: torch.Tensor, sin: torch.Tensor, context_lengths: torch.Tensor,
+                          block_starts: torch.Tensor, rows: torch.Tensor, window: int | None, alpha: float,
+                          num_splits: int | None = None, **tuning) -> torch.Tensor:
+    """The FOLD reads of ``A`` rows of a batch in one split launch and one merge launch: read ``a`` is
+    :func:`fold_read_triton` of its queries and block over cache row ``rows[a]`` at its own length (the batched
+    rounds' drafts, :mod:`fold_hf.generation.static_drafter_rows`; its twin loops
+    :func:`~fold_hf.kernels.fold_read.naive.fold_read_geometry_reference` over the rows).
+
+    Args:
+        query_near, query_far: ``[A, Hq, Lq, Dh]``; block_keys, block_values: ``[A, Hkv, Lq, *]``.
+        context_keys, context_values: ``[batch, Hkv, capacity, *]`` (every row's cache row; read ``a`` reads row
+            ``rows[a]``, never past its ``context_lengths[a]``).
+        context_lengths, block_starts, rows: ``[A]`` integer tensors on the device (int32 or converted), read there:
+            capturable in a CUDA graph; the splits cover ``capacity`` entries.
+        cos, sin, window, alpha, num_splits, tuning: as :func:`fold_read_triton` (the default splits are sized for
+            the ``A * Hkv`` heads of the launch).
+
+    Returns:
+        ``[A, Lq, Hq, Dv]`` in ``query_near.dtype``.
+    """
+    Hq, Lq, Dh, Hkv, capacity, Dv, A = rows_shapes("fold_read_rows_triton", query_near, context_keys, context_values,
+                                                   block_keys, context_lengths, rows)
+    ctx = context_lengths.reshape(-1).to(torch.int32)
+    start = block_starts.reshape(-1).to(torch.int32)
+    return _fold_read(query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
+                      (ctx, 0, start, 0, capacity, True), window, alpha, num_splits, Tuning(**tuning),
+                      rows.reshape(-1).to(torch.int32))
+
+
+def rows_shapes(name: str, query: torch.Tensor, context_keys: torch.Tensor, context_values: torch.Tensor,
+                block_keys: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor):
+    """(Hq, Lq, Dh, Hkv, capacity, Dv, A) of the reads of ``A`` rows, or a ValueError naming ``name``."""
+    A, Hq, Lq, Dh = query.shape
+    _, Hkv, capacity, _ = context_keys.shape
+    if Hq % Hkv:
+        raise ValueError(f"{name}: query heads ({Hq}) must be a multiple of KV heads ({Hkv})")
+    if query.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{name}: unsupported dtype {query.dtype}")
+    if block_keys.shape[0] != A or lengths.numel() != A or rows.numel() != A:
+        raise ValueError(f"{name}: {A} reads need {A} blocks, lengths and cache rows, got {block_keys.shape[0]}, "
+                         f"{lengths.numel()} and {rows.numel()}")
+    if not (isinstance(lengths, torch.Tensor) and isinstance(rows, torch.Tensor)):
+        raise ValueError(f"{name}: lengths and rows are device tensors")
+    return Hq, Lq, Dh, Hkv, capacity, context_values.shape[-1], A
+
+
+def _rows_strides(rows, *tensors) -> tuple:
+    """``(ROW_PTR, kv_heads, stride_kb, stride_vb, stride_bkb, stride_bvb)`` of the split kernel: the batch strides of
+    the context and block buffers when ``rows`` (int32 ``[A]``) is given; placeholders otherwise (``ROWS`` off)."""
+    keys, values, block_keys, block_values = tensors
+    if rows is None:
+        return keys, keys.shape[1], 0, 0, 0, 0
+    return rows, keys.shape[1], keys.stride(0), values.stride(0), block_keys.stride(0), block_values.stride(0)
+
+
+def _fold_read(query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin, lengths,
+               window, alpha, num_splits, tune, rows) -> torch.Tensor:
+    """The launches of :func:`fold_read_triton` (``rows`` None: one read) and :func:`fold_read_rows_triton`
+    (``rows`` int32 ``[A]``); ``lengths`` = ``(ctx_ptr, ctx_value, start_ptr, start_value, span, len_from_ptr)``."""
+    A, Hq, Lq, Dh = query_near.shape
+    Hkv, Dv = context_keys.shape[1], context_values.shape[-1]
     G = Hq // Hkv
     device = query_near.device
     dtype = query_near.dtype
@@ -296,8 +390,9 @@ def fold_read_triton(query_near: torch.Tensor, query_far: torch.Tensor | None, c
     if has_far and window is None:
         raise ValueError("a far branch needs a window distance")
     far_hard = math.isinf(alpha)
+    ctx_ptr, ctx_value, start_ptr, start_value, span, len_from_ptr = lengths
 
-    # kernels index the innermost dim with stride 1 and the queries as contiguous [Hq, Lq, Dh]
+    # kernels index the innermost dim with stride 1 and the queries as contiguous [A, Hq, Lq, Dh]
     query_near = query_near.contiguous()
     query_far = query_far.to(dtype).contiguous() if has_far else query_near
 
@@ -308,32 +403,28 @@ def fold_read_triton(query_near: torch.Tensor, query_far: torch.Tensor | None, c
         sin = sin.contiguous()
         cos = cos.contiguous()
 
-    len_from_ptr = isinstance(context_length, torch.Tensor)
-    if len_from_ptr != isinstance(block_start, torch.Tensor):
-        raise ValueError("context_length and block_start must both be ints or both be tensors")
-    ctx_ptr, ctx_value, span = length_arguments(context_length, capacity, query_near)
-    start_ptr, start_value = (block_start.to(torch.int32), 0) if len_from_ptr else (query_near, int(block_start))
-
-    plan = launch_plan(G * Lq, Dh, Dv, Hkv, span, dtype, device, num_splits, *tune.split_pass)
+    heads = A * Hkv  # the launch's (read, KV head) programs
+    plan = launch_plan(G * Lq, Dh, Dv, heads, span, dtype, device, num_splits, *tune.split_pass)
     if window is None:
         window_splits = 0
     else:
         window_splits = DEFAULT_WINDOW_SPLITS if tune.window_splits is None else max(0, int(tune.window_splits))
     num_splits = plan.num_splits + window_splits
     half_rotary = cos.shape[-1] // 2
-    part_m, part_l, part_acc = partials(2 if has_far else 1, Hkv, num_splits, plan.num_rows, Dv, device)
-    out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
+    part_m, part_l, part_acc = partials(2 if has_far else 1, heads, num_splits, plan.num_rows, Dv, device)
+    out = torch.empty(A, Lq, Hq, Dv, device=device, dtype=dtype)
 
     far_log2_scale = LOG2E if far_hard else float(alpha) * LOG2E
-    _fold_split_kernel[(plan.row_blocks, Hkv, num_splits)](
+    _fold_split_kernel[(plan.row_blocks, heads, num_splits)](
         query_near, query_far, context_keys, context_values, block_keys, block_values, cos, sin,
         ctx_ptr, ctx_value, start_ptr, start_value, int(window) if window is not None else 0,
         part_m, part_l, part_acc,
         context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
         block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), cos.stride(0),
         plan.num_rows, Lq, G, Dh, Dv, half_rotary, plan.chunk, num_splits, window_splits, LOG2E, far_log2_scale,
+        *_rows_strides(rows, context_keys, context_values, block_keys, block_values),
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=window is not None, HAS_FAR=has_far, FAR_HARD=far_hard,
-        KEYS_PREROTATED=False, BLOCK_CAUSAL=False,
+        KEYS_PREROTATED=False, BLOCK_CAUSAL=False, ROWS=rows is not None,
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_L=next_pow2(Lq), BLOCK_D=plan.block_d,
         BLOCK_DV=plan.block_dv,
         BLOCK_H=next_pow2(half_rotary), BLOCK_X=next_pow2(Dh - 2 * half_rotary), HAS_REST=Dh > 2 * half_rotary,
@@ -342,7 +433,8 @@ def fold_read_triton(query_near: torch.Tensor, query_far: torch.Tensor | None, c
         MIXED_STAGES=1, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps, num_stages=plan.num_stages,
         **launch_options(device),
     )
-    launch_merge(part_m, part_l, part_acc, out, Lq, G, num_splits, plan.block_dv, has_far, alpha, tune.merge_pass)
+    launch_merge(part_m, part_l, part_acc, out, Lq, G, num_splits, plan.block_dv, has_far, alpha, tune.merge_pass,
+                 kv_heads=Hkv)
     return out
 
 
@@ -380,32 +472,75 @@ def decode_attention_triton(query: torch.Tensor, context_keys: torch.Tensor, con
     if tune.window_splits is not None:
         raise TypeError("decode_attention_triton reads no window: window_splits does not apply")
     Hq, Lq, Dh, Hkv, capacity, Dv = read_shapes("decode_attention_triton", query, context_keys, context_values)
+    len_from_ptr = isinstance(context_length, torch.Tensor)
+    ctx_ptr, ctx_value, span = length_arguments(context_length, capacity, query, max_context_length)
+    return _decode_attention(query, context_keys, context_values, block_keys, block_values,
+                             (ctx_ptr, ctx_value, span, len_from_ptr), scaling, num_splits, tune, None)
+
+
+def decode_attention_rows_triton(query: torch.Tensor, context_keys: torch.Tensor, context_values: torch.Tensor,
+                                 block_keys: torch.Tensor, block_values: torch.Tensor, context_lengths: torch.Tensor,
+                                 rows: torch.Tensor, scaling: float = 1.0, num_splits: int | None = None,
+                                 max_context_length: int | None = None, **tuning) -> torch.Tensor:
+    """The verify attention of ``A`` rows of a batch in one split launch and one merge launch: row ``a`` is
+    :func:`decode_attention_triton` of its queries and block over cache row ``rows[a]`` at its own length (its twin
+    loops :func:`~fold_hf.kernels.fold_read.naive.decode_attention_reference` over the rows).
+
+    Args:
+        query: ``[A, Hq, L, Dh]`` rotated queries; block_keys, block_values: ``[A, Hkv, L, *]``.
+        context_keys, context_values: ``[batch, Hkv, capacity, *]``; row ``a`` reads cache row ``rows[a]``'s entries
+            ``[0, context_lengths[a])``.
+        context_lengths, rows: ``[A]`` integer device tensors (read on the device: capturable).
+        scaling, num_splits, max_context_length, tuning: as :func:`decode_attention_triton` (the splits cover
+            ``max_context_length`` or ``capacity`` entries, sized for the ``A * Hkv`` heads of the launch).
+
+    Returns:
+        ``[A, L, Hq, Dv]`` in ``query.dtype``.
+    """
+    tune = Tuning(**tuning)
+    if tune.window_splits is not None:
+        raise TypeError("decode_attention_rows_triton reads no window: window_splits does not apply")
+    Hq, Lq, Dh, Hkv, capacity, Dv, A = rows_shapes("decode_attention_rows_triton", query, context_keys,
+                                                   context_values, block_keys, context_lengths, rows)
+    span = capacity if max_context_length is None else min(int(max_context_length), capacity)
+    return _decode_attention(query, context_keys, context_values, block_keys, block_values,
+                             (context_lengths.reshape(-1).to(torch.int32), 0, span, True), scaling, num_splits, tune,
+                             rows.reshape(-1).to(torch.int32))
+
+
+def _decode_attention(query, context_keys, context_values, block_keys, block_values, lengths, scaling, num_splits,
+                      tune, rows) -> torch.Tensor:
+    """The launches of :func:`decode_attention_triton` (``rows`` None) and :func:`decode_attention_rows_triton`;
+    ``lengths`` = ``(ctx_ptr, ctx_value, span, len_from_ptr)``."""
+    A, Hq, Lq, Dh = query.shape
+    Hkv, Dv = context_keys.shape[1], context_values.shape[-1]
     G = Hq // Hkv
     device, dtype = query.device, query.dtype
     query = query.contiguous()
     context_keys, context_values = inner_contiguous(context_keys, dtype), inner_contiguous(context_values, dtype)
     block_keys, block_values = inner_contiguous(block_keys, dtype), inner_contiguous(block_values, dtype)
+    ctx_ptr, ctx_value, span, len_from_ptr = lengths
 
-    len_from_ptr = isinstance(context_length, torch.Tensor)
-    ctx_ptr, ctx_value, span = length_arguments(context_length, capacity, query, max_context_length)
+    heads = A * Hkv
+    plan = launch_plan(G * Lq, Dh, Dv, heads, span, dtype, device, num_splits, *tune.split_pass, decode=True)
+    part_m, part_l, part_acc = partials(1, heads, plan.num_splits, plan.num_rows, Dv, device)
+    out = torch.empty(A, Lq, Hq, Dv, device=device, dtype=dtype)
 
-    plan = launch_plan(G * Lq, Dh, Dv, Hkv, span, dtype, device, num_splits, *tune.split_pass, decode=True)
-    part_m, part_l, part_acc = partials(1, Hkv, plan.num_splits, plan.num_rows, Dv, device)
-    out = torch.empty(1, Lq, Hq, Dv, device=device, dtype=dtype)
-
-    _fold_split_kernel[(plan.row_blocks, Hkv, plan.num_splits)](
+    _fold_split_kernel[(plan.row_blocks, heads, plan.num_splits)](
         query, query, context_keys, context_values, block_keys, block_values, query, query,
         ctx_ptr, ctx_value, ctx_ptr, ctx_value, 0,
         part_m, part_l, part_acc,
         context_keys.stride(1), context_keys.stride(2), context_values.stride(1), context_values.stride(2),
         block_keys.stride(1), block_keys.stride(2), block_values.stride(1), block_values.stride(2), 0,
         plan.num_rows, Lq, G, Dh, Dv, 0, plan.chunk, plan.num_splits, 0, float(scaling) * LOG2E, LOG2E,
+        *_rows_strides(rows, context_keys, context_values, block_keys, block_values),
         LEN_FROM_PTR=len_from_ptr, HAS_WINDOW=False, HAS_FAR=False, FAR_HARD=False,
-        KEYS_PREROTATED=True, BLOCK_CAUSAL=True, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_L=next_pow2(Lq),
-        BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, BLOCK_H=16, BLOCK_X=16, HAS_REST=False,
+        KEYS_PREROTATED=True, BLOCK_CAUSAL=True, ROWS=rows is not None, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        BLOCK_L=next_pow2(Lq), BLOCK_D=plan.block_d, BLOCK_DV=plan.block_dv, BLOCK_H=16, BLOCK_X=16, HAS_REST=False,
         # no far branch: the key loop holds no data-dependent branch, so pipelining it is safe
         MIXED_STAGES=plan.num_stages, DOT_PRECISION=plan.dot_precision, num_warps=plan.num_warps,
         num_stages=plan.num_stages, **launch_options(device),
     )
-    launch_merge(part_m, part_l, part_acc, out, Lq, G, plan.num_splits, plan.block_dv, False, 1.0, tune.merge_pass)
+    launch_merge(part_m, part_l, part_acc, out, Lq, G, plan.num_splits, plan.block_dv, False, 1.0, tune.merge_pass,
+                 kv_heads=Hkv)
     return out

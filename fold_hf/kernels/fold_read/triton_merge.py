@@ -71,19 +71,19 @@ def _merge_splits(PART_M, PART_L, PART_ACC, base, split_stride, num_splits, offs
 
 @triton.jit
 def _fold_merge_kernel(
-    PART_M, PART_L, PART_ACC, OUT, stride_ol, stride_oh,
-    num_rows, Lq, G, value_dim, num_splits, inv_alpha,
+    PART_M, PART_L, PART_ACC, OUT, stride_oa, stride_ol, stride_oh,
+    num_rows, Lq, G, value_dim, num_splits, inv_alpha, kv_heads,
     HAS_FAR: tl.constexpr, FAR_HARD: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
     BLOCK_DV: tl.constexpr, EARLY_ACC: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
-    head = tl.program_id(0)
+    head_id = tl.program_id(0)  # read a's KV head h at a * kv_heads + h (one read: a = 0)
     row = tl.program_id(1)
     # axis 2: the value dims this program writes (BLOCK_DV of them; one program per row when it covers Dv)
     offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < value_dim
     # partial index of split s for this row: (head * S + s) * rows + row
-    base = (head * num_splits).to(tl.int64) * num_rows + row
+    base = (head_id * num_splits).to(tl.int64) * num_rows + row
     log2_near, out, _ = _merge_splits(PART_M, PART_L, PART_ACC, base, num_rows, num_splits, offs_dv, dv_ok,
                                       value_dim, False, BLOCK_S, SPLIT_CHUNK, BLOCK_DV, EARLY_ACC)
     if HAS_FAR:
@@ -97,15 +97,18 @@ def _fold_merge_kernel(
         log_near = log2_near * LN2
         w_far = tl.where(has_far, tl.sigmoid(log_far - log_near), 0.0)
         out = out + w_far * (out_far - out)
-    q_head = head * G + row // Lq
+    a = head_id // kv_heads
+    q_head = (head_id % kv_heads) * G + row // Lq
     r = row % Lq
-    tl.store(OUT + r.to(tl.int64) * stride_ol + q_head.to(tl.int64) * stride_oh + offs_dv,
+    tl.store(OUT + a.to(tl.int64) * stride_oa + r.to(tl.int64) * stride_ol + q_head.to(tl.int64) * stride_oh + offs_dv,
              out.to(OUT.dtype.element_ty), mask=dv_ok)
 
 
 def launch_merge(part_m: torch.Tensor, part_l: torch.Tensor, part_acc: torch.Tensor, out: torch.Tensor, Lq: int,
-                 G: int, num_splits: int, block_dv: int, has_far: bool, alpha: float, tuning: tuple) -> None:
-    """Merge the partials ``[branches, Hkv, num_splits, rows(, Dv)]`` into ``out [1, Lq, Hq, Dv]`` (one launch).
+                 G: int, num_splits: int, block_dv: int, has_far: bool, alpha: float, tuning: tuple,
+                 kv_heads: int | None = None) -> None:
+    """Merge the partials ``[branches, A * Hkv, num_splits, rows(, Dv)]`` into ``out [A, Lq, Hq, Dv]`` (one launch;
+    ``kv_heads`` = Hkv, default the partials' heads: one read).
 
     ``alpha`` the far concentration (``math.inf``: top-1); ``tuning`` = ``(split_chunk, dv_block, num_warps,
     early_acc)`` overrides of :func:`.launch.merge_tiles` (None = default; :attr:`.launch.Tuning.merge_pass`)."""
@@ -113,8 +116,9 @@ def launch_merge(part_m: torch.Tensor, part_l: torch.Tensor, part_acc: torch.Ten
     far_hard = math.isinf(alpha)
     merge = merge_tiles(num_splits, block_dv, *tuning)
     _fold_merge_kernel[(Hkv, num_rows, merge.dv_programs)](
-        part_m, part_l, part_acc, out, out.stride(1), out.stride(2),
+        part_m, part_l, part_acc, out, out.stride(0), out.stride(1), out.stride(2),
         num_rows, Lq, G, out.shape[-1], num_splits, 1.0 if far_hard else 1.0 / float(alpha),
+        Hkv if kv_heads is None else kv_heads,
         HAS_FAR=has_far, FAR_HARD=far_hard, BLOCK_S=merge.block_s, SPLIT_CHUNK=merge.split_chunk,
         BLOCK_DV=merge.block_dv, EARLY_ACC=merge.early_acc,
         num_warps=merge.num_warps, **launch_options(out.device),
