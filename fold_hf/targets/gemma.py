@@ -248,6 +248,7 @@ class GemmaStaticTarget(GemmaRows, GemmaFusedLayers, StaticTarget):
         self.cos, self.sin = self.tables[self.layer_types[0]]
         self._hybrid_ops = None
         self._norm_offset = None
+        self._rows_kernels = False  # the rows' attention kernels of a batch's verify: resolved by _rows_attention
 
     # ------------------------------------------------------------------ what the shared machinery asks
     def bytes_held(self) -> int:

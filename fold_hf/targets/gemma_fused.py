@@ -215,7 +215,8 @@ class GemmaFusedLayers:
         lm_head run once over the ``A * L`` tokens; each row's q/k/v norms + rope + (ring) cache write and its
         attention (the ring kernel on a sliding layer, the decode kernel on a global one at the row's context length,
         its first position, read on the device; a KV-shared layer reading its source's cache row) are that row's own
-        launches, exactly as when it runs alone. Per-layer inputs (PLE) keep their activation on the module; their
+        launches, exactly as when it runs alone; on CUDA outside exact mode a batch's rows attend in one launch pair
+        per layer instead (:meth:`_rows_attention`: the ring and the decode kernels with a row axis). Per-layer inputs (PLE) keep their activation on the module; their
         gate and projection go through :func:`~fold_hf.targets.weight_layout.project`.
 
         ``attention``: a prefill chunk's ``(write_kv, attend)`` of one cache row
@@ -230,6 +231,11 @@ class GemmaFusedLayers:
             gemm_ops, decode, ring_attention = self._exact_ops()
         offset = self._norm_offset
         A, L = input_ids.shape
+        # a batch's verify on CUDA: every row's attention of a layer in one launch pair (the ring or the decode kernel
+        # with a row axis), each row at its cache row, positions and length read on the device
+        rows_attention = self._rows_attention() if A > 1 and attention is None and not exact else None
+        if rows_attention is not None:
+            row_index, row_lengths = self._row_index(rows), positions[:, 0].to(torch.int32)
         row_positions = [positions] if positions.dim() == 1 else [positions[a] for a in range(A)]  # [L] each
         lengths = [p[:1].to(torch.int32) for p in row_positions]  # each row's context length, on the device
         block_kv = {}  # (layer, row) -> the row's new keys and values
@@ -283,6 +289,9 @@ class GemmaFusedLayers:
                     continue
                 if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
                     self.query_keep[1][:, :, :L].copy_(qa)
+                if rows_attention is not None:  # attended below, every row at once
+                    outs.append(qa)
+                    continue
                 keys, values = self.keys[src][here], self.values[src][here]
                 if self.windows[i] is not None:
                     outs.append(ring_attention(qa, keys, values, row_positions[a], self.windows[i], self.scalings[i]))
@@ -290,7 +299,20 @@ class GemmaFusedLayers:
                     k, v = block_kv[src, a]
                     outs.append(decode(qa, keys, values, k, v, lengths[a], scaling=self.scalings[i],
                                        max_context_length=bucket))  # [1, L, Hq, D] from both kernels
-            out = (outs[0] if A == 1 else torch.cat(outs)).reshape(A, L, -1)
+            if rows_attention is not None:
+                ring_rows, decode_rows = rows_attention
+                queries = torch.cat(outs)  # [A, Hq, L, D]
+                if self.windows[i] is not None:
+                    out = ring_rows(queries, self.keys[src], self.values[src], positions, row_index, self.windows[i],
+                                    self.scalings[i])
+                else:
+                    block_keys = torch.cat([block_kv[src, a][0] for a in range(A)])
+                    block_values = torch.cat([block_kv[src, a][1] for a in range(A)])
+                    out = decode_rows(queries, self.keys[src], self.values[src], block_keys, block_values, row_lengths,
+                                      row_index, scaling=self.scalings[i], max_context_length=bucket)
+                out = out.reshape(A, L, -1)
+            else:
+                out = (outs[0] if A == 1 else torch.cat(outs)).reshape(A, L, -1)
             post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
             hidden, normed = ops.residual_norm(hidden, project(skinny, attn.o_proj, out), weight(pre),
                                                norm_epsilon(pre), offset, delta_weight=weight(post),
@@ -319,6 +341,20 @@ class GemmaFusedLayers:
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
+
+    def _rows_attention(self):
+        """``(ring_attention_rows_triton, decode_attention_rows_triton)``: the sliding and the global layers'
+        attention of a batch's rows in one launch pair each, where the Triton kernels run (CUDA), else None (one call
+        per row)."""
+        if self._rows_kernels is False:
+            from ..kernels import import_triton_module, triton_kernels_enabled
+
+            enabled = triton_kernels_enabled(self.device)
+            ring = import_triton_module("gemma.triton") if enabled else None
+            fold = import_triton_module("fold_read.triton") if enabled else None
+            self._rows_kernels = ((ring.ring_attention_rows_triton, fold.decode_attention_rows_triton)
+                                  if ring is not None and fold is not None else None)
+        return self._rows_kernels
 
     def _exact_ops(self):
         """Exact mode's (:class:`~fold_hf.kernels.LayerOps` of its GEMMs, global decode attention, ring attention),

@@ -402,3 +402,33 @@ def test_the_graphs_engine_verifies_gemma_rows_as_one_captured_step_on_the_gpu(a
     assert not [str(w.message) for w in record if "host-length" in str(w.message)]
     assert out.batched and keys
     assert torch.equal(out.sequences.cpu(), expected_batch(ids, news, pad=eos))
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4_shared"])
+def test_the_rows_attention_in_one_launch_is_each_rows_own(interpreter, arch):
+    """A batch's verify with every row's attention of a layer in one launch pair (``ring_attention_rows_triton`` on
+    the sliding layers, ``decode_attention_rows_triton`` on the global ones: what CUDA runs), in Triton's
+    interpreter, fp32, against the same step attending row by row through the kernels' torch twins: three rows at
+    lengths 5, 40 (rings wrapped) and 23 in cache rows 2, 0, 1, blocks of 4; logits and cache rows to fp32 rounding,
+    and the logits those of the model's own forward."""
+    from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton
+    from fold_hf.kernels.gemma.triton import ring_attention_rows_triton
+
+    target, taps, seqs, want, _ = _rows_and_model_outputs(arch, torch.float32)
+    rows = [2, 0, 1]
+    logits, caches = {}, {}
+    for name, kernels in (("row_by_row", None), ("rows", (ring_attention_rows_triton, decode_attention_rows_triton))):
+        runner = build_static_target(target, 64, taps, batch=3)
+        for n, s, row in zip(LENGTHS, seqs, rows):
+            runner.prefill(s[None, :n], chunk=16, row=row)
+        runner._rows_kernels = kernels
+        positions = torch.tensor(LENGTHS)[:, None] + torch.arange(4)
+        ids = torch.stack([s[p : p + 4] for s, p in zip(seqs, LENGTHS)])
+        logits[name] = runner.forward_rows_static(ids, positions, rows, bucket_length(max(LENGTHS) + 4, 64))
+        caches[name] = [(keys[rows].clone(), values[rows].clone()) for _, keys, values in owned_caches(runner)]
+    torch.testing.assert_close(logits["rows"], logits["row_by_row"], rtol=1e-4, atol=1e-4)
+    for i, n in enumerate(LENGTHS):
+        torch.testing.assert_close(logits["rows"][i], want[i][n : n + 4], rtol=1e-3, atol=1e-3)
+    for (k1, v1), (k2, v2) in zip(caches["rows"], caches["row_by_row"]):  # later layers' entries from inputs that
+        torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-4)  # carry the earlier layers' fp32 rounding
+        torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-4)

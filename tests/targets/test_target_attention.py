@@ -312,7 +312,7 @@ def test_a_batchs_verify_attends_every_row_in_one_launch_as_row_by_row(interpret
     attention of a layer in one ``decode_attention_rows_triton`` launch pair (the default on CUDA) against the same
     forward attending row by row with ``decode_attention_triton`` (held to SDPA by the kernel tests above), in Triton's
     interpreter, fp32: three rows of a 4-row cache (rows 3, 0, 2) at lengths 5, 31 and 17, blocks of 4; the logits
-    agree to fp32 rounding and the rows' cache entries are the same."""
+    and the rows' cache entries agree to fp32 rounding."""
     from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton, decode_attention_triton
     from fold_hf.targets.base import bucket_length
     from fold_hf.targets.llama import LlamaStaticTarget
@@ -334,5 +334,5 @@ def test_a_batchs_verify_attends_every_row_in_one_launch_as_row_by_row(interpret
         caches[name] = [runner.keys[i][rows].clone() for i in range(len(runner.keys))]
     assert logits["rows"].shape == (3, L, target.config.vocab_size)
     torch.testing.assert_close(logits["rows"], logits["row_by_row"], rtol=1e-4, atol=1e-4)
-    for mine, theirs in zip(caches["rows"], caches["row_by_row"]):
-        assert torch.equal(mine, theirs)
+    for mine, theirs in zip(caches["rows"], caches["row_by_row"]):  # the second layer's entries carry the first
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)  # layer's fp32 rounding

@@ -49,9 +49,20 @@ def gelu_tanh_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- ring attention
 @triton.jit
 def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_head, kv_row, chunks_per_split,
-                       G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       IEEE: tl.constexpr):
-    kvh = tl.program_id(0)
+                       ROW_PTR, HKV, kv_batch, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr, IEEE: tl.constexpr, ROWS: tl.constexpr):
+    flat = tl.program_id(0)  # ROWS: row a's KV head h at a * HKV + h (the partials' head index)
+    if ROWS:  # several rows of a batch in one launch: row a's queries and positions at index a, its ring in cache
+        # row ROW_PTR[a]
+        a = flat // HKV
+        kvh = flat % HKV
+        Q += a.to(tl.int64) * (HKV * G * L * D)
+        POS += a * L
+        ring = tl.load(ROW_PTR + a).to(tl.int64) * kv_batch
+        KR += ring
+        VR += ring
+    else:
+        kvh = flat
     sp = tl.program_id(1)
     nsp = tl.num_programs(1)
     rows_total = tl.num_programs(2) * BM
@@ -92,23 +103,25 @@ def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_hea
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m_i = m_new
-    base = kvh * nsp + sp
+    base = flat * nsp + sp
     tl.store(PACC + (base * rows_total + rm)[:, None] * BD + rd[None, :], acc)
     tl.store(PM + base * rows_total + rm, m_i)
     tl.store(PL + base * rows_total + rm, l_i)
 
 
 @triton.jit
-def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, HKV, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                        BS: tl.constexpr):
-    kvh = tl.program_id(0)
+    flat = tl.program_id(0)  # row a's KV head h at a * HKV + h (one row: a = 0)
+    kvh = flat % HKV
+    OUT += (flat // HKV).to(tl.int64) * (L * HQ * D)
     m = tl.program_id(1)  # row g * L + r
     r = m % L
     g = m // L
     rs = tl.arange(0, BS)
     ok = rs < nsp
     rd = tl.arange(0, BD)
-    base = kvh * nsp + rs
+    base = flat * nsp + rs
     mx = tl.load(PM + base * BM + m, mask=ok, other=-1.0e30)
     lx = tl.load(PL + base * BM + m, mask=ok, other=0.0)
     top = tl.max(mx, 0)
@@ -127,7 +140,36 @@ def ring_attention_triton(query, key_ring, value_ring, positions, window: int, s
     ``block_m``: query rows per program (a power of two, >= 16); by default it grows with ``G * L`` (more rows, fewer
     programs). The splits follow the ring's slots (``R``, the head count), never ``L``, so with a fixed ``block_m``
     a row's arithmetic does not depend on how many rows the block has (:func:`exact_ring_attention_triton`)."""
-    _, HQ, L, D = query.shape
+    if query.shape[0] != 1 or key_ring.shape[0] != 1:
+        raise ValueError("ring_attention_triton reads one row (ring_attention_rows_triton reads several)")
+    return _ring_attention(query, key_ring, value_ring, positions, window, scaling, block_m, None)
+
+
+def ring_attention_rows_triton(query, key_ring, value_ring, positions, rows, window: int, scaling: float
+                               ) -> torch.Tensor:
+    """The sliding layers' attention of ``A`` rows of a batch in one split launch and one merge launch: row ``a`` is
+    :func:`ring_attention_triton` of its queries ``query[a]`` at its positions ``positions[a]`` over the rings of
+    cache row ``rows[a]`` (its twin loops :func:`~fold_hf.kernels.gemma.naive.ring_attention_reference` over the
+    rows).
+
+    Args:
+        query: ``[A, Hq, L, D]``; key_ring, value_ring: ``[batch, Hkv, R, D]``; positions: ``[A, L]`` device integers
+            (each row's consecutive positions); rows: ``[A]`` device integers, the cache row of each row.
+
+    Returns:
+        ``[A, L, Hq, D]``.
+    """
+    A, _, L, _ = query.shape
+    if positions.shape != (A, L) or rows.numel() != A:
+        raise ValueError(f"{A} rows of {L} queries need positions [{A}, {L}] and {A} cache rows, got "
+                         f"{tuple(positions.shape)} and {rows.numel()}")
+    return _ring_attention(query, key_ring, value_ring, positions.contiguous(), window, scaling, None,
+                           rows.reshape(-1).to(torch.int32))
+
+
+def _ring_attention(query, key_ring, value_ring, positions, window, scaling, block_m, rows) -> torch.Tensor:
+    """The launches of :func:`ring_attention_triton` (``rows`` None) and :func:`ring_attention_rows_triton`."""
+    A, HQ, L, D = query.shape
     HKV, R = key_ring.shape[1], key_ring.shape[2]
     if HQ % HKV or key_ring.shape[-1] != D or value_ring.shape != key_ring.shape or key_ring.stride(-1) != 1:
         raise ValueError(f"query {tuple(query.shape)} and rings {tuple(key_ring.shape)} / "
@@ -143,18 +185,20 @@ def ring_attention_triton(query, key_ring, value_ring, positions, window: int, s
     row_blocks = triton.cdiv(G * L, BM)
     BN = 64 if BD <= 128 else (32 if BD <= 256 else 16)
     chunks = triton.cdiv(R, BN)
-    per_split = triton.cdiv(chunks, max(1, 128 // HKV))
+    heads = A * HKV  # the launch's (row, KV head) programs
+    per_split = triton.cdiv(chunks, max(1, 128 // heads))
     splits = triton.cdiv(chunks, per_split)
-    part_acc = torch.empty(HKV, splits, row_blocks * BM, BD, device=query.device, dtype=torch.float32)
-    part_m = torch.empty(HKV, splits, row_blocks * BM, device=query.device, dtype=torch.float32)
+    part_acc = torch.empty(heads, splits, row_blocks * BM, BD, device=query.device, dtype=torch.float32)
+    part_m = torch.empty(heads, splits, row_blocks * BM, device=query.device, dtype=torch.float32)
     part_l = torch.empty_like(part_m)
-    _ring_split_kernel[(HKV, splits, row_blocks)](
+    _ring_split_kernel[(heads, splits, row_blocks)](
         query, key_ring, value_ring, positions, part_acc, part_m, part_l, L, R, int(window), float(scaling),
-        key_ring.stride(1), key_ring.stride(2), per_split, G=G, D=D, BD=BD, BM=BM, BN=BN,
-        IEEE=query.dtype == torch.float32 or not _libdevice(), num_warps=4)
-    out = torch.empty(1, L, HQ, D, device=query.device, dtype=value_ring.dtype)
-    _ring_merge_kernel[(HKV, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, row_blocks * BM, G=G, D=D,
-                                     BD=BD, BS=_next_pow2(splits), num_warps=4)
+        key_ring.stride(1), key_ring.stride(2), per_split, positions if rows is None else rows, HKV,
+        key_ring.stride(0), G=G, D=D, BD=BD, BM=BM, BN=BN,
+        IEEE=query.dtype == torch.float32 or not _libdevice(), ROWS=rows is not None, num_warps=4)
+    out = torch.empty(A, L, HQ, D, device=query.device, dtype=value_ring.dtype)
+    _ring_merge_kernel[(heads, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, row_blocks * BM, HKV, G=G, D=D,
+                                       BD=BD, BS=_next_pow2(splits), num_warps=4)
     return out
 
 
@@ -170,4 +214,5 @@ def exact_ring_attention_triton(query, key_ring, value_ring, positions, window: 
     return ring_attention_triton(query, key_ring, value_ring, positions, window, scaling, block_m=EXACT_BLOCK_M)
 
 
-__all__ = ["EXACT_BLOCK_M", "exact_ring_attention_triton", "gelu_tanh_mul_triton", "ring_attention_triton"]
+__all__ = ["EXACT_BLOCK_M", "exact_ring_attention_triton", "gelu_tanh_mul_triton", "ring_attention_rows_triton",
+           "ring_attention_triton"]
