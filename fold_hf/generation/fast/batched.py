@@ -243,8 +243,9 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         # on the fixed-shape verify to a full block always (one step per row count: a width that shrinks as rows
         # near their budget would capture, and compile for, a new shape mid-call)
         width = 1 + (slots if verify.fused else max(row.proposals.shape[0] for row in active))
-        ids = torch.stack([torch.cat((row.last, row.proposals, row.last.expand(width - 1 - row.proposals.shape[0])))
-                           for row in active])
+        # built on the host from each row's host proposals and last token: one copy to the device, not a launch a row
+        ids = torch.tensor([[row.last_id] + row.out.proposals[-1] + [row.last_id] * (width - 1 - row.proposals.shape[0])
+                            for row in active])
         features = taps_out[: len(active), :width] if taps_out is not None else None
         if phases is not None:
             drafted = clock(verify.device)
@@ -423,12 +424,13 @@ class _Verify:
                 warn_once(f"batched rounds on engine {session.engine!r} verify host-length (engine 'eager'): {why}")
 
     def __call__(self, ids: torch.Tensor, rows: list[int], starts: list[int], features, extra: list[_Parked] = ()):
-        """Logits ``[A, W, V]`` of the running rows; ``extra`` (the fixed-shape verify): the parked cache rows ``A ..``
+        """Logits ``[A, W, V]`` of the running rows' ``ids [A, W]`` (on the host or the device); ``extra`` (the
+        fixed-shape verify): the parked cache rows ``A ..``
         of a row bucket (:func:`row_bucket`), each fed its last token at its length (their writes land past what
         their cache rows hold, their logits and taps dropped)."""
         runner = self.runner
         if not self.fused:
-            return runner.forward_rows(ids, rows, starts, features)
+            return runner.forward_rows(ids.to(self.device), rows, starts, features)
         runner.check_rows(ids, rows, starts)
         n = ids.shape[0]
         if extra:
@@ -440,8 +442,8 @@ class _Verify:
         if list(rows) != list(range(A)):
             raise AssertionError(f"the fixed-shape verify runs cache rows 0 .. {A - 1}, got {list(rows)}")
         ids_buf, positions, taps = self.session.row_buffers(A, W, features is not None)
-        ids_buf.copy_(ids)
-        positions.copy_(torch.tensor(starts, device=self.device)[:, None] + torch.arange(W, device=self.device))
+        ids_buf.copy_(ids)  # the host's ids and positions: one copy each
+        positions.copy_(torch.tensor(starts)[:, None] + torch.arange(W))
         bucket = self._bucket(max(starts) + W)
         key = ("rows", A, W, bucket, taps is not None)
         cache_rows = list(range(A))
