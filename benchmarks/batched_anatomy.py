@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batched_bench import batch_of, pad_id, session_steps, suite_requests  # noqa: E402
+from batched_bench import batch_of, pad_id, session_steps, suite_requests, sync  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -70,14 +69,10 @@ def main(argv=None) -> dict:
         before = set(session_steps(target))
         call()
         with round_phases() as phases:
-            result = call()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+            call()
+        start = sync(device)
         result = call()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        seconds = sync(device) - start
         rows = result.rows if hasattr(result, "rows") else [result]
         row = {"call_s": seconds, "rounds": phases.rounds,
                **{f"{k}_ms_per_round": round(v, 3) for k, v in phases.per_round_ms().items()},
