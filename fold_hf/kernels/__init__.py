@@ -111,14 +111,15 @@ class LayerOps:
     ``skinny_linear`` / ``gate_up_silu`` / ``gate_up_gelu`` (Gemma's GELU-tanh): the decode-step GEMMs (:mod:`fold_hf.kernels.gemm.triton`, or their twins
     in :mod:`fold_hf.kernels.gemm.naive`), or None where the projections run as ``F.linear`` / the modules
     (the CPU path, whose multi-row products go to MKL's packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
-    ``skinny_rows`` the most rows they take."""
+    ``skinny_rows`` the most rows they take. ``rope_write_rows``: the rope and cache write of a batch's rows in one
+    launch (:func:`fold_hf.kernels.layer.triton.rope_write_rows_triton`), or None (one ``rope_write`` per row)."""
 
     def __init__(self, add_rms_norm, rope_write, silu_mul, rotate_heads, backend: str, skinny_linear=None,
-                 gate_up_silu=None, skinny_rows: int = 0, gate_up_gelu=None) -> None:
+                 gate_up_silu=None, skinny_rows: int = 0, gate_up_gelu=None, rope_write_rows=None) -> None:
         self.add_rms_norm, self.rope_write, self.silu_mul = add_rms_norm, rope_write, silu_mul
         self.rotate_heads, self.backend = rotate_heads, backend
         self.skinny_linear, self.gate_up_silu, self.skinny_rows = skinny_linear, gate_up_silu, skinny_rows
-        self.gate_up_gelu = gate_up_gelu
+        self.gate_up_gelu, self.rope_write_rows = gate_up_gelu, rope_write_rows
 
     def __repr__(self) -> str:
         gemm = ", skinny GEMMs" if self.skinny_linear is not None else ""
@@ -139,7 +140,7 @@ def default_layer_ops(device: torch.device) -> LayerOps:
                           gate_up_gelu=gemm.gate_up_gelu_tanh_triton,
                           skinny_rows=gemm.MAX_ROWS)
         return LayerOps(layer.add_rms_norm_triton, layer.rope_write_triton, layer.silu_mul_triton,
-                        layer.rotate_heads_triton, "triton", **skinny)
+                        layer.rotate_heads_triton, "triton", rope_write_rows=layer.rope_write_rows_triton, **skinny)
     from .layer.naive import (
         add_rms_norm_reference,
         rope_write_reference,

@@ -320,26 +320,23 @@ class LlamaStaticTarget(StaticTarget):
             k = k.view(A, L, self.num_kv_heads, self.head_dim)
             v = v.view(A, L, self.num_kv_heads, self.head_dim)
             q, k = self._head_norm(ops, attn, "q_norm", q), self._head_norm(ops, attn, "k_norm", k)
-            outs = []
-            for a, cache_row in enumerate(rows):
-                keys = self.keys[i][cache_row : cache_row + 1]  # the whole cache at batch 1
-                values = self.values[i][cache_row : cache_row + 1]
-                qa, ka, va = ops.rope_write(q[a : a + 1], k[a : a + 1], v[a : a + 1], self.cos, self.sin,
-                                            positions if positions.dim() == 1 else positions[a], keys, values)
-                if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
-                    self.query_keep[1][:, :, :L].copy_(qa)
-                if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
-                    outs.append(attend(i, qa))
-                elif rows_decode is not None:  # attended below, every row at once
-                    outs.append((qa, ka, va))
-                else:
-                    outs.append(decode(qa, keys, values, ka, va, lengths[a], scaling=self.scaling,
-                                       max_context_length=bucket))  # [1, L, Hq, D]
-            if rows_decode is not None:
-                qs, ks, vs = (torch.cat(parts) for parts in zip(*outs))
-                out = rows_decode(qs, self.keys[i], self.values[i], ks, vs, lengths[:, 0], row_index,
-                                  scaling=self.scaling, max_context_length=bucket)  # [A, L, Hq, D]
+            if rows_decode is not None:  # a batch's verify: every row's rope, write and attention at once
+                out = self._rows_attention_layer(i, ops, rows_decode, q, k, v, positions, lengths, rows, row_index,
+                                                 bucket)
             else:
+                outs = []
+                for a, cache_row in enumerate(rows):
+                    keys = self.keys[i][cache_row : cache_row + 1]  # the whole cache at batch 1
+                    values = self.values[i][cache_row : cache_row + 1]
+                    qa, ka, va = ops.rope_write(q[a : a + 1], k[a : a + 1], v[a : a + 1], self.cos, self.sin,
+                                                positions if positions.dim() == 1 else positions[a], keys, values)
+                    if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                        self.query_keep[1][:, :, :L].copy_(qa)
+                    if attend is not None:  # a prefill chunk (_prefill_chunk_fused)
+                        outs.append(attend(i, qa))
+                    else:
+                        outs.append(decode(qa, keys, values, ka, va, lengths[a], scaling=self.scaling,
+                                           max_context_length=bucket))  # [1, L, Hq, D]
                 out = outs[0] if A == 1 else torch.cat(outs)
             norm = layer.post_attention_layernorm
             attn_out = project(skinny, attn.o_proj, out.reshape(A, L, -1))
@@ -354,6 +351,23 @@ class LlamaStaticTarget(StaticTarget):
         else:
             logits = linear_module(self.lm_head, normed[:, -1:] if last_only else normed)
         return logits[0] if positions.dim() == 1 else logits
+
+    def _rows_attention_layer(self, i: int, ops, rows_decode, q, k, v, positions, lengths, rows, row_index,
+                              bucket: int):
+        """Layer ``i``'s attention of a batch's rows (``q [A, L, Hq, D]``, ``k`` / ``v [A, L, Hkv, D]`` at ``positions
+        [A, L]``, cache rows ``rows``, on the device ``row_index``): the rope and cache write of every row in one
+        launch where the ops have ``rope_write_rows`` (else one per row), then every row's attention over its cache
+        row at its length in one launch pair. Returns ``[A, L, Hq, D]``."""
+        keys, values = self.keys[i], self.values[i]
+        if ops.rope_write_rows is not None:
+            qs, ks, vs = ops.rope_write_rows(q, k, v, self.cos, self.sin, positions, keys, values, row_index)
+        else:
+            rotated = [ops.rope_write(q[a : a + 1], k[a : a + 1], v[a : a + 1], self.cos, self.sin, positions[a],
+                                      keys[row : row + 1], values[row : row + 1])
+                       for a, row in enumerate(rows)]
+            qs, ks, vs = (torch.cat(parts) for parts in zip(*rotated))
+        return rows_decode(qs, keys, values, ks, vs, lengths[:, 0], row_index, scaling=self.scaling,
+                           max_context_length=bucket)
 
     def forward_rows_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: list[int], bucket: int,
                             taps_out: torch.Tensor | None = None) -> torch.Tensor:

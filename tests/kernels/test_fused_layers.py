@@ -481,3 +481,31 @@ def test_norm_warps_match_the_twin_on_gpu(warps):
         ref_total, ref_normed = add_rms_norm_reference(hidden, delta, weight, 1e-6)
         assert torch.equal(total, ref_total), (rows, H)
         assert rel_err(normed, ref_normed) < 1e-2, (rows, H)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_write_rows_in_one_launch_is_each_rows_own(interpreter, dtype):
+    """``rope_write_rows_triton`` (a batch's verify, Llama family on CUDA): three rows of blocks of 4 at their own
+    positions (5, 40, 17), written into cache rows 2, 0, 3 of a 4-row cache, their heads read in place from one
+    q|k|v projection of the rows' tokens: each row's rotated q / k / v and its cache row equal, bit for bit, the torch
+    twin of the row alone; the cache row no row writes (1) is untouched."""
+    from fold_hf.kernels.layer.triton import rope_write_rows_triton
+
+    A, L, Hq, Hkv, D, capacity = 3, 4, 6, 2, 16, 64
+    starts, rows = [5, 40, 17], [2, 0, 3]
+    base = rope_inputs(L, Hq, Hkv, D, capacity, 0, dtype, seed=11)
+    fused = randn(A, L, (Hq + 2 * Hkv) * D, dtype=dtype, seed=12, scale=2)
+    q, k, v = (t.view(A, L, -1, D) for t in fused.split((Hq * D, Hkv * D, Hkv * D), -1))
+    keys, values = randn(4, Hkv, capacity, D, dtype=dtype, seed=13), randn(4, Hkv, capacity, D, dtype=dtype, seed=14)
+    positions = torch.tensor(starts)[:, None] + torch.arange(L)
+    got_keys, got_values = keys.clone(), values.clone()
+    qs, ks, vs = rope_write_rows_triton(q, k, v, base["cos_table"], base["sin_table"], positions, got_keys,
+                                        got_values, torch.tensor(rows, dtype=torch.int32))
+    assert qs.shape == (A, Hq, L, D) and ks.shape == vs.shape == (A, Hkv, L, D)
+    for a, row in enumerate(rows):
+        want_keys, want_values = keys[row : row + 1].clone(), values[row : row + 1].clone()
+        wq, wk, wv = rope_write_reference(q[a : a + 1], k[a : a + 1], v[a : a + 1], base["cos_table"],
+                                          base["sin_table"], positions[a], want_keys, want_values)
+        assert torch.equal(qs[a : a + 1], wq) and torch.equal(ks[a : a + 1], wk) and torch.equal(vs[a : a + 1], wv)
+        assert torch.equal(got_keys[row], want_keys[0]) and torch.equal(got_values[row], want_values[0]), row
+    assert torch.equal(got_keys[1], keys[1]) and torch.equal(got_values[1], values[1])

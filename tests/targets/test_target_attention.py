@@ -306,14 +306,17 @@ def test_rows_kernel_is_each_rows_own_attention_on_gpu(Hq, Hkv, head_dim, dtype)
         assert rel_err(out[a], oracle[a].to(out.device)) < TOLERANCE[dtype], a
 
 
+@pytest.mark.parametrize("rope", ["rows", "per_row"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_a_batchs_verify_attends_every_row_in_one_launch_as_row_by_row(interpreter, arch):
+def test_a_batchs_verify_attends_every_row_in_one_launch_as_row_by_row(interpreter, arch, rope):
     """The Llama family's fused layers over rows (``forward_rows_static``, a batch's verify) with every row's
     attention of a layer in one ``decode_attention_rows_triton`` launch pair (the default on CUDA) against the same
     forward attending row by row with ``decode_attention_triton`` (held to SDPA by the kernel tests above), in Triton's
-    interpreter, fp32: three rows of a 4-row cache (rows 3, 0, 2) at lengths 5, 31 and 17, blocks of 4; the logits
+    interpreter, fp32: three rows of a 4-row cache (rows 3, 0, 2) at lengths 5, 31 and 17, blocks of 4, the rows'
+    rope and cache writes in one ``rope_write_rows_triton`` launch (``rope="rows"``) or one per row; the logits
     and the rows' cache entries agree to fp32 rounding."""
     from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton, decode_attention_triton
+    from fold_hf.kernels.layer.triton import rope_write_rows_triton
     from fold_hf.targets.base import bucket_length
     from fold_hf.targets.llama import LlamaStaticTarget
     from tiny import tiny_target
@@ -328,6 +331,7 @@ def test_a_batchs_verify_attends_every_row_in_one_launch_as_row_by_row(interpret
             runner.prefill(seq[:, :n], row=row)
         runner._fused_ops(False)
         runner._decode_attention, runner._decode_rows = decode_attention_triton, rows_kernel
+        runner._layer_ops.rope_write_rows = rope_write_rows_triton if rows_kernel and rope == "rows" else None
         ids = torch.cat([seq[:, n:] for seq, n in zip(seqs, starts)])
         positions = torch.tensor(starts)[:, None] + torch.arange(L)
         logits[name] = runner.forward_rows_static(ids, positions, rows, bucket_length(max(starts) + L, 64))

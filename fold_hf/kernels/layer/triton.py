@@ -131,22 +131,34 @@ def add_rms_norm_triton(hidden: torch.Tensor, delta: torch.Tensor | None, weight
 @triton.jit
 def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_OUT, V_OUT,
                        num_tokens, num_heads, num_kv_heads, cache_head_stride, cache_row_stride,
-                       q_token_stride, k_token_stride, v_token_stride,
-                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+                       q_token_stride, k_token_stride, v_token_stride, ROW_PTR, cache_batch_stride,
+                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
     pdl_enter(PDL)
-    token = tl.program_id(0)
+    token = tl.program_id(0)  # ROWS: token l of row a at a * num_tokens + l (the inputs' and positions' order)
     head = tl.program_id(1)  # [0, Hq) queries, [Hq, Hq + Hkv) keys, then values
     offs = tl.arange(0, BLOCK_HALF)
     ok = offs < HALF
     D = 2 * HALF
     pos = tl.load(POS + token)
+    if ROWS:  # several rows of a batch: row a's outputs [a, heads, l], its cache row ROW_PTR[a]
+        a = token // num_tokens
+        out_token = token % num_tokens
+        row_q = a * num_heads
+        row_kv = a * num_kv_heads
+        cache_base = tl.load(ROW_PTR + a).to(tl.int64) * cache_batch_stride
+        KEY_CACHE += cache_base
+        VALUE_CACHE += cache_base
+    else:
+        out_token = token
+        row_q = 0
+        row_kv = 0
     if head < num_heads + num_kv_heads:
         if head < num_heads:
             src = Q + token * q_token_stride + head * D
-            dst = Q_OUT + (head * num_tokens + token) * D
+            dst = Q_OUT + ((row_q + head) * num_tokens + out_token) * D
         else:
             src = K + token * k_token_stride + (head - num_heads) * D
-            dst = K_OUT + ((head - num_heads) * num_tokens + token) * D
+            dst = K_OUT + ((row_kv + head - num_heads) * num_tokens + out_token) * D
         x1 = tl.load(src + offs, mask=ok, other=0.0)
         x2 = tl.load(src + HALF + offs, mask=ok, other=0.0)
         dtype = x1.dtype
@@ -168,7 +180,7 @@ def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_
     else:
         kv_head = head - num_heads - num_kv_heads
         src = V + token * v_token_stride + kv_head * D
-        dst = V_OUT + (kv_head * num_tokens + token) * D
+        dst = V_OUT + ((row_kv + kv_head) * num_tokens + out_token) * D
         cache = VALUE_CACHE + kv_head * cache_head_stride + pos * cache_row_stride
         for start in tl.static_range(0, 2):
             v = tl.load(src + start * HALF + offs, mask=ok, other=0.0)
@@ -209,9 +221,49 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     _rope_write_kernel[(L, Hq + 2 * Hkv)](
         query, key, value, cos_table, sin_table, positions, key_cache, value_cache, q_out, k_out, v_out,
         L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), query.stride(1), key.stride(1), value.stride(1),
-        HALF=half, BLOCK_HALF=_next_pow2(half),
+        positions, 0, HALF=half, BLOCK_HALF=_next_pow2(half), ROWS=False,
         num_warps=1, **launch_options(query.device), **_EXACT)
     return q_out, k_out, v_out
+
+
+def rope_write_rows_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos_table: torch.Tensor,
+                           sin_table: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+    """:func:`rope_write_triton` of ``A`` rows of a batch in one launch: row ``a``'s queries, keys and values
+    ``[A, L, H, D]`` rotated at its positions ``positions[a]`` (``[A, L]`` device integers), its keys and values written
+    into cache row ``rows[a]`` (``[A]`` device integers) of ``key_cache`` / ``value_cache [batch, Hkv, capacity,
+    D]``. Returns ``q [A, Hq, L, D]``, ``k`` and ``v [A, Hkv, L, D]``, row ``a`` what :func:`rope_write_triton` gives
+    that row alone (the same arithmetic, token by token)."""
+    A, L, Hq, D = query.shape
+    Hkv = key.shape[2]
+    if key.shape != (A, L, Hkv, D) or value.shape != key.shape or positions.shape != (A, L) or rows.numel() != A:
+        raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}, "
+                         f"positions {tuple(positions.shape)} and {rows.numel()} cache rows do not match")
+    if D % 2 or cos_table.shape[-1] != D or sin_table.shape != cos_table.shape:
+        raise ValueError(f"rope tables {tuple(cos_table.shape)} do not rotate head dim {D} (full rotary only)")
+    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
+        raise ValueError("key and value caches must share strides with a contiguous head dim")
+    query, key, value = (_tokens_in_place(x) for x in (query, key, value))
+    cos_table, sin_table = cos_table.contiguous(), sin_table.contiguous()
+    q_out = query.new_empty(A, Hq, L, D)
+    k_out = key.new_empty(A, Hkv, L, D)
+    v_out = value.new_empty(A, Hkv, L, D)
+    half = D // 2
+    _rope_write_kernel[(A * L, Hq + 2 * Hkv)](
+        query, key, value, cos_table, sin_table, positions.contiguous(), key_cache, value_cache, q_out, k_out, v_out,
+        L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), query.stride(1), key.stride(1), value.stride(1),
+        rows.reshape(-1).to(torch.int32), key_cache.stride(0), HALF=half, BLOCK_HALF=_next_pow2(half), ROWS=True,
+        num_warps=1, **launch_options(query.device), **_EXACT)
+    return q_out, k_out, v_out
+
+
+def _tokens_in_place(x: torch.Tensor) -> torch.Tensor:
+    """``x [A, L, H, D]`` itself when its heads are contiguous within a token and its ``A * L`` tokens one stride
+    apart (heads sliced out of a q|k|v projection of the rows' tokens), else a contiguous copy."""
+    if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] and x.stride(0) == x.shape[1] * x.stride(1):
+        return x
+    return x.contiguous()
 
 
 @triton.jit
@@ -306,4 +358,5 @@ def rotate_heads_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     return out
 
 
-__all__ = ["add_rms_norm_triton", "rope_write_triton", "rotate_heads_triton", "silu_mul_triton"]
+__all__ = ["add_rms_norm_triton", "rope_write_rows_triton", "rope_write_triton", "rotate_heads_triton",
+           "silu_mul_triton"]
