@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 35, the kernels with a row axis (fold_read_rows_triton, decode_attention_rows_triton,
-# ring_attention_rows_triton) on the GPU, one device call per part (no real weights):
+# ring_attention_rows_triton, rope_write_rows_triton, head_norm_rope_write_rows_triton) on the GPU, one device call
+# per part (no real weights):
 #   PART=tests  their GPU tests (bf16 / fp32 against the oracles) and every batched test that runs them: the rows
 #               drafting step (rows and per-row reads, captured), the batched rounds (Llama and Gemma verify on the
 #               graphs engine), the Gemma rows and targets, exact mode's batched rows (which keep per-row kernels);

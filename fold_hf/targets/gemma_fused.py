@@ -215,9 +215,10 @@ class GemmaFusedLayers:
         lm_head run once over the ``A * L`` tokens; each row's q/k/v norms + rope + (ring) cache write and its
         attention (the ring kernel on a sliding layer, the decode kernel on a global one at the row's context length,
         its first position, read on the device; a KV-shared layer reading its source's cache row) are that row's own
-        launches, exactly as when it runs alone; on CUDA outside exact mode a batch's rows attend in one launch pair
-        per layer instead (:meth:`_rows_attention`: the ring and the decode kernels with a row axis). Per-layer inputs (PLE) keep their activation on the module; their
-        gate and projection go through :func:`~fold_hf.targets.weight_layout.project`.
+        launches, exactly as when it runs alone; on CUDA outside exact mode a batch's rows run them in one launch
+        (pair) per layer instead (:meth:`_rows_attention_layer`: the kernels with a row axis). Per-layer inputs (PLE)
+        keep their activation on the module; their gate and projection go through
+        :func:`~fold_hf.targets.weight_layout.project`.
 
         ``attention``: a prefill chunk's ``(write_kv, attend)`` of one cache row
         (:meth:`~fold_hf.targets.gemma_rows.GemmaRows._row_attention`, the module path's own closures: the global
@@ -267,51 +268,42 @@ class GemmaFusedLayers:
             if owns_kv:
                 raw_k = kv[0].view(A, L, -1, D)
                 raw_v = kv[1].view(A, L, -1, D) if v_proj is not None else raw_k  # attention_k_eq_v
-            outs = []
-            for a, cache_row in enumerate(rows):
-                here = slice(cache_row, cache_row + 1)  # the row's own cache row of every cache
-                if owns_kv:  # a prefill chunk's caches are written by its closures (a ring after its attention)
-                    caches = (None, None) if attention is not None else (self.keys[i][here], self.values[i][here])
-                    qa, k, v = ops.head_norm_rope_write(q[a : a + 1], raw_k[a : a + 1], raw_v[a : a + 1],
-                                                        weight(attn.q_norm), weight(attn.k_norm),
-                                                        norm_epsilon(attn.q_norm), offset, cos, sin, row_positions[a],
-                                                        *caches, norm_value=getattr(attn, "v_norm", None) is not None)
-                    block_kv[i, a] = (k, v)
-                else:
-                    qa, _, _ = ops.head_norm_rope_write(q[a : a + 1], None, None, weight(attn.q_norm), None,
-                                                        norm_epsilon(attn.q_norm), offset, cos, sin, row_positions[a],
-                                                        None, None)
-                if attention is not None:  # a prefill chunk (one row): the module path's cache write and attention
-                    write_kv, attend = attention
-                    if owns_kv:
-                        write_kv(i, k, v)
-                    outs.append(attend(i, qa).transpose(1, 2))  # [1, Hq, L, D] -> [1, L, Hq, D], as the kernels'
-                    continue
-                if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
-                    self.query_keep[1][:, :, :L].copy_(qa)
-                if rows_attention is not None:  # attended below, every row at once
-                    outs.append(qa)
-                    continue
-                keys, values = self.keys[src][here], self.values[src][here]
-                if self.windows[i] is not None:
-                    outs.append(ring_attention(qa, keys, values, row_positions[a], self.windows[i], self.scalings[i]))
-                else:
-                    k, v = block_kv[src, a]
-                    outs.append(decode(qa, keys, values, k, v, lengths[a], scaling=self.scalings[i],
-                                       max_context_length=bucket))  # [1, L, Hq, D] from both kernels
-            if rows_attention is not None:
-                ring_rows, decode_rows = rows_attention
-                queries = torch.cat(outs)  # [A, Hq, L, D]
-                if self.windows[i] is not None:
-                    out = ring_rows(queries, self.keys[src], self.values[src], positions, row_index, self.windows[i],
-                                    self.scalings[i])
-                else:
-                    block_keys = torch.cat([block_kv[src, a][0] for a in range(A)])
-                    block_values = torch.cat([block_kv[src, a][1] for a in range(A)])
-                    out = decode_rows(queries, self.keys[src], self.values[src], block_keys, block_values, row_lengths,
-                                      row_index, scaling=self.scalings[i], max_context_length=bucket)
-                out = out.reshape(A, L, -1)
+            if rows_attention is not None:  # a batch's verify: every row's norms, rope, write and attention at once
+                out = self._rows_attention_layer(i, rows_attention, q, raw_k if owns_kv else None,
+                                                 raw_v if owns_kv else None, positions, row_index, row_lengths,
+                                                 bucket, block_kv).reshape(A, L, -1)
             else:
+                outs = []
+                for a, cache_row in enumerate(rows):
+                    here = slice(cache_row, cache_row + 1)  # the row's own cache row of every cache
+                    if owns_kv:  # a prefill chunk's caches are written by its closures (a ring after its attention)
+                        caches = (None, None) if attention is not None else (self.keys[i][here], self.values[i][here])
+                        qa, k, v = ops.head_norm_rope_write(q[a : a + 1], raw_k[a : a + 1], raw_v[a : a + 1],
+                                                            weight(attn.q_norm), weight(attn.k_norm),
+                                                            norm_epsilon(attn.q_norm), offset, cos, sin,
+                                                            row_positions[a], *caches,
+                                                            norm_value=getattr(attn, "v_norm", None) is not None)
+                        block_kv[i, a] = (k, v)
+                    else:
+                        qa, _, _ = ops.head_norm_rope_write(q[a : a + 1], None, None, weight(attn.q_norm), None,
+                                                            norm_epsilon(attn.q_norm), offset, cos, sin,
+                                                            row_positions[a], None, None)
+                    if attention is not None:  # a prefill chunk (one row): the module path's write and attention
+                        write_kv, attend = attention
+                        if owns_kv:
+                            write_kv(i, k, v)
+                        outs.append(attend(i, qa).transpose(1, 2))  # [1, Hq, L, D] -> [1, L, Hq, D], as the kernels'
+                        continue
+                    if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
+                        self.query_keep[1][:, :, :L].copy_(qa)
+                    keys, values = self.keys[src][here], self.values[src][here]
+                    if self.windows[i] is not None:
+                        outs.append(ring_attention(qa, keys, values, row_positions[a], self.windows[i],
+                                                   self.scalings[i]))
+                    else:
+                        k, v = block_kv[src, a]
+                        outs.append(decode(qa, keys, values, k, v, lengths[a], scaling=self.scalings[i],
+                                           max_context_length=bucket))  # [1, L, Hq, D] from both kernels
                 out = (outs[0] if A == 1 else torch.cat(outs)).reshape(A, L, -1)
             post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
             hidden, normed = ops.residual_norm(hidden, project(skinny, attn.o_proj, out), weight(pre),
@@ -343,18 +335,46 @@ class GemmaFusedLayers:
         return logits
 
     def _rows_attention(self):
-        """``(ring_attention_rows_triton, decode_attention_rows_triton)``: the sliding and the global layers'
-        attention of a batch's rows in one launch pair each, where the Triton kernels run (CUDA), else None (one call
-        per row)."""
+        """``(head_norm_rope_write_rows_triton, ring_attention_rows_triton, decode_attention_rows_triton)``: the
+        q / k / v norms, rope and cache writes of a batch's rows in one launch, and the sliding and the global layers'
+        attention of the rows in one launch pair each, where the Triton kernels run (CUDA), else None (per row)."""
         if self._rows_kernels is False:
             from ..kernels import import_triton_module, triton_kernels_enabled
 
             enabled = triton_kernels_enabled(self.device)
-            ring = import_triton_module("gemma.triton") if enabled else None
-            fold = import_triton_module("fold_read.triton") if enabled else None
-            self._rows_kernels = ((ring.ring_attention_rows_triton, fold.decode_attention_rows_triton)
-                                  if ring is not None and fold is not None else None)
+            modules = [import_triton_module(name) if enabled else None
+                       for name in ("hybrid.triton", "gemma.triton", "fold_read.triton")]
+            self._rows_kernels = (None if None in modules else
+                                  (modules[0].head_norm_rope_write_rows_triton, modules[1].ring_attention_rows_triton,
+                                   modules[2].decode_attention_rows_triton))
         return self._rows_kernels
+
+    def _rows_attention_layer(self, i: int, kernels, q, raw_k, raw_v, positions, row_index, row_lengths, bucket: int,
+                              block_kv: dict) -> torch.Tensor:
+        """Layer ``i``'s attention of a batch's rows with the row-axis ``kernels`` (:meth:`_rows_attention`): the
+        norms, rope and cache writes of every row in one launch (queries alone on a KV-shared layer, ``raw_k`` None),
+        then the rows' ring (sliding) or decode (global) attention over their cache rows ``row_index`` at ``positions
+        [A, L]`` in one launch pair. ``q [A, L, Hq, D]``; the layer's block keys / values go to ``block_kv[i]`` for the
+        KV-shared layers that read them. Returns ``[A, L, Hq, D]``."""
+        head_rows, ring_rows, decode_rows = kernels
+        attn, src, offset = self.layers[i].self_attn, self.kv_source[i], self._norm_offset
+        cos, sin = self.tables[self.layer_types[i]]
+        q_weight = getattr(attn.q_norm, "weight", None)
+        if raw_k is not None:
+            queries, keys, values = head_rows(q, raw_k, raw_v, q_weight, getattr(attn.k_norm, "weight", None),
+                                              norm_epsilon(attn.q_norm), offset, cos, sin, positions, self.keys[i],
+                                              self.values[i], row_index,
+                                              norm_value=getattr(attn, "v_norm", None) is not None)
+            block_kv[i] = (keys, values)
+        else:
+            queries, _, _ = head_rows(q, None, None, q_weight, None, norm_epsilon(attn.q_norm), offset, cos, sin,
+                                      positions, None, None, row_index)
+        if self.windows[i] is not None:
+            return ring_rows(queries, self.keys[src], self.values[src], positions, row_index, self.windows[i],
+                             self.scalings[i])
+        block_keys, block_values = block_kv[src]
+        return decode_rows(queries, self.keys[src], self.values[src], block_keys, block_values, row_lengths, row_index,
+                           scaling=self.scalings[i], max_context_length=bucket)
 
     def _exact_ops(self):
         """Exact mode's (:class:`~fold_hf.kernels.LayerOps` of its GEMMs, global decode attention, ring attention),

@@ -287,3 +287,41 @@ def test_fused_step_matches_the_module_step_in_bf16_on_gpu(arch):
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.85
     for g_, w_ in zip(got_states, want_states):
         torch.testing.assert_close(g_, w_, atol=0.05 * (w_.abs().max() + 1e-3), rtol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("what", ["ring", "global", "queries only"])
+def test_head_norm_rope_write_rows_in_one_launch_is_each_rows_own(interpreter, dtype, what):
+    """``head_norm_rope_write_rows_triton`` (the Gemma family's batched verify on CUDA): three rows of blocks of 4 at
+    their own positions (2, 37, 70), heads read in place from one projection of the rows' tokens, written into cache
+    rows 2, 0, 3 of a 4-row cache (a ring of 24 slots: slot p mod 24; a global cache of 96), or queries alone (a
+    KV-shared layer): each row's q / k / v and its cache row equal the one-row kernel's for that row alone, bit for
+    bit; the cache row no row writes is untouched."""
+    from fold_hf.kernels.hybrid import triton as tri
+
+    A, L, Hq, Hkv, D, R = 3, 4, 4, 2, 32, 16
+    starts, rows = [2, 37, 70], [2, 0, 3]
+    slots = 24 if what == "ring" else 96
+    proj = _randn(A, L, (Hq + 2 * Hkv) * D, seed=20, dtype=dtype)
+    q, k, v = (t.view(A, L, -1, D) for t in proj.split((Hq * D, Hkv * D, Hkv * D), -1))
+    if what == "queries only":
+        k = v = None
+    qw, kw_ = _randn(D, seed=21, dtype=dtype), _randn(D, seed=22, dtype=dtype)
+    cos, sin = _randn(100, R, seed=23, dtype=dtype), _randn(100, R, seed=24, dtype=dtype)
+    positions = torch.tensor(starts)[:, None] + torch.arange(L)
+    caches = [_randn(4, Hkv, slots, D, seed=25 + i, dtype=dtype) for i in range(2)]
+    got_caches = [c.clone() for c in caches]
+    got = tri.head_norm_rope_write_rows_triton(q, k, v, qw, kw_, 1e-6, 1.0, cos, sin, positions, *got_caches,
+                                               torch.tensor(rows, dtype=torch.int32), norm_value=True)
+    assert got[0].shape == (A, Hq, L, D) and (got[1] is None) == (k is None)
+    for a, row in enumerate(rows):
+        mine = [c[row : row + 1].clone() for c in caches]
+        want = tri.head_norm_rope_write_triton(q[a : a + 1], None if k is None else k[a : a + 1],
+                                               None if v is None else v[a : a + 1], qw, kw_, 1e-6, 1.0, cos, sin,
+                                               positions[a], *mine, norm_value=True)
+        for g_, w_ in zip(got, want):
+            assert (g_ is None and w_ is None) or torch.equal(g_[a : a + 1], w_), (what, a)
+        for g_, w_ in zip(got_caches, mine):
+            assert torch.equal(g_[row], w_[0]), (what, row)
+    for g_, c in zip(got_caches, caches):
+        assert torch.equal(g_[1], c[1])

@@ -406,18 +406,21 @@ def test_the_graphs_engine_verifies_gemma_rows_as_one_captured_step_on_the_gpu(a
 
 @pytest.mark.parametrize("arch", ["gemma3", "gemma4_shared"])
 def test_the_rows_attention_in_one_launch_is_each_rows_own(interpreter, arch):
-    """A batch's verify with every row's attention of a layer in one launch pair (``ring_attention_rows_triton`` on
+    """A batch's verify with every row's norms, rope and cache writes of a layer in one launch
+    (``head_norm_rope_write_rows_triton``) and its attention in one launch pair (``ring_attention_rows_triton`` on
     the sliding layers, ``decode_attention_rows_triton`` on the global ones: what CUDA runs), in Triton's
     interpreter, fp32, against the same step attending row by row through the kernels' torch twins: three rows at
     lengths 5, 40 (rings wrapped) and 23 in cache rows 2, 0, 1, blocks of 4; logits and cache rows to fp32 rounding,
     and the logits those of the model's own forward."""
     from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton
     from fold_hf.kernels.gemma.triton import ring_attention_rows_triton
+    from fold_hf.kernels.hybrid.triton import head_norm_rope_write_rows_triton
 
     target, taps, seqs, want, _ = _rows_and_model_outputs(arch, torch.float32)
     rows = [2, 0, 1]
     logits, caches = {}, {}
-    for name, kernels in (("row_by_row", None), ("rows", (ring_attention_rows_triton, decode_attention_rows_triton))):
+    rows_kernels = (head_norm_rope_write_rows_triton, ring_attention_rows_triton, decode_attention_rows_triton)
+    for name, kernels in (("row_by_row", None), ("rows", rows_kernels)):
         runner = build_static_target(target, 64, taps, batch=3)
         for n, s, row in zip(LENGTHS, seqs, rows):
             runner.prefill(s[None, :n], chunk=16, row=row)

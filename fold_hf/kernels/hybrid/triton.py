@@ -152,36 +152,50 @@ def _norm_rope_row(src, W, COS, SIN, pos, cos_stride, eps, offset, D, HALF: tl.c
 @triton.jit
 def _head_norm_rope_kernel(Q, K, V, QW, KW, COS, SIN, POS, KC, VC, QO, KO, VO, L, HQ, HKV,
                            q_tok, q_head, k_tok, k_head, v_tok, v_head, cache_head, cache_row, ring, cos_stride,
-                           eps, offset, D, HALF: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                           NORM_QK: tl.constexpr, HAS_W: tl.constexpr, NORM_V: tl.constexpr,
-                           WRITE: tl.constexpr):
-    token = tl.program_id(0)
+                           eps, offset, D, ROW_PTR, cache_batch, HALF: tl.constexpr, R: tl.constexpr,
+                           BD: tl.constexpr, NORM_QK: tl.constexpr, HAS_W: tl.constexpr, NORM_V: tl.constexpr,
+                           WRITE: tl.constexpr, ROWS: tl.constexpr):
+    token = tl.program_id(0)  # ROWS: token l of row a at a * L + l (the inputs' and positions' order)
     head = tl.program_id(1)  # [0, HQ) queries, [HQ, HQ + HKV) keys, then values
     pos = tl.load(POS + token)
     slot = pos % ring
+    if ROWS:  # several rows of a batch: row a's outputs [a, heads, l], its caches in cache row ROW_PTR[a]
+        a = token // L
+        out_token = token % L
+        row_q = a * HQ
+        row_kv = a * HKV
+        if WRITE:
+            cache_base = tl.load(ROW_PTR + a).to(tl.int64) * cache_batch
+            KC += cache_base
+            VC += cache_base
+    else:
+        out_token = token
+        row_q = 0
+        row_kv = 0
     if head < HQ:
         out, offs, ok = _norm_rope_row(Q + token * q_tok + head * q_head, QW, COS, SIN, pos, cos_stride, eps, offset,
                                        D, HALF, R, NORM_QK, HAS_W, True, BD)
-        tl.store(QO + (head * L + token) * D + offs, out, mask=ok)
+        tl.store(QO + ((row_q + head) * L + out_token) * D + offs, out, mask=ok)
     elif head < HQ + HKV:
         h = head - HQ
         out, offs, ok = _norm_rope_row(K + token * k_tok + h * k_head, KW, COS, SIN, pos, cos_stride, eps, offset,
                                        D, HALF, R, NORM_QK, HAS_W, True, BD)
-        tl.store(KO + (h * L + token) * D + offs, out, mask=ok)
+        tl.store(KO + ((row_kv + h) * L + out_token) * D + offs, out, mask=ok)
         if WRITE:
             tl.store(KC + h * cache_head + slot * cache_row + offs, out, mask=ok)
     else:
         h = head - HQ - HKV
         out, offs, ok = _norm_rope_row(V + token * v_tok + h * v_head, KW, COS, SIN, pos, cos_stride, eps, 0.0,
                                        D, HALF, R, NORM_V, False, False, BD)
-        tl.store(VO + (h * L + token) * D + offs, out, mask=ok)
+        tl.store(VO + ((row_kv + h) * L + out_token) * D + offs, out, mask=ok)
         if WRITE:
             tl.store(VC + h * cache_head + slot * cache_row + offs, out, mask=ok)
 
 
 def _heads(x: torch.Tensor):
-    """``[1, L, heads, D]`` with a contiguous last dim -> (tensor, token stride, head stride)."""
-    if x.stride(-1) != 1:
+    """``[A, L, heads, D]`` with a contiguous last dim and its ``A * L`` tokens one stride apart -> (tensor, token
+    stride, head stride)."""
+    if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) != x.shape[1] * x.stride(1)):
         x = x.contiguous()
     return x, x.stride(1), x.stride(2)
 
@@ -190,7 +204,33 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
                                 key_cache, value_cache, *, norm_qk=True, norm_value=False):
     """:func:`~fold_hf.kernels.hybrid.naive.head_norm_rope_write_reference` (queries and keys may be strided
     views of a wider projection; ``key_cache`` None: keys and values returned, no cache written)."""
-    _, L, HQ, D = query.shape
+    if query.shape[0] != 1:
+        raise ValueError("head_norm_rope_write_triton takes one row (head_norm_rope_write_rows_triton several)")
+    return _head_norm_rope_write(query, key, value, q_weight, k_weight, eps, offset, cos_table, sin_table, positions,
+                                 key_cache, value_cache, norm_qk, norm_value, None)
+
+
+def head_norm_rope_write_rows_triton(query, key, value, q_weight, k_weight, eps, offset, cos_table, sin_table,
+                                     positions, key_cache, value_cache, rows, *, norm_qk=True, norm_value=False):
+    """:func:`head_norm_rope_write_triton` of ``A`` rows of a batch in one launch: row ``a``'s heads ``[A, L, H, D]``
+    normed and rotated at its positions ``positions[a]`` (``[A, L]`` device integers), its keys and values written into
+    cache row ``rows[a]`` (``[A]`` device integers) of ``key_cache`` / ``value_cache [batch, Hkv, slots, D]`` (a ring:
+    slot ``p mod slots``), or no cache written (``key_cache`` None, or ``key`` None: queries only). Returns ``q [A, Hq,
+    L, D]`` and ``k`` / ``v [A, Hkv, L, D]`` (or None), row ``a`` what the one-row kernel gives that row alone."""
+    A, L = query.shape[:2]
+    if positions.shape != (A, L) or rows.numel() != A:
+        raise ValueError(f"{A} rows of {L} tokens need positions [{A}, {L}] and {A} cache rows, got "
+                         f"{tuple(positions.shape)} and {rows.numel()}")
+    return _head_norm_rope_write(query, key, value, q_weight, k_weight, eps, offset, cos_table, sin_table,
+                                 positions.contiguous(), key_cache, value_cache, norm_qk, norm_value,
+                                 rows.reshape(-1).to(torch.int32))
+
+
+def _head_norm_rope_write(query, key, value, q_weight, k_weight, eps, offset, cos_table, sin_table, positions,
+                          key_cache, value_cache, norm_qk, norm_value, rows):
+    """The launch of :func:`head_norm_rope_write_triton` (``rows`` None) and
+    :func:`head_norm_rope_write_rows_triton`."""
+    A, L, HQ, D = query.shape
     R = cos_table.shape[-1]
     if R % 2 or R > D or sin_table.shape != cos_table.shape:
         raise ValueError(f"rope tables {tuple(cos_table.shape)} do not rotate head dim {D}")
@@ -199,8 +239,9 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
         raise ValueError(f"norm weights must be [{D}]")
     query, q_tok, q_head = _heads(query)
     cos_table, sin_table = cos_table.contiguous(), sin_table.contiguous()
-    q_out = query.new_empty(1, HQ, L, D)
+    q_out = query.new_empty(A, HQ, L, D)
     write = key is not None and key_cache is not None
+    cache_batch = 0
     if key is None:
         HKV, k_out = 0, None
         key = value = query
@@ -209,7 +250,7 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
         key_cache = value_cache = k_out_arg = v_out_arg = q_out
     else:
         HKV = key.shape[2]
-        if key.shape != (1, L, HKV, D) or value.shape != key.shape:
+        if key.shape != (A, L, HKV, D) or value.shape != key.shape:
             raise ValueError(f"key {tuple(key.shape)} / value {tuple(value.shape)} do not match query "
                              f"{tuple(query.shape)}")
         if (key_cache is None) != (value_cache is None):
@@ -218,21 +259,23 @@ def head_norm_rope_write_triton(query, key, value, q_weight, k_weight, eps, offs
             raise ValueError("key and value caches must share strides with a contiguous head dim")
         key, k_tok, k_head = _heads(key)
         value, v_tok, v_head = _heads(value)
-        k_out_arg = k_out = key.new_empty(1, HKV, L, D)
-        v_out_arg = value.new_empty(1, HKV, L, D)
+        k_out_arg = k_out = key.new_empty(A, HKV, L, D)
+        v_out_arg = value.new_empty(A, HKV, L, D)
         if key_cache is None:  # no cache write (WRITE off: the pointers are never stored through)
             key_cache = value_cache = k_out
             cache_head = cache_row = 0
             ring = 1
         else:
             cache_head, cache_row, ring = key_cache.stride(1), key_cache.stride(2), key_cache.shape[2]
+            cache_batch = key_cache.stride(0)
     weight = q_weight if q_weight is not None else query
-    _head_norm_rope_kernel[(L, HQ + 2 * HKV)](
+    _head_norm_rope_kernel[(A * L, HQ + 2 * HKV)](
         query, key, value, weight, k_weight if k_weight is not None else weight, cos_table, sin_table, positions,
         key_cache, value_cache, q_out, k_out_arg, v_out_arg, L, HQ, HKV, q_tok, q_head, k_tok, k_head, v_tok, v_head,
-        cache_head, cache_row, ring, cos_table.stride(0), float(eps), float(offset), D, HALF=R // 2, R=R,
+        cache_head, cache_row, ring, cos_table.stride(0), float(eps), float(offset), D,
+        positions if rows is None else rows, cache_batch, HALF=R // 2, R=R,
         BD=_next_pow2(D), NORM_QK=bool(norm_qk), HAS_W=q_weight is not None, NORM_V=bool(norm_value),
-        WRITE=write, num_warps=1 if D <= 256 else 2, **_EXACT)
+        WRITE=write, ROWS=rows is not None, num_warps=1 if D <= 256 else 2, **_EXACT)
     if k_out is None:
         return q_out, None, None
     return q_out, k_out, v_out_arg
@@ -279,4 +322,5 @@ def sigmoid_mul_triton(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return _pairwise(_sigmoid_mul_kernel, x, gate, ("x", "gate"))
 
 
-__all__ = ["head_norm_rope_write_triton", "residual_norm_triton", "sigmoid_mul_triton"]
+__all__ = ["head_norm_rope_write_rows_triton", "head_norm_rope_write_triton", "residual_norm_triton",
+           "sigmoid_mul_triton"]
