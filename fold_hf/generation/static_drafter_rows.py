@@ -132,7 +132,7 @@ class RowsDrafter(StaticDrafter):
         return dict(entry_positions=d_len[:, None] + self.row_offsets, context=drafter.context_features(new_features),
                     hidden=drafter.embed_block(drafter.block_ids(last)).to(self.dtype),
                     row_scale=self._row_scale(true_positions), views=views, infllm=None, phase=None, rows=rows,
-                    cache_rows=cache_rows)
+                    cache_rows=cache_rows, read_rows=cache_rows.to(torch.int32) if self.rows_read is not None else None)
 
     def _write(self, cache_layer, rnd: dict, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Row ``a``'s new entries ``keys`` / ``values [A, Hkv, R, Dh]`` at its entry positions ``[A, R]`` of its
@@ -147,7 +147,7 @@ class RowsDrafter(StaticDrafter):
         cache ``[batch, Hkv, capacity, Dh]``); returns ``[A, B, Hq, Dh]``."""
         if self.rows_read is not None:  # every row in one call: its cache row and length read on the device
             return self.rows_read(query_near, query_far, keys, values, block_keys, block_values, *view.tables,
-                                  view.length, view.length, rnd["cache_rows"], geometry.window, geometry.alpha)
+                                  view.length, view.length, rnd["read_rows"], geometry.window, geometry.alpha)
         outs = []
         for a, row in enumerate(rnd["rows"]):
             length = view.length[a : a + 1]
