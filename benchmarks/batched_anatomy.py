@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batched_bench import batch_of, pad_id, session_steps, suite_requests, sync  # noqa: E402
+from last_mile_bench import env_var  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -34,14 +35,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--engine", default="graphs")
     parser.add_argument("--out", required=True)
     parser.add_argument("--profile", action="store_true", help="one more call per system under torch.profiler")
+    parser.add_argument("--rows-kernels", default="1",
+                        help="settings of $FOLD_HF_ROWS_KERNELS to run in turn, e.g. 1,0 (the row-axis kernels against "
+                             "the one-row kernels row by row, in this process; systems named name[rows_kernels=S])")
     parser.add_argument("--dry-run", action="store_true", help="batched_bench's tiny random pair, random prompts")
     args = parser.parse_args(argv)
     if not args.dry_run and not (args.pair and args.suite and args.tier):
         parser.error("--pair, --suite and --tier are required (or --dry-run)")
 
     from fold_hf.bench.methods import default_methods
+    from fold_hf.generation import release_fast_state
     from fold_hf.generation.fast import fast_generate
-    from fold_hf.generation.rounds import round_phases
+    from fold_hf.kernels import ROWS_KERNELS_ENV
     from fold_hf.pairs import load_pair
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -63,31 +68,48 @@ def main(argv=None) -> dict:
     kw = dict(max_new_tokens=args.new, do_sample=False, eos_token_id=[], return_stats=True, engine=args.engine)
     report = {"pair": args.pair, "tier": args.tier, "batch": len(requests), "engine": args.engine,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "systems": {}}
-    for name, d in ((args.method, drafter), ("ar", None)):
-        call = lambda: fast_generate(target, d, ids, mask, fold_config=config if d is not None else None, **kw)  # noqa
-        call()
-        before = set(session_steps(target))
-        call()
-        with round_phases() as phases:
-            call()
-        start = sync(device)
-        result = call()
-        seconds = sync(device) - start
-        rows = result.rows if hasattr(result, "rows") else [result]
-        row = {"call_s": seconds, "rounds": phases.rounds,
-               **{f"{k}_ms_per_round": round(v, 3) for k, v in phases.per_round_ms().items()},
-               "first_token_s_last_row": max(r.ttft_s for r in rows),
-               "decode_s": max(r.ttft_s + r.decode_s for r in rows) - max(r.ttft_s for r in rows),
-               "tau_rows": [round(r.tau, 2) for r in rows] if d is not None else None,
-               "steps": sorted(str(k) for k in session_steps(target)),
-               "steps_built_after_first_call": sorted(str(k) for k in set(session_steps(target)) - before)}
+    settings = [x for x in args.rows_kernels.split(",") if x]
+    runs = [(setting, name, d) for setting in settings for name, d in ((args.method, drafter), ("ar", None))]
+    for setting, name, d in runs:
+        if len(settings) > 1:
+            name = f"{name}[rows_kernels={setting}]"
+        release_fast_state(target)  # the runners resolve their kernels again under this setting
+        with env_var(ROWS_KERNELS_ENV, setting):
+            row = measure(target, d, ids, mask, config, kw, device)
         report["systems"][name] = row
         print(json.dumps({name: row}), flush=True)
         if args.profile:
-            profile_call(call, device, Path(args.out) / f"profile_{name}.txt")
+            with env_var(ROWS_KERNELS_ENV, setting):
+                profile_call(lambda d=d: fast_generate(target, d, ids, mask, fold_config=config if d is not None
+                                                       else None, **kw), device, Path(args.out) / f"profile_{name}.txt")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "anatomy.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def measure(target, d, ids, mask, config, kw, device) -> dict:
+    """One system's anatomy (module docstring): two warm-up calls, one inside round_phases, one timed."""
+    from fold_hf.generation.fast import fast_generate
+    from fold_hf.generation.rounds import round_phases
+
+    call = lambda: fast_generate(target, d, ids, mask, fold_config=config if d is not None else None, **kw)  # noqa
+    call()
+    before = set(session_steps(target))
+    call()
+    with round_phases() as phases:
+        call()
+    start = sync(device)
+    result = call()
+    seconds = sync(device) - start
+    rows = result.rows if hasattr(result, "rows") else [result]
+    row = {"call_s": seconds, "rounds": phases.rounds,
+           **{f"{k}_ms_per_round": round(v, 3) for k, v in phases.per_round_ms().items()},
+           "first_token_s_last_row": max(r.ttft_s for r in rows),
+           "decode_s": max(r.ttft_s + r.decode_s for r in rows) - max(r.ttft_s for r in rows),
+           "tau_rows": [round(r.tau, 2) for r in rows] if d is not None else None,
+           "steps": sorted(str(k) for k in session_steps(target)),
+           "steps_built_after_first_call": sorted(str(k) for k in set(session_steps(target)) - before)}
+    return row
 
 
 def profile_call(call, device: torch.device, path: Path, rows: int = 40) -> None:

@@ -12,7 +12,8 @@
 #   PART=tests bash benchmarks/gpu/rows_kernels.sh [OUT_DIR]   -> OUT_DIR/rows/{gpu_tests.log}
 #   PART=shape bash benchmarks/gpu/rows_kernels.sh [OUT_DIR]   -> OUT_DIR/shape/{bench.log, batched.json, batched.csv}
 # Then, with both pairs staged (smollm2_session.sh, batched_modes.sh): batched_pairs.sh and
-#   python benchmarks/batched_anatomy.py --pair gemma3-270m --suite ... --tier 32704 --batch 8 --group 1 --profile
+#   python benchmarks/batched_anatomy.py --pair gemma3-270m --suite ... --tier 32704 --batch 8 --group 1 --profile \
+#     --rows-kernels 1,0     (the row-axis kernels against the one-row kernels row by row, one process)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 out=${1:-${OUT:-/tmp}}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader

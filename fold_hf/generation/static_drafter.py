@@ -69,11 +69,12 @@ def default_read_function(device: torch.device | str):
 
 def default_rows_read_function(device: torch.device | str):
     """``fold_read_rows_triton`` (every row of a batched round's drafts read in one launch pair) where
-    :func:`default_read_function` gives the Triton read, else None."""
-    from ..kernels import import_triton_module, triton_kernels_enabled
+    :func:`default_read_function` gives the Triton read and :func:`~fold_hf.kernels.rows_kernels_enabled`, else
+    None."""
+    from ..kernels import import_triton_module, rows_kernels_enabled, triton_kernels_enabled
 
     module = import_triton_module("fold_read.triton") if triton_kernels_enabled(device) else None
-    return module.fold_read_rows_triton if module is not None else None
+    return module.fold_read_rows_triton if module is not None and rows_kernels_enabled() else None
 
 
 def preallocated_cache(drafter: FoldDrafter, capacity: int, device, request_length: int | None = None,

@@ -92,6 +92,20 @@ def default_decode_attention(device: torch.device):
     return module.decode_attention_triton if module is not None else decode_attention_reference
 
 
+ROWS_KERNELS_ENV = "FOLD_HF_ROWS_KERNELS"
+
+
+def rows_kernels_enabled() -> bool:
+    """Whether a batch's rows run the kernels with a row axis on CUDA (one launch, or launch pair, per layer for
+    every row: the drafts' FOLD reads, the verify's rope / norm / cache writes and attention; default yes).
+    ``$FOLD_HF_ROWS_KERNELS=0`` runs the one-row kernels row by row, for A/B timings in one process (read when a
+    runner or a rows drafting step resolves its kernels: release the fast state between settings)."""
+    value = os.environ.get(ROWS_KERNELS_ENV, "1")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{ROWS_KERNELS_ENV} must be 0 or 1, got {value!r}")
+    return value != "0"
+
+
 SKINNY_GEMM_ENV = "FOLD_HF_SKINNY_GEMM"
 
 
@@ -139,8 +153,9 @@ def default_layer_ops(device: torch.device) -> LayerOps:
             skinny = dict(skinny_linear=gemm.decode_linear_triton, gate_up_silu=gemm.gate_up_silu_triton,
                           gate_up_gelu=gemm.gate_up_gelu_tanh_triton,
                           skinny_rows=gemm.MAX_ROWS)
+        rows = layer.rope_write_rows_triton if rows_kernels_enabled() else None
         return LayerOps(layer.add_rms_norm_triton, layer.rope_write_triton, layer.silu_mul_triton,
-                        layer.rotate_heads_triton, "triton", rope_write_rows=layer.rope_write_rows_triton, **skinny)
+                        layer.rotate_heads_triton, "triton", rope_write_rows=rows, **skinny)
     from .layer.naive import (
         add_rms_norm_reference,
         rope_write_reference,
@@ -271,8 +286,9 @@ def _select_ops(triton: bool) -> SelectOps:
     return SelectOps("torch")
 
 
-__all__ = ["HYBRID_OPS", "HYBRID_OP_PACKAGES", "HybridOps", "KERNEL_DTYPES", "LayerOps", "SELECT_ENV",
-           "SKINNY_GEMM_ENV", "SelectOps", "compute_dtype", "decode_attention_reference", "default_decode_attention",
+__all__ = ["HYBRID_OPS", "HYBRID_OP_PACKAGES", "HybridOps", "KERNEL_DTYPES", "LayerOps", "ROWS_KERNELS_ENV",
+           "SELECT_ENV", "SKINNY_GEMM_ENV", "SelectOps", "compute_dtype", "decode_attention_reference",
+           "default_decode_attention",
            "default_hybrid_ops", "default_layer_ops", "fold_read_geometry_reference", "greedy_select_ops",
            "import_triton_module", "triton_unavailable_reason", "rotate_by_tables", "rotate_half",
-           "select_kernels_enabled", "skinny_gemm_enabled", "triton_kernels_enabled"]
+           "rows_kernels_enabled", "select_kernels_enabled", "skinny_gemm_enabled", "triton_kernels_enabled"]

@@ -431,11 +431,13 @@ class StaticTarget(abc.ABC):
     def _rows_decode(self):
         """The verify attention of several cache rows in one launch pair
         (:func:`~fold_hf.kernels.fold_read.triton.decode_attention_rows_triton`) where the rows' decode attention is
-        the Triton kernel, else None (one call of the decode attention per row: its torch twin off CUDA)."""
+        the Triton kernel (and ``$FOLD_HF_ROWS_KERNELS`` is not ``0``), else None (one call of the decode attention
+        per row: its torch twin off CUDA)."""
         if self._decode_rows is False:
-            from ..kernels import import_triton_module, triton_kernels_enabled
+            from ..kernels import import_triton_module, rows_kernels_enabled, triton_kernels_enabled
 
-            module = import_triton_module("fold_read.triton") if triton_kernels_enabled(self.device) else None
+            enabled = triton_kernels_enabled(self.device) and rows_kernels_enabled()
+            module = import_triton_module("fold_read.triton") if enabled else None
             self._decode_rows = module.decode_attention_rows_triton if module is not None else None
         return self._decode_rows
 

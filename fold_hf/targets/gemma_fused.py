@@ -337,11 +337,12 @@ class GemmaFusedLayers:
     def _rows_attention(self):
         """``(head_norm_rope_write_rows_triton, ring_attention_rows_triton, decode_attention_rows_triton)``: the
         q / k / v norms, rope and cache writes of a batch's rows in one launch, and the sliding and the global layers'
-        attention of the rows in one launch pair each, where the Triton kernels run (CUDA), else None (per row)."""
+        attention of the rows in one launch pair each, where the Triton kernels run (CUDA; ``$FOLD_HF_ROWS_KERNELS`` not
+        ``0``), else None (per row)."""
         if self._rows_kernels is False:
-            from ..kernels import import_triton_module, triton_kernels_enabled
+            from ..kernels import import_triton_module, rows_kernels_enabled, triton_kernels_enabled
 
-            enabled = triton_kernels_enabled(self.device)
+            enabled = triton_kernels_enabled(self.device) and rows_kernels_enabled()
             modules = [import_triton_module(name) if enabled else None
                        for name in ("hybrid.triton", "gemma.triton", "fold_read.triton")]
             self._rows_kernels = (None if None in modules else

@@ -573,16 +573,43 @@ def test_batched_anatomy_dry_run_splits_each_call_and_profiles_it(tmp_path):
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "batched_anatomy.py"
     subprocess.run([sys.executable, str(script), "--dry-run", "--profile", "--new", "8", "--engine", "static",
-                    "--out", str(tmp_path)], check=True, capture_output=True)
+                    "--rows-kernels", "1,0", "--out", str(tmp_path)], check=True, capture_output=True)
     report = json.loads((tmp_path / "anatomy.json").read_text())
-    assert report["batch"] == 3 and set(report["systems"]) == {"fold-a2", "ar"}
+    names = {f"{name}[rows_kernels={s}]" for name in ("fold-a2", "ar") for s in "10"}
+    assert report["batch"] == 3 and set(report["systems"]) == names
     for name, row in report["systems"].items():
         assert row["rounds"] > 0 and 0 < row["decode_s"] < row["call_s"]
         parts = row["draft_ms_per_round"] + row["verify_ms_per_round"] + row["other_ms_per_round"]
         assert parts == pytest.approx(row["round_ms_per_round"], abs=0.01)
-        assert any("rows" in key for key in row["steps"])
+        assert not name.startswith("fold") or any("draft_rows" in key for key in row["steps"])  # its rows step
         assert (tmp_path / f"profile_{name}.txt").read_text().startswith("ops and kernels:")
-    assert len(report["systems"]["fold-a2"]["tau_rows"]) == 3 and report["systems"]["ar"]["tau_rows"] is None
+    systems = report["systems"]
+    assert len(systems["fold-a2[rows_kernels=1]"]["tau_rows"]) == 3
+    assert systems["ar[rows_kernels=0]"]["tau_rows"] is None
+    assert systems["fold-a2[rows_kernels=1]"]["tau_rows"] == systems["fold-a2[rows_kernels=0]"]["tau_rows"]
+
+
+def test_the_rows_kernels_switch_turns_every_row_axis_kernel_off(interpreter, monkeypatch):
+    """``$FOLD_HF_ROWS_KERNELS``: 1 (default) gives the rows drafting step, the Llama and the Gemma runners and the
+    layer ops their row-axis kernels where the Triton kernels run (here: CUDA pretended, the kernels imported for the
+    interpreter); 0 gives none of them (one-row kernels row by row); other values are refused."""
+    import fold_hf.kernels as kernels
+    from fold_hf.generation.static_drafter import default_rows_read_function
+    from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton, fold_read_rows_triton
+    from fold_hf.targets.llama import LlamaStaticTarget
+    from tiny import tiny_target
+
+    monkeypatch.setattr(kernels, "triton_kernels_enabled", lambda device: True)
+    target = tiny_target("llama", layers=2, dtype=torch.float32)
+    for value, on in (("1", True), ("", True), ("0", False)):
+        monkeypatch.setenv("FOLD_HF_ROWS_KERNELS", value)
+        assert kernels.rows_kernels_enabled() is on
+        assert default_rows_read_function("cuda") is (fold_read_rows_triton if on else None)
+        assert LlamaStaticTarget(target, 16, batch=2)._rows_decode() is (decode_attention_rows_triton if on else None)
+        assert (kernels.default_layer_ops(torch.device("cuda")).rope_write_rows is not None) is on
+    monkeypatch.setenv("FOLD_HF_ROWS_KERNELS", "yes")
+    with pytest.raises(ValueError, match="FOLD_HF_ROWS_KERNELS must be 0 or 1"):
+        kernels.rows_kernels_enabled()
 
 
 def test_the_verify_keeps_the_calls_last_attention_bucket_near_the_end():
