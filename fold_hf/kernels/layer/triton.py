@@ -188,14 +188,6 @@ def _rope_write_kernel(Q, K, V, COS, SIN, POS, KEY_CACHE, VALUE_CACHE, Q_OUT, K_
             tl.store(cache + start * HALF + offs, v, mask=ok)
 
 
-def _heads_in_place(x: torch.Tensor) -> torch.Tensor:
-    """``x [1, L, H, D]`` itself when its heads are contiguous within a token (a token stride of its own: heads
-    sliced out of a q|k|v projection are read in place), else a contiguous copy."""
-    if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:
-        return x
-    return x.contiguous()
-
-
 def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos_table: torch.Tensor,
                       sin_table: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
                       value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,27 +195,9 @@ def rope_write_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     semantics of :func:`~fold_hf.kernels.layer.naive.rope_write_reference`. The cache buffers must have a
     contiguous head dim and equal strides (``[1, Hkv, capacity, D]`` as :class:`StaticTarget` allocates). The
     inputs may have a token stride of their own (heads of a fused q|k|v projection, read in place)."""
-    _, L, Hq, D = query.shape
-    Hkv = key.shape[2]
-    if key.shape != (1, L, Hkv, D) or value.shape != key.shape:
-        raise ValueError(f"key {tuple(key.shape)} / value {tuple(value.shape)} do not match query "
-                         f"{tuple(query.shape)}")
-    if D % 2 or cos_table.shape[-1] != D or sin_table.shape != cos_table.shape:
-        raise ValueError(f"rope tables {tuple(cos_table.shape)} do not rotate head dim {D} (full rotary only)")
-    if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
-        raise ValueError("key and value caches must share strides with a contiguous head dim")
-    query, key, value = _heads_in_place(query), _heads_in_place(key), _heads_in_place(value)
-    cos_table, sin_table = cos_table.contiguous(), sin_table.contiguous()
-    q_out = query.new_empty(1, Hq, L, D)
-    k_out = key.new_empty(1, Hkv, L, D)
-    v_out = value.new_empty(1, Hkv, L, D)
-    half = D // 2
-    _rope_write_kernel[(L, Hq + 2 * Hkv)](
-        query, key, value, cos_table, sin_table, positions, key_cache, value_cache, q_out, k_out, v_out,
-        L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), query.stride(1), key.stride(1), value.stride(1),
-        positions, 0, HALF=half, BLOCK_HALF=_next_pow2(half), ROWS=False,
-        num_warps=1, **launch_options(query.device), **_EXACT)
-    return q_out, k_out, v_out
+    if query.shape[0] != 1:
+        raise ValueError("rope_write_triton takes one row (rope_write_rows_triton several)")
+    return _rope_write(query, key, value, cos_table, sin_table, positions, key_cache, value_cache, None)
 
 
 def rope_write_rows_triton(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos_table: torch.Tensor,
@@ -235,11 +209,21 @@ def rope_write_rows_triton(query: torch.Tensor, key: torch.Tensor, value: torch.
     into cache row ``rows[a]`` (``[A]`` device integers) of ``key_cache`` / ``value_cache [batch, Hkv, capacity,
     D]``. Returns ``q [A, Hq, L, D]``, ``k`` and ``v [A, Hkv, L, D]``, row ``a`` what :func:`rope_write_triton` gives
     that row alone (the same arithmetic, token by token)."""
+    A, L = query.shape[:2]
+    if positions.shape != (A, L) or rows.numel() != A:
+        raise ValueError(f"{A} rows of {L} tokens need positions [{A}, {L}] and {A} cache rows, got "
+                         f"{tuple(positions.shape)} and {rows.numel()}")
+    return _rope_write(query, key, value, cos_table, sin_table, positions.contiguous(), key_cache, value_cache,
+                       rows.reshape(-1).to(torch.int32))
+
+
+def _rope_write(query, key, value, cos_table, sin_table, positions, key_cache, value_cache, rows):
+    """The launch of :func:`rope_write_triton` (``rows`` None) and :func:`rope_write_rows_triton`."""
     A, L, Hq, D = query.shape
     Hkv = key.shape[2]
-    if key.shape != (A, L, Hkv, D) or value.shape != key.shape or positions.shape != (A, L) or rows.numel() != A:
-        raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}, "
-                         f"positions {tuple(positions.shape)} and {rows.numel()} cache rows do not match")
+    if key.shape != (A, L, Hkv, D) or value.shape != key.shape:
+        raise ValueError(f"key {tuple(key.shape)} / value {tuple(value.shape)} do not match query "
+                         f"{tuple(query.shape)}")
     if D % 2 or cos_table.shape[-1] != D or sin_table.shape != cos_table.shape:
         raise ValueError(f"rope tables {tuple(cos_table.shape)} do not rotate head dim {D} (full rotary only)")
     if key_cache.stride() != value_cache.stride() or key_cache.stride(-1) != 1:
@@ -251,17 +235,18 @@ def rope_write_rows_triton(query: torch.Tensor, key: torch.Tensor, value: torch.
     v_out = value.new_empty(A, Hkv, L, D)
     half = D // 2
     _rope_write_kernel[(A * L, Hq + 2 * Hkv)](
-        query, key, value, cos_table, sin_table, positions.contiguous(), key_cache, value_cache, q_out, k_out, v_out,
+        query, key, value, cos_table, sin_table, positions, key_cache, value_cache, q_out, k_out, v_out,
         L, Hq, Hkv, key_cache.stride(1), key_cache.stride(2), query.stride(1), key.stride(1), value.stride(1),
-        rows.reshape(-1).to(torch.int32), key_cache.stride(0), HALF=half, BLOCK_HALF=_next_pow2(half), ROWS=True,
-        num_warps=1, **launch_options(query.device), **_EXACT)
+        positions if rows is None else rows, key_cache.stride(0), HALF=half, BLOCK_HALF=_next_pow2(half),
+        ROWS=rows is not None, num_warps=1, **launch_options(query.device), **_EXACT)
     return q_out, k_out, v_out
 
 
 def _tokens_in_place(x: torch.Tensor) -> torch.Tensor:
     """``x [A, L, H, D]`` itself when its heads are contiguous within a token and its ``A * L`` tokens one stride
-    apart (heads sliced out of a q|k|v projection of the rows' tokens), else a contiguous copy."""
-    if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] and x.stride(0) == x.shape[1] * x.stride(1):
+    apart (heads sliced out of a q|k|v projection of the rows' tokens, read in place), else a contiguous copy."""
+    one_row = x.shape[0] == 1
+    if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] and (one_row or x.stride(0) == x.shape[1] * x.stride(1)):
         return x
     return x.contiguous()
 
