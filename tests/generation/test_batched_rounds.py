@@ -599,13 +599,20 @@ def test_the_rows_kernels_switch_turns_every_row_axis_kernel_off(interpreter, mo
     from fold_hf.targets.llama import LlamaStaticTarget
     from tiny import tiny_target
 
+    from fold_hf.kernels.gemma.triton import ring_attention_rows_triton
+    from fold_hf.kernels.hybrid.triton import head_norm_rope_write_rows_triton
+    from fold_hf.targets.gemma import GemmaStaticTarget
+
     monkeypatch.setattr(kernels, "triton_kernels_enabled", lambda device: True)
     target = tiny_target("llama", layers=2, dtype=torch.float32)
+    gemma = tiny_target("gemma3", layers=2, dtype=torch.float32)
     for value, on in (("1", True), ("", True), ("0", False)):
         monkeypatch.setenv("FOLD_HF_ROWS_KERNELS", value)
         assert kernels.rows_kernels_enabled() is on
         assert default_rows_read_function("cuda") is (fold_read_rows_triton if on else None)
         assert LlamaStaticTarget(target, 16, batch=2)._rows_decode() is (decode_attention_rows_triton if on else None)
+        assert GemmaStaticTarget(gemma, 16, batch=2)._rows_attention() == ((
+            head_norm_rope_write_rows_triton, ring_attention_rows_triton, decode_attention_rows_triton) if on else None)
         assert (kernels.default_layer_ops(torch.device("cuda")).rope_write_rows is not None) is on
     monkeypatch.setenv("FOLD_HF_ROWS_KERNELS", "yes")
     with pytest.raises(ValueError, match="FOLD_HF_ROWS_KERNELS must be 0 or 1"):

@@ -306,8 +306,7 @@ def _accept_greedy(active: list[_Row], logits: torch.Tensor, features: torch.Ten
     return accepted
 
 
-def _compact(active: list[_Row], runner, draft_rows, rows: list[_Row] = (),
-             parked: dict[int, _Parked] | None = None) -> list[_Row]:
+def _compact(active: list[_Row], runner, draft_rows, rows: list[_Row], parked: dict[int, _Parked]) -> list[_Row]:
     """The running rows ``active`` in cache rows ``0 .. A-1``, in cache-row order: each running row in a cache row
     ``>= A`` moves into a cache row below ``A`` that a stopped row freed (its target state,
     :meth:`~fold_hf.targets.base.StaticTarget.move_row`; its drafter entries in the rows step's cache,
@@ -315,20 +314,18 @@ def _compact(active: list[_Row], runner, draft_rows, rows: list[_Row] = (),
     which rows run (module docstring). ``parked`` (updated): the cache rows no running row holds, as their rows (of
     ``rows``, every row of the call) left them."""
     A = len(active)
-    if parked is not None:
-        running = {id(row) for row in active}
-        for row in rows:  # a row that stopped leaves its cache row as it was (once: a mover may take it later)
-            if id(row) not in running and not row.left:
-                parked[row.index], row.left = _Parked(row.position, row.drafted, row.last_id), True
+    running = {id(row) for row in active}
+    for row in rows:  # a row that stopped leaves its cache row as it was (once: a mover may take it later)
+        if id(row) not in running and not row.left:
+            parked[row.index], row.left = _Parked(row.position, row.drafted, row.last_id), True
     free = sorted(set(range(A)) - {row.index for row in active})
     movers = sorted((row for row in active if row.index >= A), key=lambda row: row.index)
     for dest, row in zip(free, movers):
         runner.move_row(row.index, dest, row.position)  # its cache holds the tokens before ``last``
         if draft_rows is not None:
             draft_rows.move(row, dest)
-        if parked is not None:
-            parked[row.index] = _Parked(row.position, row.drafted, row.last_id)
-            parked.pop(dest, None)
+        parked[row.index] = _Parked(row.position, row.drafted, row.last_id)
+        parked.pop(dest, None)
         row.index = dest
     return sorted(active, key=lambda row: row.index)
 
@@ -425,9 +422,8 @@ class _Verify:
 
     def __call__(self, ids: torch.Tensor, rows: list[int], starts: list[int], features, extra: list[_Parked] = ()):
         """Logits ``[A, W, V]`` of the running rows' ``ids [A, W]`` (on the host or the device); ``extra`` (the
-        fixed-shape verify): the parked cache rows ``A ..``
-        of a row bucket (:func:`row_bucket`), each fed its last token at its length (their writes land past what
-        their cache rows hold, their logits and taps dropped)."""
+        fixed-shape verify): the parked cache rows ``A ..`` of a row bucket (:func:`row_bucket`), each fed its last
+        token at its length (their writes land past what their cache rows hold, their logits and taps dropped)."""
         runner = self.runner
         if not self.fused:
             return runner.forward_rows(ids.to(self.device), rows, starts, features)
