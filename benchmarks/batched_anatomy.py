@@ -82,9 +82,28 @@ def main(argv=None) -> dict:
             with env_var(ROWS_KERNELS_ENV, setting):
                 profile_call(lambda d=d: fast_generate(target, d, ids, mask, fold_config=config if d is not None
                                                        else None, **kw), device, Path(args.out) / f"profile_{name}.txt")
+    report["ratios"] = ratios(report["systems"], len(requests))
+    print(json.dumps({"ratios": report["ratios"]}), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "anatomy.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def ratios(systems: dict, batch: int) -> dict:
+    """Each drafting system against batched AR of the same ``$FOLD_HF_ROWS_KERNELS`` setting: its whole-call speedup
+    (AR call / its call), the **ceiling** of that speedup at this prefill (AR call / AR's last first token: a system
+    whose decode phase took no time and whose prefill cost AR's), and its prefill cost beyond AR's per row."""
+    out = {}
+    for name, row in systems.items():
+        ar = systems.get(name.replace(name.split("[")[0], "ar", 1))
+        if ar is None or ar is row:
+            continue
+        out[name] = {"call_speedup_over_ar": round(ar["call_s"] / row["call_s"], 4),
+                     "call_speedup_ceiling_at_this_prefill": round(ar["call_s"] / ar["first_token_s_last_row"], 4),
+                     "prefill_extra_ms_per_row": round(1e3 * (row["first_token_s_last_row"]
+                                                              - ar["first_token_s_last_row"]) / batch, 2),
+                     "decode_speedup_over_ar": round(ar["decode_s"] / row["decode_s"], 4)}
+    return out
 
 
 def measure(target, d, ids, mask, config, kw, device) -> dict:
@@ -105,6 +124,7 @@ def measure(target, d, ids, mask, config, kw, device) -> dict:
     row = {"call_s": seconds, "rounds": phases.rounds,
            **{f"{k}_ms_per_round": round(v, 3) for k, v in phases.per_round_ms().items()},
            "first_token_s_last_row": max(r.ttft_s for r in rows),
+           "first_token_s_rows": [round(r.ttft_s, 4) for r in rows],  # the rows are prefilled one after another
            "decode_s": max(r.ttft_s + r.decode_s for r in rows) - max(r.ttft_s for r in rows),
            "tau_rows": [round(r.tau, 2) for r in rows] if d is not None else None,
            "steps": sorted(str(k) for k in session_steps(target)),

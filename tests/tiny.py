@@ -28,7 +28,7 @@ def tiny_target(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: 
         model = LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **common))
     elif arch == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, rope_theta=10000.0, **common))
-    elif arch in GEMMA_ARCHS + GEMMA_VARIANTS:
+    elif arch in GEMMA_ARCHS + GEMMA_VARIANTS + ("gemma4_tp",):  # gemma4_tp: tests/targets/test_tensor_parallel.py
         model = tiny_gemma(arch, common)
     elif arch in QWEN35_VARIANTS:
         model = tiny_qwen35(arch)
@@ -121,7 +121,8 @@ def tiny_gemma(arch: str, common: dict):
     attn_logit_softcapping set, which transformers' Gemma-3 attention does not apply).
     ``gemma4``: global layer with its own head_dim 16, one KV head, ``attention_k_eq_v``, proportional partial
     rope (0.25), per-layer inputs (PLE), final soft-capping. ``gemma4_shared``: ``gemma4`` with the last two layers
-    reusing earlier layers' keys and values (``num_kv_shared_layers=2``).
+    reusing earlier layers' keys and values (``num_kv_shared_layers=2``). ``gemma4_tp``: ``gemma4_shared`` with two
+    global KV heads (so that every layer's heads split over two tensor-parallel ranks).
     """
     import transformers as tf
 
@@ -140,8 +141,8 @@ def tiny_gemma(arch: str, common: dict):
     n = common["num_hidden_layers"]
     layer_types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(n)]
     layer_types[-1] = "full_attention"
-    shared = 2 if arch == "gemma4_shared" else 0
-    text = dict(global_head_dim=16, num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=30.0,
+    shared = 2 if arch in ("gemma4_shared", "gemma4_tp") else 0
+    text = dict(global_head_dim=16, num_global_key_value_heads=2 if arch == "gemma4_tp" else 1, attention_k_eq_v=True, final_logit_softcapping=30.0,
                 hidden_size_per_layer_input=4, vocab_size_per_layer_input=common["vocab_size"], layer_types=layer_types,
                 num_kv_shared_layers=shared, **common)
     if arch == "gemma4_cg":

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .tensor_parallel import tensor_parallel_size
+
 PREFILL_CHUNK = 8192
 FUSED_PREFILL_ENV = "FOLD_HF_FUSED_PREFILL"  # 0: prefill chunks through the module kernels (every family)
 PREFILL_ATTENTION_MIN_ROWS = 64  # more query rows than a verify block: the prefill attention kernels
@@ -103,12 +105,30 @@ class StaticTarget(abc.ABC):
         self.tap_layer_ids = list(tap_layer_ids)
         weight = self.embed.weight
         self.device, self.dtype = weight.device, weight.dtype
+        # ranks the weights are sharded over by transformers' tp_plan (1: not sharded): the runner then holds this
+        # rank's heads and calls the sharded modules (tensor_parallel.py); the fused layers refuse (sharded_reason)
+        self.tensor_parallel = tensor_parallel_size(model)
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
         self._decode_rows = False  # the rows' verify attention in one launch pair: resolved by _rows_decode
         self._row_indices: dict[tuple, torch.Tensor] = {}
         self._layer_ops = None  # resolved on first use of fused=True
         self._exact_kernels = None  # exact mode's kernels (LayerOps, attention, ...), resolved on its first step
+
+    def local_heads(self, heads: int, what: str) -> int:
+        """This rank's share of ``heads`` (all of them when the target is not sharded; ``what``: their name, for the
+        error raised when they do not split over the ranks)."""
+        if heads % self.tensor_parallel:
+            raise UnsupportedTarget(f"{heads} {what} do not split over {self.tensor_parallel} tensor-parallel ranks")
+        return heads // self.tensor_parallel
+
+    def sharded_reason(self) -> str | None:
+        """Why a tensor-parallel target cannot run the fused layers (each family's :meth:`fused_unsupported` asks
+        first), or None when the target is not sharded."""
+        if self.tensor_parallel > 1:
+            return (f"a target sharded over {self.tensor_parallel} tensor-parallel ranks runs its modules (their "
+                    "forwards do the collectives)")
+        return None
 
     def accept(self, n) -> None:
         """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor; after :meth:`forward_rows`, a list

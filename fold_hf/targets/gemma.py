@@ -196,7 +196,7 @@ class GemmaStaticTarget(GemmaRows, GemmaFusedLayers, StaticTarget):
         check(model, capacity)
         config, decoder = text_parts(model)
         self._setup(model, config, decoder, capacity, tap_layer_ids, batch)  # config: a wrapper's config.text_config
-        self.num_heads = config.num_attention_heads
+        self.num_heads = self.local_heads(config.num_attention_heads, "query heads")
         self.layer_types = list(config.layer_types)
         self.final_softcap = getattr(config, "final_logit_softcapping", None) if _applies_final_softcap(model) else None
         token_map = _text_token_map(model, config)
@@ -227,7 +227,8 @@ class GemmaStaticTarget(GemmaRows, GemmaFusedLayers, StaticTarget):
                 self.values.append(self.values[src])
                 continue
             attn = layer.self_attn
-            hkv = attn.k_proj.out_features // self.head_dims[i]
+            # out_features: the whole projection's (a tp_plan shard keeps it); this rank holds its share of the heads
+            hkv = self.local_heads(attn.k_proj.out_features // self.head_dims[i], f"KV heads of layer {i}")
             self.kv_heads.append(hkv)
             length = self.capacity if self.windows[i] is None else min(self.capacity, self.windows[i] + RING_SLACK)
             shape = (self.batch, hkv, length, self.head_dims[i])

@@ -44,7 +44,6 @@ from ..kernels.gemm.cpu import linear_module
 from .base import StaticTarget, UnsupportedTarget
 from .common import tap_writer
 from .taps import _unwrap
-from .tensor_parallel import local_heads, tensor_parallel_size
 from .weight_layout import (
     DecodeProjections,
     concat_projections_enabled,
@@ -112,9 +111,8 @@ class LlamaStaticTarget(StaticTarget):
         self._setup(model, model.config, model.model, capacity, tap_layer_ids, batch)
         attn = self.layers[0].self_attn
         config = self.config
-        self.tensor_parallel = tensor_parallel_size(model)  # ranks its weights are sharded over (tensor_parallel.py)
-        self.num_heads = local_heads(config.num_attention_heads, self.tensor_parallel, "query heads")
-        self.num_kv_heads = local_heads(config.num_key_value_heads, self.tensor_parallel, "KV heads")
+        self.num_heads = self.local_heads(config.num_attention_heads, "query heads")
+        self.num_kv_heads = self.local_heads(config.num_key_value_heads, "KV heads")
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
@@ -138,9 +136,8 @@ class LlamaStaticTarget(StaticTarget):
         """Why the fused-layer path cannot run this target (None when it can)."""
         from ..kernels.layer.naive import is_silu
 
-        if self.tensor_parallel > 1:
-            return (f"a target sharded over {self.tensor_parallel} tensor-parallel ranks runs its modules (their "
-                    "forwards do the collectives)")
+        if self.sharded_reason() is not None:
+            return self.sharded_reason()
         if self.cos.shape[-1] != self.head_dim:
             return f"partial rotary ({self.cos.shape[-1]} of {self.head_dim} dims): the fused rope rotates all"
         norms = [self.final_norm] + [n for layer in self.layers

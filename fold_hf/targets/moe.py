@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels.common import is_sharded
+
 
 def experts_unsupported(experts: nn.Module) -> str | None:
     """Why :func:`stacked_experts` cannot run ``experts`` (an experts module of transformers' stacked layout), or
@@ -35,6 +37,9 @@ def experts_unsupported(experts: nn.Module) -> str | None:
     down = getattr(experts, "down_proj", None)
     if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
         return f"experts {name} do not keep stacked gate_up_proj / down_proj parameters"
+    if is_sharded(gate_up) or is_sharded(down):
+        return (f"experts {name} are sharded over ranks (expert parallelism); stacked_experts gathers whole "
+                "stacked weights")
     if gate_up.dim() != 3 or down.dim() != 3:
         return f"experts {name}: gate_up_proj {tuple(gate_up.shape)} / down_proj {tuple(down.shape)} are not 3-D"
     if getattr(experts, "is_transposed", False):

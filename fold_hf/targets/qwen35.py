@@ -158,8 +158,8 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
         self._setup(model, config, decoder, capacity, tap_layer_ids, batch)  # config: a wrapper's config.text_config
         self.layer_types = list(config.layer_types)
         attn = next(layer.self_attn for layer, t in zip(self.layers, self.layer_types) if t == "full_attention")
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = self.local_heads(config.num_attention_heads, "query heads")
+        self.num_kv_heads = self.local_heads(config.num_key_value_heads, "KV heads")
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         self.state_dtype = compute_dtype(self.dtype)
@@ -199,6 +199,8 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
     def fused_unsupported(self) -> str | None:
         from ..kernels.layer.naive import is_silu
 
+        if self.sharded_reason() is not None:
+            return self.sharded_reason()
         norms = [self.final_norm] + [n for layer in self.layers
                                      for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         for i, layer in enumerate(self.layers):

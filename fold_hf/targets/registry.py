@@ -16,7 +16,6 @@ from torch import nn
 from . import gemma, llama, qwen35
 from .base import StaticTarget, UnsupportedTarget, batch_unsupported
 from .taps import _unwrap
-from .tensor_parallel import tensor_parallel_size
 
 
 class Family(NamedTuple):
@@ -25,10 +24,9 @@ class Family(NamedTuple):
     runner: type[StaticTarget]  # runner(target, capacity, tap_layer_ids, batch=1)
     check: Callable[[nn.Module, int | None], None]  # check(unwrapped model, capacity or None)
     prepare_text_request: Callable[[nn.Module], None] | None = None  # before a text request via the model's forward
-    tensor_parallel: bool = False  # its runner holds one rank's heads of a tp_plan-sharded target (tensor_parallel.py)
 
 
-LLAMA = Family(llama.LlamaStaticTarget, llama.check, tensor_parallel=True)
+LLAMA = Family(llama.LlamaStaticTarget, llama.check)
 QWEN35 = Family(qwen35.Qwen35StaticTarget, qwen35.check, qwen35.prepare_text_request)
 GEMMA = Family(gemma.GemmaStaticTarget, gemma.check)
 
@@ -53,15 +51,7 @@ def check_target(target: nn.Module, capacity: int | None = None) -> None:
         raise UnsupportedTarget(
             f"the fast loop runs {', '.join(ARCHITECTURES)}; {type(_unwrap(target)).__name__} is not one "
             "of them (use fold_hf.generate, which runs any causal LM)")
-    _check_sharding(family, _unwrap(target))
     family.check(_unwrap(target), capacity)
-
-
-def _check_sharding(family: Family, model: nn.Module) -> None:
-    ranks = tensor_parallel_size(model)
-    if ranks > 1 and not family.tensor_parallel:
-        raise UnsupportedTarget(f"{type(model).__name__} is sharded over {ranks} tensor-parallel ranks; the fast loop "
-                                "runs sharded targets of the Llama family (fold_hf.generate runs any)")
 
 
 def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=(), batch: int = 1) -> StaticTarget:
@@ -71,7 +61,6 @@ def build_static_target(target: nn.Module, capacity: int, tap_layer_ids=(), batc
     family = family_of(target)
     if family is None:
         check_target(target, capacity)  # raises, naming what the fast loop runs
-    _check_sharding(family, _unwrap(target))
     return family.runner(target, capacity, tap_layer_ids, batch=batch)
 
 

@@ -8,7 +8,8 @@ that calls the model's modules (never a kernel over a shard's weight: :func:`~fo
 works on each rank with its own heads: its KV cache holds this rank's KV heads, everything after a row-parallel
 projection is replicated, the logits are whole and identical on every rank, and every rank takes the same
 acceptance (greedy; sampling with the same seed). The drafter, replicated, reads the target's embedding and lm_head
-through their modules.
+through their modules. Every family's runner takes this from :meth:`~fold_hf.targets.base.StaticTarget._setup`
+(``tensor_parallel``, ``local_heads``, ``sharded_reason``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 from torch import nn
 
 from ..kernels.common import is_sharded
-from .base import UnsupportedTarget
 
 
 def tensor_parallel_size(model: nn.Module) -> int:
@@ -27,11 +27,4 @@ def tensor_parallel_size(model: nn.Module) -> int:
     return 1
 
 
-def local_heads(heads: int, ranks: int, what: str) -> int:
-    """This rank's share of ``heads`` (``what``: their name, for the error)."""
-    if heads % ranks:
-        raise UnsupportedTarget(f"{heads} {what} do not split over {ranks} tensor-parallel ranks")
-    return heads // ranks
-
-
-__all__ = ["local_heads", "tensor_parallel_size"]
+__all__ = ["tensor_parallel_size"]

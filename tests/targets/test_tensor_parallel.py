@@ -1,8 +1,10 @@
-"""A target sharded by transformers' tensor parallelism (issue 41), on this CPU: two processes over gloo, each loading
-the tiny Llama with ``tp_plan="auto"`` (its q/k/v/gate/up column-parallel, o/down row-parallel, the embedding and
-lm_head sharded), every generate path run on both ranks. The independent statement: the unsharded target's own greedy
-``generate``, row by row; and the unsharded fast loop's acceptance lengths (the replicated drafter drafts on the same
-taps, so it proposes what it proposes unsharded)."""
+"""Targets sharded by transformers' tensor parallelism (issue 41), on this CPU: two processes over gloo, each loading
+a tiny target of every family with ``tp_plan="auto"`` (transformers' plans: q/k/v/gate/up column-parallel, o/down
+row-parallel; Qwen3.5's linear-attention projections column-parallel with gathered outputs), every generate path run
+on both ranks. The families: Llama, Gemma-3 (sliding rings + global layers), Gemma-4 (global layers with their own
+head_dim and k = v, per-layer inputs, KV-shared layers) and Qwen3.5 (Gated DeltaNet + gated attention). The
+independent statement: the unsharded target's own greedy ``generate``; and the unsharded fast loop's acceptance
+lengths (the replicated drafter drafts on the same taps, so it proposes what it proposes unsharded)."""
 
 import json
 import os
@@ -13,11 +15,25 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tiny import mode_config, prompt, tiny_target, trained_pair
+from tiny import fit_drafter, mode_config, prompt, tiny_drafter, tiny_target, trained_pair
 
 NEW = 10
-PROMPTS = [(0, 9), (1, 60)]  # (seed, length): shorter and longer than the window W = 16
-PATHS = ["generate", "fast-eager", "fast-static", "routed", "ar", "batched"]
+PROMPTS = [(0, 9), (1, 60)]  # (seed, length): shorter and longer than the window W = 16 (and Gemma's window 8)
+PATHS = ["generate", "fast-eager", "fast-static", "routed", "ar", "batched", "sampled"]
+FAMILIES = ["llama", "gemma3", "gemma4_tp", "qwen35"]  # gemma4_tp: tiny Gemma-4 with 2 global KV heads (tiny.py)
+RING_SLACK = 3  # the Gemma rings' slack on the ranks: the tiny rings wrap (a verify of a block of 4 rows fits)
+
+
+def _pair(family: str):
+    """The family's tiny target and a drafter fitted to it (fp32): Gemma's drafters tap layers 1 and 5, as the Gemma
+    tests' pairs (their drafts are accepted)."""
+    if family == "llama":
+        target, drafter = trained_pair("llama")
+    else:
+        target = tiny_target(family)
+        taps = (1, 5) if family.startswith("gemma") else (1, 3)
+        drafter = fit_drafter(target, tiny_drafter(target, taps=taps), steps=80, seq_len=40)
+    return target.float(), drafter.float()
 
 
 def _free_port() -> int:
@@ -40,36 +56,23 @@ def _load_sharded(directory: str):
             return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, tp_plan="auto")
 
 
-def _rank(rank: int, world: int, port: int, target_dir: str, drafter_dir: str, gemma_dir: str, out_dir: str) -> None:
-    """One rank: load the sharded target and the drafter, run every path, write what it decoded."""
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _decode_every_path(target, drafter) -> dict:
+    """Every path's new tokens and acceptance lengths for :data:`PROMPTS` (``path/seed`` keys)."""
     import fold_hf
-    from fold_hf import FoldDrafter
     from fold_hf.generation import release_fast_state
-    from fold_hf.targets.registry import build_static_target
 
-    target = _load_sharded(target_dir)
-    drafter = FoldDrafter.from_pretrained(drafter_dir).bind_target(target)
-    drafter.set_fold_config(mode_config("fold"))
-    runner = build_static_target(target, 32, ())
-    facts = {"tensor_parallel": runner.tensor_parallel, "kv_heads": runner.num_kv_heads,
-             "fused": runner.fused_unsupported()}
     out: dict = {}
     for seed, length in PROMPTS:
         ids = prompt(seed, length)
         for path in PATHS:
             if path == "batched":
                 continue
-            if path == "generate":
+            if path == "sampled":  # the same seed on every rank: every rank draws the same tokens
+                res = _sampled(target, drafter, ids, seed)
+            elif path == "generate":
                 res = fold_hf.generate(target, drafter, ids, max_new_tokens=NEW, return_stats=True)
             elif path == "routed":
                 seq = target.generate(ids, assistant_model=drafter, max_new_tokens=NEW, do_sample=False)
-                res = None
                 out[f"{path}/{seed}"] = {"tokens": seq[0, length:].tolist(), "acceptance": None}
                 release_fast_state(target)
                 continue
@@ -86,89 +89,137 @@ def _rank(rank: int, world: int, port: int, target_dir: str, drafter_dir: str, g
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
     res = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, return_stats=True)
+    release_fast_state(target)
     for i, (seed, _) in enumerate(PROMPTS):
         out[f"batched/{seed}"] = {"tokens": res.rows[i].new_tokens[0].tolist(),
                                   "acceptance": res.rows[i].acceptance_lengths, "batched": res.batched}
-    # a family whose runner does not hold shards: the fast loop says why; fold_hf.generate (the model's own
-    # forward) decodes it
-    from fold_hf.generation.fast import fast_unsupported
+    return out
 
-    gemma = _load_sharded(gemma_dir)
-    facts["gemma_reason"] = fast_unsupported(gemma, None)
-    ids = prompt(2, 20)
-    out["gemma/generate"] = {"tokens": fold_hf.generate(gemma, None, ids, max_new_tokens=NEW)[0, 20:].tolist(),
-                             "acceptance": None}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump({"facts": facts, "out": out}, fh)
+
+def _sampled(target, drafter, ids: torch.Tensor, seed: int):
+    """Sampled speculative decoding (temperature 1, top-k 0) seeded by ``seed``, on the static engine."""
+    import fold_hf
+    from fold_hf.generation import release_fast_state
+
+    res = fold_hf.fast_generate(target, drafter, ids, max_new_tokens=NEW, do_sample=True, temperature=1.0, top_k=0,
+                                generator=torch.Generator().manual_seed(100 + seed), engine="static",
+                                return_stats=True)
+    release_fast_state(target)
+    return res
+
+
+def _rank(rank: int, world: int, port: int, root: str) -> None:
+    """One rank: load every family's sharded target and its drafter, run every path, write what it decoded."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from fold_hf import FoldDrafter
+    from fold_hf.targets import gemma
+    from fold_hf.targets.base import UnsupportedTarget
+    from fold_hf.targets.registry import build_static_target
+
+    gemma.RING_SLACK = RING_SLACK
+    report: dict = {}
+    for family in FAMILIES:
+        target = _load_sharded(os.path.join(root, family, "target"))
+        drafter = FoldDrafter.from_pretrained(os.path.join(root, family, "drafter")).bind_target(target)
+        drafter.set_fold_config(mode_config("fold"))
+        runner = build_static_target(target, 32, ())
+        facts = {"tensor_parallel": runner.tensor_parallel, "num_heads": runner.num_heads,
+                 "kv_heads": list(getattr(runner, "kv_heads", [runner.num_kv_heads])), "fused": runner.fused_unsupported()}
+        report[family] = {"facts": facts, "out": _decode_every_path(target, drafter)}
+    # heads that do not split over the ranks (the tiny Gemma-4's one global KV head): refused by name
+    try:
+        build_static_target(_load_sharded(os.path.join(root, "gemma4-one-kv-head")), 32, ())
+        report["indivisible"] = None
+    except UnsupportedTarget as err:
+        report["indivisible"] = str(err)
+    with open(os.path.join(root, f"rank{rank}.json"), "w") as fh:
+        json.dump(report, fh)
     dist.barrier()
     dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def sharded_runs(tmp_path_factory):
-    """Both ranks' results, and the unsharded pair."""
+    """Both ranks' reports, and every family's unsharded pair (fp32)."""
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("this torch build has no gloo backend")
-    target, drafter = trained_pair("llama")
-    target = target.float()
-    drafter = drafter.float()
     root = tmp_path_factory.mktemp("tp")
-    target_dir, drafter_dir, gemma_dir, out_dir = root / "target", root / "drafter", root / "gemma", root / "out"
-    out_dir.mkdir()
-    target.save_pretrained(target_dir)
-    drafter.save_pretrained(drafter_dir)
-    gemma = tiny_target("gemma3", seed=6, dtype=torch.float32)
-    gemma.save_pretrained(gemma_dir)
-    mp.start_processes(_rank, args=(2, _free_port(), str(target_dir), str(drafter_dir), str(gemma_dir), str(out_dir)),
-                       nprocs=2, join=True, start_method="spawn")
-    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(2)]
-    return ranks, target, drafter, gemma
+    pairs = {}
+    for family in FAMILIES:
+        target, drafter = _pair(family)
+        target.save_pretrained(root / family / "target")
+        drafter.save_pretrained(root / family / "drafter")
+        pairs[family] = (target, drafter)
+    tiny_target("gemma4_shared", seed=6, dtype=torch.float32).save_pretrained(root / "gemma4-one-kv-head")
+    mp.start_processes(_rank, args=(2, _free_port(), str(root)), nprocs=2, join=True, start_method="spawn")
+    ranks = [json.loads((root / f"rank{r}.json").read_text()) for r in range(2)]
+    return ranks, pairs
 
 
-def test_the_runner_holds_its_own_heads(sharded_runs):
-    ranks, target, _, _ = sharded_runs
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_runner_holds_its_own_heads(sharded_runs, family):
+    ranks, pairs = sharded_runs
+    config = pairs[family][0].config
     for rank in ranks:
-        assert rank["facts"]["tensor_parallel"] == 2
-        assert rank["facts"]["kv_heads"] == target.config.num_key_value_heads // 2
-        assert "tensor-parallel ranks runs its modules" in rank["facts"]["fused"]
+        facts = rank[family]["facts"]
+        assert facts["tensor_parallel"] == 2
+        assert facts["num_heads"] == config.num_attention_heads // 2
+        if family.startswith("gemma"):  # per layer: sliding layers' KV heads, global layers' own (Gemma-4: 2)
+            layers = pairs[family][0].model.layers
+            whole = [layers[i].self_attn.k_proj.out_features // layers[i].self_attn.head_dim
+                     if hasattr(layers[i].self_attn, "k_proj") else None for i in range(len(layers))]
+            produced = [w for w in whole if w is not None]
+            assert facts["kv_heads"][: len(produced)] == [w // 2 for w in produced]
+        else:
+            assert facts["kv_heads"] == [config.num_key_value_heads // 2]
+        assert "tensor-parallel ranks runs its modules" in facts["fused"]
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_every_path_on_both_ranks_is_the_unsharded_greedy_output(sharded_runs, path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_path_on_both_ranks_is_the_unsharded_greedy_output(sharded_runs, family, path):
     """Each rank decodes exactly the unsharded target's greedy tokens, and the drafter proposes and gets accepted
-    what it does on the unsharded target (the same acceptance lengths as the unsharded fast loop)."""
+    what it does on the unsharded target (the same acceptance lengths as the unsharded fast loop). Sampled: every
+    rank draws the tokens the unsharded target draws with the same seed (and so the same as every other rank)."""
     import fold_hf
     from fold_hf.generation import release_fast_state
 
-    ranks, target, drafter, _ = sharded_runs
-    drafter = drafter.float().bind_target(target)
+    ranks, pairs = sharded_runs
+    target, drafter = pairs[family]
+    drafter = drafter.bind_target(target)
     drafter.set_fold_config(mode_config("fold"))
     for seed, length in PROMPTS:
         ids = prompt(seed, length)
-        want = target.generate(ids, max_new_tokens=NEW, do_sample=False)[0, length:].tolist()
-        unsharded = fold_hf.fast_generate(target, None if path == "ar" else drafter, ids, max_new_tokens=NEW,
-                                          engine="eager", return_stats=True)
-        release_fast_state(target)
+        if path == "sampled":  # the unsharded run with the same seed draws the same tokens
+            unsharded = _sampled(target, drafter, ids, seed)
+            want = unsharded.new_tokens[0].tolist()
+        else:
+            want = target.generate(ids, max_new_tokens=NEW, do_sample=False)[0, length:].tolist()
+            unsharded = fold_hf.fast_generate(target, None if path == "ar" else drafter, ids, max_new_tokens=NEW,
+                                              engine="eager", return_stats=True)
+            release_fast_state(target)
         for r, rank in enumerate(ranks):
-            got = rank["out"][f"{path}/{seed}"]
-            assert got["tokens"] == want, (path, seed, r)
+            got = rank[family]["out"][f"{path}/{seed}"]
+            assert got["tokens"] == want, (family, path, seed, r)
             if got["acceptance"] is not None:
-                assert got["acceptance"] == unsharded.acceptance_lengths, (path, seed, r)
+                assert got["acceptance"] == unsharded.acceptance_lengths, (family, path, seed, r)
             if path == "batched":
                 assert got["batched"]
     if path not in ("ar", "routed"):
-        accepted = [n for rank in ranks for s, _ in PROMPTS for n in rank["out"][f"{path}/{s}"]["acceptance"]]
+        accepted = [n for rank in ranks for s, _ in PROMPTS for n in rank[family]["out"][f"{path}/{s}"]["acceptance"]]
         assert max(accepted) > 1  # proposals were accepted: the drafter ran on the sharded target's taps
 
 
-def test_a_family_that_does_not_hold_shards_is_refused_by_name_and_runs_on_the_loop(sharded_runs):
-    ranks, _, _, gemma = sharded_runs
-    ids = prompt(2, 20)
-    want = gemma.generate(ids, max_new_tokens=NEW, do_sample=False)[0, 20:].tolist()
+def test_heads_that_do_not_split_over_the_ranks_are_refused_by_name(sharded_runs):
+    ranks, _ = sharded_runs
     for rank in ranks:
-        assert "is sharded over 2 tensor-parallel ranks; the fast loop runs sharded targets of the Llama family" in \
-            rank["facts"]["gemma_reason"]
-        assert rank["out"]["gemma/generate"]["tokens"] == want
+        assert rank["indivisible"] is not None
+        assert "1 KV heads of layer 2 do not split over 2 tensor-parallel ranks" in rank["indivisible"]
 
 
 def test_the_benchmark_runs_on_one_and_two_ranks(tmp_path):
