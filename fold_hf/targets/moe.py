@@ -38,8 +38,10 @@ def experts_unsupported(experts: nn.Module) -> str | None:
     if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
         return f"experts {name} do not keep stacked gate_up_proj / down_proj parameters"
     if is_sharded(gate_up) or is_sharded(down):
-        return (f"experts {name} are sharded over ranks (expert parallelism); stacked_experts gathers whole "
-                "stacked weights")
+        reason = _split_unsupported(gate_up, down)
+        if reason is not None:
+            return f"experts {name} {reason}"
+        gate_up, down = gate_up.to_local(), down.to_local()  # this rank's share of every expert: checked below
     if gate_up.dim() != 3 or down.dim() != 3:
         return f"experts {name}: gate_up_proj {tuple(gate_up.shape)} / down_proj {tuple(down.shape)} are not 3-D"
     if getattr(experts, "is_transposed", False):
@@ -60,9 +62,30 @@ def experts_unsupported(experts: nn.Module) -> str | None:
     return None
 
 
+def _split_unsupported(gate_up: torch.Tensor, down: torch.Tensor) -> str | None:
+    """Why :func:`stacked_experts` cannot run experts sharded over ranks (DTensors), or None for transformers'
+    tensor-parallel experts plan: every rank holds its share of every expert's intermediate features, ``gate_up_proj``
+    split as two halves (``_StridedShard(dim=1, split_factor=2)``: this rank's gate rows, then its up rows) and
+    ``down_proj`` on its input features (``Shard(dim=2)``), so that each rank's sum is a partial sum of the output."""
+    if not (is_sharded(gate_up) and is_sharded(down)) or gate_up.device_mesh.ndim != 1:
+        return "are sharded in a layout stacked_experts does not take (one of the two weights, or a mesh of several dims)"
+    (split,), (row,) = gate_up.placements, down.placements
+    if getattr(split, "dim", None) == 0 or getattr(row, "dim", None) == 0:
+        return ("are split by expert over ranks (expert parallelism: each rank holds some experts); stacked_experts "
+                "needs every expert on every rank")
+    if type(split).__name__ != "_StridedShard" or split.dim != 1 or getattr(split, "split_factor", None) != 2 \
+            or type(row).__name__ != "Shard" or row.dim != 2:
+        return f"are sharded as gate_up_proj {split} / down_proj {row}; stacked_experts takes _StridedShard(1, 2) / Shard(2)"
+    return None
+
+
 def stacked_experts(experts: nn.Module, hidden: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor) -> torch.Tensor:
     """``sum_j w[n, j] * down[e](act(gate[e] x_n) * up[e] x_n)`` with ``e = top_k_index[n, j]``, for every token.
+
+    Experts sharded by transformers' tensor-parallel plan (:func:`_split_unsupported`): each rank runs its share of
+    every expert's intermediate features, and the ranks' partial outputs are summed (one all-reduce), as the model's
+    own experts module does.
 
     Args:
         experts: a module with ``gate_up_proj [E, 2 I, H]``, ``down_proj [E, H, I]``, ``act_fn``
@@ -75,14 +98,21 @@ def stacked_experts(experts: nn.Module, hidden: torch.Tensor, top_k_index: torch
         ``[N, H]`` in ``hidden``'s dtype.
     """
     n, k = top_k_index.shape
+    gate_up_proj, down_proj, group = experts.gate_up_proj, experts.down_proj, None
+    if is_sharded(gate_up_proj):  # [E, 2 I / N, H] and [E, H, I / N] on this rank
+        group = gate_up_proj.device_mesh.get_group()
+        gate_up_proj, down_proj = gate_up_proj.to_local(), down_proj.to_local()
     flat = top_k_index.reshape(-1)  # [S], S = n * k, pair s = (token s // k, slot s % k)
     rows = hidden.unsqueeze(1).expand(n, k, hidden.shape[-1]).reshape(n * k, -1, 1)  # [S, H, 1]
-    gate_up = torch.bmm(experts.gate_up_proj[flat], rows).squeeze(-1)  # [S, 2 I]
+    gate_up = torch.bmm(gate_up_proj[flat], rows).squeeze(-1)  # [S, 2 I]
     gate, up = gate_up.chunk(2, dim=-1)
     inner = (experts.act_fn(gate) * up).unsqueeze(-1)  # [S, I, 1]
-    out = torch.bmm(experts.down_proj[flat], inner).squeeze(-1)  # [S, H]
+    out = torch.bmm(down_proj[flat], inner).squeeze(-1)  # [S, H]
     out = out * top_k_weights.reshape(-1, 1).to(out.dtype)
-    return out.view(n, k, -1).sum(dim=1).to(hidden.dtype)
+    out = out.view(n, k, -1).sum(dim=1)
+    if group is not None:
+        torch.distributed.all_reduce(out, group=group)  # the ranks' shares of the intermediate: partial sums
+    return out.to(hidden.dtype)
 
 
 __all__ = ["experts_unsupported", "stacked_experts"]

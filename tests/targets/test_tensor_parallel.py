@@ -20,7 +20,7 @@ from tiny import fit_drafter, mode_config, prompt, tiny_drafter, tiny_target, tr
 NEW = 10
 PROMPTS = [(0, 9), (1, 60)]  # (seed, length): shorter and longer than the window W = 16 (and Gemma's window 8)
 PATHS = ["generate", "fast-eager", "fast-static", "routed", "ar", "batched", "sampled"]
-FAMILIES = ["llama", "gemma3", "gemma4_tp", "qwen35"]  # gemma4_tp: tiny Gemma-4 with 2 global KV heads (tiny.py)
+FAMILIES = ["llama", "gemma3", "gemma4_tp", "qwen35", "qwen35_moe"]  # gemma4_tp: tiny Gemma-4 with 2 global KV heads
 RING_SLACK = 3  # the Gemma rings' slack on the ranks: the tiny rings wrap (a verify of a block of 4 rows fits)
 
 
@@ -42,7 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _load_sharded(directory: str):
+def _load_sharded(directory: str, **distributed):
     from transformers import AutoModelForCausalLM
 
     with warnings.catch_warnings():
@@ -50,7 +50,7 @@ def _load_sharded(directory: str):
         try:
             from transformers import DistributedConfig
 
-            kw = dict(distributed_config=DistributedConfig(tp_plan="auto"))
+            kw = dict(distributed_config=DistributedConfig(tp_plan="auto", **distributed))
             return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **kw)
         except (ImportError, TypeError):
             return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, tp_plan="auto")
@@ -117,6 +117,7 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from fold_hf import FoldDrafter
+    from fold_hf.kernels.common import is_sharded
     from fold_hf.targets import gemma
     from fold_hf.targets.base import UnsupportedTarget
     from fold_hf.targets.registry import build_static_target
@@ -130,6 +131,7 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
         runner = build_static_target(target, 32, ())
         facts = {"tensor_parallel": runner.tensor_parallel, "num_heads": runner.num_heads,
                  "kv_heads": list(getattr(runner, "kv_heads", [runner.num_kv_heads])), "fused": runner.fused_unsupported()}
+        facts["experts_sharded"] = any(is_sharded(p) for n, p in target.named_parameters() if ".experts." in n)
         report[family] = {"facts": facts, "out": _decode_every_path(target, drafter)}
     # heads that do not split over the ranks (the tiny Gemma-4's one global KV head): refused by name
     try:
@@ -137,6 +139,13 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
         report["indivisible"] = None
     except UnsupportedTarget as err:
         report["indivisible"] = str(err)
+    # experts sharded by transformers' expert-parallel plan: refused by name (stacked_experts reads whole weights)
+    try:
+        build_static_target(_load_sharded(os.path.join(root, "qwen35_moe", "target"), enable_expert_parallel=True),
+                            32, ())
+        report["expert_parallel"] = None
+    except UnsupportedTarget as err:
+        report["expert_parallel"] = str(err)
     with open(os.path.join(root, f"rank{rank}.json"), "w") as fh:
         json.dump(report, fh)
     dist.barrier()
@@ -215,11 +224,30 @@ def test_every_path_on_both_ranks_is_the_unsharded_greedy_output(sharded_runs, f
         assert max(accepted) > 1  # proposals were accepted: the drafter ran on the sharded target's taps
 
 
+def test_the_moe_experts_are_sharded_as_transformers_plans_them(sharded_runs):
+    """Where transformers' plan shards the experts (5.17: gate_up_proj packed column-parallel, down_proj row-parallel;
+    5.25 leaves them whole), the ranks ran them sharded, each its share of every expert with the partial outputs
+    summed (moe.stacked_experts), and every path above still decoded the unsharded output."""
+    ranks, pairs = sharded_runs
+    plan = type(pairs["qwen35_moe"][0].config).base_model_tp_plan or {}
+    planned = any(".experts." in key for key in plan)
+    for rank in ranks:
+        assert rank["qwen35_moe"]["facts"]["experts_sharded"] == planned
+        assert not any(rank[f]["facts"]["experts_sharded"] for f in FAMILIES if f != "qwen35_moe")
+
+
 def test_heads_that_do_not_split_over_the_ranks_are_refused_by_name(sharded_runs):
     ranks, _ = sharded_runs
     for rank in ranks:
         assert rank["indivisible"] is not None
         assert "1 KV heads of layer 2 do not split over 2 tensor-parallel ranks" in rank["indivisible"]
+
+
+def test_experts_sharded_by_expert_parallelism_are_refused_by_name(sharded_runs):
+    ranks, _ = sharded_runs
+    for rank in ranks:
+        assert rank["expert_parallel"] is not None
+        assert "are split by expert over ranks (expert parallelism" in rank["expert_parallel"]
 
 
 def test_the_benchmark_runs_on_one_and_two_ranks(tmp_path):
