@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import tensor_parallel_size
+from .tensor_parallel import record_plan, tensor_parallel_size
 
 PREFILL_CHUNK = 8192
 FUSED_PREFILL_ENV = "FOLD_HF_FUSED_PREFILL"  # 0: prefill chunks through the module kernels (every family)
@@ -106,8 +106,11 @@ class StaticTarget(abc.ABC):
         weight = self.embed.weight
         self.device, self.dtype = weight.device, weight.dtype
         # ranks the weights are sharded over by transformers' tp_plan (1: not sharded): the runner then holds this
-        # rank's heads and calls the sharded modules (tensor_parallel.py); the fused layers refuse (sharded_reason)
+        # rank's heads; its modules do their collectives, the fused layers run the column / row-parallel projections
+        # on this rank's weights (weight_layout.project) and the rest as modules (tensor_parallel.py)
         self.tensor_parallel = tensor_parallel_size(model)
+        if self.tensor_parallel > 1:
+            record_plan(model)  # each module's tp_plan style: the fused layers run the column / row-parallel ones
         self.length = 0  # tokens in the cache (host view; the static path keeps its own on device)
         self._decode_attention = None  # resolved on first use of attention="triton"
         self._decode_rows = False  # the rows' verify attention in one launch pair: resolved by _rows_decode
@@ -121,14 +124,6 @@ class StaticTarget(abc.ABC):
         if heads % self.tensor_parallel:
             raise UnsupportedTarget(f"{heads} {what} do not split over {self.tensor_parallel} tensor-parallel ranks")
         return heads // self.tensor_parallel
-
-    def sharded_reason(self) -> str | None:
-        """Why a tensor-parallel target cannot run the fused layers (each family's :meth:`fused_unsupported` asks
-        first), or None when the target is not sharded."""
-        if self.tensor_parallel > 1:
-            return (f"a target sharded over {self.tensor_parallel} tensor-parallel ranks runs its modules (their "
-                    "forwards do the collectives)")
-        return None
 
     def accept(self, n) -> None:
         """Acceptance of ``n`` drafts after a verify (int or ``[1]`` device tensor; after :meth:`forward_rows`, a list
@@ -211,6 +206,9 @@ class StaticTarget(abc.ABC):
         from .weight_layout import concat_projections_enabled
 
         reason = exact_unavailable_reason(self.device)
+        if reason is None and self.tensor_parallel > 1:  # the ranks' partial sums add in an order of the collective's
+            reason = (f"the target is sharded over {self.tensor_parallel} tensor-parallel ranks (an all-reduce may "
+                      "add the ranks' partial sums in an order that depends on the row count)")
         if reason is None:
             reason = self.fused_unsupported()
             reason = None if reason is None else f"the fused layers cannot run this target ({reason})"

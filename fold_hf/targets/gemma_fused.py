@@ -57,8 +57,6 @@ class GemmaFusedLayers:
     def fused_unsupported(self) -> str | None:
         """Why the fused Gemma layers (:mod:`fold_hf.kernels.hybrid.triton`, :mod:`fold_hf.kernels.gemma.triton`)
         cannot run this target, or None."""
-        if self.sharded_reason() is not None:
-            return self.sharded_reason()
         kinds = {"Gemma3RMSNorm": 1.0, "Gemma4RMSNorm": 0.0}
         offsets = set()
         for i, layer in enumerate(self.layers):

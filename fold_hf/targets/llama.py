@@ -136,8 +136,6 @@ class LlamaStaticTarget(StaticTarget):
         """Why the fused-layer path cannot run this target (None when it can)."""
         from ..kernels.layer.naive import is_silu
 
-        if self.sharded_reason() is not None:
-            return self.sharded_reason()
         if self.cos.shape[-1] != self.head_dim:
             return f"partial rotary ({self.cos.shape[-1]} of {self.head_dim} dims): the fused rope rotates all"
         norms = [self.final_norm] + [n for layer in self.layers

@@ -199,8 +199,6 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
     def fused_unsupported(self) -> str | None:
         from ..kernels.layer.naive import is_silu
 
-        if self.sharded_reason() is not None:
-            return self.sharded_reason()
         norms = [self.final_norm] + [n for layer in self.layers
                                      for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         for i, layer in enumerate(self.layers):

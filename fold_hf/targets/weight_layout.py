@@ -30,6 +30,7 @@ from torch import nn
 
 from ..kernels.common import is_sharded
 from ..kernels.gemm.cpu import _hooked, linear, linear_module
+from .tensor_parallel import all_reduce, column_shard, local, plan_style, relink, row_shard
 
 CONCAT_ENV = "FOLD_HF_CONCAT_PROJECTIONS"
 
@@ -76,18 +77,20 @@ def rows_of_one_buffer(parts: list[torch.Tensor]) -> torch.Tensor | None:
 def concatenated_rows(modules: list[nn.Module], name: str) -> torch.Tensor | None:
     """One buffer holding the modules' ``name`` tensors (``"weight"`` or ``"bias"``) as consecutive row blocks,
     ``[sum(out_features), ...]``; the modules' parameters become views of it. None when the modules have no such
-    tensor (no bias)."""
+    tensor (no bias). Column-parallel shards (:func:`~fold_hf.targets.tensor_parallel.column_shard`): this rank's rows
+    of each, their local parts becoming views of it."""
     params = [getattr(m, name) for m in modules]
     if params[0] is None:
         return None
-    whole = rows_of_one_buffer([p.data for p in params])
+    parts = [local(p).detach() for p in params]  # a column-parallel shard: this rank's rows
+    whole = rows_of_one_buffer(parts)
     if whole is not None:
         return whole
-    whole = torch.cat([p.data for p in params])
+    whole = torch.cat(parts)
     offset = 0
-    for param in params:
-        param.data = whole[offset:offset + param.shape[0]]
-        offset += param.shape[0]
+    for param, part in zip(params, parts):
+        relink(param, whole[offset:offset + part.shape[0]])
+        offset += part.shape[0]
     return whole
 
 
@@ -95,9 +98,11 @@ def plain_linears_unsupported(named: dict[str, nn.Module], dtype: torch.dtype) -
     """Why ``named`` projections cannot be read as one GEMM (None when they can): each must be a plain
     ``nn.Linear`` (a LoRA wrapper or a quantized layer must run as its module) in ``dtype``, with biases on all or
     none."""
-    for name, module in named.items():
-        if is_sharded(getattr(module, "weight", None)):
-            return f"{name} is a tensor-parallel shard (its module's forward does the collectives)"
+    sharded = [is_sharded(getattr(m, "weight", None)) for m in named.values()]
+    for (name, module), shard in zip(named.items(), sharded):
+        if any(sharded) and not column_shard(module):
+            return (f"{name} is {'a tensor-parallel shard of style ' + str(plan_style(module)) if shard else 'whole'}"
+                    f" beside column-parallel shards (its module's forward does the collectives)")
         if type(module) is not nn.Linear or module.weight.dtype != dtype:
             weight = getattr(module, "weight", None)
             kind = type(module)
@@ -110,7 +115,8 @@ def plain_linears_unsupported(named: dict[str, nn.Module], dtype: torch.dtype) -
 
 class MergedLinears:
     """Plain ``nn.Linear`` modules that read the same input, as one GEMM over one buffer their parameters are views
-    of (:func:`concatenated_rows`: nothing held twice).
+    of (:func:`concatenated_rows`: nothing held twice). Column-parallel shards of a tensor-parallel target: this
+    rank's rows of each (its share of the heads, of the MLP's features), as their modules return them.
 
     Attributes:
         weight: ``[sum N_i, K]`` (module ``i``'s ``[N_i, K]`` weight is rows ``sum N_<i .. sum N_<=i``).
@@ -125,7 +131,7 @@ class MergedLinears:
     def __init__(self, modules: list[nn.Module], tag: str) -> None:
         self.weight = concatenated_rows(modules, "weight")
         self.bias = concatenated_rows(modules, "bias")
-        self.widths = tuple(m.out_features for m in modules)
+        self.widths = tuple(local(m.weight).shape[0] for m in modules)
         self.owners = tuple(p for m in modules for p in (m.weight, m.bias) if p is not None)
         self.tag = tag
 
@@ -225,9 +231,9 @@ def gemm_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | 
     when the kernel takes it); the Llama family's exact mode refuses a target for which this is not None."""
     if type(module) is not nn.Linear:
         return f"{name} is a {type(module).__name__}, not a plain nn.Linear (LoRA and quantized layers run as modules)"
-    if is_sharded(module.weight):
-        return f"{name} is a tensor-parallel shard (its module's forward does the collectives)"
-    if module.weight.dtype != dtype or not module.weight.is_contiguous():
+    if is_sharded(module.weight) and not (column_shard(module) or row_shard(module)):
+        return f"{name} is a tensor-parallel shard of style {plan_style(module)} (its module's forward does the collectives)"
+    if module.weight.dtype != dtype or not local(module.weight).is_contiguous():
         return f"{name}'s weight is not a contiguous {dtype} tensor"
     if _hooked(module):
         return f"{name} has forward hooks"
@@ -237,7 +243,18 @@ def gemm_unsupported(module: nn.Module, dtype: torch.dtype, name: str) -> str | 
 def project(gemm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for ``x [..., K]`` -> ``[..., N]``: through ``gemm(x, weight, bias)`` (a decode step's skinny
     GEMM) when given and ``module`` is a plain, hook-free ``nn.Linear`` with a contiguous weight in ``x``'s dtype;
-    else :func:`~fold_hf.kernels.gemm.cpu.linear_module` (a LoRA wrapper or a quantized layer runs as its module)."""
+    else :func:`~fold_hf.kernels.gemm.cpu.linear_module` (a LoRA wrapper or a quantized layer runs as its module).
+
+    A tensor-parallel shard that :func:`gemm_unsupported` takes runs on this rank's weight: a column-parallel one
+    returns this rank's share of the output, a row-parallel one (``x``: this rank's share of the input features) the
+    sum over the ranks (one all-reduce) plus its bias, as their modules do."""
+    if is_sharded(getattr(module, "weight", None)) and gemm_unsupported(module, x.dtype, "") is None:
+        weight, bias = local(module.weight), local(module.bias)
+        product = gemm if gemm is not None else nn.functional.linear
+        if column_shard(module):
+            return product(x, weight, bias)
+        out = all_reduce(product(x, weight, None), module.weight)
+        return out if bias is None else out + bias
     if gemm is not None and gemm_unsupported(module, x.dtype, "") is None:
         return gemm(x, module.weight, module.bias)
     return linear_module(module, x)

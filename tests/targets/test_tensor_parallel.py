@@ -19,7 +19,10 @@ from tiny import fit_drafter, mode_config, prompt, tiny_drafter, tiny_target, tr
 
 NEW = 10
 PROMPTS = [(0, 9), (1, 60)]  # (seed, length): shorter and longer than the window W = 16 (and Gemma's window 8)
-PATHS = ["generate", "fast-eager", "fast-static", "routed", "ar", "batched", "sampled"]
+PATHS = ["generate", "fast-eager", "fast-static", "fused", "ar-fused", "routed", "ar", "batched", "batched-fused",
+         "sampled"]
+# fused, ar-fused, batched-fused: the fused layers (their CPU twins) with the column / row-parallel projections on each
+# rank's weights (weight_layout.project) and one all-reduce per row-parallel projection
 FAMILIES = ["llama", "gemma3", "gemma4_tp", "qwen35", "qwen35_moe"]  # gemma4_tp: tiny Gemma-4 with 2 global KV heads
 RING_SLACK = 3  # the Gemma rings' slack on the ranks: the tiny rings wrap (a verify of a block of 4 rows fits)
 
@@ -65,7 +68,7 @@ def _decode_every_path(target, drafter) -> dict:
     for seed, length in PROMPTS:
         ids = prompt(seed, length)
         for path in PATHS:
-            if path == "batched":
+            if path.startswith("batched"):
                 continue
             if path == "sampled":  # the same seed on every rank: every rank draws the same tokens
                 res = _sampled(target, drafter, ids, seed)
@@ -78,8 +81,10 @@ def _decode_every_path(target, drafter) -> dict:
                 continue
             else:
                 engine = "eager" if path in ("fast-eager", "ar") else "static"
-                res = fold_hf.fast_generate(target, None if path == "ar" else drafter, ids, max_new_tokens=NEW,
-                                            engine=engine, return_stats=True)
+                res = fold_hf.fast_generate(target, None if path.startswith("ar") else drafter, ids,
+                                            max_new_tokens=NEW, engine=engine, return_stats=True,
+                                            **(dict(fused_layers=True, target_attention="triton")
+                                               if path in ("fused", "ar-fused") else {}))
                 release_fast_state(target)
             out[f"{path}/{seed}"] = {"tokens": res.new_tokens[0].tolist(), "acceptance": res.acceptance_lengths}
     rows = [prompt(seed, length)[0] for seed, length in PROMPTS]
@@ -88,11 +93,13 @@ def _decode_every_path(target, drafter) -> dict:
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
-    res = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, return_stats=True)
-    release_fast_state(target)
-    for i, (seed, _) in enumerate(PROMPTS):
-        out[f"batched/{seed}"] = {"tokens": res.rows[i].new_tokens[0].tolist(),
-                                  "acceptance": res.rows[i].acceptance_lengths, "batched": res.batched}
+    for path, engine, fused in (("batched", "eager", None), ("batched-fused", "static", True)):
+        res = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, return_stats=True, engine=engine,
+                                    fused_layers=fused)
+        release_fast_state(target)
+        for i, (seed, _) in enumerate(PROMPTS):
+            out[f"{path}/{seed}"] = {"tokens": res.rows[i].new_tokens[0].tolist(),
+                                     "acceptance": res.rows[i].acceptance_lengths, "batched": res.batched}
     return out
 
 
@@ -122,7 +129,13 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
     from fold_hf.targets.base import UnsupportedTarget
     from fold_hf.targets.registry import build_static_target
 
+    from fold_hf.targets import weight_layout
+    from fold_hf.targets.tensor_parallel import local
+
     gemma.RING_SLACK = RING_SLACK
+    reductions = []  # the row-parallel projections the fused layers ran on this rank's weights (one all-reduce each)
+    counted = weight_layout.all_reduce
+    weight_layout.all_reduce = lambda tensor, like: (reductions.append(1), counted(tensor, like))[1]
     report: dict = {}
     for family in FAMILIES:
         target = _load_sharded(os.path.join(root, family, "target"))
@@ -130,9 +143,20 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
         drafter.set_fold_config(mode_config("fold"))
         runner = build_static_target(target, 32, ())
         facts = {"tensor_parallel": runner.tensor_parallel, "num_heads": runner.num_heads,
-                 "kv_heads": list(getattr(runner, "kv_heads", [runner.num_kv_heads])), "fused": runner.fused_unsupported()}
+                 "kv_heads": list(getattr(runner, "kv_heads", [runner.num_kv_heads])),
+                 "fused": runner.fused_unsupported(), "exact": runner.exact_unsupported()}
         facts["experts_sharded"] = any(is_sharded(p) for n, p in target.named_parameters() if ".experts." in n)
-        report[family] = {"facts": facts, "out": _decode_every_path(target, drafter)}
+        reductions.clear()
+        weight_layout._WARNED.clear()  # (each reason is warned once per process)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report[family] = {"facts": facts, "out": _decode_every_path(target, drafter)}
+        facts["separate_projections"] = sorted({str(w.message) for w in caught if "separate modules" in str(w.message)})
+        facts["row_parallel_reductions"] = len(reductions)
+        # after the fused paths: the first attention layer's q|k|v one buffer of this rank's rows
+        attn = next(layer.self_attn for layer in runner.layers if hasattr(layer, "self_attn"))
+        qkv = [local(getattr(attn, n).weight) for n in ("q_proj", "k_proj", "v_proj") if hasattr(attn, n)]
+        facts["qkv_merged"] = weight_layout.rows_of_one_buffer(qkv) is not None
     # heads that do not split over the ranks (the tiny Gemma-4's one global KV head): refused by name
     try:
         build_static_target(_load_sharded(os.path.join(root, "gemma4-one-kv-head")), 32, ())
@@ -186,7 +210,15 @@ def test_the_runner_holds_its_own_heads(sharded_runs, family):
             assert facts["kv_heads"][: len(produced)] == [w // 2 for w in produced]
         else:
             assert facts["kv_heads"] == [config.num_key_value_heads // 2]
-        assert "tensor-parallel ranks runs its modules" in facts["fused"]
+        assert facts["fused"] is None  # the fused layers take a sharded target (the paths below run them)
+        assert facts["row_parallel_reductions"] > 0  # o_proj / down_proj on this rank's weights + one all-reduce
+        if family.startswith("qwen35"):  # the linear layers' projections gather their outputs: run as modules
+            assert facts["separate_projections"] and all("colwise_gather_output" in m
+                                                         for m in facts["separate_projections"])
+        else:  # q|k|v and gate|up: one GEMM each over this rank's rows
+            assert facts["separate_projections"] == [] and facts["qkv_merged"]
+        if not family.startswith("qwen35"):  # (exact mode does not run Qwen3.5 at all)
+            assert "sharded over 2 tensor-parallel ranks" in facts["exact"]  # exact mode refuses it, naming why
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -209,17 +241,17 @@ def test_every_path_on_both_ranks_is_the_unsharded_greedy_output(sharded_runs, f
             want = unsharded.new_tokens[0].tolist()
         else:
             want = target.generate(ids, max_new_tokens=NEW, do_sample=False)[0, length:].tolist()
-            unsharded = fold_hf.fast_generate(target, None if path == "ar" else drafter, ids, max_new_tokens=NEW,
-                                              engine="eager", return_stats=True)
+            unsharded = fold_hf.fast_generate(target, None if path.startswith("ar") else drafter, ids,
+                                              max_new_tokens=NEW, engine="eager", return_stats=True)
             release_fast_state(target)
         for r, rank in enumerate(ranks):
             got = rank[family]["out"][f"{path}/{seed}"]
             assert got["tokens"] == want, (family, path, seed, r)
             if got["acceptance"] is not None:
                 assert got["acceptance"] == unsharded.acceptance_lengths, (family, path, seed, r)
-            if path == "batched":
+            if path.startswith("batched"):
                 assert got["batched"]
-    if path not in ("ar", "routed"):
+    if path not in ("ar", "ar-fused", "routed"):
         accepted = [n for rank in ranks for s, _ in PROMPTS for n in rank[family]["out"][f"{path}/{s}"]["acceptance"]]
         assert max(accepted) > 1  # proposals were accepted: the drafter ran on the sharded target's taps
 
