@@ -295,13 +295,16 @@ def test_the_benchmark_runs_on_one_and_two_ranks(tmp_path):
     for n in (1, 2):
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port",
                         str(_free_port()), str(script), "--model", str(tmp_path / "m"), "--out", str(tmp_path / f"tp{n}"),
-                        "--contexts", "64", "--rounds", "3"], check=True, capture_output=True,
+                        "--contexts", "64", "--rounds", "3", "--fused", "1,0"], check=True, capture_output=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     report = json.loads((tmp_path / "tp2" / "tensor_parallel.json").read_text())
     assert report["facts"]["tensor_parallel"] == 2 and report["facts"]["kv_heads_per_rank"] == 1
-    assert {(r["row"], r["context"]) for r in report["rows"]} == {("ar", 64), ("sd_fold", 64)}
+    assert report["notes"] == []  # every row ran on the engine asked for (no retry)
+    assert {(r["row"], r["context"], r["fused"]) for r in report["rows"]} == {
+        (row, 64, fused) for row in ("ar", "sd_fold") for fused in (True, False)}
     subprocess.run([sys.executable, str(script), "--compare", str(tmp_path / "tp1"), str(tmp_path / "tp2"), "--out",
                     str(tmp_path)], check=True, capture_output=True)
     keys = json.loads((tmp_path / "compare.json").read_text())["keys"]
-    assert set(keys) == {"tp2_ar_over_one_gpu_64", "tp2_ar_over_floor_64", "tp2_sd_round_over_tp_ar_64"}
+    assert set(keys) == {f"tp2_{k}{path}_64" for k in ("ar_over_one_gpu", "ar_over_floor", "sd_round_over_tp_ar")
+                         for path in ("", "_module_path")}
     assert all(v > 0 for v in keys.values())
