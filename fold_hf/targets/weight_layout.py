@@ -98,11 +98,13 @@ def plain_linears_unsupported(named: dict[str, nn.Module], dtype: torch.dtype) -
     """Why ``named`` projections cannot be read as one GEMM (None when they can): each must be a plain
     ``nn.Linear`` (a LoRA wrapper or a quantized layer must run as its module) in ``dtype``, with biases on all or
     none."""
-    sharded = [is_sharded(getattr(m, "weight", None)) for m in named.values()]
-    for (name, module), shard in zip(named.items(), sharded):
-        if any(sharded) and not column_shard(module):
-            return (f"{name} is {'a tensor-parallel shard of style ' + str(plan_style(module)) if shard else 'whole'}"
-                    f" beside column-parallel shards (its module's forward does the collectives)")
+    sharded = any(is_sharded(getattr(m, "weight", None)) for m in named.values())
+    for name, module in named.items():
+        if sharded and not column_shard(module):
+            if not is_sharded(getattr(module, "weight", None)):
+                return f"{name} is whole beside tensor-parallel shards"
+            return (f"{name} is a tensor-parallel shard of style {plan_style(module)} (only colwise shards merge; its "
+                    "module's forward does the collectives)")
         if type(module) is not nn.Linear or module.weight.dtype != dtype:
             weight = getattr(module, "weight", None)
             kind = type(module)
@@ -161,18 +163,15 @@ class DecodeProjections:
     Attributes:
         qkv_weight: ``[(Hq + 2 Hkv) D, H]``; ``qkv_bias`` the same rows' bias or None.
         gate_up_weight: ``[2 I, H]``; ``gate_up_bias`` or None.
-        q_width, kv_width: output columns of q and of k (= of v).
     """
 
-    __slots__ = ("qkv_merged", "gate_up_merged", "qkv_weight", "qkv_bias", "gate_up_weight", "gate_up_bias",
-                 "q_width", "kv_width")
+    __slots__ = ("qkv_merged", "gate_up_merged", "qkv_weight", "qkv_bias", "gate_up_weight", "gate_up_bias")
 
     def __init__(self, attn: nn.Module, mlp: nn.Module) -> None:
         self.qkv_merged = MergedLinears([attn.q_proj, attn.k_proj, attn.v_proj], "qkv")
         self.gate_up_merged = MergedLinears([mlp.gate_proj, mlp.up_proj], "gate_up")
         self.qkv_weight, self.qkv_bias = self.qkv_merged.weight, self.qkv_merged.bias
         self.gate_up_weight, self.gate_up_bias = self.gate_up_merged.weight, self.gate_up_merged.bias
-        self.q_width, self.kv_width = attn.q_proj.out_features, attn.k_proj.out_features
 
     def qkv(self, hidden: torch.Tensor, gemm=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``hidden [..., H]`` -> views ``(q [..., Hq D], k [..., Hkv D], v [..., Hkv D])`` of one GEMM's output
