@@ -50,8 +50,10 @@ Where it runs (:func:`batched_unsupported`): a family whose runner holds rows (t
 families), every engine: the ``eager`` engine (a batch's default off CUDA) verifies host-length; ``static`` and
 ``graphs`` (the default on CUDA) verify through the fused layers as a fixed-shape step (a CUDA graph in ``graphs``,
 :class:`_Verify`; the Llama and Gemma families) and draft through the rows step (every family), so a round is two
-replays; what stays on the host is each row's acceptance, the copy of its accepted taps and lengths into the rows
-step's buffers, and the choice of the two steps' keys; the Qwen3.5 family has no fused layers over rows, so there
+replays, the verify queued behind the drafts with no host read between (its ids: each row's last token, uploaded
+through pinned memory, and the drafts where they lie; a row's drafts past its budget are verified, never accepted);
+what stays on the host is each row's acceptance, the copy of its accepted taps and lengths into the rows step's
+buffers, and the choice of the two steps' keys; the Qwen3.5 family has no fused layers over rows, so there
 its verify runs host-length, said once. After each round the runner's
 ``accept`` takes every row's accepted count (a recurrent family keeps each row's state at its own accepted position;
 a KV cache rolls back by the row's length). The other families and ``cmr`` (its refreshes read one row's target
@@ -221,14 +223,13 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             if k > 0:
                 drafting.append(row)
                 counts.append(k)
+        tokens = None  # the rows step's proposals [A, slots] on the device, read after the verify is queued
         if drafting and draft_rows is not None:  # the step drafts every running row (cache rows 0 .. A-1); a row
             # whose budget takes no proposal keeps none (it stops after this round's verify)
             tokens = draft_rows(active, extra)
-            host = tokens.tolist()  # every row's proposals in one read
-            for a, row in enumerate(active):
-                k = max(0, min(slots, budget - len(row.out.tokens) - 1))
-                row.proposals = tokens[a, :k]
-                row.out.proposals.append(host[a][:k])
+            if not verify.fused:  # the host-length verify takes each row's own proposals: read them now
+                _take_drafts(active, tokens, slots, budget)
+                tokens = None
         else:
             if drafting:
                 proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
@@ -243,13 +244,19 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         # on the fixed-shape verify to a full block always (one step per row count: a width that shrinks as rows
         # near their budget would capture, and compile for, a new shape mid-call)
         width = 1 + (slots if verify.fused else max(row.proposals.shape[0] for row in active))
-        # built on the host from each row's host proposals and last token: one copy to the device, not a launch a row
-        ids = torch.tensor([[row.last_id] + row.out.proposals[-1] + [row.last_id] * (width - 1 - row.proposals.shape[0])
-                            for row in active])
+        if tokens is not None:  # the rows step's drafts as they lie on the device, after each row's last token: the
+            # verify is queued behind the drafts with no read between (a row's drafts past its budget are verified
+            # and never accepted: a causal row's logits up to its k-th proposal do not see them)
+            ids = torch.cat((upload([[row.last_id] for row in active], tokens.device), tokens[:, : width - 1]), 1)
+        else:  # built on the host from each row's host proposals and last token: one copy, not a launch a row
+            ids = torch.tensor([[row.last_id] + row.out.proposals[-1]
+                                + [row.last_id] * (width - 1 - row.proposals.shape[0]) for row in active])
         features = taps_out[: len(active), :width] if taps_out is not None else None
         if phases is not None:
             drafted = clock(verify.device)
         logits = verify(ids, [row.index for row in active], [row.position for row in active], features, extra)
+        if tokens is not None:  # read while the verify runs
+            _take_drafts(active, tokens, slots, budget)
         if phases is not None:
             verified = clock(verify.device)
         if _greedy_plain(active):  # 3. each row's acceptance: greedy, one argmax and one read for all rows
@@ -272,6 +279,25 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             phases.draft_s += drafted - started
             phases.verify_s += verified - drafted
             phases.round_s += now - started
+
+
+def _take_drafts(active: list[_Row], tokens: torch.Tensor, slots: int, budget: int) -> None:
+    """Each running row's proposals from the rows step's ``tokens [A, slots]`` (one host read for every row): the
+    first ``k`` (what its budget takes) as its device proposals and in its tracker."""
+    host = tokens.tolist()
+    for a, row in enumerate(active):
+        k = max(0, min(slots, budget - len(row.out.tokens) - 1))
+        row.proposals = tokens[a, :k]
+        row.out.proposals.append(host[a][:k])
+
+
+def upload(rows: list, device: torch.device, dtype=torch.long) -> torch.Tensor:
+    """``rows`` (nested lists) as a tensor on ``device``; to a GPU through pinned memory without waiting for the
+    stream (a copy from pageable memory would first wait for every queued kernel)."""
+    host = torch.tensor(rows, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _greedy_plain(active: list[_Row]) -> bool:
@@ -430,7 +456,7 @@ class _Verify:
         runner.check_rows(ids, rows, starts)
         n = ids.shape[0]
         if extra:
-            fed = torch.tensor([[p.last_id] for p in extra], device=ids.device)
+            fed = upload([[p.last_id] for p in extra], ids.device)
             ids = torch.cat((ids, fed.expand(-1, ids.shape[1])))
             rows = list(rows) + list(range(n, n + len(extra)))
             starts = list(starts) + [p.position for p in extra]
@@ -438,8 +464,8 @@ class _Verify:
         if list(rows) != list(range(A)):
             raise AssertionError(f"the fixed-shape verify runs cache rows 0 .. {A - 1}, got {list(rows)}")
         ids_buf, positions, taps = self.session.row_buffers(A, W, features is not None)
-        ids_buf.copy_(ids)  # the host's ids and positions: one copy each
-        positions.copy_(torch.tensor(starts)[:, None] + torch.arange(W))
+        ids_buf.copy_(ids)  # the ids (from the host, or the drafts on the device) and the positions: one copy each
+        positions.copy_(upload([[s + w for w in range(W)] for s in starts], positions.device))
         bucket = self._bucket(max(starts) + W)
         key = ("rows", A, W, bucket, taps is not None)
         cache_rows = list(range(A))
