@@ -407,7 +407,7 @@ class _DraftRows:
             host.append([row.drafted, new, row.last_id, row.index])
         with_far = any(self.static.needs_far(drafted + new) for drafted, new, _, _ in host)  # the running rows'
         host += [[p.drafted, 0, p.last_id, A + i] for i, p in enumerate(extra)]
-        lengths.copy_(torch.tensor(host, dtype=torch.long))
+        lengths.copy_(upload(host, lengths.device))  # without waiting for the queued kernels (moves, accepts)
         static, cache_rows = self.static, tuple(range(len(host)))
         tokens = self.session.step(("draft_rows", len(host), with_far),
                                    lambda: static.draft_rows(features, lengths, with_far, cache_rows)).replay()[:A]
