@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..kernels.common import is_sharded
+from .tensor_parallel import all_reduce, local
 
 
 def experts_unsupported(experts: nn.Module) -> str | None:
@@ -41,7 +42,7 @@ def experts_unsupported(experts: nn.Module) -> str | None:
         reason = _split_unsupported(gate_up, down)
         if reason is not None:
             return f"experts {name} {reason}"
-        gate_up, down = gate_up.to_local(), down.to_local()  # this rank's share of every expert: checked below
+        gate_up, down = local(gate_up), local(down)  # this rank's share of every expert: checked below
     if gate_up.dim() != 3 or down.dim() != 3:
         return f"experts {name}: gate_up_proj {tuple(gate_up.shape)} / down_proj {tuple(down.shape)} are not 3-D"
     if getattr(experts, "is_transposed", False):
@@ -98,10 +99,9 @@ def stacked_experts(experts: nn.Module, hidden: torch.Tensor, top_k_index: torch
         ``[N, H]`` in ``hidden``'s dtype.
     """
     n, k = top_k_index.shape
-    gate_up_proj, down_proj, group = experts.gate_up_proj, experts.down_proj, None
-    if is_sharded(gate_up_proj):  # [E, 2 I / N, H] and [E, H, I / N] on this rank
-        group = gate_up_proj.device_mesh.get_group()
-        gate_up_proj, down_proj = gate_up_proj.to_local(), down_proj.to_local()
+    sharded = is_sharded(experts.gate_up_proj)
+    # this rank's parts when sharded: [E, 2 I / N, H] and [E, H, I / N]
+    gate_up_proj, down_proj = local(experts.gate_up_proj), local(experts.down_proj)
     flat = top_k_index.reshape(-1)  # [S], S = n * k, pair s = (token s // k, slot s % k)
     rows = hidden.unsqueeze(1).expand(n, k, hidden.shape[-1]).reshape(n * k, -1, 1)  # [S, H, 1]
     gate_up = torch.bmm(gate_up_proj[flat], rows).squeeze(-1)  # [S, 2 I]
@@ -110,8 +110,8 @@ def stacked_experts(experts: nn.Module, hidden: torch.Tensor, top_k_index: torch
     out = torch.bmm(down_proj[flat], inner).squeeze(-1)  # [S, H]
     out = out * top_k_weights.reshape(-1, 1).to(out.dtype)
     out = out.view(n, k, -1).sum(dim=1)
-    if group is not None:
-        torch.distributed.all_reduce(out, group=group)  # the ranks' shares of the intermediate: partial sums
+    if sharded:
+        all_reduce(out, experts.gate_up_proj)  # the ranks' shares of the intermediate: partial sums
     return out.to(hidden.dtype)
 
 
