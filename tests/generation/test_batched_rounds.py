@@ -587,6 +587,19 @@ def test_batched_anatomy_dry_run_splits_each_call_and_profiles_it(tmp_path):
     assert len(systems["fold-a2[rows_kernels=1]"]["tau_rows"]) == 3
     assert systems["ar[rows_kernels=0]"]["tau_rows"] is None
     assert systems["fold-a2[rows_kernels=1]"]["tau_rows"] == systems["fold-a2[rows_kernels=0]"]["tau_rows"]
+    for name, row in systems.items():  # the rows are prefilled one after another: the last first token is the latest
+        assert len(row["first_token_s_rows"]) == 3
+        assert max(row["first_token_s_rows"]) == pytest.approx(row["first_token_s_last_row"], abs=1e-4)
+    assert set(report["ratios"]) == {f"fold-a2[rows_kernels={s}]" for s in "10"}
+    for s in "10":  # each drafting system against batched AR of its own setting, recomputed from the two rows
+        fold, ar = systems[f"fold-a2[rows_kernels={s}]"], systems[f"ar[rows_kernels={s}]"]
+        got = report["ratios"][f"fold-a2[rows_kernels={s}]"]
+        assert got["call_speedup_over_ar"] == pytest.approx(ar["call_s"] / fold["call_s"], abs=1e-4)
+        assert got["call_speedup_ceiling_at_this_prefill"] == pytest.approx(
+            ar["call_s"] / ar["first_token_s_last_row"], abs=1e-4)
+        assert got["prefill_extra_ms_per_row"] == pytest.approx(
+            1e3 * (fold["first_token_s_last_row"] - ar["first_token_s_last_row"]) / 3, abs=0.01)
+        assert got["decode_speedup_over_ar"] == pytest.approx(ar["decode_s"] / fold["decode_s"], abs=1e-4)
 
 
 def test_the_rows_kernels_switch_turns_every_row_axis_kernel_off(interpreter, monkeypatch):
