@@ -208,8 +208,9 @@ def run(args) -> dict:
 
 def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
     """Time the fused Gated DeltaNet verify and commit at the Qwen3.5-9B layer shape (16 key / 32 value heads of
-    128, conv 4) for 1 and 16 rows over launch configurations (``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS``), next
-    to the per-position-state kernel they replace; each configuration is checked against the torch twin first."""
+    128, conv 4) for 1, 16 and 64 rows over launch configurations (``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS`` /
+    ``$FOLD_HF_GDN_DOT``), next to the token-by-token verify the chunked one replaced (benchmarks/gdn_before.py)
+    and the per-position-state kernel before it; each configuration is checked against the torch twin."""
     import os
 
     from fold_hf.kernels.gated_delta import naive as ref
@@ -248,11 +249,13 @@ def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
         torch.cuda.synchronize()
         return start.elapsed_time(end) * 1e3 / (replays * per_graph)
 
+    from gdn_before import steps_pending, steps_verify
+
     rows = []
     state = rnd(HV, DK, DV, dtype=torch.float32, scale=0.1)
     conv, weight = rnd(C, K - 1), rnd(C, K, scale=0.5)
     a_log, dt_bias = rnd(HV, scale=0.3), rnd(HV, scale=0.3)
-    for L in (1, 16):
+    for L in (1, 16, 64):
         qkv, b, a = rnd(L, C), rnd(L, HV), rnd(L, HV)
         pending = ref.gated_delta_pending(24, 64, HK, DK, HV, DV, C, torch.bfloat16, torch.float32, "cuda")
         want = ref.gated_delta_verify_reference(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK,
@@ -263,10 +266,21 @@ def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
         n = torch.tensor([L - 1], device="cuda")
         q, k, v, gg, beta = ref.gated_delta_prepare_reference(qkv, b, a, conv, weight, a_log, dt_bias, HK, DK,
                                                                torch.float32)
-        rows.append({"kernel": "per_position_states (before)", "rows": L,
-                     "us": event_us(lambda: gated_delta_states_triton(q, k, v, gg, beta, state))})
-        for bv, warps in ((8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 4)):
+        if L <= 16:
+            rows.append({"kernel": "per_position_states (before)", "rows": L,
+                         "us": event_us(lambda: gated_delta_states_triton(q, k, v, gg, beta, state))})
+        before = steps_pending(64, HK, DK, HV, DV, C)
+        got = steps_verify(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, before)
+        rows.append({"kernel": "token by token BV=32 warps=4 (before, f2c4b56)", "rows": L,
+                     "verify_us": event_us(lambda: steps_verify(qkv, b, a, conv, weight, a_log, dt_bias, state, HK,
+                                                                DK, before)),
+                     "max_abs_err_vs_twin": float((got - want).abs().max())})
+        configs = [(bv, w, "ieee") for bv, w in ((16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 4))]
+        configs += [(32, 4, "tf32x3"), (64, 4, "tf32x3")] if L > 1 else []
+        for bv, warps, prec in configs:
             os.environ["FOLD_HF_GDN_BV"], os.environ["FOLD_HF_GDN_WARPS"] = str(bv), str(warps)
+            os.environ["FOLD_HF_GDN_DOT"] = prec
+            name = f"fused BV={bv} warps={warps}" + (f" dot={prec}" if L > 1 else "")
             try:
                 got = tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pending, 0)
                 error = float((got - want).abs().max())
@@ -274,10 +288,11 @@ def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
                                                                         state, HK, DK, pending, 0))
                 commit = event_us(lambda: tri.gated_delta_commit_triton(n, pending, L, states, convs))
             except Exception as exc:  # a configuration that does not compile is a result too
-                rows.append({"kernel": f"fused BV={bv} warps={warps}", "rows": L, "error": repr(exc)[:200]})
+                rows.append({"kernel": name, "rows": L, "error": repr(exc)[:200]})
                 continue
-            rows.append({"kernel": f"fused BV={bv} warps={warps}", "rows": L, "verify_us": verify,
-                         "commit_24_layers_us": commit, "max_abs_err_vs_twin": error})
+            rows.append({"kernel": name, "rows": L, "verify_us": verify, "commit_24_layers_us": commit,
+                         "max_abs_err_vs_twin": error})
+    os.environ.pop("FOLD_HF_GDN_DOT", None)
     os.environ.pop("FOLD_HF_GDN_BV", None)
     os.environ.pop("FOLD_HF_GDN_WARPS", None)
     out.mkdir(parents=True, exist_ok=True)
@@ -339,6 +354,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sd-modes", default="dflash,fold", help="speculative rows to time (dflash, fold)")
     parser.add_argument("--kernel-sweep", action="store_true",
                         help="then time the fused Gated DeltaNet kernels' launch configurations (GPU only)")
+    parser.add_argument("--sweep-only", action="store_true", help="with --kernel-sweep: no pair rows, the sweep alone")
     parser.add_argument("--separate-row", action="store_true",
                         help="also the fused AR step with separate cuBLAS projections (our_ar_separate, issue 39)")
     parser.add_argument("--modules-row", action="store_true",
@@ -350,6 +366,11 @@ def main(argv=None) -> int:
     args.repeats = args.repeats or (1 if dry else 3)
     args.sliding_window = args.sliding_window or (16 if dry else 2048)
     args.qwen_window = args.qwen_window or (32 if dry else 4096)
+    if args.sweep_only:
+        if not args.kernel_sweep or dry:
+            parser.error("--sweep-only goes with --kernel-sweep on a GPU")
+        kernel_sweep(Path(args.out))
+        return 0
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         write(args, run(args))

@@ -242,6 +242,43 @@ def test_gated_delta_kernels_in_interpreter(interpreter, dtype, shape):
     _check_delta("cpu", dtype, *shape)
 
 
+def _check_chunked_verify_against_float64(device, L, HK, HV, DK, DV, spread):
+    """Keys that nearly repeat (every row the same projection + ``spread`` noise), write strengths near 1 and
+    decays near 1: the hardest case for the chunked verify's triangular solve (A's entries near 1). Outputs and
+    the committed state after every n in a few, against the per-position rule in float64 on the same prepared
+    inputs (written from the recurrence, gated_delta_states_reference)."""
+    from fold_hf.kernels.gated_delta import triton as gdn_tri
+
+    C, K = 2 * HK * DK + HV * DV, 4
+    qkv = (_randn(1, C, seed=1) + spread * _randn(L, C, seed=2)).to(device)
+    b = (4.0 + _randn(L, HV, seed=3, scale=0.1)).to(device)  # beta ~ 0.98
+    a = (-6.0 + _randn(L, HV, seed=4, scale=0.1)).to(device)  # softplus ~ 2.5e-3: decays ~ 0.997
+    conv = _randn(C, K - 1, seed=5, device=device)
+    weight = _randn(C, K, seed=6, device=device, scale=0.5)
+    a_log, dt_bias = _randn(HV, seed=7, device=device, scale=0.3), torch.zeros(HV, device=device)
+    state = _randn(HV, DK, DV, seed=8, device=device, scale=0.1)
+    q, k, v, g, beta = gdn.gated_delta_prepare_reference(qkv, b, a, conv, weight, a_log, dt_bias, HK, DK,
+                                                         torch.float64)
+    want_out, want_states = gated_delta_states_reference(q, k, v, g, beta, state.double())
+    pending = gdn.gated_delta_pending(2, L + 3, HK, DK, HV, DV, C, qkv.dtype, torch.float32, device)
+    out = gdn_tri.gated_delta_verify_triton(qkv, b, a, conv, weight, a_log, dt_bias, state, HK, DK, pending, 1)
+    scale = float(want_out.abs().max())
+    torch.testing.assert_close(out.double(), want_out, atol=2e-5 * scale, rtol=0)
+    for n in sorted({0, 1, L // 2, L - 1}):
+        states = torch.stack((state, state))
+        gdn_tri.gated_delta_commit_triton(torch.tensor([n], device=device), pending, L, states,
+                                          torch.stack((conv, conv)))
+        torch.testing.assert_close(states[1].double(), want_states[n], atol=2e-5 * float(want_states[n].abs().max()),
+                                   rtol=0)
+
+
+@pytest.mark.parametrize("L,spread", [(16, 0.02), (33, 0.02), (16, 1.0), (2, 0.0)])
+def test_chunked_verify_on_nearly_repeating_keys_in_interpreter(interpreter, L, spread):
+    """(block rows, key noise): the Qwen3.5 verify block (16), a block past 32 rows (64-row tiles), random keys,
+    two identical tokens."""
+    _check_chunked_verify_against_float64("cpu", L, 2, 4, 16, 16, spread)
+
+
 @pytest.mark.gpu(reason="the kernels compiled for CUDA at the Qwen3.5-9B / Gemma-4 shapes")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_hybrid_kernels_on_gpu(dtype):
@@ -249,6 +286,8 @@ def test_hybrid_kernels_on_gpu(dtype):
     _check_kernels("cuda", dtype, 4096, 8, 512, 512, 4096, 7)
     _check_delta("cuda", dtype if dtype != torch.float16 else torch.bfloat16, 16, 16, 32, 128, 128, 4)
     _check_delta("cuda", torch.float32, 1, 16, 32, 128, 128, 4)
+    for L in (16, 64):
+        _check_chunked_verify_against_float64("cuda", L, 16, 32, 128, 128, 0.02)
 
 
 @pytest.mark.gpu(reason="bf16 fused layers of whole targets on CUDA against their module path")

@@ -115,6 +115,45 @@ def test_greedy_sd_with_skinny_gemms_equals_transformers_greedy(arch, interprete
     fold_hf.generation.release_fast_state(target)
 
 
+@pytest.mark.skipif("qwen35" not in ARCHS, reason="this transformers has no Qwen3.5")
+def test_greedy_sd_with_the_triton_gated_delta_kernels_equals_transformers_greedy(interpreter, monkeypatch):
+    """The fused Qwen3.5 layers with every hybrid op a Triton kernel (the interpreter here): the chunked Gated
+    DeltaNet verify over the drafter's blocks, its one-token form in AR steps, the commit replaying the kept writes
+    after every rejection. The fused step's logits after a rejected and an accepted block equal the model's, and the
+    fast loop speculating with an untrained drafter (every round rejects somewhere) and alone gives transformers'
+    greedy tokens."""
+    import fold_hf.kernels as kernels
+
+    rows = []
+
+    def triton_hybrid_ops(device):
+        ops = {}
+        for op, package in kernels.HYBRID_OP_PACKAGES.items():
+            fn = getattr(kernels.import_triton_module(f"{package}.triton"), f"{op}_triton")
+            if op == "gated_delta_verify":
+                fn = (lambda f: lambda qkv, *a, **k: (rows.append(qkv.shape[0]), f(qkv, *a, **k))[1])(fn)
+            ops[op] = fn
+        return kernels.HybridOps("triton", **ops)
+
+    monkeypatch.setattr(kernels, "default_hybrid_ops", triton_hybrid_ops)
+    check_fused_step("qwen35", SKINNY_TOL)  # logits of a rejected block, the true block and an AR step after it
+    assert sorted(set(rows)) == [1, 4], rows
+    rows.clear()
+    monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
+    target = tiny_target("qwen35", seed=5, dtype=torch.float32)
+    drafter = tiny_drafter(target, taps=(1, 3)).to(torch.float32)
+    ids = prompt(8, 27)
+    expected = greedy_reference(target, ids, 10)
+    kw = dict(input_ids=ids, max_new_tokens=10, engine="static", target_attention="triton", fused_layers=True)
+    assert torch.equal(fold_hf.fast_generate(target, drafter, **kw), expected)
+    assert drafter.config.block_size in rows, rows  # the chunked verify ran
+    fold_hf.generation.release_fast_state(target)
+    rows.clear()
+    assert torch.equal(fold_hf.fast_generate(target, None, **kw), expected)
+    assert set(rows) == {1}, rows
+    fold_hf.generation.release_fast_state(target)
+
+
 class WithDelta(nn.Linear):
     """An adapter-style Linear subclass adding a delta (as LoRA does): must run as its module."""
 

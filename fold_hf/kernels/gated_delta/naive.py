@@ -17,9 +17,10 @@ scaled by ``Dk ** -0.5`` (as transformers' ``torch_recurrent_gated_delta_rule`` 
 (:func:`fold_hf.kernels.gated_delta.triton.gated_delta_states_triton`, same signature).
 
 The fused verify of a whole Gated DeltaNet step after the projections (conv + silu + L2 norms + gates + the delta
-rule, :func:`gated_delta_verify_reference`) writes no state; the rollback of a rejected block re-runs the accepted
-prefix from the committed state (:func:`gated_delta_commit_reference`) instead of keeping ``L`` states of
-``[Hv, Dk, Dv]``: the twins of :func:`fold_hf.kernels.gated_delta.triton.gated_delta_verify_triton` and
+rule, :func:`gated_delta_verify_reference`) writes no state; it keeps each token's write ``delta_t = beta_t (v_t -
+(e^{g_t} S_{t-1})^T k_t)`` (``[Hv, Dv]``, what the token adds at ``k_t``), and the commit of the accepted prefix
+(:func:`gated_delta_commit_reference`) replays ``S <- e^{g_t} S + k_t delta_t^T`` from the committed state for
+``t <= n`` (rank-one updates, no reads of ``S``) instead of keeping ``L`` states of ``[Hv, Dk, Dv]``: the twins of :func:`fold_hf.kernels.gated_delta.triton.gated_delta_verify_triton` and
 :func:`~fold_hf.kernels.gated_delta.triton.gated_delta_commit_triton` (the fused Qwen3.5
 layers). The layer's output then goes through a gated RMSNorm ``w * norm(o) * silu(z)``
 (:func:`gated_rms_norm_reference`).
@@ -105,23 +106,21 @@ def gated_delta_prepare_reference(qkv: torch.Tensor, b: torch.Tensor, a: torch.T
     return q, k, v, g, beta
 
 
-def _delta_steps(S, q, k, v, g, beta, active=None):
-    """The gated delta rule from ``S [Hv, Dk, Dv]`` over ``L`` tokens (``active [L]`` bool: inactive tokens leave
-    the state as it is); returns (outputs ``[L, Hv, Dv]``, final state)."""
+def _delta_steps(S, q, k, v, g, beta):
+    """The gated delta rule from ``S [Hv, Dk, Dv]`` over ``L`` tokens; returns (outputs ``[L, Hv, Dv]``, each
+    token's write ``delta [L, Hv, Dv]``)."""
     group = v.shape[1] // k.shape[1]
     q = q.repeat_interleave(group, dim=1)
     k = k.repeat_interleave(group, dim=1)
-    outputs = []
+    outputs, deltas = [], []
     for t in range(v.shape[0]):
-        gt, bt = g[t], beta[t]
-        if active is not None:
-            gt = gt * active[t]
-            bt = bt * active[t]
-        S = S * gt.exp()[:, None, None]
+        S = S * g[t].exp()[:, None, None]
         read = torch.einsum("hkv,hk->hv", S, k[t])
-        S = S + k[t][:, :, None] * ((v[t] - read) * bt[:, None])[:, None, :]
+        delta = (v[t] - read) * beta[t][:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
         outputs.append(torch.einsum("hkv,hk->hv", S, q[t]))
-    return torch.stack(outputs), S
+        deltas.append(delta)
+    return torch.stack(outputs), torch.stack(deltas)
 
 
 def gated_delta_verify_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
@@ -131,8 +130,8 @@ def gated_delta_verify_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_b
     Args:
         qkv, b, a, conv_state, conv_weight, a_log, dt_bias: as :func:`gated_delta_prepare_reference`.
         state: ``[Hv, Dk, Dv]`` committed recurrent state (fp32, fp64 for fp64 models); not modified.
-        pending: the commit's buffers (:func:`gated_delta_pending`); row ``layer`` receives the block's ``q``,
-            ``k``, ``v``, ``g``, ``beta`` and raw ``qkv`` rows.
+        pending: the commit's buffers (:func:`gated_delta_pending`); row ``layer`` receives the block's ``k``,
+            ``g``, each token's write ``delta`` and the raw ``qkv`` rows.
 
     Returns:
         ``[L, Hv, Dv]`` outputs ``S_t^T q_t`` in the state dtype.
@@ -140,22 +139,21 @@ def gated_delta_verify_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_b
     q, k, v, g, beta = gated_delta_prepare_reference(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, num_k_heads,
                                                      k_dim, state.dtype)
     L = qkv.shape[0]
-    for name, value in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("qkv", qkv)):
+    out, delta = _delta_steps(state, q, k, v, g, beta)
+    for name, value in (("k", k), ("g", g), ("delta", delta), ("qkv", qkv)):
         pending[name][layer, :L] = value
-    out, _ = _delta_steps(state, q, k, v, g, beta)
     return out
 
 
 def gated_delta_pending(num_layers: int, rows: int, num_k_heads: int, k_dim: int, num_v_heads: int, v_dim: int,
                         conv_dim: int, dtype: torch.dtype, state_dtype: torch.dtype, device) -> dict:
-    """Buffers for the inputs of the last verify of every linear layer: ``q``/``k [NL, rows, Hk, Dk]``, ``v [NL, rows,
-    Hv, Dv]``, ``g``/``beta [NL, rows, Hv]`` (state dtype) and the raw projections ``qkv [NL, rows, C]``."""
+    """Buffers for what the commit needs of the last verify of every linear layer: ``k [NL, rows, Hk, Dk]``,
+    ``g [NL, rows, Hv]``, the writes ``delta [NL, rows, Hv, Dv]`` (state dtype) and the raw projections
+    ``qkv [NL, rows, C]`` (model dtype)."""
     z = dict(device=device, dtype=state_dtype)
-    return {"q": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
-            "k": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
-            "v": torch.zeros(num_layers, rows, num_v_heads, v_dim, **z),
+    return {"k": torch.zeros(num_layers, rows, num_k_heads, k_dim, **z),
             "g": torch.zeros(num_layers, rows, num_v_heads, **z),
-            "beta": torch.zeros(num_layers, rows, num_v_heads, **z),
+            "delta": torch.zeros(num_layers, rows, num_v_heads, v_dim, **z),
             "qkv": torch.zeros(num_layers, rows, conv_dim, device=device, dtype=dtype)}
 
 
@@ -166,14 +164,18 @@ def gated_delta_commit_reference(n: torch.Tensor, pending: dict, length: int, st
     Args:
         n: ``[1]`` long device tensor, accepted drafts (``0 <= n < length``).
         pending: buffers filled by the verify (:func:`gated_delta_pending`).
-        states: ``[NL, Hv, Dk, Dv]`` committed recurrent states, advanced by tokens ``0 .. n``.
+        states: ``[NL, Hv, Dk, Dv]`` committed recurrent states, advanced by tokens ``0 .. n``:
+            ``S <- e^{g_t} S + k_t delta_t^T``.
         conv_states: ``[NL, C, K - 1]`` convolution windows, shifted to end at token ``n``.
     """
+    group = states.shape[1] // pending["k"].shape[2]
     active = (torch.arange(length, device=n.device) <= n).to(states.dtype)
     for layer in range(states.shape[0]):
-        _, S = _delta_steps(states[layer], pending["q"][layer, :length], pending["k"][layer, :length],
-                            pending["v"][layer, :length], pending["g"][layer, :length],
-                            pending["beta"][layer, :length], active)
+        S = states[layer]
+        k = pending["k"][layer, :length].repeat_interleave(group, dim=1)
+        for t in range(length):
+            decay = (pending["g"][layer, t] * active[t]).exp()[:, None, None]
+            S = S * decay + k[t][:, :, None] * (pending["delta"][layer, t] * active[t])[:, None, :]
         states[layer].copy_(S)
     K1 = conv_states.shape[2]
     window = torch.cat((conv_states, pending["qkv"][:, :length].transpose(1, 2).to(conv_states.dtype)), 2)

@@ -8,13 +8,18 @@ delta rule (the read ``S^T k`` and the update are per column), which is what mak
 
 The fused Qwen3.5 layers (:func:`fold_hf.kernels.default_hybrid_ops`) run
 :func:`gated_delta_verify_triton`, a whole Gated DeltaNet step after the projections: causal conv + silu, L2 norms,
-``beta``/``g`` from ``b``/``a`` for all rows at once, then the delta rule token after token, one program per
-(value head, ``BV`` value columns) holding ``S[:, cols]`` in registers (the step is written
-``S' = e S + k d^T``, ``d = (v - e S^T k) beta``, ``o = e S^T q + d (k . q)``: its two reductions read the same
-state, so they do not wait for each other); it reads the committed state once and writes *no* state: the block's
-inputs go to small pending buffers and :func:`gated_delta_commit_triton` re-runs the accepted prefix
-``0 .. n`` from the committed state for every linear layer in one launch (``n`` read on the device). A verify of
-16 rows at the Qwen3.5-9B shape thus moves 2 MB of state per layer and direction instead of writing 16 x 2 MB.
+``beta``/``g`` from ``b``/``a`` for all rows at once, then the delta rule, one program per (value head, ``BV`` value
+columns) holding ``S[:, cols]`` in registers. A block of ``L > 1`` tokens (a verify) runs it chunked: with ``G`` the
+cumulative log decay, every token's write ``d_t = beta_t (v_t - (e^{g_t} S_{t-1})^T k_t)`` solves
+``d = R - A d`` (``A`` strictly lower triangular, ``A_ts = beta_t e^{G_t - G_s} k_t . k_s``,
+``R_t = beta_t (v_t - e^{G_t} S_0^T k_t)``), and ``o_t = e^{G_t} S_0^T q_t + sum_{s<=t} e^{G_t - G_s} (q_t . k_s) d_s``:
+dots over the block (``tl.dot`` in fp32, ``$FOLD_HF_GDN_DOT``) and ``L - 1`` rounds of ``d <- R - A d`` over an
+``[L, BV]`` tile, where the token-by-token walk reduced the ``[Dk, BV]`` state twice per token. One token (an AR
+step) runs the rule's step. The kernel writes *no* state: ``k``, ``g``, the writes ``d`` and the raw projections go
+to small pending buffers and :func:`gated_delta_commit_triton` replays ``S <- e^{g_t} S + k_t d_t^T`` for the
+accepted prefix ``0 .. n`` into every linear layer's state in one launch (``n`` read on the device; rank-one
+updates, no reduction). A verify of 16 rows at the Qwen3.5-9B shape thus moves 2 MB of state per layer and
+direction instead of writing 16 x 2 MB.
 :func:`gated_rms_norm_triton` is the layer's gated output norm, one program per row.
 
 Twins: :mod:`fold_hf.kernels.gated_delta.naive`. Rounding and transcendental functions as in
@@ -118,9 +123,10 @@ def _conv_silu_rows(QKV, CONV, CW, chan, cmask, rows, rmask, qkv_stride, KS: tl.
 
 
 @triton.jit
-def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, PB, PR, L, qkv_stride, b_stride,
-                       a_stride, scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, LIB: tl.constexpr):
+def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L, qkv_stride, b_stride, a_stride,
+                       scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr,
+                       PREC: tl.constexpr, LIB: tl.constexpr):
     h = tl.program_id(0)
     vb = tl.program_id(1)
     GROUP: tl.constexpr = HV // HK
@@ -136,63 +142,69 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, P
     qc = hk * DK + rk
     kc = KD + hk * DK + rk
     vc = 2 * KD + h * DV + rv
-    # prologue, all block tokens at once: conv + silu, L2 norms, gates; written to the commit's buffers. Every
-    # program sharing a key head writes the same q/k bits, so each may read back its own writes after the barrier.
+    # all block tokens at once: conv + silu, L2 norms, gates (rows past L are zeros, gates 0)
     q = _conv_silu_rows(QKV, CONV, CW, qc, mk, rl, ml, qkv_stride, KS, LIB)
     k = _conv_silu_rows(QKV, CONV, CW, kc, mk, rl, ml, qkv_stride, KS, LIB)
     v = _conv_silu_rows(QKV, CONV, CW, vc, mv, rl, ml, qkv_stride, KS, LIB)
     q = q * tl.math.rsqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
     k = k * tl.math.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
     braw = tl.load(B + rl * b_stride + h, mask=ml, other=0.0)
-    beta = _round_to(_sigmoid(braw.to(tl.float32), LIB), braw.dtype)
+    beta = tl.where(ml, _round_to(_sigmoid(braw.to(tl.float32), LIB), braw.dtype), 0.0)
     x = tl.load(A + rl * a_stride + h, mask=ml, other=0.0).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
     if LIB:
         soft = tl.where(x > 20.0, x, libdevice.log1p(libdevice.exp(x)))
     else:
         soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    g = -_exp(tl.load(ALOG + h).to(tl.float32), LIB) * soft
+    g = tl.where(ml, -_exp(tl.load(ALOG + h).to(tl.float32), LIB) * soft, 0.0)
     lk = ml[:, None] & mk[None, :]
     lv = ml[:, None] & mv[None, :]
-    tl.store(PQ + (rl[:, None] * HK + hk) * DK + rk[None, :], q, mask=lk)
-    tl.store(PK + (rl[:, None] * HK + hk) * DK + rk[None, :], k, mask=lk)
-    tl.store(PV + (rl[:, None] * HV + h) * DV + rv[None, :], v, mask=lv)
-    tl.store(PG + rl * HV + h, g, mask=ml)
-    tl.store(PB + rl * HV + h, beta, mask=ml)
-    # raw projections, for the commit's convolution window
+    # what the commit needs: k and g (once per key / value head) and the raw projections for its conv window
+    if vb == 0:
+        tl.store(PG + rl * HV + h, g, mask=ml)
     tl.store(PR + rl[:, None] * C + vc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + vc[None, :], mask=lv,
                                                          other=0.0), mask=lv)
     if (vb == 0) & (h % GROUP == 0):
+        tl.store(PK + (rl[:, None] * HK + hk) * DK + rk[None, :], k, mask=lk)
         tl.store(PR + rl[:, None] * C + qc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + qc[None, :], mask=lk,
                                                              other=0.0), mask=lk)
         tl.store(PR + rl[:, None] * C + kc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + kc[None, :], mask=lk,
                                                              other=0.0), mask=lk)
-    tl.debug_barrier()
-    # the recurrence: one token after another, the next token's inputs loaded while this one computes
     m2 = mk[:, None] & mv[None, :]
-    s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
-    S_ = tl.load(S + s_off, mask=m2, other=0.0).to(tl.float32)
-    kt = tl.load(PK + hk * DK + rk, mask=mk, other=0.0)
-    qt = tl.load(PQ + hk * DK + rk, mask=mk, other=0.0)
-    vt = tl.load(PV + h * DV + rv, mask=mv, other=0.0)
-    gt = tl.load(PG + h)
-    bt = tl.load(PB + h)
-    for t in range(0, L):
-        nxt = tl.minimum(t + 1, L - 1)  # (the last token loads itself again, unused)
-        kn = tl.load(PK + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
-        qn = tl.load(PQ + (nxt * HK + hk) * DK + rk, mask=mk, other=0.0)
-        vn = tl.load(PV + (nxt * HV + h) * DV + rv, mask=mv, other=0.0)
-        gn = tl.load(PG + nxt * HV + h)
-        bn = tl.load(PB + nxt * HV + h)
-        # S_t = e S + k delta^T, delta = (v - e S^T k) beta, o_t = S_t^T q = e S^T q + delta (k . q): both
-        # reductions read the previous state, so they run side by side instead of one after the other
-        e = _exp(gt, LIB)
+    S_ = tl.load(S + h * DK * DV + rk[:, None] * DV + rv[None, :], mask=m2, other=0.0).to(tl.float32)
+    if CHUNK:
+        # S_t = e^{G_t} S_0 + sum_{s<=t} e^{G_t - G_s} k_s d_s^T  (G the cumulative log decay), so
+        #   d = R - A d,  R_t = beta_t (v_t - e^{G_t} S_0^T k_t),  A_ts = beta_t e^{G_t - G_s} (k_t . k_s) for s < t
+        #   o_t = e^{G_t} S_0^T q_t + sum_{s<=t} e^{G_t - G_s} (q_t . k_s) d_s
+        # A is strictly lower triangular: L - 1 rounds of d <- R - A d make rows 0 .. L - 1 exact (row t is exact
+        # once rows < t are), with no power of A formed (stable where a Neumann product is not)
+        gc = tl.cumsum(g, 0)
+        ks = tl.dot(k, S_, input_precision=PREC)  # [LP, BV]
+        qs = tl.dot(q, S_, input_precision=PREC)
+        kt = tl.trans(k)
+        kk = tl.dot(k, kt, input_precision=PREC)  # [LP, LP]
+        qk = tl.dot(q, kt, input_precision=PREC)
+        rs = tl.arange(0, LP)
+        lower = rl[:, None] >= rs[None, :]
+        decay = tl.where(lower, _exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0), LIB), 0.0)
+        amat = tl.where(rl[:, None] > rs[None, :], beta[:, None] * kk * decay, 0.0)
+        eg = _exp(gc, LIB)
+        r = beta[:, None] * (v - eg[:, None] * ks)
+        d = r
+        for _ in range(1, L):
+            d = r - tl.dot(amat, d, input_precision=PREC)
+        out = eg[:, None] * qs + tl.dot(qk * decay, d, input_precision=PREC)
+        tl.store(OUT + (rl[:, None] * HV + h) * DV + rv[None, :], out, mask=lv)
+        tl.store(PD + (rl[:, None] * HV + h) * DV + rv[None, :], d, mask=lv)
+    else:  # one token (an AR step): S' = e S + k d^T, d = (v - e S^T k) beta, o = e S^T q + d (k . q)
+        kt = tl.sum(k, 0)
+        qt = tl.sum(q, 0)
+        e = _exp(tl.sum(g, 0), LIB)
         read = tl.sum(S_ * kt[:, None], axis=0)
         seen = tl.sum(S_ * qt[:, None], axis=0)
         kq = tl.sum(kt * qt, axis=0)
-        delta = (vt - e * read) * bt
-        tl.store(OUT + (t * HV + h) * DV + rv, e * seen + delta * kq, mask=mv)
-        S_ = S_ * e + kt[:, None] * delta[None, :]
-        kt, qt, vt, gt, bt = kn, qn, vn, gn, bn
+        d = (tl.sum(v, 0) - e * read) * tl.sum(beta, 0)
+        tl.store(OUT + h * DV + rv, e * seen + d * kq, mask=mv)
+        tl.store(PD + h * DV + rv, d, mask=mv)
 
 
 def _blocks(DK: int, DV: int) -> tuple[int, int, int]:
@@ -203,10 +215,23 @@ def _blocks(DK: int, DV: int) -> tuple[int, int, int]:
     return BK, BV, int(os.environ.get("FOLD_HF_GDN_WARPS") or 4)
 
 
+DOT_PRECISIONS = ("ieee", "tf32x3")
+
+
+def _dot_precision() -> str:
+    """The fp32 dots of the chunked verify: ``ieee`` (default) or ``tf32x3`` (``$FOLD_HF_GDN_DOT``; tf32 alone
+    is refused: its 10-bit mantissa moves the outputs by ~1e-3)."""
+    prec = os.environ.get("FOLD_HF_GDN_DOT") or "ieee"
+    if prec not in DOT_PRECISIONS:
+        raise ValueError(f"$FOLD_HF_GDN_DOT={prec!r}: one of {DOT_PRECISIONS}")
+    return prec
+
+
 def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
                               k_dim: int, pending: dict, layer: int) -> torch.Tensor:
     """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
-    ``b``/``a [L, Hv]`` may have strided rows)."""
+    ``b``/``a [L, Hv]`` may have strided rows). One token runs the rule's step; more run it chunked (dots over
+    the block, module docstring)."""
     if state.dtype != torch.float32:
         raise ValueError(f"the Triton Gated DeltaNet kernels keep an fp32 state, got {state.dtype}")
     L, C = qkv.shape
@@ -216,23 +241,27 @@ def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias
     if DK != k_dim or HV % HK or C != 2 * HK * DK + HV * DV or conv_state.shape != (C, KS - 1) or KS < 2:
         raise ValueError(f"shapes do not match: qkv {tuple(qkv.shape)}, state {tuple(state.shape)}, conv "
                          f"{tuple(conv_state.shape)}, {HK} key heads of {k_dim}")
-    if L > pending["q"].shape[1]:
-        raise ValueError(f"a verify of {L} rows exceeds the pending buffers ({pending['q'].shape[1]} rows)")
+    if L > pending["k"].shape[1]:
+        raise ValueError(f"a verify of {L} rows exceeds the pending buffers ({pending['k'].shape[1]} rows)")
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     b = b if b.stride(-1) == 1 else b.contiguous()
     a = a if a.stride(-1) == 1 else a.contiguous()
     out = torch.empty(L, HV, DV, device=state.device, dtype=torch.float32)
     BK, BV, warps = _blocks(DK, DV)
+    chunk = L > 1
+    if chunk:  # tl.dot takes tiles of at least 16 x 16
+        BK, BV = max(BK, 16), max(BV, 16)
     _gdn_verify_kernel[(HV, triton.cdiv(DV, BV))](
         qkv, b, a, conv_state.contiguous(), conv_weight.reshape(C, KS).contiguous(), a_log, dt_bias, state, out,
-        pending["q"][layer], pending["k"][layer], pending["v"][layer], pending["g"][layer], pending["beta"][layer],
-        pending["qkv"][layer], L, qkv.stride(0), b.stride(0), a.stride(0), float(k_dim ** -0.5), HK=HK, HV=HV, DK=DK,
-        DV=DV, KS=KS, BK=BK, BV=BV, LP=_next_pow2(L), LIB=_libdevice(), num_warps=warps, **_EXACT)
+        pending["k"][layer], pending["g"][layer], pending["delta"][layer], pending["qkv"][layer], L, qkv.stride(0),
+        b.stride(0), a.stride(0), float(k_dim ** -0.5), HK=HK, HV=HV, DK=DK, DV=DV, KS=KS, BK=BK, BV=BV,
+        LP=max(16, _next_pow2(L)) if chunk else 1, CHUNK=chunk, PREC=_dot_precision() if chunk else "ieee",
+        LIB=_libdevice(), num_warps=warps, **_EXACT)
     return out
 
 
 @triton.jit
-def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+def _gdn_commit_kernel(N, PK, PG, PD, S, rows, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                        DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr):
     pid = tl.program_id(0)
     vb = tl.program_id(1)
@@ -244,35 +273,31 @@ def _gdn_commit_kernel(N, PK, PV, PG, PB, S, rows, HK: tl.constexpr, HV: tl.cons
     n = tl.load(N)
     base = layer.to(tl.int64) * rows
     kt = tl.load(PK + (base * HK + hk) * DK + rk, mask=mk, other=0.0)
-    vt = tl.load(PV + (base * HV + h) * DV + rv, mask=mv, other=0.0)
+    dt = tl.load(PD + (base * HV + h) * DV + rv, mask=mv, other=0.0)
     gt = tl.load(PG + base * HV + h)
-    bt = tl.load(PB + base * HV + h)
-    for t in range(0, n + 1):  # the same steps as the verify's, one token after another
+    for t in range(0, n + 1):  # S <- e^{g_t} S + k_t d_t^T with the verify's writes d_t: no read of S
         r = base + tl.minimum(t + 1, n)  # (the last token loads itself again, unused)
         kn = tl.load(PK + (r * HK + hk) * DK + rk, mask=mk, other=0.0)
-        vn = tl.load(PV + (r * HV + h) * DV + rv, mask=mv, other=0.0)
+        dn = tl.load(PD + (r * HV + h) * DV + rv, mask=mv, other=0.0)
         gn = tl.load(PG + r * HV + h)
-        bn = tl.load(PB + r * HV + h)
-        e = _exp(gt, LIB)
-        delta = (vt - e * tl.sum(S_ * kt[:, None], axis=0)) * bt
-        S_ = S_ * e + kt[:, None] * delta[None, :]
-        kt, vt, gt, bt = kn, vn, gn, bn
+        S_ = S_ * _exp(gt, LIB) + kt[:, None] * dt[None, :]
+        kt, dt, gt = kn, dn, gn
     tl.store(S + s_off, S_, mask=m2)
 
 
 def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
                               conv_states: torch.Tensor) -> None:
-    """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_commit_reference`: one launch re-runs tokens ``0 .. n``
-    for every layer's state, one shifts every layer's convolution window."""
+    """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_commit_reference`: one launch replays tokens
+    ``0 .. n``'s writes into every layer's state, one shifts every layer's convolution window."""
     NL, HV, DK, DV = states.shape
-    HK = pending["q"].shape[2]
+    rows, HK = pending["k"].shape[1], pending["k"].shape[2]
     BK, BV, warps = _blocks(DK, DV)
     _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV))](
-        n, pending["k"], pending["v"], pending["g"], pending["beta"], states, pending["q"].shape[1],
+        n, pending["k"], pending["g"], pending["delta"], states, rows,
         HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=warps, **_EXACT)
     C, K1 = conv_states.shape[1], conv_states.shape[2]
     block = min(1024, _next_pow2(C))
-    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, pending["q"].shape[1],
+    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, rows,
                                                      K1=K1, BK1=_next_pow2(K1), BLOCK=block, num_warps=4)
 
 
