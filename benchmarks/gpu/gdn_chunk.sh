@@ -6,7 +6,7 @@
 #   2. hybrid_bench.py --kernel-sweep: verify (1, 16, 64 rows) and commit (24 layers) over BV / warps / dot
 #      precision, beside the token-by-token verify it replaced (benchmarks/gdn_before.py), in one process;
 #   3. hybrid_bench.py at 32K, Qwen3.5-9B and Llama-3.1-8B shapes: AR step, SD rounds, floor (families_decode.sh's
-#      step 2), unless SKIP_BENCH=1.
+#      step 2), unless SKIP_BENCH=1; HYBRID_ARGS (e.g. --profile) are added to it.
 #   bash benchmarks/gpu/gdn_chunk.sh [OUT_DIR]  -> OUT_DIR/gdn/{tests.log, kernel_sweep.json, sweep.log,
 #                                                 hybrid/{bench.log, hybrid.json, hybrid.csv}}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -20,6 +20,6 @@ timeout ${SWEEP_TIMEOUT:-120} python benchmarks/hybrid_bench.py --kernel-sweep -
 echo "kernel sweep rc=$?"; grep -E "^.*sweep " "$out/sweep.log" | cut -c10- | cut -c1-220
 if [ -z "$SKIP_BENCH" ]; then
   timeout ${HYBRID_TIMEOUT:-230} python benchmarks/hybrid_bench.py --pairs qwen35_9b,llama31_8b --contexts 32768 \
-    --rounds 24 --repeats 2 --out "$out/hybrid" > "$out/hybrid/bench.log" 2>&1
+    --rounds 24 --repeats 2 --out "$out/hybrid" $HYBRID_ARGS > "$out/hybrid/bench.log" 2>    --rounds 24 --repeats 2 --out "$out/hybrid" > "$out/hybrid/bench.log" 2>&11
   echo "hybrid_bench rc=$?"; grep -E "p50|Error|FAILED|over_" "$out/hybrid/bench.log" | cut -c10- | tail -16
 fi
