@@ -20,6 +20,6 @@ timeout ${SWEEP_TIMEOUT:-120} python benchmarks/hybrid_bench.py --kernel-sweep -
 echo "kernel sweep rc=$?"; grep -E "^.*sweep " "$out/sweep.log" | cut -c10- | cut -c1-220
 if [ -z "$SKIP_BENCH" ]; then
   timeout ${HYBRID_TIMEOUT:-230} python benchmarks/hybrid_bench.py --pairs qwen35_9b,llama31_8b --contexts 32768 \
-    --rounds 24 --repeats 2 --out "$out/hybrid" $HYBRID_ARGS > "$out/hybrid/bench.log" 2>    --rounds 24 --repeats 2 --out "$out/hybrid" > "$out/hybrid/bench.log" 2>&11
+    --rounds 24 --repeats 2 --out "$out/hybrid" $HYBRID_ARGS > "$out/hybrid/bench.log" 2>&1
   echo "hybrid_bench rc=$?"; grep -E "p50|Error|FAILED|over_" "$out/hybrid/bench.log" | cut -c10- | tail -16
 fi
