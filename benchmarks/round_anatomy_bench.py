@@ -197,8 +197,14 @@ ATTENTION_SHAPES = (
 
 def _configs(kind: str, hq: int, hkv: int, rows: int, d: int) -> list[dict]:
     if kind == "fold":
+        # tiles and window programs, then fewer / more context splits (each split writes [rows, Dv] fp32 partials
+        # per branch: at 64 packed rows of 256 that is ~30% of the KV bytes it reads at the default split), row
+        # blocks of 32 and 2 stages at wide heads
         return [dict()] + [dict(block_n=n, num_warps=w, window_splits=ws)
-                           for n, w, ws in itertools.product((32, 64), (4, 8), (8, 16, 32))]
+                           for n, w, ws in itertools.product((32, 64), (4, 8), (8, 16, 32))] + [
+            dict(num_splits=sp) for sp in (16, 33, 132)] + (
+            [dict(block_m=32), dict(num_stages=2), dict(num_warps=4, num_stages=2),
+             dict(num_warps=4, num_stages=2, num_splits=33)] if d > 128 else [])
     if d > 256:
         return [dict(), dict(block_m=32, block_n=32, num_stages=2, num_warps=8),
                 dict(block_m=16, block_n=16, num_stages=2, num_warps=8)]
