@@ -220,6 +220,8 @@ def attention_sweep(args, out: Path, report: dict) -> None:
     bandwidth = report.get("llama", {}).get("bandwidth_tb_s", 4.27) * 1e12
     rows_out, best = [], {}
     for name, hq, hkv, d, row_counts, kind in ATTENTION_SHAPES:
+        if args.attention_shapes and not any(part in name for part in args.attention_shapes.split(",")):
+            continue
         keys = torch.randn(1, hkv, context + 64, d, device="cuda", dtype=torch.bfloat16)
         values = torch.randn_like(keys)
         length = torch.tensor([context], device="cuda", dtype=torch.int32)
@@ -274,6 +276,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sections", default="llama,attention")
+    parser.add_argument("--attention-shapes", default="",
+                        help="comma list of substrings: only the attention shapes whose names hold one (e.g. drafter)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("round_anatomy_bench needs a CUDA GPU")
