@@ -8,11 +8,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from fold_hf.kernels.gated_delta.triton import _blocks, _conv_silu_rows, _next_pow2
-from fold_hf.kernels.hybrid.triton import _EXACT, _exp, _libdevice, _sigmoid
-from fold_hf.kernels.layer.triton import _round_to
+from fold_hf.kernels.gated_delta.triton import _blocks, _gdn_inputs, _gdn_keep_raw, _next_pow2
+from fold_hf.kernels.hybrid.triton import _EXACT, _exp, _libdevice
 
 
 @triton.jit
@@ -23,32 +21,12 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, P
     vb = tl.program_id(1)
     GROUP: tl.constexpr = HV // HK
     hk = h // GROUP
-    KD: tl.constexpr = HK * DK
     C: tl.constexpr = 2 * HK * DK + HV * DV
-    rk = tl.arange(0, BK)
-    rv = vb * BV + tl.arange(0, BV)
-    rl = tl.arange(0, LP)
-    mk = rk < DK
-    mv = rv < DV
-    ml = rl < L
-    qc = hk * DK + rk
-    kc = KD + hk * DK + rk
-    vc = 2 * KD + h * DV + rv
-    # prologue, all block tokens at once: conv + silu, L2 norms, gates; written to the commit's buffers. Every
-    # program sharing a key head writes the same q/k bits, so each may read back its own writes after the barrier.
-    q = _conv_silu_rows(QKV, CONV, CW, qc, mk, rl, ml, qkv_stride, KS, LIB)
-    k = _conv_silu_rows(QKV, CONV, CW, kc, mk, rl, ml, qkv_stride, KS, LIB)
-    v = _conv_silu_rows(QKV, CONV, CW, vc, mv, rl, ml, qkv_stride, KS, LIB)
-    q = q * tl.math.rsqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
-    k = k * tl.math.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
-    braw = tl.load(B + rl * b_stride + h, mask=ml, other=0.0)
-    beta = _round_to(_sigmoid(braw.to(tl.float32), LIB), braw.dtype)
-    x = tl.load(A + rl * a_stride + h, mask=ml, other=0.0).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
-    if LIB:
-        soft = tl.where(x > 20.0, x, libdevice.log1p(libdevice.exp(x)))
-    else:
-        soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    g = -_exp(tl.load(ALOG + h).to(tl.float32), LIB) * soft
+    # prologue (the current kernel's), written to the commit's buffers. Every program sharing a key head writes the
+    # same q/k bits, so each may read back its own writes after the barrier.
+    q, k, v, g, beta, rk, rv, rl, mk, mv, ml, qc, kc, vc = _gdn_inputs(
+        QKV, B, A, CONV, CW, ALOG, DTB, h, hk, vb, L, qkv_stride, b_stride, a_stride, scale, HK, HV, DK, DV, KS, BK,
+        BV, LP, LIB)
     lk = ml[:, None] & mk[None, :]
     lv = ml[:, None] & mv[None, :]
     tl.store(PQ + (rl[:, None] * HK + hk) * DK + rk[None, :], q, mask=lk)
@@ -56,14 +34,7 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PQ, PK, PV, PG, P
     tl.store(PV + (rl[:, None] * HV + h) * DV + rv[None, :], v, mask=lv)
     tl.store(PG + rl * HV + h, g, mask=ml)
     tl.store(PB + rl * HV + h, beta, mask=ml)
-    # raw projections, for the commit's convolution window
-    tl.store(PR + rl[:, None] * C + vc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + vc[None, :], mask=lv,
-                                                         other=0.0), mask=lv)
-    if (vb == 0) & (h % GROUP == 0):
-        tl.store(PR + rl[:, None] * C + qc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + qc[None, :], mask=lk,
-                                                             other=0.0), mask=lk)
-        tl.store(PR + rl[:, None] * C + kc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + kc[None, :], mask=lk,
-                                                             other=0.0), mask=lk)
+    _gdn_keep_raw(QKV, PR, qkv_stride, C, rl, qc, kc, vc, lk, lv, (vb == 0) & (h % GROUP == 0))
     tl.debug_barrier()
     # the recurrence: one token after another, the next token's inputs loaded while this one computes
     m2 = mk[:, None] & mv[None, :]

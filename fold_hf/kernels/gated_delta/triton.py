@@ -123,16 +123,13 @@ def _conv_silu_rows(QKV, CONV, CW, chan, cmask, rows, rmask, qkv_stride, KS: tl.
 
 
 @triton.jit
-def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L, qkv_stride, b_stride, a_stride,
-                       scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr,
-                       PREC: tl.constexpr, LIB: tl.constexpr):
-    h = tl.program_id(0)
-    vb = tl.program_id(1)
-    GROUP: tl.constexpr = HV // HK
-    hk = h // GROUP
+def _gdn_inputs(QKV, B, A, CONV, CW, ALOG, DTB, h, hk, vb, L, qkv_stride, b_stride, a_stride, scale,
+                HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KS: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, LIB: tl.constexpr):
+    """The delta rule's inputs of value head ``h`` (key head ``hk``, value columns block ``vb``) for all ``LP`` block
+    rows at once: conv + silu, L2 norms, gates. Returns ``(q, k [LP, BK], v [LP, BV], g, beta [LP])`` in fp32 (rows
+    past ``L`` are zeros, their gates 0) and the index vectors ``(rk, rv, rl, mk, mv, ml, qc, kc, vc)``."""
     KD: tl.constexpr = HK * DK
-    C: tl.constexpr = 2 * HK * DK + HV * DV
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
     rl = tl.arange(0, LP)
@@ -142,7 +139,6 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L
     qc = hk * DK + rk
     kc = KD + hk * DK + rk
     vc = 2 * KD + h * DV + rv
-    # all block tokens at once: conv + silu, L2 norms, gates (rows past L are zeros, gates 0)
     q = _conv_silu_rows(QKV, CONV, CW, qc, mk, rl, ml, qkv_stride, KS, LIB)
     k = _conv_silu_rows(QKV, CONV, CW, kc, mk, rl, ml, qkv_stride, KS, LIB)
     v = _conv_silu_rows(QKV, CONV, CW, vc, mv, rl, ml, qkv_stride, KS, LIB)
@@ -156,19 +152,43 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L
     else:
         soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
     g = tl.where(ml, -_exp(tl.load(ALOG + h).to(tl.float32), LIB) * soft, 0.0)
+    return q, k, v, g, beta, rk, rv, rl, mk, mv, ml, qc, kc, vc
+
+
+@triton.jit
+def _gdn_keep_raw(QKV, PR, qkv_stride, C, rl, qc, kc, vc, lk, lv, KEY_OWNER):
+    """The block's raw projections into the pending ``qkv [rows, C]`` (the commit's convolution window): every
+    program its value channels, the first program of a key head (``KEY_OWNER``) its q and k channels."""
+    tl.store(PR + rl[:, None] * C + vc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + vc[None, :], mask=lv,
+                                                         other=0.0), mask=lv)
+    if KEY_OWNER:
+        tl.store(PR + rl[:, None] * C + qc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + qc[None, :], mask=lk,
+                                                             other=0.0), mask=lk)
+        tl.store(PR + rl[:, None] * C + kc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + kc[None, :], mask=lk,
+                                                             other=0.0), mask=lk)
+
+
+@triton.jit
+def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L, qkv_stride, b_stride, a_stride,
+                       scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr,
+                       PREC: tl.constexpr, LIB: tl.constexpr):
+    h = tl.program_id(0)
+    vb = tl.program_id(1)
+    GROUP: tl.constexpr = HV // HK
+    hk = h // GROUP
+    C: tl.constexpr = 2 * HK * DK + HV * DV
+    q, k, v, g, beta, rk, rv, rl, mk, mv, ml, qc, kc, vc = _gdn_inputs(
+        QKV, B, A, CONV, CW, ALOG, DTB, h, hk, vb, L, qkv_stride, b_stride, a_stride, scale, HK, HV, DK, DV, KS, BK,
+        BV, LP, LIB)
     lk = ml[:, None] & mk[None, :]
     lv = ml[:, None] & mv[None, :]
     # what the commit needs: k and g (once per key / value head) and the raw projections for its conv window
     if vb == 0:
         tl.store(PG + rl * HV + h, g, mask=ml)
-    tl.store(PR + rl[:, None] * C + vc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + vc[None, :], mask=lv,
-                                                         other=0.0), mask=lv)
+    _gdn_keep_raw(QKV, PR, qkv_stride, C, rl, qc, kc, vc, lk, lv, (vb == 0) & (h % GROUP == 0))
     if (vb == 0) & (h % GROUP == 0):
         tl.store(PK + (rl[:, None] * HK + hk) * DK + rk[None, :], k, mask=lk)
-        tl.store(PR + rl[:, None] * C + qc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + qc[None, :], mask=lk,
-                                                             other=0.0), mask=lk)
-        tl.store(PR + rl[:, None] * C + kc[None, :], tl.load(QKV + rl[:, None] * qkv_stride + kc[None, :], mask=lk,
-                                                             other=0.0), mask=lk)
     m2 = mk[:, None] & mv[None, :]
     S_ = tl.load(S + h * DK * DV + rk[:, None] * DV + rv[None, :], mask=m2, other=0.0).to(tl.float32)
     if CHUNK:
