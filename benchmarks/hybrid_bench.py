@@ -112,6 +112,28 @@ def floor_bytes(target, context: int) -> int:
     return weights + kv + state
 
 
+def round_floor_bytes(target, drafter, config: FoldConfig, context: int) -> int:
+    """Bytes one speculative round must read: :func:`floor_bytes` plus the drafter's own weights (not the embedding
+    and ``lm_head`` it shares), the target's ``lm_head`` once more (the drafts' logits), the drafter's context
+    cache where each layer reads it in ``config``'s mode (a full-attention layer all ``context`` entries; a sliding
+    layer its window, or all entries where a far memory is read: ``fold`` / ``rerope`` with ``layers="all"``).
+    Nothing for the verify's block rows beyond the AR step's (their KV writes are kilobytes) nor for a hybrid
+    target's rollback (a round can read and write each recurrent state once, as the AR step does; ours reads it
+    once more in the commit, 50 MB at the 9B shape)."""
+    dcfg = drafter.config
+    shared = {id(p) for p in (target.get_input_embeddings().weight, target.get_output_embeddings().weight)}
+    own = sum(p.numel() * p.element_size() for p in drafter.parameters() if id(p) not in shared)
+    head = target.get_output_embeddings().weight
+    elem = head.element_size()
+    types = getattr(dcfg, "layer_types", None) or ["full_attention"] * dcfg.num_hidden_layers
+    window = getattr(dcfg, "sliding_window", None) or context
+    far_everywhere = config.mode in ("fold", "rerope") and getattr(config, "layers", "all") == "all"
+    head_dim = getattr(dcfg, "head_dim", None) or dcfg.hidden_size // dcfg.num_attention_heads
+    entries = sum(context if t == "full_attention" or far_everywhere else min(window, context) for t in types)
+    cache = entries * 2 * dcfg.num_key_value_heads * head_dim * elem
+    return floor_bytes(target, context) + own + head.numel() * elem + cache
+
+
 def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str, fused_layers=None) -> list[float]:
     """Round wall times (s) after a capturing call; [] (and the traceback logged) if the rows fail, so that one
     broken configuration does not hide the others' numbers."""
@@ -176,6 +198,9 @@ def run(args) -> dict:
             for mode, cfg in modes.items():
                 drafter.set_fold_config(cfg)
                 add(f"our_sd_{mode}", context, timed(target, drafter, context, args.rounds, args.repeats, engine))
+                sd_floor = round_floor_bytes(target, drafter, cfg, context) / bandwidth * 1e3
+                rows.append({"pair": pair, "row": f"floor_sd_{mode}", "context": context, "p20_ms": sd_floor,
+                             "p50_ms": sd_floor, "p80_ms": sd_floor, "n": 1, "peak_gib": None})
             add("our_ar", context, timed(target, None, context, args.rounds, args.repeats, engine))
             if args.modules_row and pair == "qwen35_9b":  # the same AR step through the model's modules
                 release_fast_state(target)
@@ -317,6 +342,10 @@ def headline(rows: list[dict]) -> dict:
         for mode in ("dflash", "fold"):
             sd = p50.get((pair, f"our_sd_{mode}", context))
             out[f"{pair}_sd_{mode}_over_ar_{context}"] = sd / value if sd else None
+            sd_floor = p50.get((pair, f"floor_sd_{mode}", context))
+            if sd and sd_floor and floor:  # the round against its own floor, and what the floors alone give
+                out[f"{pair}_sd_{mode}_over_its_floor_{context}"] = sd / sd_floor
+                out[f"{pair}_sd_{mode}_floor_over_ar_floor_{context}"] = sd_floor / floor
     return out
 
 
