@@ -1,0 +1,50 @@
+"""``benchmarks/hybrid_bench.py``'s floors (issue 39): the round floor of each reading mode against a count written
+from the rule (every drafter parameter but those it shares with the target, the target's lm_head once more, and per
+drafter layer the cache entries it reads), and the headline's round-over-its-floor keys."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "Qwen3_5TextConfig"):
+    pytest.skip("this transformers has no Qwen3.5", allow_module_level=True)
+
+
+@pytest.mark.parametrize("context", [8, 40, 200])
+def test_round_floor_counts_the_drafter_the_head_and_each_layers_reads(context):
+    sys.path.insert(0, str(BENCHMARKS))
+    import hybrid_bench as hb
+
+    from fold_hf import FoldConfig
+
+    target, drafter = hb.build_qwen35_pair(True, 256, 16, "cpu")  # 5 sliding layers (window 16) + 1 full
+    head = target.lm_head.weight
+    shared = {target.model.embed_tokens.weight.data_ptr(), head.data_ptr()}
+    own = sum(p.numel() * 4 for p in drafter.parameters() if p.data_ptr() not in shared)
+    assert own > 0
+    kv_per_entry = 2 * 2 * 16 * 4  # K and V, 2 KV heads of 16, fp32
+    reads = {"dflash": 5 * min(16, context) + context,  # the sliding layers their windows, the full one everything
+             "fold": 6 * context,  # layers="all": every layer reads a far memory
+             "fold_full_only": 5 * min(16, context) + context}
+    configs = {"dflash": FoldConfig(mode="dflash"), "fold": FoldConfig(mode="fold", window=8, alpha=2.0),
+               "fold_full_only": FoldConfig(mode="fold", window=8, alpha=2.0, layers="full")}
+    for name, config in configs.items():
+        want = hb.floor_bytes(target, context) + own + head.numel() * 4 + reads[name] * kv_per_entry
+        assert hb.round_floor_bytes(target, drafter, config, context) == want, name
+
+
+def test_headline_gives_the_round_over_its_floor_and_the_floors_ratio():
+    sys.path.insert(0, str(BENCHMARKS))
+    import hybrid_bench as hb
+
+    rows = [{"pair": "p", "row": r, "context": 64, "p50_ms": ms}
+            for r, ms in (("floor", 4.0), ("our_ar", 5.0), ("our_sd_fold", 7.5), ("floor_sd_fold", 5.0))]
+    head = hb.headline(rows)
+    assert head["p_sd_fold_over_ar_64"] == pytest.approx(1.5)
+    assert head["p_sd_fold_over_its_floor_64"] == pytest.approx(1.5)
+    assert head["p_sd_fold_floor_over_ar_floor_64"] == pytest.approx(1.25)
+    assert head["p_ar_over_floor_64"] == pytest.approx(1.25)
