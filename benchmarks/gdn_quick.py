@@ -1,6 +1,6 @@
 """Quick timing of the Gated DeltaNet verify at the Qwen3.5-9B layer shape: the token-by-token kernel it replaced
 (gdn_before.py) against the chunked / one-token kernel, and the commit over 24 layers, default launch plans, one
-process (hybrid_bench.py --kernel-sweep is the full sweep)."""
+process (hybrid_bench.py --kernel-sweep is the full sweep, with the same timer and shape)."""
 import sys
 from pathlib import Path
 
@@ -9,36 +9,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gdn_before import steps_pending, steps_verify  # noqa: E402
+from hybrid_bench import GDN_LAYER, graph_us  # noqa: E402
 
 from fold_hf.kernels.gated_delta import naive as ref  # noqa: E402
 from fold_hf.kernels.gated_delta import triton as tri  # noqa: E402
 
 
-
-def graph_us(fn, per=20, reps=200):
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps // per):
-        graph.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3 / reps
-
-
-HK, HV, DK, DV, K = 16, 32, 128, 128, 4
+HK, HV, DK, DV, K = GDN_LAYER.values()
 C = 2 * HK * DK + HV * DV
 g = torch.Generator(device="cuda").manual_seed(0)
 

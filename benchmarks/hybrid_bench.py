@@ -121,9 +121,9 @@ def round_floor_bytes(target, drafter, config: FoldConfig, context: int) -> int:
     target's rollback (a round can read and write each recurrent state once, as the AR step does; ours reads it
     once more in the commit, 50 MB at the 9B shape)."""
     dcfg = drafter.config
-    shared = {id(p) for p in (target.get_input_embeddings().weight, target.get_output_embeddings().weight)}
-    own = sum(p.numel() * p.element_size() for p in drafter.parameters() if id(p) not in shared)
     head = target.get_output_embeddings().weight
+    shared = {id(target.get_input_embeddings().weight), id(head)}
+    own = sum(p.numel() * p.element_size() for p in drafter.parameters() if id(p) not in shared)
     elem = head.element_size()
     types = getattr(dcfg, "layer_types", None) or ["full_attention"] * dcfg.num_hidden_layers
     window = getattr(dcfg, "sliding_window", None) or context
@@ -231,6 +231,35 @@ def run(args) -> dict:
             "profiles": [{k: v for k, v in p.items() if k != "top"} for p in result_profiles]}
 
 
+GDN_LAYER = dict(HK=16, HV=32, DK=128, DV=128, K=4)  # Qwen3.5-9B's linear-attention layer (kernel timings)
+
+
+def graph_us(fn, repeats: int = 200, per_graph: int = 20) -> float:
+    """Device microseconds of one call of ``fn``: ``per_graph`` calls captured in a CUDA graph, replayed
+    ``repeats // per_graph`` times (the launches' host cost, ~50 us a call, would otherwise be what is timed)."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replays = max(1, repeats // per_graph)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * per_graph)
+
+
 def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
     """Time the fused Gated DeltaNet verify and commit at the Qwen3.5-9B layer shape (16 key / 32 value heads of
     128, conv 4) for 1, 16 and 64 rows over launch configurations (``$FOLD_HF_GDN_BV`` / ``$FOLD_HF_GDN_WARPS`` /
@@ -242,37 +271,15 @@ def kernel_sweep(out: Path, repeats: int = 200) -> list[dict]:
     from fold_hf.kernels.gated_delta import triton as tri
     from fold_hf.kernels.gated_delta.triton import gated_delta_states_triton
 
-    HK, HV, DK, DV, K = 16, 32, 128, 128, 4
+    HK, HV, DK, DV, K = GDN_LAYER.values()
     C = 2 * HK * DK + HV * DV
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def rnd(*shape, dtype=torch.bfloat16, scale=1.0):
         return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
 
-    def event_us(fn, per_graph: int = 20) -> float:
-        """Device time of one call: ``per_graph`` calls captured in a CUDA graph, replayed (the launches' host cost,
-        ~50 us a call here, would otherwise be what is timed)."""
-        fn()
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(per_graph):
-                fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        replays = max(1, repeats // per_graph)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / (replays * per_graph)
+    def event_us(fn) -> float:
+        return graph_us(fn, repeats)
 
     from gdn_before import steps_pending, steps_verify
 

@@ -187,8 +187,9 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L
     # what the commit needs: k and g (once per key / value head) and the raw projections for its conv window
     if vb == 0:
         tl.store(PG + rl * HV + h, g, mask=ml)
-    _gdn_keep_raw(QKV, PR, qkv_stride, C, rl, qc, kc, vc, lk, lv, (vb == 0) & (h % GROUP == 0))
-    if (vb == 0) & (h % GROUP == 0):
+    key_owner = (vb == 0) & (h % GROUP == 0)  # the one program of a key head that writes its q / k rows
+    _gdn_keep_raw(QKV, PR, qkv_stride, C, rl, qc, kc, vc, lk, lv, key_owner)
+    if key_owner:
         tl.store(PK + (rl[:, None] * HK + hk) * DK + rk[None, :], k, mask=lk)
     m2 = mk[:, None] & mv[None, :]
     S_ = tl.load(S + h * DK * DV + rk[:, None] * DV + rv[None, :], mask=m2, other=0.0).to(tl.float32)
