@@ -71,7 +71,7 @@ from ..modeling.rope import compute_dtype
 from .base import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
 from .common import tap_writer, wrapped_text_parts
 from .moe import experts_unsupported, stacked_experts
-from .qwen35_rows import Qwen35Rows
+from .qwen35_rows import FUSED_MAX_ROWS, Qwen35Rows
 from .taps import HiddenTaps, _unwrap
 from .weight_layout import MergedLinears, decode_gemm, gated_mlp, merged_linears, project
 
@@ -81,7 +81,6 @@ ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM") + WRAPPERS
 # the norms the fused kernels compute (the MoE variant's classes are the same code under another name, 5.24)
 NORMS = ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")
 GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated")
-FUSED_MAX_ROWS = 64  # rows of one fused verify (the pending buffers of the commit are allocated for this many)
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
@@ -261,7 +260,6 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
 
         if self._hybrid_ops is None:
             from ..kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
-            from ..kernels.gated_delta.naive import gated_delta_pending
 
             reason = self.fused_unsupported()
             if reason is not None:
@@ -269,9 +267,7 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
             self._hybrid_ops = default_hybrid_ops(self.device)
             self._layer_ops = default_layer_ops(self.device)
             self._decode_attention = self._decode_attention or default_decode_attention(self.device)
-            self._delta_pending = gated_delta_pending(
-                len(self.linear_ids), FUSED_MAX_ROWS, self.num_k_heads, self.k_dim, self.num_v_heads, self.v_dim,
-                self.conv_dim, self.dtype, self.state_dtype, self.device)
+            self._delta_pending = self._pending_buffers()[0]  # row 0's (the fused layers run at batch 1)
         L = input_ids.shape[1]
         if L > FUSED_MAX_ROWS:
             raise ValueError(f"a fused Qwen3.5 step takes at most {FUSED_MAX_ROWS} rows, got {L}")
@@ -308,7 +304,7 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
         skinny = decode_gemm(layer_ops, L)
 
-        self._pending.clear()
+        self._drop_pending()
         hidden = self.embed(input_ids)
         delta = None
         D = self.head_dim
@@ -374,8 +370,7 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
             cos, sin = cos[None], sin[None]
         tap = tap_writer(self.tap_layer_ids, hidden.shape[-1], taps_out)
         last_layer = len(self.layers) - 1
-        self._pending.clear()
-        self._fused_pending = None
+        self._drop_pending()
         for i, layer in enumerate(self.layers):
             residual = hidden
             normed = layer.input_layernorm(hidden)
@@ -445,8 +440,7 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
                 self.conv_rows[i][row].zero_()
                 self.conv_rows[i][row][:, self.kernel - 1 - tail.shape[1]:] = tail
                 self.recurrent_rows[i][row].copy_(layer.recurrent_states[0][0])
-        self._pending.clear()
-        self._fused_pending = None
+        self._drop_pending()
         self.length = P
         return logits
 

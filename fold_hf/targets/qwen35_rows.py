@@ -8,12 +8,18 @@ row 0's (the one-row forwards: ``forward_static`` and the fused layers, which ru
 
 A host-length forward over cache rows ``rows`` (:meth:`~fold_hf.targets.base.StaticTarget.forward` with ``row=``,
 :meth:`~fold_hf.targets.base.StaticTarget.forward_rows` over ``[A, L]``) runs each row's block from that row's
-committed state and keeps each row's state after every block position pending; :meth:`Qwen35Rows.accept` then
-copies, for each row, the state after its own accepted position into its row: ``accept(n)`` after a one-row forward
-(an int or a ``[1]`` device tensor), ``accept([n_0, .., n_{A-1}])`` after ``forward_rows`` (one count per row, in
-the order of its ``rows``). The rule is the one-row rule: the block's first ``n + 1`` tokens are kept, so the
-recurrent state is the one after block position ``n`` and the convolution window the ``K - 1`` projections ending
-there.
+committed state and writes no state: for a block of at most :data:`FUSED_MAX_ROWS` tokens (a verify) each row's
+Gated DeltaNet step is the fused verify (:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_verify_reference`
+and its Triton twin), which keeps the block's keys, decays, the writes ``d_t`` and raw projections in that row's
+pending buffers; :meth:`Qwen35Rows.accept` then replays, for each row, the writes of its own accepted prefix into its
+state (``S <- e^{g_t} S + k_t d_t^T``, the commit kernel on the row's ``[:, row]`` view of the all-layer states)
+and shifts its convolution window. At the Qwen3.5-9B shape, 8 rows and 16-token blocks that is ~8 x 24 x 16 x 16 KiB
+of writes a round instead of 8 x 24 x 16 states of 2 MiB (6.1 GiB) kept for a selection. A longer block keeps every
+position's state (:func:`~fold_hf.kernels.gated_delta.default_gated_delta`) and accept copies the chosen one.
+``accept(n)`` after a one-row forward (an int or a ``[1]`` device tensor), ``accept([n_0, .., n_{A-1}])`` after
+``forward_rows`` (one count per row, in the order of its ``rows``). The rule is the one-row rule: the block's first
+``n + 1`` tokens are kept, so the recurrent state is the one after block position ``n`` and the convolution window
+the ``K - 1`` projections ending there.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels.gated_delta.naive import l2norm
+from ..kernels.gated_delta.naive import gated_delta_pending, l2norm
+
+FUSED_MAX_ROWS = 64  # rows of one verify block whose writes are kept for the commit (the pending buffers' rows)
 
 
 class Qwen35Rows:
@@ -46,8 +54,30 @@ class Qwen35Rows:
         self.recurrent_rows = [None if f else self._recurrent_rows_all[slot[i]] for i, f in enumerate(full)]
         self.conv = [None if f else self._conv_all[slot[i]] for i, f in enumerate(full)]
         self.recurrent = [None if f else self._recurrent_all[slot[i]] for i, f in enumerate(full)]
-        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._linear_slot = slot
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per-position states (blocks > 64)
         self._pending_rows: tuple[int, ...] = ()
+        self._delta_rows: tuple[tuple[int, ...], int] | None = None  # (rows, L) of a verify awaiting its commit
+        self._row_buffers: list[dict] | None = None  # each row's pending buffers (built on first use)
+        self._delta_ops = None
+
+    def _drop_pending(self) -> None:
+        """Forget whatever the last forward left for :meth:`accept` (a new forward or a prefill starts)."""
+        self._pending.clear()
+        self._delta_rows = None
+        self._fused_pending = None
+
+    def _pending_buffers(self) -> list[dict]:
+        """Each cache row's buffers for the commit (:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_pending`,
+        :data:`FUSED_MAX_ROWS` rows per linear layer; views of one allocation, ~63 MB a row at the Qwen3.5-9B shape);
+        row 0's are also the fused layers'."""
+        if self._row_buffers is None:
+            B, NL = self.batch, len(self.linear_ids)
+            whole = gated_delta_pending(B * NL, FUSED_MAX_ROWS, self.num_k_heads, self.k_dim, self.num_v_heads,
+                                        self.v_dim, self.conv_dim, self.dtype, self.state_dtype, self.device)
+            whole = {name: t.view(B, NL, *t.shape[1:]) for name, t in whole.items()}
+            self._row_buffers = [{name: t[r] for name, t in whole.items()} for r in range(B)]
+        return self._row_buffers
 
     def row_tensors(self) -> list[tuple[torch.Tensor, int, bool]]:
         """:meth:`~fold_hf.targets.base.StaticTarget.row_tensors`: the attention layers' key and value caches, and
@@ -84,25 +114,48 @@ class Qwen35Rows:
     # ------------------------------------------------------------------ linear attention
     def _linear(self, i: int, layer, hidden: torch.Tensor) -> torch.Tensor:
         """Gated DeltaNet over the block ``hidden [A, L, H]`` of cache rows :attr:`_state_rows`, each from its
-        committed state; keeps every row's state after every position pending. Returns ``[A, L, H]``."""
+        committed state, which stays as it is until :meth:`accept` (module docstring). Returns ``[A, L, H]``."""
+        rows = self._state_rows
+        lin = layer.linear_attn
+        A, L = hidden.shape[:2]
+        qkv = lin.in_proj_qkv(hidden)  # [A, L, C]
+        z = lin.in_proj_z(hidden)
+        b = lin.in_proj_b(hidden)
+        a = lin.in_proj_a(hidden)
+        if L <= FUSED_MAX_ROWS:
+            if self._delta_ops is None:
+                from ..kernels import default_hybrid_ops
+
+                self._delta_ops = default_hybrid_ops(self.device)
+            buffers = self._pending_buffers()
+            weight = lin.conv1d.weight.reshape(self.conv_dim, -1)
+            runs = [self._delta_ops.gated_delta_verify(qkv[n], b[n], a[n], self.conv_rows[i][r], weight, lin.A_log,
+                                                       lin.dt_bias, self.recurrent_rows[i][r], self.num_k_heads,
+                                                       self.k_dim, buffers[r], self._linear_slot[i])
+                    for n, r in enumerate(rows)]
+            out = runs[0][None] if A == 1 else torch.stack(runs)  # [A, L, Hv, Dv]
+            self._delta_rows = (rows, L)
+        else:
+            out = self._linear_states(i, lin, qkv, b, a)
+        out = lin.norm(out.to(hidden.dtype).reshape(-1, self.v_dim), z.reshape(-1, self.v_dim))
+        return lin.out_proj(out.reshape(A, L, -1))
+
+    def _linear_states(self, i: int, lin, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """A block longer than :data:`FUSED_MAX_ROWS` (``qkv [A, L, C]``, ``b`` / ``a [A, L, Hv]``): every row's
+        state after every position kept pending for :meth:`accept` to copy. Returns ``[A, L, Hv, Dv]``."""
         from ..kernels.gated_delta import default_gated_delta
 
         if self._gated_delta is None:
             self._gated_delta = default_gated_delta(self.device)
         rows = self._state_rows
-        lin = layer.linear_attn
-        A, L = hidden.shape[:2]
+        A, L = qkv.shape[:2]
         cd = self.state_dtype
-        qkv = lin.in_proj_qkv(hidden)  # [A, L, C]
-        z = lin.in_proj_z(hidden)
-        b = lin.in_proj_b(hidden)
-        a = lin.in_proj_a(hidden)
         # slices, not an index tensor: a one-row step stays capturable
         conv = self.conv_rows[i]
         committed = conv[rows[0] : rows[0] + 1] if A == 1 else torch.cat([conv[r : r + 1] for r in rows])
         window = torch.cat((committed, qkv.transpose(1, 2).to(self.dtype)), dim=2)  # [A, C, K - 1 + L]
         mixed = F.conv1d(window.to(lin.conv1d.weight.dtype), lin.conv1d.weight, groups=self.conv_dim)
-        mixed = F.silu(mixed).transpose(1, 2).to(hidden.dtype)  # [A, L, C]
+        mixed = F.silu(mixed).transpose(1, 2).to(qkv.dtype)  # [A, L, C]
         kd = self.num_k_heads * self.k_dim
         q = mixed[..., :kd].reshape(A, L, self.num_k_heads, self.k_dim).to(cd)
         k = mixed[..., kd : 2 * kd].reshape(A, L, self.num_k_heads, self.k_dim).to(cd)
@@ -113,22 +166,18 @@ class Qwen35Rows:
         g = (-lin.A_log.float().exp() * F.softplus(a.float() + lin.dt_bias)).to(cd)
         recurrent = self.recurrent_rows[i]
         runs = [self._gated_delta(q[n], k[n], v[n], g[n], beta[n], recurrent[r]) for n, r in enumerate(rows)]
-        out = runs[0][0][None] if A == 1 else torch.stack([o for o, _ in runs])  # [A, L, Hv, Dv]
         # window [A, C, K - 1 + L]; each row's states [L, Hv, Dk, Dv] as the kernel gave them (no stacked copy)
         self._pending[i] = (window, [s for _, s in runs])
         self._pending_rows = rows
-        out = lin.norm(out.to(hidden.dtype).reshape(-1, self.v_dim), z.reshape(-1, self.v_dim))
-        return lin.out_proj(out.reshape(A, L, -1))
+        return runs[0][0][None] if A == 1 else torch.stack([o for o, _ in runs])
 
     @torch.no_grad()
     def accept(self, n) -> None:
         """Commit, for each row of the last forward, the state after its block position ``n`` (the accepted drafts:
         the block's first ``n + 1`` tokens are kept). ``n``: an int or a ``[1]`` long device tensor after a one-row
-        forward; a list of ints, one per row, after :meth:`forward_rows`. After a fused verify (one row) the
-        accepted prefix is re-run from the committed states (one launch for every layer); otherwise each row's kept
-        per-position state is copied into its row."""
-        if not self._pending and self._fused_pending is None:
-            return
+        forward; a list of ints, one per row, after :meth:`forward_rows`. After a verify block (fused or host-length)
+        each row's accepted writes are replayed into its state (one launch for every layer, per row); after a longer
+        block each row's kept per-position state is copied into its row."""
         if self._fused_pending is not None:
             if not isinstance(n, torch.Tensor):
                 n = torch.tensor([int(n)], device=self.device)
@@ -136,23 +185,39 @@ class Qwen35Rows:
                                                 self._fused_pending, self._recurrent_all, self._conv_all)
             self._fused_pending = None
             return
-        rows, K1 = self._pending_rows, self.kernel - 1
+        if self._delta_rows is None and not self._pending:
+            return
+        if self._delta_rows is not None:
+            rows, L = self._delta_rows
+        else:
+            rows, L = self._pending_rows, next(iter(self._pending.values()))[1][0].shape[0]
         if isinstance(n, torch.Tensor):  # on the device (a captured one-row step): no host read
             if len(rows) != 1:
                 raise ValueError(f"accept takes one count per row of the last forward ({len(rows)}) as a list")
-            n = n.reshape(1).to(self.device)
-            columns = n + 1 + torch.arange(K1, device=self.device)
-            for i, (window, states) in self._pending.items():
-                self.conv_rows[i][rows[0]].copy_(window[0].index_select(1, columns))
-                self.recurrent_rows[i][rows[0]].copy_(states[0].index_select(0, n)[0])
+            counts, on_device = None, n.reshape(1).to(self.device)
         else:
             counts = [int(c) for c in n] if isinstance(n, (list, tuple)) else [int(n)]
             if len(counts) != len(rows):
                 raise ValueError(f"{len(counts)} accepted counts for the {len(rows)} rows of the last forward")
-            L = next(iter(self._pending.values()))[1][0].shape[0]
             for a, c in enumerate(counts):
                 if not 0 <= c < L:
                     raise ValueError(f"row {rows[a]}: {c} accepted drafts of a block of {L} tokens")
+        if self._delta_rows is not None:
+            if counts is not None:
+                on_device = torch.tensor(counts, device=self.device)
+            buffers = self._pending_buffers()
+            for a, row in enumerate(rows):  # the row's [:, row] views of the all-layer states
+                self._delta_ops.gated_delta_commit(on_device[a : a + 1], buffers[row], L,
+                                                   self._recurrent_rows_all[:, row], self._conv_rows_all[:, row])
+            self._delta_rows = None
+            return
+        K1 = self.kernel - 1
+        if counts is None:
+            columns = on_device + 1 + torch.arange(K1, device=self.device)
+            for i, (window, states) in self._pending.items():
+                self.conv_rows[i][rows[0]].copy_(window[0].index_select(1, columns))
+                self.recurrent_rows[i][rows[0]].copy_(states[0].index_select(0, on_device)[0])
+        else:
             for i, (window, states) in self._pending.items():
                 for a, (row, c) in enumerate(zip(rows, counts)):
                     self.conv_rows[i][row].copy_(window[a, :, c + 1 : c + 1 + K1])

@@ -213,6 +213,24 @@ def _check_delta(device, dtype, L, HK, HV, DK, DV, K):
         gdn.gated_delta_commit_reference(nt, pend[1], L, states[1], convs[1])
         torch.testing.assert_close(states[0], states[1], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(convs[0], convs[1], atol=0, rtol=0)
+    # one cache row of all-row tensors [NL, B, ...] (qwen35_rows: the commit of row 1 on its [:, 1] views, strided
+    # over layers): that row's states as the contiguous commit's, the other rows untouched
+    n = L // 2
+    nt = torch.tensor([n], device=device)
+    state_rows = torch.stack((state * 0.5, state, state * 2))[:, None].repeat(1, 3, 1, 1, 1)  # [3, 3, Hv, Dk, Dv]
+    state_rows[:, 0] *= -1
+    conv_rows = torch.stack((conv, conv * 2, conv))[:, None].repeat(1, 3, 1, 1)
+    before_s, before_c = state_rows.clone(), conv_rows.clone()
+    want_s, want_c = state_rows[:, 1].clone(), conv_rows[:, 1].clone()
+    gdn.gated_delta_commit_reference(nt, pend[1], L, want_s, want_c)
+    gdn_tri.gated_delta_commit_triton(nt, pend[1], L, state_rows[:, 1], conv_rows[:, 1])
+    torch.testing.assert_close(state_rows[:, 1], want_s, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(conv_rows[:, 1], want_c, atol=0, rtol=0)
+    for other in (0, 2):
+        assert torch.equal(state_rows[:, other], before_s[:, other]) and torch.equal(conv_rows[:, other],
+                                                                                   before_c[:, other])
+    with pytest.raises(ValueError, match="must be contiguous"):
+        gdn_tri.gated_delta_commit_triton(nt, pend[1], L, state_rows[:, 1].transpose(2, 3), conv_rows[:, 1])
 
 
 @pytest.mark.parametrize("dtype,shape", [(torch.float32, (24, 3, 16, 6, 5, 1)), (torch.bfloat16, (24, 3, 16, 6, 5, 1)),

@@ -147,6 +147,92 @@ def test_forward_rows_is_each_row_alone_and_accept_keeps_each_rows_position():
     assert not torch.equal(runner._recurrent_rows_all[:, 1], before[:, 1])
 
 
+def _rows_and_singles(target, lengths, capacity, block):
+    device = next(target.parameters()).device
+    seqs = [prompt(10 + i, n + 3 * block)[0].to(device) for i, n in enumerate(lengths)]
+    runner = Qwen35StaticTarget(target, capacity, (), batch=len(lengths))
+    singles = [Qwen35StaticTarget(target, capacity, ()) for _ in lengths]
+    for i, (n, s) in enumerate(zip(lengths, seqs)):
+        runner.prefill(s[None, :n], row=i)
+        singles[i].prefill(s[None, :n])
+    with torch.no_grad():
+        full = [target(s[None]).logits[0] for s in seqs]
+    return seqs, runner, singles, full
+
+
+def test_a_verify_block_keeps_writes_not_states_and_a_longer_block_keeps_states():
+    """A block of up to FUSED_MAX_ROWS tokens keeps each row's writes (no per-position state: the commit replays
+    them into the row's [:, row] views); a longer one keeps every position's state. Both: each row = transformers'
+    forward over its text, and the committed states = the row alone's (fp64)."""
+    from fold_hf.targets.qwen35_rows import FUSED_MAX_ROWS
+
+    target = qwen35_target()  # fp64
+    lengths, L = [9, 21], FUSED_MAX_ROWS + 6
+    seqs, runner, singles, full = _rows_and_singles(target, lengths, 2 * L + 40, L)
+    starts = list(lengths)
+    for size, counts in ((4, [2, 0]), (L, [L - 1, 17]), (3, [1, 2])):
+        ids = torch.stack([seqs[r][starts[r] : starts[r] + size] for r in range(2)])
+        logits = runner.forward_rows(ids, [0, 1], starts)
+        long = size > FUSED_MAX_ROWS
+        assert bool(runner._pending) == long and (runner._delta_rows is None) == long
+        for r in range(2):
+            torch.testing.assert_close(logits[r], full[r][starts[r] : starts[r] + size], **TOL)
+            torch.testing.assert_close(singles[r].forward(ids[r : r + 1], starts[r]), logits[r], rtol=0, atol=1e-12)
+        runner.accept(counts)
+        for r in range(2):
+            singles[r].accept(counts[r])
+            starts[r] += counts[r] + 1
+            for i in runner.linear_ids:  # (a 70-token conv1d over 2 rows and over 1 may round apart in fp64)
+                torch.testing.assert_close(runner.recurrent_rows[i][r], singles[r].recurrent[i], rtol=0, atol=1e-15)
+                torch.testing.assert_close(runner.conv_rows[i][r], singles[r].conv[i], rtol=0, atol=1e-15)
+        assert not runner._pending and runner._delta_rows is None
+
+
+def _check_rows_triton(device, monkeypatch):
+    """The batched verify on the Triton Gated DeltaNet kernels (fp32): the chunked verify per row and the commit into
+    each row's strided views. Every row's logits are transformers' forward over its text, block after block with a
+    different count per row, and its committed state is the torch twins' within fp32."""
+    import fold_hf.kernels as kernels
+
+    def triton_hybrid_ops(device):
+        return kernels.HybridOps("triton", **{
+            op: getattr(kernels.import_triton_module(f"{package}.triton"), f"{op}_triton")
+            for op, package in kernels.HYBRID_OP_PACKAGES.items()})
+
+    target = copy.deepcopy(qwen35_target()).float().to(device)
+    lengths = [7, 30, 13]
+    seqs, twins, _, full = _rows_and_singles(target, lengths, 64, 4)
+    twins._delta_ops = kernels.default_hybrid_ops("cpu")  # the torch twins, resolved before the patch
+    assert twins._delta_ops.backend == "torch"
+    monkeypatch.setattr(kernels, "default_hybrid_ops", triton_hybrid_ops)
+    seqs, runner, _, _ = _rows_and_singles(target, lengths, 64, 4)
+    starts = list(lengths)
+    for counts, rows in (([0, 3, 1], [0, 1, 2]), ([2, 0, 3], [2, 0, 1]), ([1, 1, 0], [1, 2])):
+        ids = torch.stack([seqs[r][starts[r] : starts[r] + 4] for r in rows]).to(device)
+        logits = runner.forward_rows(ids, rows, [starts[r] for r in rows])
+        twins.forward_rows(ids, rows, [starts[r] for r in rows])
+        assert runner._delta_ops.backend == "triton"
+        for a, r in enumerate(rows):
+            torch.testing.assert_close(logits[a], full[r][starts[r] : starts[r] + 4], atol=1e-4, rtol=1e-4)
+        runner.accept([counts[r] for r in rows])
+        twins.accept([counts[r] for r in rows])
+        for r in rows:
+            starts[r] += counts[r] + 1
+        # (the layers after the first see inputs an fp32 rounding apart, so their windows are too)
+        torch.testing.assert_close(runner._recurrent_rows_all, twins._recurrent_rows_all, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runner._conv_rows_all, twins._conv_rows_all, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runner._conv_rows_all[0], twins._conv_rows_all[0], atol=0, rtol=0)
+
+
+def test_rows_verify_with_the_triton_kernels_in_interpreter(interpreter, monkeypatch):
+    _check_rows_triton("cpu", monkeypatch)
+
+
+@pytest.mark.gpu(reason="the Triton Gated DeltaNet kernels compiled for CUDA")
+def test_rows_verify_with_the_triton_kernels_on_gpu(monkeypatch):
+    _check_rows_triton("cuda", monkeypatch)
+
+
 def test_the_runner_holds_its_rows_and_refuses_what_does_not_fit():
     target = qwen35_target()
     one, three = Qwen35StaticTarget(target, 64), Qwen35StaticTarget(target, 64, batch=3)

@@ -286,14 +286,14 @@ def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias
 
 
 @triton.jit
-def _gdn_commit_kernel(N, PK, PG, PD, S, rows, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+def _gdn_commit_kernel(N, PK, PG, PD, S, rows, s_layer, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                        DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr):
     pid = tl.program_id(0)
     vb = tl.program_id(1)
     layer = pid // HV
     h = pid - layer * HV
     hk, rk, rv, mk, mv, m2 = _state_tile(h, vb, HK, HV, DK, DV, BK, BV)
-    s_off = (layer * HV + h).to(tl.int64) * DK * DV + rk[:, None] * DV + rv[None, :]
+    s_off = layer.to(tl.int64) * s_layer + h.to(tl.int64) * DK * DV + rk[:, None] * DV + rv[None, :]
     S_ = tl.load(S + s_off, mask=m2, other=0.0)
     n = tl.load(N)
     base = layer.to(tl.int64) * rows
@@ -313,21 +313,26 @@ def _gdn_commit_kernel(N, PK, PG, PD, S, rows, HK: tl.constexpr, HV: tl.constexp
 def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
                               conv_states: torch.Tensor) -> None:
     """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_commit_reference`: one launch replays tokens
-    ``0 .. n``'s writes into every layer's state, one shifts every layer's convolution window."""
+    ``0 .. n``'s writes into every layer's state, one shifts every layer's convolution window. ``states`` and
+    ``conv_states`` may be strided over layers (one cache row of ``[NL, B, ...]`` all-row tensors: ``[:, row]``);
+    each layer's ``[Hv, Dk, Dv]`` / ``[C, K - 1]`` must be contiguous."""
     NL, HV, DK, DV = states.shape
+    C, K1 = conv_states.shape[1], conv_states.shape[2]
+    if states.stride()[1:] != (DK * DV, DV, 1) or conv_states.stride()[1:] != (K1, 1):
+        raise ValueError(f"each layer's state and convolution window must be contiguous (strides {states.stride()}, "
+                         f"{conv_states.stride()})")
     rows, HK = pending["k"].shape[1], pending["k"].shape[2]
     BK, BV, warps = _blocks(DK, DV)
     _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV))](
-        n, pending["k"], pending["g"], pending["delta"], states, rows,
+        n, pending["k"], pending["g"], pending["delta"], states, rows, states.stride(0),
         HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=warps, **_EXACT)
-    C, K1 = conv_states.shape[1], conv_states.shape[2]
     block = min(1024, _next_pow2(C))
-    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, rows,
+    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, rows, conv_states.stride(0),
                                                      K1=K1, BK1=_next_pow2(K1), BLOCK=block, num_warps=4)
 
 
 @triton.jit
-def _conv_commit_kernel(N, RAW, CONV, C, rows, K1: tl.constexpr, BK1: tl.constexpr, BLOCK: tl.constexpr):
+def _conv_commit_kernel(N, RAW, CONV, C, rows, conv_layer, K1: tl.constexpr, BK1: tl.constexpr, BLOCK: tl.constexpr):
     """Window column ``n + 1 + j`` of [conv state | the block's raw projections] into conv state column ``j``, for
     every layer's channels (each program reads all its old columns before writing them)."""
     layer = tl.program_id(0)
@@ -339,7 +344,7 @@ def _conv_commit_kernel(N, RAW, CONV, C, rows, K1: tl.constexpr, BK1: tl.constex
     src = (n + 1 + cols).to(tl.int32)  # window column of each new column
     in_state = (src < K1)[None, :]
     m2 = mc[:, None] & mj[None, :]
-    base = layer.to(tl.int64) * C * K1
+    base = layer.to(tl.int64) * conv_layer
     old = tl.load(CONV + base + chan[:, None] * K1 + tl.minimum(src, K1 - 1)[None, :], mask=m2 & in_state,
                   other=0.0)
     row = tl.maximum(src - K1, 0)[None, :]
