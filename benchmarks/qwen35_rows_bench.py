@@ -28,21 +28,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemma_rows_bench import milliseconds  # noqa: E402
 from hybrid_bench import qwen35_config  # noqa: E402
 
 import fold_hf.targets.qwen35_rows as qwen35_rows  # noqa: E402
 from fold_hf.targets.qwen35 import Qwen35StaticTarget  # noqa: E402
-
-
-def milliseconds(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 @torch.no_grad()
