@@ -5,7 +5,9 @@ linear layers' two ways of leaving each row's state at its accepted position (fo
 * ``writes``: the fused Gated DeltaNet verify per row keeps the block's writes ``d_t`` (16 KiB a token and layer),
   the commit replays each row's accepted prefix into its state (the default for blocks of up to 64 tokens);
 * ``states``: every row's state after every block position is kept (``W x 2 MiB`` per row and layer at this shape)
-  and ``accept`` copies the chosen one (what a block of more than 64 tokens does; ``FUSED_MAX_ROWS`` set to 0 here).
+  and ``accept`` copies the chosen one (what a block of more than 64 tokens does; ``FUSED_MAX_ROWS`` set to 0 here);
+* ``fused``: the fused layers over rows (``forward_rows_static``, replayed as a CUDA graph, what the graphs engine
+  does for a batch), then ``after_rows_step`` and the per-row commit.
 
     python benchmarks/qwen35_rows_bench.py --context 32768 --rows 1,2,4,8 --width 16 --out DIR
 
@@ -32,6 +34,8 @@ from gemma_rows_bench import milliseconds  # noqa: E402
 from hybrid_bench import qwen35_config  # noqa: E402
 
 import fold_hf.targets.qwen35_rows as qwen35_rows  # noqa: E402
+from fold_hf.generation.graphs import CapturedStep  # noqa: E402
+from fold_hf.targets.base import bucket_length  # noqa: E402
 from fold_hf.targets.qwen35 import Qwen35StaticTarget  # noqa: E402
 
 
@@ -68,11 +72,27 @@ def main(argv=None) -> int:
         rows = list(range(B))
         counts = [(5 * a + 3) % W for a in range(B)]
         results = {}
-        for way, limit in (("writes", 64), ("states", 0)):
+        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(W, device=device)
+        bucket = bucket_length(max(starts) + W, runner.capacity)
+        ways = (("writes", 64), ("states", 0), ("fused", 64))
+        for way, limit in ways:
             qwen35_rows.FUSED_MAX_ROWS = limit
+            if way == "fused":  # (eager off CUDA, the fused ops' twins: a smoke run)
+                def rows_step():
+                    return runner.forward_rows_static(ids, positions, rows, bucket)
+
+                step = CapturedStep(rows_step, preserve=runner.step_state()) if device == "cuda" else None
+
+                def forward():
+                    out = step.replay() if step is not None else rows_step()
+                    runner.after_rows_step(rows, W)
+                    return out
+            else:
+                def forward():
+                    return runner.forward_rows(ids, rows, starts)
 
             def call():
-                runner.forward_rows(ids, rows, starts)
+                forward()
                 runner.accept(counts)
 
             if device == "cuda":
@@ -81,7 +101,7 @@ def main(argv=None) -> int:
             peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
             runner._recurrent_rows_all.copy_(initial[0])
             runner._conv_rows_all.copy_(initial[1])
-            logits = runner.forward_rows(ids, rows, starts).float()
+            logits = forward().float()
             runner.accept(counts)
             results[way] = (logits, runner._recurrent_rows_all.clone(), runner._conv_rows_all.clone())
             runner._recurrent_rows_all.copy_(initial[0])
@@ -90,19 +110,19 @@ def main(argv=None) -> int:
             rows_out.append({"rows": B, "width": W, "context": ctx, "way": way, "ms": round(ms, 4),
                              "peak_gib": round(peak, 3)})
         qwen35_rows.FUSED_MAX_ROWS = 64
-        (lw, sw, cw), (ls, ss, cs) = results["writes"], results["states"]
-        gap = {"logits_max_abs_diff": float((lw - ls).abs().max()),
-               "argmax_agree": float((lw.argmax(-1) == ls.argmax(-1)).float().mean()),
-               "state_max_abs_diff": float((sw - ss).abs().max()), "state_scale": float(ss.abs().max()),
-               "conv_max_abs_diff": float((cw.float() - cs.float()).abs().max())}
-        for r in rows_out[-2:]:
-            r.update(gap)
-        w, s = rows_out[-2], rows_out[-1]
-        print(f"ctx {ctx} B={B} W={W}: writes {w['ms']:.3f} ms (peak {w['peak_gib']:.2f} GiB), states "
-              f"{s['ms']:.3f} ms (peak {s['peak_gib']:.2f} GiB), writes/states "
-              f"{w['ms'] / s['ms'] if s['ms'] == s['ms'] else float('nan'):.3f}; logits diff "
-              f"{gap['logits_max_abs_diff']:.3g} (argmax agree {gap['argmax_agree']:.3f}), state diff "
-              f"{gap['state_max_abs_diff']:.3g} of {gap['state_scale']:.3g}", flush=True)
+        ls, ss, cs = results["states"]  # the rows' gaps to the per-position states' way
+        mine = rows_out[-len(ways):]
+        for r in mine:
+            lw, sw, cw = results[r["way"]]
+            r.update({"logits_max_abs_diff": float((lw - ls).abs().max()),
+                      "argmax_agree": float((lw.argmax(-1) == ls.argmax(-1)).float().mean()),
+                      "state_max_abs_diff": float((sw - ss).abs().max()), "state_scale": float(ss.abs().max()),
+                      "conv_max_abs_diff": float((cw.float() - cs.float()).abs().max())})
+        states_ms = next(r["ms"] for r in mine if r["way"] == "states")
+        print(f"ctx {ctx} B={B} W={W}: " + "; ".join(
+            f"{r['way']} {r['ms']:.3f} ms (/states {r['ms'] / states_ms:.3f}, peak {r['peak_gib']:.2f} GiB, logits "
+            f"diff {r['logits_max_abs_diff']:.3g}, argmax agree {r['argmax_agree']:.3f}, state diff "
+            f"{r['state_max_abs_diff']:.3g} of {r['state_scale']:.3g})" for r in mine), flush=True)
         del runner
         if device == "cuda":
             torch.cuda.empty_cache()

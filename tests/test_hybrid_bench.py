@@ -48,3 +48,24 @@ def test_headline_gives_the_round_over_its_floor_and_the_floors_ratio():
     assert head["p_sd_fold_over_its_floor_64"] == pytest.approx(1.5)
     assert head["p_sd_fold_floor_over_ar_floor_64"] == pytest.approx(1.25)
     assert head["p_ar_over_floor_64"] == pytest.approx(1.25)
+
+
+def test_qwen35_rows_bench_writes_three_ways_that_agree(tmp_path):
+    """``benchmarks/qwen35_rows_bench.py --tiny`` (issue 35): per batch size a row for each way of leaving the rows'
+    states (writes replayed, per-position states copied, the fused rows step), with the two ways' logits and states
+    apart by fp32 rounding only (the same rule), written as CSV and JSON."""
+    import csv
+    import json
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import qwen35_rows_bench as qb
+
+    assert qb.main(["--tiny", "--context", "120", "--rows", "1,3", "--width", "4", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "qwen35_rows.csv")))
+    assert [(r["rows"], r["way"]) for r in rows] == [(b, w) for b in ("1", "3") for w in ("writes", "states", "fused")]
+    for r in rows:
+        assert float(r["argmax_agree"]) == 1.0 and float(r["logits_max_abs_diff"]) < 1e-5
+        assert float(r["state_max_abs_diff"]) < 1e-6 * max(1.0, float(r["state_scale"]))
+        if r["way"] == "states":
+            assert float(r["logits_max_abs_diff"]) == 0 and float(r["state_max_abs_diff"]) == 0
+    assert json.loads((tmp_path / "qwen35_rows.json").read_text())["rows"][0]["way"] == "writes"

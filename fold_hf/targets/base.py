@@ -431,6 +431,13 @@ class StaticTarget(abc.ABC):
             raise ValueError(f"forward_static runs a one-row cache; this runner holds {self.batch} rows "
                              "(a batch's rounds run forward_rows)")
 
+    def after_rows_step(self, rows, L: int) -> None:
+        """A fixed-shape :meth:`forward_rows_static` of ``L`` tokens a row has just run (or been replayed from a CUDA
+        graph, which runs no Python): what :meth:`accept` then commits is that of cache rows ``rows``, the running
+        rows (the step's rows past them are parked rows fed to fill its row bucket). Nothing to do for a family whose
+        verify leaves nothing pending (KV caches: a parked row's writes land past what its row holds); a recurrent
+        family records the rows whose writes the next :meth:`accept` commits."""
+
     def fused_rows_unsupported(self) -> str | None:
         """Why :meth:`forward_rows_static` cannot run this target (None when the family gives it): a batch's verify
         on the static and graphs engines then runs :meth:`forward_rows` (host lengths), said once."""

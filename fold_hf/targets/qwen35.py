@@ -258,16 +258,7 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
         (:func:`fold_hf.kernels.common.pdl_scope`), as the Llama family's. Returns logits ``[L, V]``."""
         from ..kernels.common import pdl_scope
 
-        if self._hybrid_ops is None:
-            from ..kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
-
-            reason = self.fused_unsupported()
-            if reason is not None:
-                raise UnsupportedTarget(f"fused layers: {reason}")
-            self._hybrid_ops = default_hybrid_ops(self.device)
-            self._layer_ops = default_layer_ops(self.device)
-            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
-            self._delta_pending = self._pending_buffers()[0]  # row 0's (the fused layers run at batch 1)
+        self._fused_ops_ready()
         L = input_ids.shape[1]
         if L > FUSED_MAX_ROWS:
             raise ValueError(f"a fused Qwen3.5 step takes at most {FUSED_MAX_ROWS} rows, got {L}")
@@ -293,22 +284,67 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
             {"gate_proj": mlp.gate_proj, "up_proj": mlp.up_proj}, self.dtype, "gate_up")
         return inputs, gate_up
 
+    def forward_rows_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: list[int], bucket: int,
+                            taps_out: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`~fold_hf.targets.base.StaticTarget.forward_rows_static`: the fused layers over ``input_ids [A, L]``
+        at ``positions [A, L]`` (device), row ``a`` in cache row ``rows[a]`` (:meth:`_fused_layers`); each row's
+        Gated DeltaNet writes wait in that row's pending buffers for :meth:`accept` (one count per row), or for
+        :meth:`drop_pending_rows`. Returns logits ``[A, L, V]``."""
+        A, L = input_ids.shape
+        if positions.shape != (A, L):
+            raise ValueError(f"positions {tuple(positions.shape)} do not match the rows' tokens {(A, L)}")
+        if len(rows) != A:
+            raise ValueError(f"{A} rows of tokens need {A} cache rows, got {len(rows)}")
+        if len(set(rows)) != A:
+            raise ValueError(f"cache rows {list(rows)} repeat a row (each row's state advances once per forward)")
+        for row in rows:
+            self._check_row(row)
+        if L > FUSED_MAX_ROWS:
+            raise ValueError(f"a fused Qwen3.5 step takes at most {FUSED_MAX_ROWS} rows, got {L}")
+        if bucket > self.capacity:
+            raise ValueError(f"bucket {bucket} exceeds the cache capacity {self.capacity}")
+        self._fused_ops_ready()
+        with torch.no_grad():
+            return self._fused_layers(input_ids, positions, bucket, taps_out, rows=tuple(int(r) for r in rows))
+
+    def _fused_ops_ready(self) -> None:
+        """Resolve the fused layers' ops on their first use; raises :class:`UnsupportedTarget` where
+        :meth:`fused_unsupported` says why."""
+        if self._hybrid_ops is None:
+            from ..kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
+
+            reason = self.fused_unsupported()
+            if reason is not None:
+                raise UnsupportedTarget(f"fused layers: {reason}")
+            self._hybrid_ops = default_hybrid_ops(self.device)
+            self._layer_ops = default_layer_ops(self.device)
+            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
+            self._delta_pending = self._pending_buffers()[0]  # row 0's (a one-row step's)
+
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
-                      taps_out: torch.Tensor | None) -> torch.Tensor:
-        """The fused layers of :meth:`_forward_static_fused` (its checks done): a step's projections of 1 to
-        ``skinny_rows`` rows through the skinny GEMMs where the device has them, more rows through cuBLAS
-        (:func:`~fold_hf.targets.weight_layout.decode_gemm`, the Llama family's rule). Returns logits ``[L, V]``."""
+                      taps_out: torch.Tensor | None, rows: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The fused layers of :meth:`_forward_static_fused` (``input_ids [1, L]`` at ``positions [L]``, the
+        one-row runner's row 0; logits ``[L, V]``) and of :meth:`forward_rows_static` (``input_ids [A, L]`` at
+        ``positions [A, L]``, row ``a`` in cache row ``rows[a]``; logits ``[A, L, V]``), their checks done. The
+        embedding, projections, norms, MLP and lm_head run once over the ``A * L`` tokens (1 to ``skinny_rows`` of
+        them through the skinny GEMMs where the device has them, more through cuBLAS:
+        :func:`~fold_hf.targets.weight_layout.decode_gemm`, the Llama family's rule); each row's Gated DeltaNet
+        verify (from its committed state, into its pending buffers), and its norm-rope-write and decode attention
+        at its own context length (its first position, read on the device) are that row's own launches, as when
+        it runs alone."""
         ops, layer_ops, decode = self._hybrid_ops, self._layer_ops, self._decode_attention
-        L = input_ids.shape[1]
-        context_length = positions[:1].to(torch.int32)
+        A, L = input_ids.shape
+        one = rows is None
+        rows = (0,) if one else rows
+        row_positions = [positions] if one else [positions[a] for a in range(A)]  # [L] each
+        lengths = [p[:1].to(torch.int32) for p in row_positions]  # each row's context length, on the device
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
-        skinny = decode_gemm(layer_ops, L)
+        skinny = decode_gemm(layer_ops, A * L)
 
         self._drop_pending()
         hidden = self.embed(input_ids)
         delta = None
         D = self.head_dim
-        linear_slot = {i: n for n, i in enumerate(self.linear_ids)}
         for i, layer in enumerate(self.layers):
             norm = layer.input_layernorm
             hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm_epsilon(norm), 1.0)
@@ -318,34 +354,44 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
             if self.layer_types[i] == "linear_attention":
                 lin = layer.linear_attn
                 if inputs is not None:  # one GEMM; qkv, z, b and a are strided views of its rows, read in place
-                    qkv, z, b, a = (x[0] for x in inputs(normed, skinny))
+                    qkv, z, b, a = inputs(normed, skinny)
                 else:
-                    qkv, z, b, a = (m(normed)[0] for m in (lin.in_proj_qkv, lin.in_proj_z, lin.in_proj_b,
-                                                           lin.in_proj_a))
-                out = ops.gated_delta_verify(qkv, b, a, self.conv[i], lin.conv1d.weight.reshape(self.conv_dim, -1),
-                                             lin.A_log, lin.dt_bias, self.recurrent[i], self.num_k_heads, self.k_dim,
-                                             self._delta_pending, linear_slot[i])
-                z = z.reshape(L, self.num_v_heads, self.v_dim)
-                out = ops.gated_rms_norm(out, z, lin.norm.weight, norm_epsilon(lin.norm))
-                delta = project(skinny, lin.out_proj, out.reshape(1, L, -1))
+                    qkv, z, b, a = (m(normed) for m in (lin.in_proj_qkv, lin.in_proj_z, lin.in_proj_b,
+                                                        lin.in_proj_a))
+                if one:  # the one-row runner's row 0 (its pending buffers are the captured AR step's)
+                    out = ops.gated_delta_verify(qkv[0], b[0], a[0], self.conv[i], lin.conv1d.weight.reshape(
+                        self.conv_dim, -1), lin.A_log, lin.dt_bias, self.recurrent[i], self.num_k_heads, self.k_dim,
+                        self._delta_pending, self._linear_slot[i])
+                else:  # each row from its own state (one launch for all rows on CUDA)
+                    out = self._delta_verify(i, lin, qkv, b, a, rows)
+                z = z.reshape(A * L, self.num_v_heads, self.v_dim)
+                out = ops.gated_rms_norm(out.reshape(A * L, self.num_v_heads, self.v_dim), z, lin.norm.weight,
+                                         norm_epsilon(lin.norm))
+                delta = project(skinny, lin.out_proj, out.reshape(A, L, -1))
             else:
                 attn = layer.self_attn
                 if inputs is not None:
                     both, k, v = inputs(normed, skinny)
                 else:
                     both, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
-                both = both.view(1, L, self.num_heads, 2 * D)
+                both = both.view(A, L, self.num_heads, 2 * D)
                 query, gate = both[..., :D], both[..., D:]
-                k = k.view(1, L, self.num_kv_heads, D)
-                v = v.view(1, L, self.num_kv_heads, D)
-                q, k, v = ops.head_norm_rope_write(query, k, v, attn.q_norm.weight, attn.k_norm.weight,
-                                                   norm_epsilon(attn.q_norm), 1.0, self.cos, self.sin, positions,
-                                                   self.keys[i], self.values[i])
-                if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries)
-                    self.query_keep[1][:, :, :L].copy_(q)
-                out = decode(q, self.keys[i], self.values[i], k, v, context_length, scaling=self.scaling,
-                             max_context_length=bucket)  # [1, L, Hq, D]
-                delta = project(skinny, attn.o_proj, ops.sigmoid_mul(out, gate).reshape(1, L, -1))
+                k = k.view(A, L, self.num_kv_heads, D)
+                v = v.view(A, L, self.num_kv_heads, D)
+                outs = []
+                for n, r in enumerate(rows):
+                    here = slice(r, r + 1)
+                    keys, values = self.keys[i][here], self.values[i][here]
+                    q, kn, vn = ops.head_norm_rope_write(query[n : n + 1], k[n : n + 1], v[n : n + 1],
+                                                         attn.q_norm.weight, attn.k_norm.weight,
+                                                         norm_epsilon(attn.q_norm), 1.0, self.cos, self.sin,
+                                                         row_positions[n], keys, values)
+                    if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries, one row)
+                        self.query_keep[1][:, :, :L].copy_(q)
+                    outs.append(decode(q, keys, values, kn, vn, lengths[n], scaling=self.scaling,
+                                       max_context_length=bucket))  # [1, L, Hq, D]
+                out = outs[0] if A == 1 else torch.cat(outs)
+                delta = project(skinny, attn.o_proj, ops.sigmoid_mul(out, gate).reshape(A, L, -1))
             norm = layer.post_attention_layernorm
             hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm_epsilon(norm), 1.0)
             mlp = layer.mlp
@@ -356,8 +402,11 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
         hidden, normed = ops.residual_norm(hidden, delta, self.final_norm.weight, norm_epsilon(self.final_norm),
                                            1.0)
         tap(len(self.layers) - 1, normed)  # the last layer's tap is after the final norm, as HiddenTaps gives it
-        self._fused_pending = L
-        return self.lm_head(normed)[0]
+        if one:
+            self._fused_pending = L
+            return self.lm_head(normed)[0]
+        self._delta_rows = (rows, L)
+        return self.lm_head(normed)
 
     # ------------------------------------------------------------------ layers
     def _run_layers(self, input_ids, cos, sin, write_kv, attend, taps_out, last_only):

@@ -59,13 +59,32 @@ class Qwen35Rows:
         self._pending_rows: tuple[int, ...] = ()
         self._delta_rows: tuple[tuple[int, ...], int] | None = None  # (rows, L) of a verify awaiting its commit
         self._row_buffers: list[dict] | None = None  # each row's pending buffers (built on first use)
+        self._pending_whole: dict | None = None  # the same, every row's: [B, NL, P, ...]
         self._delta_ops = None
+        self._delta_rows_ops = False  # (verify, commit) of a batch's rows in one launch, None, or False: unresolved
 
     def _drop_pending(self) -> None:
         """Forget whatever the last forward left for :meth:`accept` (a new forward or a prefill starts)."""
         self._pending.clear()
         self._delta_rows = None
         self._fused_pending = None
+
+    def _gated_delta_ops(self):
+        """The Gated DeltaNet verify and commit (:func:`~fold_hf.kernels.default_hybrid_ops`: Triton on CUDA, the
+        torch twins elsewhere), resolved once; the fused layers' own when they have run."""
+        if self._delta_ops is None:
+            if self._hybrid_ops is not None:
+                self._delta_ops = self._hybrid_ops
+            else:
+                from ..kernels import default_hybrid_ops
+
+                self._delta_ops = default_hybrid_ops(self.device)
+        return self._delta_ops
+
+    def after_rows_step(self, rows, L: int) -> None:
+        """:meth:`~fold_hf.targets.base.StaticTarget.after_rows_step`: the writes :meth:`accept` commits are those of
+        cache rows ``rows`` (the running rows; a parked row's stay uncommitted, its state where it was)."""
+        self._delta_rows = (tuple(int(r) for r in rows), int(L))
 
     def _pending_buffers(self) -> list[dict]:
         """Each cache row's buffers for the commit (:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_pending`,
@@ -75,9 +94,42 @@ class Qwen35Rows:
             B, NL = self.batch, len(self.linear_ids)
             whole = gated_delta_pending(B * NL, FUSED_MAX_ROWS, self.num_k_heads, self.k_dim, self.num_v_heads,
                                         self.v_dim, self.conv_dim, self.dtype, self.state_dtype, self.device)
-            whole = {name: t.view(B, NL, *t.shape[1:]) for name, t in whole.items()}
-            self._row_buffers = [{name: t[r] for name, t in whole.items()} for r in range(B)]
+            self._pending_whole = {name: t.view(B, NL, *t.shape[1:]) for name, t in whole.items()}
+            self._row_buffers = [{name: t[r] for name, t in self._pending_whole.items()} for r in range(B)]
         return self._row_buffers
+
+    def _delta_rows_kernels(self):
+        """``(gated_delta_verify_rows_triton, gated_delta_commit_rows_triton)``: a batch's rows of a Gated DeltaNet
+        layer in one launch, their commit in one launch pair, where the Gated DeltaNet ops are the Triton kernels
+        (CUDA) and ``$FOLD_HF_ROWS_KERNELS`` is not ``0``; else None (one launch per row)."""
+        if self._delta_rows_ops is False:
+            from ..kernels import import_triton_module, rows_kernels_enabled
+
+            module = None
+            if self._gated_delta_ops().backend == "triton" and rows_kernels_enabled():
+                module = import_triton_module("gated_delta.triton")
+            self._delta_rows_ops = None if module is None else (module.gated_delta_verify_rows_triton,
+                                                                module.gated_delta_commit_rows_triton)
+        return self._delta_rows_ops
+
+    def _delta_verify(self, i: int, lin, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                      rows: tuple[int, ...]) -> torch.Tensor:
+        """Linear layer ``i``'s Gated DeltaNet verify of ``qkv [A, L, C]``, ``b`` / ``a [A, L, Hv]`` (strided rows
+        allowed), row ``n`` from cache row ``rows[n]``'s committed state into its pending buffers (the state is not
+        written): the rows kernel in one launch (:meth:`_delta_rows_kernels`) or one launch per row. Returns
+        ``[A, L, Hv, Dv]`` in the state dtype."""
+        weight = lin.conv1d.weight.reshape(self.conv_dim, -1)
+        slot = self._linear_slot[i]
+        buffers = self._pending_buffers()
+        kernels = self._delta_rows_kernels() if len(rows) > 1 else None
+        if kernels is not None:
+            return kernels[0](qkv, b, a, self.conv_rows[i], weight, lin.A_log, lin.dt_bias, self.recurrent_rows[i],
+                              self._row_index(rows), self.num_k_heads, self.k_dim, self._pending_whole, slot)
+        verify = self._gated_delta_ops().gated_delta_verify
+        runs = [verify(qkv[n], b[n], a[n], self.conv_rows[i][r], weight, lin.A_log, lin.dt_bias,
+                       self.recurrent_rows[i][r], self.num_k_heads, self.k_dim, buffers[r], slot)
+                for n, r in enumerate(rows)]
+        return runs[0][None] if len(runs) == 1 else torch.stack(runs)
 
     def row_tensors(self) -> list[tuple[torch.Tensor, int, bool]]:
         """:meth:`~fold_hf.targets.base.StaticTarget.row_tensors`: the attention layers' key and value caches, and
@@ -123,17 +175,7 @@ class Qwen35Rows:
         b = lin.in_proj_b(hidden)
         a = lin.in_proj_a(hidden)
         if L <= FUSED_MAX_ROWS:
-            if self._delta_ops is None:
-                from ..kernels import default_hybrid_ops
-
-                self._delta_ops = default_hybrid_ops(self.device)
-            buffers = self._pending_buffers()
-            weight = lin.conv1d.weight.reshape(self.conv_dim, -1)
-            runs = [self._delta_ops.gated_delta_verify(qkv[n], b[n], a[n], self.conv_rows[i][r], weight, lin.A_log,
-                                                       lin.dt_bias, self.recurrent_rows[i][r], self.num_k_heads,
-                                                       self.k_dim, buffers[r], self._linear_slot[i])
-                    for n, r in enumerate(rows)]
-            out = runs[0][None] if A == 1 else torch.stack(runs)  # [A, L, Hv, Dv]
+            out = self._delta_verify(i, lin, qkv, b, a, rows)  # [A, L, Hv, Dv]
             self._delta_rows = (rows, L)
         else:
             out = self._linear_states(i, lin, qkv, b, a)
@@ -206,9 +248,14 @@ class Qwen35Rows:
             if counts is not None:
                 on_device = torch.tensor(counts, device=self.device)
             buffers = self._pending_buffers()
-            for a, row in enumerate(rows):  # the row's [:, row] views of the all-layer states
-                self._delta_ops.gated_delta_commit(on_device[a : a + 1], buffers[row], L,
-                                                   self._recurrent_rows_all[:, row], self._conv_rows_all[:, row])
+            kernels = self._delta_rows_kernels() if len(rows) > 1 else None
+            if kernels is not None:  # every row in one launch pair
+                kernels[1](on_device, self._pending_whole, L, self._recurrent_rows_all, self._conv_rows_all,
+                           self._row_index(rows))
+            commit = self._gated_delta_ops().gated_delta_commit
+            for a, row in enumerate(rows if kernels is None else ()):  # the row's [:, row] views of the states
+                commit(on_device[a : a + 1], buffers[row], L, self._recurrent_rows_all[:, row],
+                       self._conv_rows_all[:, row])
             self._delta_rows = None
             return
         K1 = self.kernel - 1

@@ -253,6 +253,60 @@ def test_ring_attention_row_blocks_in_interpreter(interpreter):
                                gemma.ring_attention_reference(q, kr, vr, positions, 4, 0.5), atol=1e-5, rtol=1e-5)
 
 
+def _check_delta_rows(device, dtype, A, L, HK, HV, DK, DV, K):
+    """The verify and commit of ``A`` rows of a batch in one launch each (row axis, rows in permuted cache rows of
+    ``B = A + 1``, inputs strided as a merged projection's rows) against each row's one-row torch reference."""
+    from fold_hf.kernels.gated_delta import triton as gdn_tri
+
+    B, NL, layer = A + 1, 3, 1
+    per_row = [_delta_inputs(L, HK, HV, DK, DV, K, dtype, device, seed=10 * a + L) for a in range(A)]
+    C = per_row[0][0].shape[1]
+    weight, a_log, dt_bias = per_row[0][4:7]
+    wide = torch.zeros(A, L, C + 2 * HV + 5, dtype=dtype, device=device)  # [qkv | b | a | spare]: strided views
+    for a, inputs in enumerate(per_row):
+        wide[a, :, :C], wide[a, :, C : C + HV], wide[a, :, C + HV : C + 2 * HV] = inputs[0], inputs[1], inputs[2]
+    qkv, b, a_ = wide[..., :C], wide[..., C : C + HV], wide[..., C + HV : C + 2 * HV]
+    cache_rows = list(range(B))[::-1][:A]  # rows B-1 .. 1: not the batch order
+    conv_rows = torch.zeros(B, C, K - 1, dtype=dtype, device=device)
+    state_rows = torch.zeros(B, HV, DK, DV, device=device)
+    for a, r in enumerate(cache_rows):
+        conv_rows[r], state_rows[r] = per_row[a][3], per_row[a][7]
+    whole = gdn.gated_delta_pending(B * NL, L + 2, HK, DK, HV, DV, C, dtype, torch.float32, device)
+    whole = {name: t.view(B, NL, *t.shape[1:]) for name, t in whole.items()}
+    index = torch.tensor(cache_rows, dtype=torch.int32, device=device)
+    out = gdn_tri.gated_delta_verify_rows_triton(qkv, b, a_, conv_rows, weight, a_log, dt_bias, state_rows, index,
+                                                 HK, DK, whole, layer)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    refs = []
+    for a, r in enumerate(cache_rows):
+        pend = gdn.gated_delta_pending(NL, L + 2, HK, DK, HV, DV, C, dtype, torch.float32, device)
+        want = gdn.gated_delta_verify_reference(per_row[a][0], per_row[a][1], per_row[a][2], per_row[a][3], weight,
+                                                a_log, dt_bias, per_row[a][7], HK, DK, pend, layer)
+        torch.testing.assert_close(out[a], want, **tol)
+        for name in pend:
+            torch.testing.assert_close(whole[name][r, layer], pend[name][layer], **tol)
+        refs.append(pend)
+    assert all(torch.equal(whole[name][0], torch.zeros_like(whole[name][0])) for name in whole)  # row 0: none
+    counts = [(3 * a + 1) % L for a in range(A)]
+    states = torch.randn(NL, B, HV, DK, DV, generator=_gen(5), device="cpu").to(device) * 0.1
+    convs = torch.randn(NL, B, C, K - 1, generator=_gen(6)).to(dtype).to(device)
+    want_s, want_c = states.clone(), convs.clone()
+    for a, r in enumerate(cache_rows):
+        gdn.gated_delta_commit_reference(torch.tensor([counts[a]], device=device), refs[a], L, want_s[:, r],
+                                         want_c[:, r])
+    gdn_tri.gated_delta_commit_rows_triton(torch.tensor(counts, device=device), whole, L, states, convs, index)
+    torch.testing.assert_close(states, want_s, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(convs, want_c, **tol)
+    assert torch.equal(states[:, 0], want_s[:, 0]) and torch.equal(convs[:, 0], want_c[:, 0])  # row 0 untouched
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (3, 4, 2, 4, 8, 6, 4)), (torch.bfloat16, (2, 1, 1, 2, 8, 8, 3)),
+                                         (torch.float32, (2, 17, 1, 2, 16, 16, 4))])
+def test_gated_delta_rows_kernels_in_interpreter(interpreter, dtype, shape):
+    """(rows, block, key heads, value heads, Dk, Dv, conv kernel): a verify block, an AR step, a block past 16."""
+    _check_delta_rows("cpu", dtype, *shape)
+
+
 @pytest.mark.parametrize("dtype,shape", [(torch.float32, (1, 1, 1, 8, 8, 4)), (torch.bfloat16, (5, 2, 6, 12, 20, 4)),
                                          (torch.float32, (3, 1, 2, 16, 9, 2))])
 def test_gated_delta_kernels_in_interpreter(interpreter, dtype, shape):
@@ -306,6 +360,8 @@ def test_hybrid_kernels_on_gpu(dtype):
     _check_delta("cuda", torch.float32, 1, 16, 32, 128, 128, 4)
     for L in (16, 64):
         _check_chunked_verify_against_float64("cuda", L, 16, 32, 128, 128, 0.02)
+    _check_delta_rows("cuda", torch.float32, 8, 16, 16, 32, 128, 128, 4)
+    _check_delta_rows("cuda", torch.bfloat16, 3, 1, 16, 32, 128, 128, 4)
 
 
 @pytest.mark.gpu(reason="bf16 fused layers of whole targets on CUDA against their module path")

@@ -189,8 +189,8 @@ def test_a_verify_block_keeps_writes_not_states_and_a_longer_block_keeps_states(
 
 
 def _check_rows_triton(device, monkeypatch):
-    """The batched verify on the Triton Gated DeltaNet kernels (fp32): the chunked verify per row and the commit into
-    each row's strided views. Every row's logits are transformers' forward over its text, block after block with a
+    """The batched verify on the Triton Gated DeltaNet kernels (fp32): the chunked verify and the commit of a
+    batch's rows in one launch (the kernels' row axis), host-length and in the fused layers over rows. Every row's logits are transformers' forward over its text, block after block with a
     different count per row, and its committed state is the torch twins' within fp32."""
     import fold_hf.kernels as kernels
 
@@ -206,22 +206,28 @@ def _check_rows_triton(device, monkeypatch):
     assert twins._delta_ops.backend == "torch"
     monkeypatch.setattr(kernels, "default_hybrid_ops", triton_hybrid_ops)
     seqs, runner, _, _ = _rows_and_singles(target, lengths, 64, 4)
+    _, fused, _, _ = _rows_and_singles(target, lengths, 64, 4)  # the fused layers over rows, every hybrid op Triton
     starts = list(lengths)
     for counts, rows in (([0, 3, 1], [0, 1, 2]), ([2, 0, 3], [2, 0, 1]), ([1, 1, 0], [1, 2])):
         ids = torch.stack([seqs[r][starts[r] : starts[r] + 4] for r in rows]).to(device)
         logits = runner.forward_rows(ids, rows, [starts[r] for r in rows])
+        positions = torch.tensor([starts[r] for r in rows], device=device)[:, None] + torch.arange(4, device=device)
+        fused_logits = fused.forward_rows_static(ids, positions, rows, 64)
         twins.forward_rows(ids, rows, [starts[r] for r in rows])
-        assert runner._delta_ops.backend == "triton"
+        assert runner._delta_ops.backend == "triton" and fused._hybrid_ops.backend == "triton"
+        assert (runner._delta_rows_ops is not None) == (len(rows) > 1), "a batch's rows in one launch"
         for a, r in enumerate(rows):
             torch.testing.assert_close(logits[a], full[r][starts[r] : starts[r] + 4], atol=1e-4, rtol=1e-4)
-        runner.accept([counts[r] for r in rows])
-        twins.accept([counts[r] for r in rows])
+            torch.testing.assert_close(fused_logits[a], full[r][starts[r] : starts[r] + 4], atol=1e-4, rtol=1e-4)
+        for step in (runner, fused, twins):
+            step.accept([counts[r] for r in rows])
         for r in rows:
             starts[r] += counts[r] + 1
         # (the layers after the first see inputs an fp32 rounding apart, so their windows are too)
-        torch.testing.assert_close(runner._recurrent_rows_all, twins._recurrent_rows_all, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(runner._conv_rows_all, twins._conv_rows_all, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(runner._conv_rows_all[0], twins._conv_rows_all[0], atol=0, rtol=0)
+        for step in (runner, fused):
+            torch.testing.assert_close(step._recurrent_rows_all, twins._recurrent_rows_all, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(step._conv_rows_all, twins._conv_rows_all, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runner._conv_rows_all[0], twins._conv_rows_all[0], atol=0, rtol=0)  # same inputs
 
 
 def test_rows_verify_with_the_triton_kernels_in_interpreter(interpreter, monkeypatch):
@@ -238,10 +244,18 @@ def test_the_runner_holds_its_rows_and_refuses_what_does_not_fit():
     one, three = Qwen35StaticTarget(target, 64), Qwen35StaticTarget(target, 64, batch=3)
     assert three.bytes_held() == 3 * one.bytes_held()
     assert fold_hf.targets.registry.batch_unsupported_reason(target) is None
-    assert three.fused_rows_unsupported() is not None  # its static engines verify host-length (said once)
+    assert three.fused_rows_unsupported() is None  # forward_rows_static: the fused layers over rows
     ids = torch.zeros(2, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="repeat a row"):
         three.forward_rows(ids, [1, 1], [4, 4])
+    positions = torch.tensor([[4, 5, 6], [9, 10, 11]])
+    with pytest.raises(ValueError, match="repeat a row"):
+        three.forward_rows_static(ids, positions, [1, 1], 16)
+    with pytest.raises(ValueError, match="do not match"):
+        three.forward_rows_static(ids, positions[:, :2], [0, 1], 16)
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        three.forward_rows_static(torch.zeros(2, 65, dtype=torch.long), torch.zeros(2, 65, dtype=torch.long), [0, 1],
+                                  16)
     three.forward_rows(ids, [0, 2], [4, 4])
     with pytest.raises(ValueError, match="2 accepted counts for the 1 rows|1 accepted counts for the 2 rows"):
         three.accept([1])
@@ -318,9 +332,9 @@ def test_routed_generate_takes_batched_rounds(pair, verified):
     assert max(len(v) for v in verified) == 3
 
 
-def test_static_engine_verifies_host_length_said_once(pair, verified, monkeypatch):
-    """On the static engine the batched verify runs host-length ``forward_rows`` (no fused layers over rows),
-    saying so once with the reason; the rows are still their own greedy outputs."""
+def test_static_engine_without_fused_layers_verifies_host_length_said_once(pair, verified, monkeypatch):
+    """On the static engine with the fused layers off (their default off CUDA) the batched verify runs host-length
+    ``forward_rows``, saying so once with the reason; the rows are still their own greedy outputs."""
     target, drafter = pair
     rows = rows_of((11, 26), seed=90)
     ids, mask = left_pad(rows)
@@ -329,6 +343,106 @@ def test_static_engine_verifies_host_length_said_once(pair, verified, monkeypatc
         warnings.simplefilter("always")
         out = run_batched(target, drafter, ids, mask, engine="static")
     said = [str(w.message) for w in record if "verify host-length" in str(w.message)]
-    assert len(said) == 1 and "no fused layers over rows" in said[0], said
+    assert len(said) == 1 and "the fused layers are off here" in said[0], said
     assert torch.equal(out.sequences, expected_batch(ids, [alone(target, r) for r in rows], pad=-1))
     assert max(len(v) for v in verified) == 2
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_static_engine_verifies_the_rows_through_the_fused_layers(pair, verified, monkeypatch, oracle):
+    """engine='static' with the fused layers (their torch twins here; the graphs engine captures the same step): the
+    batch's verify is the session's fixed-shape rows step (``forward_rows_static``: each row's Gated DeltaNet
+    verify from its own state, its attention at its own length), never the host-length ``forward_rows``, and
+    nothing says host-length. One row stops early at its EOS, so the step runs three rows, then two (the graphs
+    engine's row buckets and their parked rows: the GPU test). Every row is transformers' greedy output of that row
+    alone, with a random drafter or an oracle rejecting at per-row slots."""
+    target, drafter = pair
+    rows = rows_of((23, 9, 31), seed=60)
+    plain = [alone(target, r) for r in rows]
+    eos = next(t for t in range(MASK) if any(t in n[:NEW // 2] for n in plain) and any(t not in n for n in plain))
+    news = [alone(target, r, eos=eos) for r in rows]
+    if oracle:
+        refs = [target.generate(r[None], max_new_tokens=NEW + BLOCK, do_sample=False)[0] for r in rows]
+        oracle_rows(monkeypatch, refs)
+    ids, mask = left_pad(rows)
+    monkeypatch.setattr(settings, "_WARNED", set(), raising=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
+                                    fused_layers=True, eos_token_id=eos, return_stats=True)
+    keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
+    release_fast_state(target)
+    assert not [str(w.message) for w in record if "host-length" in str(w.message)]
+    assert out.batched and not verified  # the fused rows step, never forward_rows
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
+    assert {key[1] for key in keys} >= {3, 2}, keys  # three rows, then the two still running
+    if oracle:
+        patterns = [tuple(row.acceptance_lengths) for row in out.rows]
+        assert len(set(patterns)) == 3, patterns
+
+
+def test_forward_rows_static_is_each_row_alone_and_a_parked_row_keeps_its_state():
+    """The fused layers over rows (torch twins, fp64): three rows at three lengths verify a rejected block and then
+    the true one at device positions; each row's logits equal its one-row runner's fused step and transformers'
+    forward over its text, and after ``accept`` its state is the one-row runner's. A row of the step left out by
+    ``after_rows_step`` (a parked row) keeps its state."""
+    target = qwen35_target()  # fp64
+    lengths = [7, 30, 13]
+    seqs, runner, singles, full = _rows_and_singles(target, lengths, 64, 4)
+    starts = list(lengths)
+    garbage = torch.full((3, 4), 3, dtype=torch.long)
+    for counts in ([0, 3, 1], [2, 0, 3]):
+        positions = torch.tensor(starts)[:, None] + torch.arange(4)
+        runner.forward_rows_static(garbage, positions, [0, 1, 2], 64)
+        runner.accept([0, 0, 0])  # the block's first token is the true one: keep it alone
+        ids = torch.stack([seqs[r][starts[r] : starts[r] + 4] for r in range(3)])
+        for r in range(3):
+            singles[r].forward_static(garbage[r : r + 1], positions[r], 64, attention="triton", fused=True)
+            singles[r].accept(0)
+        # (the garbage's first token stands for the true one: rewind both to before it by re-running from there)
+        starts = [s + 1 for s in starts]
+        positions = torch.tensor(starts)[:, None] + torch.arange(4)
+        ids = torch.stack([seqs[r][starts[r] : starts[r] + 4] for r in range(3)])
+        logits = runner.forward_rows_static(ids, positions, [0, 1, 2], 64)
+        for r in range(3):
+            one = singles[r].forward_static(ids[r : r + 1], positions[r], 64, attention="triton", fused=True)
+            torch.testing.assert_close(logits[r], one, rtol=0, atol=1e-12)
+        runner.accept(counts)
+        for r in range(3):
+            singles[r].accept(counts[r])
+            starts[r] += counts[r] + 1
+            for i in runner.linear_ids:
+                torch.testing.assert_close(runner.recurrent_rows[i][r], singles[r].recurrent[i], rtol=0, atol=1e-15)
+                torch.testing.assert_close(runner.conv_rows[i][r], singles[r].conv[i], rtol=0, atol=0)
+    before = runner._recurrent_rows_all.clone(), runner._conv_rows_all.clone()
+    positions = torch.tensor(starts)[:, None] + torch.arange(4)
+    runner.forward_rows_static(torch.stack([seqs[r][starts[r] : starts[r] + 4] for r in range(3)]), positions,
+                               [0, 1, 2], 64)
+    runner.after_rows_step([0, 1], 4)  # row 2 was parked
+    runner.accept([3, 3])
+    assert torch.equal(runner._recurrent_rows_all[:, 2], before[0][:, 2])
+    assert torch.equal(runner._conv_rows_all[:, 2], before[1][:, 2])
+    assert not torch.equal(runner._recurrent_rows_all[:, 0], before[0][:, 0])
+
+
+@pytest.mark.gpu(reason="CUDA graphs and the fused Triton kernels: the captured batched verify over Qwen3.5 rows")
+def test_the_graphs_engine_verifies_qwen35_rows_as_one_captured_step_on_the_gpu(pair):
+    """On CUDA (fp32): the graphs engine's captured batched verify through the Qwen3.5 fused layers over rows (the
+    chunked Gated DeltaNet verify and decode kernels per row, each row's commit after each replay), 8 rows, rows
+    stopping at their EOS (parked rows fill the buckets): every row is transformers' greedy output of that row
+    alone, and nothing verifies host-length."""
+    target, drafter = copy.deepcopy(pair[0]).cuda(), copy.deepcopy(pair[1]).cuda()
+    rows = rows_of((5, 40, 23, 9, 31, 12, 50, 17), seed=70)
+    plain = [alone(target, r.cuda()) for r in rows]
+    eos = next(t for t in range(MASK) if sum(t in n[:NEW // 2] for n in plain) >= 2)
+    news = [alone(target, r.cuda(), eos=eos) for r in rows]
+    ids, mask = left_pad(rows)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = fold_hf.fast_generate(target, drafter, ids.cuda(), mask.cuda(), max_new_tokens=NEW, engine="graphs",
+                                    eos_token_id=eos, return_stats=True)
+    keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
+    release_fast_state(target)
+    assert not [str(w.message) for w in record if "host-length" in str(w.message)]
+    assert out.batched and keys
+    assert torch.equal(out.sequences.cpu(), expected_batch(ids, news, pad=eos))

@@ -49,7 +49,7 @@ def sdpa_over_concatenation(inputs: dict, T: int, scaling: float) -> torch.Tenso
     keys = torch.cat((inputs["context_keys"][:, :, :T], inputs["block_keys"]), dim=2).double()
     values = torch.cat((inputs["context_values"][:, :, :T], inputs["block_values"]), dim=2).double()
     L = q.shape[2]
-    visible = torch.ones(L, T + L, dtype=torch.bool).tril(diagonal=T)  # row r sees keys < T + r + 1
+    visible = torch.ones(L, T + L, dtype=torch.bool, device=q.device).tril(diagonal=T)  # row r sees keys < T + r + 1
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2)
 

@@ -471,6 +471,7 @@ class _Verify:
         cache_rows = list(range(A))
         logits = self.session.step(key, lambda: runner.forward_rows_static(ids_buf, positions, cache_rows, bucket,
                                                                           taps)).replay()
+        runner.after_rows_step(range(n), W)  # a replay runs no Python: a recurrent family learns its rows here
         if features is not None:
             features.copy_(taps[:n])
         return logits[:n]

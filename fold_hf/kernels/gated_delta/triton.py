@@ -171,14 +171,28 @@ def _gdn_keep_raw(QKV, PR, qkv_stride, C, rl, qc, kc, vc, lk, lv, KEY_OWNER):
 
 @triton.jit
 def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L, qkv_stride, b_stride, a_stride,
-                       scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       KS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr,
-                       PREC: tl.constexpr, LIB: tl.constexpr):
+                       scale, ROWS, qkv_row, b_row, a_row, conv_row, s_row, p_row, HK: tl.constexpr,
+                       HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr, PREC: tl.constexpr,
+                       LIB: tl.constexpr, HAS_ROWS: tl.constexpr):
     h = tl.program_id(0)
     vb = tl.program_id(1)
     GROUP: tl.constexpr = HV // HK
     hk = h // GROUP
     C: tl.constexpr = 2 * HK * DK + HV * DV
+    if HAS_ROWS:  # block row a of a batch, in cache row ROWS[a]: its inputs, state, window, output and pending rows
+        pa = tl.program_id(2).to(tl.int64)
+        row = tl.load(ROWS + pa).to(tl.int64)
+        QKV += pa * qkv_row
+        B += pa * b_row
+        A += pa * a_row
+        CONV += row * conv_row
+        S += row * s_row
+        OUT += pa * L * HV * DV
+        PK += row * p_row * HK * DK
+        PG += row * p_row * HV
+        PD += row * p_row * HV * DV
+        PR += row * p_row * C
     q, k, v, g, beta, rk, rv, rl, mk, mv, ml, qc, kc, vc = _gdn_inputs(
         QKV, B, A, CONV, CW, ALOG, DTB, h, hk, vb, L, qkv_stride, b_stride, a_stride, scale, HK, HV, DK, DV, KS, BK,
         BV, LP, LIB)
@@ -252,51 +266,101 @@ def _dot_precision() -> str:
     return prec
 
 
+def _check_verify_shapes(qkv, conv_state, state, num_k_heads: int, k_dim: int, conv_weight, pending: dict):
+    """(L, C, HK, HV, DK, DV, KS) of a verify over ``qkv [..., L, C]``, raising on what does not fit."""
+    if state.dtype != torch.float32:
+        raise ValueError(f"the Triton Gated DeltaNet kernels keep an fp32 state, got {state.dtype}")
+    L, C = qkv.shape[-2:]
+    HV, DK, DV = state.shape[-3:]
+    HK = num_k_heads
+    KS = conv_weight.shape[-1]
+    if (DK != k_dim or HV % HK or C != 2 * HK * DK + HV * DV or tuple(conv_state.shape[-2:]) != (C, KS - 1)
+            or KS < 2):
+        raise ValueError(f"shapes do not match: qkv {tuple(qkv.shape)}, state {tuple(state.shape)}, conv "
+                         f"{tuple(conv_state.shape)}, {HK} key heads of {k_dim}")
+    if L > pending["k"].shape[-3]:
+        raise ValueError(f"a verify of {L} rows exceeds the pending buffers ({pending['k'].shape[-3]} rows)")
+    return L, C, HK, HV, DK, DV, KS
+
+
+def _launch_verify(grid_rows, qkv, b, a, conv, conv_weight, a_log, dt_bias, state, out, pk, pg, pd, pr, k_dim,
+                   dims, rows=None, strides=(0, 0, 0, 0, 0, 0)):
+    L, C, HK, HV, DK, DV, KS = dims
+    BK, BV, warps = _blocks(DK, DV)
+    chunk = L > 1
+    if chunk:  # tl.dot takes tiles of at least 16 x 16
+        BK, BV = max(BK, 16), max(BV, 16)
+    _gdn_verify_kernel[(HV, triton.cdiv(DV, BV), grid_rows)](
+        qkv, b, a, conv, conv_weight.reshape(C, KS).contiguous(), a_log, dt_bias, state, out, pk, pg, pd, pr, L,
+        qkv.stride(-2), b.stride(-2), a.stride(-2), float(k_dim ** -0.5), rows if rows is not None else out,
+        *strides, HK=HK, HV=HV, DK=DK, DV=DV, KS=KS, BK=BK, BV=BV, LP=max(16, _next_pow2(L)) if chunk else 1,
+        CHUNK=chunk, PREC=_dot_precision() if chunk else "ieee", LIB=_libdevice(), HAS_ROWS=rows is not None,
+        num_warps=warps, **_EXACT)
+
+
+def _inner(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with unit stride on its last axis (a strided view of a merged projection's rows stays a view)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def gated_delta_verify_triton(qkv, b, a, conv_state, conv_weight, a_log, dt_bias, state, num_k_heads: int,
                               k_dim: int, pending: dict, layer: int) -> torch.Tensor:
     """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_verify_reference` (fp32 state; ``qkv [L, C]``,
     ``b``/``a [L, Hv]`` may have strided rows). One token runs the rule's step; more run it chunked (dots over
     the block, module docstring)."""
-    if state.dtype != torch.float32:
-        raise ValueError(f"the Triton Gated DeltaNet kernels keep an fp32 state, got {state.dtype}")
-    L, C = qkv.shape
-    HV, DK, DV = state.shape
-    HK = num_k_heads
-    KS = conv_weight.shape[-1]
-    if DK != k_dim or HV % HK or C != 2 * HK * DK + HV * DV or conv_state.shape != (C, KS - 1) or KS < 2:
-        raise ValueError(f"shapes do not match: qkv {tuple(qkv.shape)}, state {tuple(state.shape)}, conv "
-                         f"{tuple(conv_state.shape)}, {HK} key heads of {k_dim}")
-    if L > pending["k"].shape[1]:
-        raise ValueError(f"a verify of {L} rows exceeds the pending buffers ({pending['k'].shape[1]} rows)")
-    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
-    b = b if b.stride(-1) == 1 else b.contiguous()
-    a = a if a.stride(-1) == 1 else a.contiguous()
+    dims = _check_verify_shapes(qkv, conv_state, state, num_k_heads, k_dim, conv_weight, pending)
+    L, HV, DV = dims[0], dims[3], dims[5]
     out = torch.empty(L, HV, DV, device=state.device, dtype=torch.float32)
-    BK, BV, warps = _blocks(DK, DV)
-    chunk = L > 1
-    if chunk:  # tl.dot takes tiles of at least 16 x 16
-        BK, BV = max(BK, 16), max(BV, 16)
-    _gdn_verify_kernel[(HV, triton.cdiv(DV, BV))](
-        qkv, b, a, conv_state.contiguous(), conv_weight.reshape(C, KS).contiguous(), a_log, dt_bias, state, out,
-        pending["k"][layer], pending["g"][layer], pending["delta"][layer], pending["qkv"][layer], L, qkv.stride(0),
-        b.stride(0), a.stride(0), float(k_dim ** -0.5), HK=HK, HV=HV, DK=DK, DV=DV, KS=KS, BK=BK, BV=BV,
-        LP=max(16, _next_pow2(L)) if chunk else 1, CHUNK=chunk, PREC=_dot_precision() if chunk else "ieee",
-        LIB=_libdevice(), num_warps=warps, **_EXACT)
+    _launch_verify(1, _inner(qkv), _inner(b), _inner(a), conv_state.contiguous(), conv_weight, a_log, dt_bias, state,
+                   out, *(pending[name][layer] for name in ("k", "g", "delta", "qkv")), k_dim, dims)
+    return out
+
+
+def gated_delta_verify_rows_triton(qkv, b, a, conv_rows, conv_weight, a_log, dt_bias, state_rows,
+                                   row_index: torch.Tensor, num_k_heads: int, k_dim: int, pending_rows: dict,
+                                   layer: int) -> torch.Tensor:
+    """:func:`gated_delta_verify_triton` of ``A`` rows of a batch in one launch: row ``a`` (``qkv [A, L, C]``,
+    ``b``/``a [A, L, Hv]``, strided rows allowed) from cache row ``row_index[a]`` (``[A]`` int32, on the device) of
+    the layer's convolution windows ``conv_rows [B, C, K - 1]`` and states ``state_rows [B, Hv, Dk, Dv]`` (fp32;
+    not modified), its pending rows those of that cache row in ``pending_rows`` (:func:`~fold_hf.kernels.
+    gated_delta.naive.gated_delta_pending` of ``B * NL`` layers viewed ``[B, NL, P, ...]``), layer ``layer``. Each
+    row as :func:`~fold_hf.kernels.gated_delta.naive.gated_delta_verify_reference` of that row alone. Returns
+    ``[A, L, Hv, Dv]`` fp32."""
+    dims = _check_verify_shapes(qkv, conv_rows, state_rows, num_k_heads, k_dim, conv_weight, pending_rows)
+    A, L, HV, DV = qkv.shape[0], dims[0], dims[3], dims[5]
+    B, NL, P = pending_rows["k"].shape[:3]
+    if state_rows.shape[0] != B or conv_rows.shape[0] != B or row_index.shape != (A,) or not state_rows.is_contiguous():
+        raise ValueError(f"{A} rows of a verify over {B} cache rows: state rows {tuple(state_rows.shape)}, conv rows "
+                         f"{tuple(conv_rows.shape)}, row index {tuple(row_index.shape)}")
+    conv_rows = conv_rows.contiguous()
+    qkv, b, a = _inner(qkv), _inner(b), _inner(a)
+    out = torch.empty(A, L, HV, DV, device=state_rows.device, dtype=torch.float32)
+    _launch_verify(A, qkv, b, a, conv_rows, conv_weight, a_log, dt_bias, state_rows, out,
+                   *(pending_rows[name][:, layer] for name in ("k", "g", "delta", "qkv")), k_dim, dims,
+                   rows=row_index, strides=(qkv.stride(0), b.stride(0), a.stride(0), conv_rows.stride(0),
+                                            state_rows.stride(0), NL * P))
     return out
 
 
 @triton.jit
-def _gdn_commit_kernel(N, PK, PG, PD, S, rows, s_layer, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                       DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr):
+def _gdn_commit_kernel(N, PK, PG, PD, S, rows, s_layer, ROWS, s_row, p_row, HK: tl.constexpr, HV: tl.constexpr,
+                       DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LIB: tl.constexpr,
+                       HAS_ROWS: tl.constexpr):
     pid = tl.program_id(0)
     vb = tl.program_id(1)
     layer = pid // HV
     h = pid - layer * HV
     hk, rk, rv, mk, mv, m2 = _state_tile(h, vb, HK, HV, DK, DV, BK, BV)
+    base = layer.to(tl.int64) * rows  # the layer's first pending row
+    if HAS_ROWS:  # row a of a batch: its count, its cache row's states and pending rows
+        pa = tl.program_id(2)
+        row = tl.load(ROWS + pa).to(tl.int64)
+        N += pa
+        S += row * s_row
+        base += row * p_row
     s_off = layer.to(tl.int64) * s_layer + h.to(tl.int64) * DK * DV + rk[:, None] * DV + rv[None, :]
     S_ = tl.load(S + s_off, mask=m2, other=0.0)
     n = tl.load(N)
-    base = layer.to(tl.int64) * rows
     kt = tl.load(PK + (base * HK + hk) * DK + rk, mask=mk, other=0.0)
     dt = tl.load(PD + (base * HV + h) * DV + rv, mask=mv, other=0.0)
     gt = tl.load(PG + base * HV + h)
@@ -310,36 +374,70 @@ def _gdn_commit_kernel(N, PK, PG, PD, S, rows, s_layer, HK: tl.constexpr, HV: tl
     tl.store(S + s_off, S_, mask=m2)
 
 
+def _launch_commit(grid_rows, n, pending, states, conv_states, rows=None, strides=(0, 0, 0)):
+    """The two commit launches over ``states [NL, (B,) Hv, Dk, Dv]`` / ``conv_states [NL, (B,) C, K - 1]`` (strided
+    over layers; each layer's, or each cache row's, contiguous). With ``rows`` (the batch's cache rows) ``strides``
+    are the states' and the windows' cache-row strides and a cache row's pending rows (``NL * P``)."""
+    NL, HV, DK, DV = states.shape[0], *states.shape[-3:]
+    C, K1 = conv_states.shape[-2], conv_states.shape[-1]
+    if states.stride()[-3:] != (DK * DV, DV, 1) or conv_states.stride()[-2:] != (K1, 1):
+        raise ValueError(f"each layer's state and convolution window must be contiguous (strides {states.stride()}, "
+                         f"{conv_states.stride()})")
+    P, HK = pending["k"].shape[-3], pending["k"].shape[-2]
+    BK, BV, warps = _blocks(DK, DV)
+    index = rows if rows is not None else n
+    _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV), grid_rows)](
+        n, pending["k"], pending["g"], pending["delta"], states, P, states.stride(0), index, strides[0], strides[2],
+        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), HAS_ROWS=rows is not None, num_warps=warps,
+        **_EXACT)
+    block = min(1024, _next_pow2(C))
+    _conv_commit_kernel[(NL, triton.cdiv(C, block), grid_rows)](
+        n, pending["qkv"], conv_states, C, P, conv_states.stride(0), index, strides[1], strides[2], K1=K1,
+        BK1=_next_pow2(K1), BLOCK=block, HAS_ROWS=rows is not None, num_warps=4)
+
+
 def gated_delta_commit_triton(n: torch.Tensor, pending: dict, length: int, states: torch.Tensor,
                               conv_states: torch.Tensor) -> None:
     """:func:`~fold_hf.kernels.gated_delta.naive.gated_delta_commit_reference`: one launch replays tokens
     ``0 .. n``'s writes into every layer's state, one shifts every layer's convolution window. ``states`` and
     ``conv_states`` may be strided over layers (one cache row of ``[NL, B, ...]`` all-row tensors: ``[:, row]``);
     each layer's ``[Hv, Dk, Dv]`` / ``[C, K - 1]`` must be contiguous."""
-    NL, HV, DK, DV = states.shape
-    C, K1 = conv_states.shape[1], conv_states.shape[2]
-    if states.stride()[1:] != (DK * DV, DV, 1) or conv_states.stride()[1:] != (K1, 1):
-        raise ValueError(f"each layer's state and convolution window must be contiguous (strides {states.stride()}, "
-                         f"{conv_states.stride()})")
-    rows, HK = pending["k"].shape[1], pending["k"].shape[2]
-    BK, BV, warps = _blocks(DK, DV)
-    _gdn_commit_kernel[(NL * HV, triton.cdiv(DV, BV))](
-        n, pending["k"], pending["g"], pending["delta"], states, rows, states.stride(0),
-        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, LIB=_libdevice(), num_warps=warps, **_EXACT)
-    block = min(1024, _next_pow2(C))
-    _conv_commit_kernel[(NL, triton.cdiv(C, block))](n, pending["qkv"], conv_states, C, rows, conv_states.stride(0),
-                                                     K1=K1, BK1=_next_pow2(K1), BLOCK=block, num_warps=4)
+    _launch_commit(1, n, pending, states, conv_states)
+
+
+def gated_delta_commit_rows_triton(n: torch.Tensor, pending_rows: dict, length: int, states: torch.Tensor,
+                                   conv_states: torch.Tensor, row_index: torch.Tensor) -> None:
+    """:func:`gated_delta_commit_triton` of ``A`` rows of a batch in one launch pair: row ``a`` commits the first
+    ``n[a] + 1`` tokens (``n [A]`` long, on the device) of its last verify into cache row ``row_index[a]`` of every
+    layer's states ``states [NL, B, Hv, Dk, Dv]`` and windows ``conv_states [NL, B, C, K - 1]``, from that cache
+    row's pending rows (``pending_rows``: ``[B, NL, P, ...]``, :func:`gated_delta_verify_rows_triton`'s)."""
+    NL, B = states.shape[:2]
+    A = row_index.shape[0]
+    P = pending_rows["k"].shape[2]
+    if conv_states.shape[:2] != (NL, B) or pending_rows["k"].shape[:2] != (B, NL) or n.shape != (A,):
+        raise ValueError(f"states {tuple(states.shape)}, windows {tuple(conv_states.shape)}, pending "
+                         f"{tuple(pending_rows['k'].shape)}, counts {tuple(n.shape)} of {A} rows do not match")
+    _launch_commit(A, n, pending_rows, states, conv_states, rows=row_index,
+                   strides=(states.stride(1), conv_states.stride(1), NL * P))
 
 
 @triton.jit
-def _conv_commit_kernel(N, RAW, CONV, C, rows, conv_layer, K1: tl.constexpr, BK1: tl.constexpr, BLOCK: tl.constexpr):
+def _conv_commit_kernel(N, RAW, CONV, C, rows, conv_layer, ROWS, conv_row, p_row, K1: tl.constexpr,
+                        BK1: tl.constexpr, BLOCK: tl.constexpr, HAS_ROWS: tl.constexpr):
     """Window column ``n + 1 + j`` of [conv state | the block's raw projections] into conv state column ``j``, for
-    every layer's channels (each program reads all its old columns before writing them)."""
+    every layer's channels (each program reads all its old columns before writing them); with ``HAS_ROWS`` for row
+    ``program_id(2)`` of a batch, in its cache row."""
     layer = tl.program_id(0)
     chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mc = chan < C
     cols = tl.arange(0, BK1)
     mj = cols < K1
+    if HAS_ROWS:
+        pa = tl.program_id(2)
+        cache_row = tl.load(ROWS + pa).to(tl.int64)
+        N += pa
+        CONV += cache_row * conv_row
+        RAW += cache_row * p_row * C
     n = tl.load(N)
     src = (n + 1 + cols).to(tl.int32)  # window column of each new column
     in_state = (src < K1)[None, :]
@@ -388,5 +486,5 @@ def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Ten
     return out
 
 
-__all__ = ["gated_delta_commit_triton", "gated_delta_states_triton", "gated_delta_verify_triton",
-           "gated_rms_norm_triton"]
+__all__ = ["gated_delta_commit_rows_triton", "gated_delta_commit_triton", "gated_delta_states_triton",
+           "gated_delta_verify_rows_triton", "gated_delta_verify_triton", "gated_rms_norm_triton"]
