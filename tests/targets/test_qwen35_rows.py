@@ -425,6 +425,23 @@ def test_forward_rows_static_is_each_row_alone_and_a_parked_row_keeps_its_state(
     assert not torch.equal(runner._recurrent_rows_all[:, 0], before[0][:, 0])
 
 
+def test_the_fused_rows_step_reads_nothing_on_the_host():
+    """``forward_rows_static`` and the rows' commit run on fake tensors (no values exist: any host read of a device
+    value raises), so the graphs engine can capture the step and the commit follows a replay without a sync."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    runner = Qwen35StaticTarget(qwen35_target(), 64, (), batch=2)  # fp64 (see the Gemma twin of this test)
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    positions = torch.tensor([[20], [7]]) + torch.arange(4)
+    runner.forward_rows_static(ids, positions, [0, 1], 64)  # the one-time set-up (it probes the activation)
+    runner.accept([0, 0])
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        logits = runner.forward_rows_static(mode.from_tensor(ids), mode.from_tensor(positions), [0, 1], 64)
+        assert logits.shape[:2] == (2, 4)
+        runner.after_rows_step([0, 1], 4)
+        runner.accept([1, 3])
+
+
 @pytest.mark.gpu(reason="CUDA graphs and the fused Triton kernels: the captured batched verify over Qwen3.5 rows")
 def test_the_graphs_engine_verifies_qwen35_rows_as_one_captured_step_on_the_gpu(pair):
     """On CUDA (fp32): the graphs engine's captured batched verify through the Qwen3.5 fused layers over rows (the
