@@ -430,6 +430,23 @@ def greedy_alone(target, row: torch.Tensor, new: int, eos=None) -> list[int]:
     return out[0, len(row):].tolist()
 
 
+def batched_rows_call(target, drafter, ids: torch.Tensor, mask: torch.Tensor, new: int, eos: int,
+                      engine: str = "graphs", **kw):
+    """``fast_generate`` of a left-padded batch on ``engine`` (``graphs``: on CUDA), the stats kept: ``(result, the
+    session's rows step keys, the messages saying a batch verifies host-length)``; the fast state released after."""
+    from fold_hf.generation.fast import SESSION_ATTR
+
+    if engine == "graphs":
+        ids, mask = ids.cuda(), mask.cuda()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=new, engine=engine, eos_token_id=eos,
+                                    return_stats=True, **kw)
+    keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
+    fold_hf.generation.release_fast_state(target)
+    return out, keys, [str(w.message) for w in record if "host-length" in str(w.message)]
+
+
 def expected_batch(ids: torch.Tensor, news: list[list[int]], pad: int) -> torch.Tensor:
     """transformers' batched layout written out: the padded prompts, then each row's new tokens, then pad ids up to
     the longest row."""

@@ -1,4 +1,5 @@
-"""Pieces more than one target family uses: the tap writer of a forward, the text parts of a multimodal wrapper.
+"""Pieces more than one target family uses: the tap writer of a forward, the text parts of a multimodal wrapper, the
+resolution of the hybrid families' fused ops.
 
 Family-free: what a family knows of its own architectures (wrapper class names, config fields) it passes in.
 """
@@ -43,3 +44,26 @@ def wrapped_text_parts(model: nn.Module, wrappers: tuple[str, ...]):
         raise UnsupportedTarget(f"{name} has no {where}.layers / {where}.rotary_emb or no text config "
                                 "(unexpected transformers layout)")
     return config, decoder
+
+
+class HybridFusedOps:
+    """``_fused_ops_ready`` of the families whose fused layers run the hybrid ops (Qwen3.5, Gemma): a mixin reading
+    the runner's ``fused_unsupported``, ``device`` and its ``_hybrid_ops`` / ``_layer_ops`` / ``_decode_attention``
+    slots (None until resolved)."""
+
+    def _fused_ops_ready(self) -> None:
+        """Resolve the fused layers' ops on their first use (the hybrid ops of :func:`fold_hf.kernels.
+        default_hybrid_ops`, the layer ops' GEMMs, the decode attention of the full-attention layers); raises
+        :class:`UnsupportedTarget` where ``fused_unsupported`` says why."""
+        if self._hybrid_ops is None:
+            from ..kernels import default_hybrid_ops, default_layer_ops
+
+            reason = self.fused_unsupported()
+            if reason is not None:
+                raise UnsupportedTarget(f"fused layers: {reason}")
+            self._hybrid_ops = default_hybrid_ops(self.device)
+            self._layer_ops = default_layer_ops(self.device)
+        if self._decode_attention is None:
+            from ..kernels import default_decode_attention
+
+            self._decode_attention = default_decode_attention(self.device)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..compat import has_norm_epsilon, norm_epsilon
 from .base import UnsupportedTarget
-from .common import tap_writer
+from .common import HybridFusedOps, tap_writer
 from .weight_layout import (
     MergedLinears,
     decode_gemm,
@@ -50,7 +50,7 @@ def _is_gelu_tanh(act, device, dtype) -> bool:
         return torch.equal(act(probe), F.gelu(probe, approximate="tanh"))
 
 
-class GemmaFusedLayers:
+class GemmaFusedLayers(HybridFusedOps):
     """``fused_unsupported``, ``_forward_static_fused`` and ``forward_rows_static`` of
     :class:`~fold_hf.targets.gemma.GemmaStaticTarget`."""
 
@@ -188,23 +188,6 @@ class GemmaFusedLayers:
         if L > self.ring_slack + 1:
             raise ValueError(f"a static step of {L} rows exceeds the sliding layers' ring slack "
                              f"({self.ring_slack} + 1)")
-
-    def _fused_ops_ready(self) -> None:
-        """Resolve the fused layers' ops on their first use (the hybrid and Gemma kernels, the layer ops' GEMMs, the
-        global layers' decode attention); raises :class:`UnsupportedTarget` where :meth:`fused_unsupported` says
-        why."""
-        if self._hybrid_ops is None:
-            from ..kernels import default_hybrid_ops, default_layer_ops
-
-            reason = self.fused_unsupported()
-            if reason is not None:
-                raise UnsupportedTarget(f"fused layers: {reason}")
-            self._hybrid_ops = default_hybrid_ops(self.device)
-            self._layer_ops = default_layer_ops(self.device)
-        if self._decode_attention is None:
-            from ..kernels import default_decode_attention
-
-            self._decode_attention = default_decode_attention(self.device)
 
     def _fused_layers(self, input_ids, positions, bucket: int, taps_out, rows=(0,), attention=None,
                       last_only: bool = False) -> torch.Tensor:

@@ -69,7 +69,7 @@ import torch
 from ..compat import has_norm_epsilon, norm_epsilon
 from ..modeling.rope import compute_dtype
 from .base import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
-from .common import tap_writer, wrapped_text_parts
+from .common import HybridFusedOps, tap_writer, wrapped_text_parts
 from .moe import experts_unsupported, stacked_experts
 from .qwen35_rows import FUSED_MAX_ROWS, Qwen35Rows
 from .taps import HiddenTaps, _unwrap
@@ -141,7 +141,7 @@ def check(model, capacity: int | None = None) -> None:
                 raise UnsupportedTarget(f"{name}: layer {i} MoE block: {reason}")
 
 
-class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
+class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
     """:class:`~fold_hf.targets.base.StaticTarget` for Qwen3.5 (same interface; ``batch`` rows: :class:`Qwen35Rows`).
 
     Attention layers keep ``[batch, Hkv, capacity, D]`` key/value buffers (``None`` at linear layers); linear layers
@@ -308,18 +308,11 @@ class Qwen35StaticTarget(Qwen35Rows, StaticTarget):
             return self._fused_layers(input_ids, positions, bucket, taps_out, rows=tuple(int(r) for r in rows))
 
     def _fused_ops_ready(self) -> None:
-        """Resolve the fused layers' ops on their first use; raises :class:`UnsupportedTarget` where
-        :meth:`fused_unsupported` says why."""
-        if self._hybrid_ops is None:
-            from ..kernels import default_decode_attention, default_hybrid_ops, default_layer_ops
-
-            reason = self.fused_unsupported()
-            if reason is not None:
-                raise UnsupportedTarget(f"fused layers: {reason}")
-            self._hybrid_ops = default_hybrid_ops(self.device)
-            self._layer_ops = default_layer_ops(self.device)
-            self._decode_attention = self._decode_attention or default_decode_attention(self.device)
-            self._delta_pending = self._pending_buffers()[0]  # row 0's (a one-row step's)
+        """:meth:`~fold_hf.targets.common.HybridFusedOps._fused_ops_ready`, and row 0's pending buffers as the one-row
+        step's."""
+        super()._fused_ops_ready()
+        if self._delta_pending is None:
+            self._delta_pending = self._pending_buffers()[0]
 
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                       taps_out: torch.Tensor | None, rows: tuple[int, ...] | None = None) -> torch.Tensor:

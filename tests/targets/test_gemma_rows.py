@@ -15,13 +15,22 @@ import torch
 
 import fold_hf
 from fold_hf.generation import BatchGenerationResult, release_fast_state
-from fold_hf.generation.fast import SESSION_ATTR
 from fold_hf.generation.fast import batched as batched_module
 from fold_hf.generation.fast import settings
 from fold_hf.targets import gemma
 from fold_hf.targets.base import bucket_length
 from fold_hf.targets.registry import batch_unsupported_reason, build_static_target
-from tiny import GEMMA_WINDOW, MASK_ID, expected_batch, greedy_alone, left_pad, oracle_tokens, tiny_drafter, tiny_target
+from tiny import (
+    GEMMA_WINDOW,
+    MASK_ID,
+    batched_rows_call,
+    expected_batch,
+    greedy_alone,
+    left_pad,
+    oracle_tokens,
+    tiny_drafter,
+    tiny_target,
+)
 
 NEW = 14
 SLACK = 3
@@ -341,14 +350,9 @@ def test_the_static_engine_verifies_the_rows_through_the_fused_layers(monkeypatc
         drafter = tiny_drafter(target, taps=(1, 5), seed=7)
         rows, eos, early, news = rows_and_eos(target)
         ids, mask = left_pad(rows)
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
-                                        fused_layers=True, eos_token_id=eos, return_stats=True)
-        keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
-        release_fast_state(target)
-        assert not [str(w.message) for w in record if "host-length" in str(w.message)], arch
-        assert out.batched and not forwards, arch  # verified by the fused rows step, never forward_rows
+        out, keys, said = batched_rows_call(target, drafter, ids, mask, NEW, eos, engine="static",
+                                            fused_layers=True)
+        assert not said and out.batched and not forwards, arch  # the fused rows step, never forward_rows
         assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos)), arch
         assert out.finish_reason[early] == "eos"
         assert {key[1] for key in keys} >= {3, 2}, keys  # all three rows, then the two still running
@@ -393,14 +397,8 @@ def test_the_graphs_engine_verifies_gemma_rows_as_one_captured_step_on_the_gpu(a
     ids, mask = left_pad(rows)
     eos = 2
     news = [alone(target, r.cuda(), eos=eos) for r in rows]
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        out = fold_hf.fast_generate(target, drafter, ids.cuda(), mask.cuda(), max_new_tokens=NEW, engine="graphs",
-                                    eos_token_id=eos, return_stats=True)
-    keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
-    release_fast_state(target)
-    assert not [str(w.message) for w in record if "host-length" in str(w.message)]
-    assert out.batched and keys
+    out, keys, said = batched_rows_call(target, drafter, ids, mask, NEW, eos)
+    assert not said and out.batched and keys
     assert torch.equal(out.sequences.cpu(), expected_batch(ids, news, pad=eos))
 
 

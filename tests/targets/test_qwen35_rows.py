@@ -17,7 +17,7 @@ import warnings
 import pytest
 import torch
 from test_qwen35 import BLOCK, MASK, TOL, prompt, qwen35_drafter, qwen35_target
-from tiny import expected_batch, greedy_alone, left_pad
+from tiny import batched_rows_call, expected_batch, greedy_alone, left_pad
 
 import fold_hf
 from fold_hf.generation import BatchGenerationResult, release_fast_state
@@ -190,8 +190,9 @@ def test_a_verify_block_keeps_writes_not_states_and_a_longer_block_keeps_states(
 
 def _check_rows_triton(device, monkeypatch):
     """The batched verify on the Triton Gated DeltaNet kernels (fp32): the chunked verify and the commit of a
-    batch's rows in one launch (the kernels' row axis), host-length and in the fused layers over rows. Every row's logits are transformers' forward over its text, block after block with a
-    different count per row, and its committed state is the torch twins' within fp32."""
+    batch's rows in one launch (the kernels' row axis), host-length and in the fused layers over rows. Every row's
+    logits are transformers' forward over its text, block after block with a different count per row, and its
+    committed state is the torch twins' within fp32."""
     import fold_hf.kernels as kernels
 
     def triton_hybrid_ops(device):
@@ -366,14 +367,8 @@ def test_static_engine_verifies_the_rows_through_the_fused_layers(pair, verified
         oracle_rows(monkeypatch, refs)
     ids, mask = left_pad(rows)
     monkeypatch.setattr(settings, "_WARNED", set(), raising=False)
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        out = fold_hf.fast_generate(target, drafter, ids, mask, max_new_tokens=NEW, engine="static",
-                                    fused_layers=True, eos_token_id=eos, return_stats=True)
-    keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
-    release_fast_state(target)
-    assert not [str(w.message) for w in record if "host-length" in str(w.message)]
-    assert out.batched and not verified  # the fused rows step, never forward_rows
+    out, keys, said = batched_rows_call(target, drafter, ids, mask, NEW, eos, engine="static", fused_layers=True)
+    assert not said and out.batched and not verified  # the fused rows step, never forward_rows
     assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
     assert {key[1] for key in keys} >= {3, 2}, keys  # three rows, then the two still running
     if oracle:
@@ -454,12 +449,6 @@ def test_the_graphs_engine_verifies_qwen35_rows_as_one_captured_step_on_the_gpu(
     eos = next(t for t in range(MASK) if sum(t in n[:NEW // 2] for n in plain) >= 2)
     news = [alone(target, r.cuda(), eos=eos) for r in rows]
     ids, mask = left_pad(rows)
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        out = fold_hf.fast_generate(target, drafter, ids.cuda(), mask.cuda(), max_new_tokens=NEW, engine="graphs",
-                                    eos_token_id=eos, return_stats=True)
-    keys = [key for key in target.__dict__[SESSION_ATTR].steps if key[0] == "rows"]
-    release_fast_state(target)
-    assert not [str(w.message) for w in record if "host-length" in str(w.message)]
-    assert out.batched and keys
+    out, keys, said = batched_rows_call(target, drafter, ids, mask, NEW, eos)
+    assert not said and out.batched and keys
     assert torch.equal(out.sequences.cpu(), expected_batch(ids, news, pad=eos))
