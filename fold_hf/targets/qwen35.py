@@ -179,6 +179,7 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
         # every linear layer's states in one tensor (views per layer), so the fused commit is one launch
         self._init_linear_states(full)
         self._fused_pending = None  # rows of the last fused verify whose inputs wait for accept()
+        self._rows_kernels = False  # the rows' attention kernels of a batch's verify: resolved by _rows_attention
         self._delta_pending = None  # the fused path's buffers (built on its first use)
         self._hybrid_ops = None
         with torch.no_grad():
@@ -314,6 +315,18 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
         if self._delta_pending is None:
             self._delta_pending = self._pending_buffers()[0]
 
+    def _rows_attention(self):
+        """``(head_norm_rope_write_rows_triton, decode_attention_rows_triton)``: the full-attention layers' q / k
+        norms, rope and cache writes of a batch's rows in one launch and their attention in one launch pair, where
+        the Triton kernels run (CUDA; ``$FOLD_HF_ROWS_KERNELS`` not ``0``), else None (per row)."""
+        if self._rows_kernels is False:
+            from ..kernels import import_triton_module
+
+            decode_rows = self._rows_decode()  # the decode kernel over rows, and whether the row-axis kernels run
+            module = import_triton_module("hybrid.triton") if decode_rows is not None else None
+            self._rows_kernels = None if module is None else (module.head_norm_rope_write_rows_triton, decode_rows)
+        return self._rows_kernels
+
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                       taps_out: torch.Tensor | None, rows: tuple[int, ...] | None = None) -> torch.Tensor:
         """The fused layers of :meth:`_forward_static_fused` (``input_ids [1, L]`` at ``positions [L]``, the
@@ -331,6 +344,10 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
         rows = (0,) if one else rows
         row_positions = [positions] if one else [positions[a] for a in range(A)]  # [L] each
         lengths = [p[:1].to(torch.int32) for p in row_positions]  # each row's context length, on the device
+        # a batch's verify on CUDA: every row's attention of a layer in one launch pair, cache rows read on the device
+        rows_attention = self._rows_attention() if A > 1 else None
+        if rows_attention is not None:
+            row_index, row_lengths = self._row_index(rows), positions[:, 0].to(torch.int32)
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
         skinny = decode_gemm(layer_ops, A * L)
 
@@ -371,19 +388,27 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
                 query, gate = both[..., :D], both[..., D:]
                 k = k.view(A, L, self.num_kv_heads, D)
                 v = v.view(A, L, self.num_kv_heads, D)
-                outs = []
-                for n, r in enumerate(rows):
-                    here = slice(r, r + 1)
-                    keys, values = self.keys[i][here], self.values[i][here]
-                    q, kn, vn = ops.head_norm_rope_write(query[n : n + 1], k[n : n + 1], v[n : n + 1],
-                                                         attn.q_norm.weight, attn.k_norm.weight,
-                                                         norm_epsilon(attn.q_norm), 1.0, self.cos, self.sin,
-                                                         row_positions[n], keys, values)
-                    if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (keep_queries, one row)
-                        self.query_keep[1][:, :, :L].copy_(q)
-                    outs.append(decode(q, keys, values, kn, vn, lengths[n], scaling=self.scaling,
-                                       max_context_length=bucket))  # [1, L, Hq, D]
-                out = outs[0] if A == 1 else torch.cat(outs)
+                if rows_attention is not None:  # every row's norms, rope, cache writes, then attention, at once
+                    head_rows, decode_rows = rows_attention
+                    q, kn, vn = head_rows(query, k, v, attn.q_norm.weight, attn.k_norm.weight,
+                                          norm_epsilon(attn.q_norm), 1.0, self.cos, self.sin, positions, self.keys[i],
+                                          self.values[i], row_index)
+                    out = decode_rows(q, self.keys[i], self.values[i], kn, vn, row_lengths, row_index,
+                                      scaling=self.scaling, max_context_length=bucket)  # [A, L, Hq, D]
+                else:
+                    outs = []
+                    for n, r in enumerate(rows):
+                        here = slice(r, r + 1)
+                        keys, values = self.keys[i][here], self.values[i][here]
+                        q, kn, vn = ops.head_norm_rope_write(query[n : n + 1], k[n : n + 1], v[n : n + 1],
+                                                             attn.q_norm.weight, attn.k_norm.weight,
+                                                             norm_epsilon(attn.q_norm), 1.0, self.cos, self.sin,
+                                                             row_positions[n], keys, values)
+                        if self.query_keep is not None and i == self.query_keep[0]:  # cmr only (one row)
+                            self.query_keep[1][:, :, :L].copy_(q)
+                        outs.append(decode(q, keys, values, kn, vn, lengths[n], scaling=self.scaling,
+                                           max_context_length=bucket))  # [1, L, Hq, D]
+                    out = outs[0] if A == 1 else torch.cat(outs)
                 delta = project(skinny, attn.o_proj, ops.sigmoid_mul(out, gate).reshape(A, L, -1))
             norm = layer.post_attention_layernorm
             hidden, normed = ops.residual_norm(hidden, delta, norm.weight, norm_epsilon(norm), 1.0)

@@ -420,6 +420,43 @@ def test_forward_rows_static_is_each_row_alone_and_a_parked_row_keeps_its_state(
     assert not torch.equal(runner._recurrent_rows_all[:, 0], before[0][:, 0])
 
 
+def test_the_rows_attention_in_one_launch_is_each_rows_own(interpreter):
+    """A batch's fused verify with the full-attention layers' norms, rope and cache writes of every row in one launch
+    (``head_norm_rope_write_rows_triton``) and their attention in one launch pair (``decode_attention_rows_triton``:
+    what CUDA runs), in Triton's interpreter, fp32, against the same step attending row by row through the kernels'
+    torch twins: three rows at lengths 7, 30, 13 in cache rows 2, 0, 1; logits, caches and committed states to fp32
+    rounding, and the logits those of the model's own forward."""
+    from fold_hf.kernels.fold_read.triton import decode_attention_rows_triton
+    from fold_hf.kernels.hybrid.triton import head_norm_rope_write_rows_triton
+
+    target = copy.deepcopy(qwen35_target()).float()
+    lengths, rows, counts = [7, 30, 13], [2, 0, 1], [1, 3, 0]
+    seqs = [prompt(10 + i, n + 12)[0] for i, n in enumerate(lengths)]
+    with torch.no_grad():
+        full = [target(s[None]).logits[0] for s in seqs]
+    results = {}
+    for name, kernels in (("row_by_row", None), ("rows", (head_norm_rope_write_rows_triton,
+                                                         decode_attention_rows_triton))):
+        runner = Qwen35StaticTarget(target, 64, (), batch=3)
+        for n, s, row in zip(lengths, seqs, rows):
+            runner.prefill(s[None, :n], row=row)
+        runner._rows_kernels = kernels
+        positions = torch.tensor(lengths)[:, None] + torch.arange(4)
+        ids = torch.stack([s[p : p + 4] for s, p in zip(seqs, lengths)])
+        logits = runner.forward_rows_static(ids, positions, rows, 64)
+        runner.accept(counts)
+        full_layers = [i for i, t in enumerate(runner.layer_types) if t == "full_attention"]
+        results[name] = (logits, [runner.keys[i][rows].clone() for i in full_layers],
+                         [runner.values[i][rows].clone() for i in full_layers], runner._recurrent_rows_all.clone())
+    (got, keys, values, states), (want, keys0, values0, states0) = results["rows"], results["row_by_row"]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for i, n in enumerate(lengths):
+        torch.testing.assert_close(got[i], full[i][n : n + 4], rtol=1e-4, atol=1e-4)
+    for a, b in zip(keys + values, keys0 + values0):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(states, states0, rtol=1e-4, atol=1e-5)
+
+
 def test_the_fused_rows_step_reads_nothing_on_the_host():
     """``forward_rows_static`` and the rows' commit run on fake tensors (no values exist: any host read of a device
     value raises), so the graphs engine can capture the step and the commit follows a replay without a sync."""
