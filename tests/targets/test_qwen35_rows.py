@@ -377,6 +377,33 @@ def test_static_engine_verifies_the_rows_through_the_fused_layers(pair, verified
         assert len(set(patterns)) == 3, patterns
 
 
+def test_parked_rows_of_a_row_bucket_commit_nothing(pair, verified, monkeypatch):
+    """The graphs engine's row buckets on the static engine (``pads_rows`` forced; CPU, fused twins): four rows, one
+    stopping early at its EOS, so three run in a bucket of four (a parked row fed its last token); the batched rounds
+    tell the runner the running rows after each step (``after_rows_step``), so a parked row's writes are not
+    committed, and every row is still transformers' greedy output of that row alone."""
+    target, drafter = pair
+    rows = rows_of((23, 9, 31, 14), seed=60)
+    plain = [alone(target, r) for r in rows]
+    eos = next(t for t in range(MASK) if any(t in n[:NEW // 2] for n in plain) and any(t not in n for n in plain))
+    news = [alone(target, r, eos=eos) for r in rows]
+    seen = []
+    original = Qwen35StaticTarget.after_rows_step
+
+    def recording(self, running, L):
+        seen.append(len(list(running)))
+        return original(self, list(running), L)
+
+    monkeypatch.setattr(Qwen35StaticTarget, "after_rows_step", recording)
+    monkeypatch.setattr(batched_module, "pads_rows", lambda engine: True)
+    ids, mask = left_pad(rows)
+    out, keys, said = batched_rows_call(target, drafter, ids, mask, NEW, eos, engine="static", fused_layers=True)
+    assert not said and out.batched and not verified
+    assert torch.equal(out.sequences, expected_batch(ids, news, pad=eos))
+    assert ("rows", 4) in {key[:2] for key in keys} and 3 in seen, (keys, seen)  # three running in a bucket of 4
+    assert min(len(r.acceptance_lengths) for r in out.rows) < max(len(r.acceptance_lengths) for r in out.rows)
+
+
 def test_forward_rows_static_is_each_row_alone_and_a_parked_row_keeps_its_state():
     """The fused layers over rows (torch twins, fp64): three rows at three lengths verify a rejected block and then
     the true one at device positions; each row's logits equal its one-row runner's fused step and transformers'
