@@ -67,6 +67,11 @@ def main(argv=None) -> int:
         for t in runner._recurrent_rows_all, runner._conv_rows_all:  # a committed state of the right scale
             t.copy_((torch.randn(t.shape, generator=g) * 0.05).to(t.dtype))
         initial = (runner._recurrent_rows_all.clone(), runner._conv_rows_all.clone())
+
+        def reset():  # every way starts from the same committed states
+            runner._recurrent_rows_all.copy_(initial[0])
+            runner._conv_rows_all.copy_(initial[1])
+
         starts = [max(1, ctx - 37 * a) for a in range(B)]
         ids = torch.randint(0, min(1000, cfg.vocab_size), (B, W), generator=g).to(device)
         rows = list(range(B))
@@ -74,7 +79,8 @@ def main(argv=None) -> int:
         results = {}
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(W, device=device)
         bucket = bucket_length(max(starts) + W, runner.capacity)
-        ways = (("writes", 64), ("states", 0), ("fused", 64))
+        default = qwen35_rows.FUSED_MAX_ROWS
+        ways = (("writes", default), ("states", 0), ("fused", default))
         for way, limit in ways:
             qwen35_rows.FUSED_MAX_ROWS = limit
             if way == "fused":  # (eager off CUDA, the fused ops' twins: a smoke run)
@@ -99,17 +105,15 @@ def main(argv=None) -> int:
                 torch.cuda.reset_peak_memory_stats()
             ms = milliseconds(call, args.repeats) if device == "cuda" else float("nan")
             peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-            runner._recurrent_rows_all.copy_(initial[0])
-            runner._conv_rows_all.copy_(initial[1])
+            reset()
             logits = forward().float()
             runner.accept(counts)
             results[way] = (logits, runner._recurrent_rows_all.clone(), runner._conv_rows_all.clone())
-            runner._recurrent_rows_all.copy_(initial[0])
-            runner._conv_rows_all.copy_(initial[1])
+            reset()
             sync()
             rows_out.append({"rows": B, "width": W, "context": ctx, "way": way, "ms": round(ms, 4),
                              "peak_gib": round(peak, 3)})
-        qwen35_rows.FUSED_MAX_ROWS = 64
+        qwen35_rows.FUSED_MAX_ROWS = default
         ls, ss, cs = results["states"]  # the rows' gaps to the per-position states' way
         mine = rows_out[-len(ways):]
         for r in mine:

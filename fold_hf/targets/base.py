@@ -431,6 +431,19 @@ class StaticTarget(abc.ABC):
             raise ValueError(f"forward_static runs a one-row cache; this runner holds {self.batch} rows "
                              "(a batch's rounds run forward_rows)")
 
+    def _check_rows_step(self, input_ids: torch.Tensor, positions: torch.Tensor, rows, bucket: int) -> None:
+        """Raise unless :meth:`forward_rows_static` can run ``input_ids [A, L]`` at ``positions [A, L]`` in cache rows
+        ``rows`` (one each, in this runner) with keys read up to ``bucket`` (at most the capacity)."""
+        A, L = input_ids.shape
+        if positions.shape != (A, L):
+            raise ValueError(f"positions {tuple(positions.shape)} do not match the rows' tokens {(A, L)}")
+        if len(rows) != A:
+            raise ValueError(f"{A} rows of tokens need {A} cache rows, got {len(rows)}")
+        for row in rows:
+            self._check_row(row)
+        if bucket > self.capacity:
+            raise ValueError(f"bucket {bucket} exceeds the cache capacity {self.capacity}")
+
     def after_rows_step(self, rows, L: int) -> None:
         """A fixed-shape :meth:`forward_rows_static` of ``L`` tokens a row has just run (or been replayed from a CUDA
         graph, which runs no Python): what :meth:`accept` then commits is that of cache rows ``rows``, the running

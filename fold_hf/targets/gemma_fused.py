@@ -151,16 +151,8 @@ class GemmaFusedLayers(HybridFusedOps):
         at ``positions [A, L]`` (device), row ``a`` in cache row ``rows[a]`` (:meth:`_fused_layers`; exact mode's
         kernels when it is on, so a row's logits have the bits of that row decoded alone). Returns logits
         ``[A, L, V]``, soft-capped as the model."""
-        A, L = input_ids.shape
-        if positions.shape != (A, L):
-            raise ValueError(f"positions {tuple(positions.shape)} do not match the rows' tokens {(A, L)}")
-        if len(rows) != A:
-            raise ValueError(f"{A} rows of tokens need {A} cache rows, got {len(rows)}")
-        for row in rows:
-            self._check_row(row)
-        self._check_ring_slack(L)
-        if bucket > self.capacity:
-            raise ValueError(f"bucket {bucket} exceeds the cache capacity {self.capacity}")
+        self._check_rows_step(input_ids, positions, rows, bucket)
+        self._check_ring_slack(input_ids.shape[1])
         self._fused_ops_ready()
         with torch.no_grad():
             return self._fused_layers(input_ids, positions, bucket, taps_out, rows=rows)
@@ -220,8 +212,9 @@ class GemmaFusedLayers(HybridFusedOps):
         rows_attention = self._rows_attention() if A > 1 and attention is None and not exact else None
         if rows_attention is not None:
             row_index, row_lengths = self._row_index(rows), positions[:, 0].to(torch.int32)
-        row_positions = [positions] if positions.dim() == 1 else [positions[a] for a in range(A)]  # [L] each
-        lengths = [p[:1].to(torch.int32) for p in row_positions]  # each row's context length, on the device
+        else:  # one row's launches after another: each row's positions [L] and context length, on the device
+            row_positions = [positions] if positions.dim() == 1 else [positions[a] for a in range(A)]
+            lengths = [p[:1].to(torch.int32) for p in row_positions]
         block_kv = {}  # (layer, row) -> the row's new keys and values
         # a decode step's rows (A * L of a batch's rows) through the skinny GEMMs where the ops take that many
         skinny = decode_gemm(gemm_ops, A * L, exact)

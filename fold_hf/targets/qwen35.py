@@ -289,21 +289,13 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
                             taps_out: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`~fold_hf.targets.base.StaticTarget.forward_rows_static`: the fused layers over ``input_ids [A, L]``
         at ``positions [A, L]`` (device), row ``a`` in cache row ``rows[a]`` (:meth:`_fused_layers`); each row's
-        Gated DeltaNet writes wait in that row's pending buffers for :meth:`accept` (one count per row), or for
-        :meth:`drop_pending_rows`. Returns logits ``[A, L, V]``."""
-        A, L = input_ids.shape
-        if positions.shape != (A, L):
-            raise ValueError(f"positions {tuple(positions.shape)} do not match the rows' tokens {(A, L)}")
-        if len(rows) != A:
-            raise ValueError(f"{A} rows of tokens need {A} cache rows, got {len(rows)}")
-        if len(set(rows)) != A:
-            raise ValueError(f"cache rows {list(rows)} repeat a row (each row's state advances once per forward)")
-        for row in rows:
-            self._check_row(row)
+        Gated DeltaNet writes wait in that row's pending buffers for :meth:`accept` (one count per running row: the
+        rows :meth:`after_rows_step` names, all of them by default). Returns logits ``[A, L, V]``."""
+        self._check_distinct_rows(rows)
+        self._check_rows_step(input_ids, positions, rows, bucket)
+        L = input_ids.shape[1]
         if L > FUSED_MAX_ROWS:
             raise ValueError(f"a fused Qwen3.5 step takes at most {FUSED_MAX_ROWS} rows, got {L}")
-        if bucket > self.capacity:
-            raise ValueError(f"bucket {bucket} exceeds the cache capacity {self.capacity}")
         self._fused_ops_ready()
         with torch.no_grad():
             return self._fused_layers(input_ids, positions, bucket, taps_out, rows=tuple(int(r) for r in rows))
@@ -336,18 +328,19 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
         them through the skinny GEMMs where the device has them, more through cuBLAS:
         :func:`~fold_hf.targets.weight_layout.decode_gemm`, the Llama family's rule); each row's Gated DeltaNet
         verify (from its committed state, into its pending buffers), and its norm-rope-write and decode attention
-        at its own context length (its first position, read on the device) are that row's own launches, as when
-        it runs alone."""
+        at its own context length (its first position, read on the device) are what that row runs alone: on CUDA
+        one launch (pair) per layer for all rows (the row-axis kernels), else one per row."""
         ops, layer_ops, decode = self._hybrid_ops, self._layer_ops, self._decode_attention
         A, L = input_ids.shape
         one = rows is None
         rows = (0,) if one else rows
-        row_positions = [positions] if one else [positions[a] for a in range(A)]  # [L] each
-        lengths = [p[:1].to(torch.int32) for p in row_positions]  # each row's context length, on the device
         # a batch's verify on CUDA: every row's attention of a layer in one launch pair, cache rows read on the device
         rows_attention = self._rows_attention() if A > 1 else None
         if rows_attention is not None:
             row_index, row_lengths = self._row_index(rows), positions[:, 0].to(torch.int32)
+        else:  # one row's launches after another: each row's positions [L] and context length, on the device
+            row_positions = [positions] if one else [positions[a] for a in range(A)]
+            lengths = [p[:1].to(torch.int32) for p in row_positions]
         tap = tap_writer(self.tap_layer_ids, self.config.hidden_size, taps_out)
         skinny = decode_gemm(layer_ops, A * L)
 

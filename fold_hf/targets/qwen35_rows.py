@@ -63,6 +63,11 @@ class Qwen35Rows:
         self._delta_ops = None
         self._delta_rows_ops = False  # (verify, commit) of a batch's rows in one launch, None, or False: unresolved
 
+    @staticmethod
+    def _check_distinct_rows(rows) -> None:
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"cache rows {list(rows)} repeat a row (each row's state advances once per forward)")
+
     def _drop_pending(self) -> None:
         """Forget whatever the last forward left for :meth:`accept` (a new forward or a prefill starts)."""
         self._pending.clear()
@@ -155,8 +160,7 @@ class Qwen35Rows:
     @torch.no_grad()
     def forward_rows(self, input_ids: torch.Tensor, rows: list[int], starts: list[int],
                      taps_out: torch.Tensor | None = None) -> torch.Tensor:
-        if len(set(rows)) != len(rows):
-            raise ValueError(f"cache rows {list(rows)} repeat a row (each row's state advances once per forward)")
+        self._check_distinct_rows(rows)
         self._state_rows = tuple(int(r) for r in rows)
         try:
             return super().forward_rows(input_ids, rows, starts, taps_out)

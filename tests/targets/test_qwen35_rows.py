@@ -113,14 +113,7 @@ def test_forward_rows_is_each_row_alone_and_accept_keeps_each_rows_position():
     (in another row order) leaves each row's state where the row alone leaves it, so the next block is right too."""
     target = qwen35_target()  # fp64
     lengths = [7, 30, 13]
-    seqs = [prompt(10 + i, n + 12)[0] for i, n in enumerate(lengths)]
-    runner = Qwen35StaticTarget(target, 64, (), batch=3)
-    singles = [Qwen35StaticTarget(target, 64, ()) for _ in lengths]
-    for i, (n, s) in enumerate(zip(lengths, seqs)):
-        runner.prefill(s[None, :n], row=i)
-        singles[i].prefill(s[None, :n])
-    with torch.no_grad():
-        full = [target(s[None]).logits[0] for s in seqs]
+    seqs, runner, singles, full = _rows_and_singles(target, lengths, 64, 4)
     starts = list(lengths)
     for counts, rows in (([0, 3, 1], [0, 1, 2]), ([2, 0, 3], [2, 0, 1]), ([1, 1, 0], [1, 2, 0])):
         ids = torch.stack([seqs[r][starts[r] : starts[r] + 4] for r in rows])
