@@ -4,7 +4,7 @@ then once inside :func:`~fold_hf.generation.rounds.round_phases` (each part sync
 one verify, the rest of the round on the host) and once timed as a whole call; and the session's fixed-shape steps by
 key. Prints one JSON line per system and writes ``OUT/anatomy.json``; with ``--profile`` one more call of each system
 under ``torch.profiler`` (CPU and CUDA), its kernels and ops by total device time in ``OUT/profile_<system>.txt``
-(what a FOLD call spends that batched AR's does not, e.g. before the last row's first token).
+(:func:`file_name`; what a FOLD call spends that batched AR's does not, e.g. before the last row's first token).
 
     python benchmarks/batched_anatomy.py --pair gemma3-270m --suite requests.jsonl --tier 32704 --batch 8 --out DIR
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -58,9 +59,12 @@ def main(argv=None) -> dict:
         requests = [{"input_ids": torch.randint(0, 200, (n,), generator=g).tolist()} for n in (40, 23, 31)]
         args.pair, args.tier = "tiny", 40
     else:
+        every = suite_requests(args.suite, args.tier, None)
+        requests = every[args.group * args.batch: (args.group + 1) * args.batch]
+        if not requests:  # said before the pair loads
+            raise SystemExit(f"--group {args.group}: the tier {args.tier} of {args.suite} has {len(every)} requests, "
+                             f"groups 0..{max(0, -(-len(every) // args.batch) - 1)} of {args.batch}")
         target, _, drafter = load_pair(args.pair, device=device)
-        requests = suite_requests(args.suite, args.tier, None)
-        requests = requests[args.group * args.batch: (args.group + 1) * args.batch]
     config = {m.name: m.config for m in default_methods(drafter.fold_config.window,
                                                         drafter.fold_config.train_length)}[args.method]
     ids, mask = batch_of([r["input_ids"] for r in requests], pad_id(target))
@@ -81,7 +85,8 @@ def main(argv=None) -> dict:
         if args.profile:
             with env_var(ROWS_KERNELS_ENV, setting):
                 profile_call(lambda d=d: fast_generate(target, d, ids, mask, fold_config=config if d is not None
-                                                       else None, **kw), device, Path(args.out) / f"profile_{name}.txt")
+                                                       else None, **kw), device,
+                             Path(args.out) / f"profile_{file_name(name)}.txt")
     report["ratios"] = ratios(report["systems"], len(requests))
     print(json.dumps({"ratios": report["ratios"]}), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -130,6 +135,12 @@ def measure(target, d, ids, mask, config, kw, device) -> dict:
            "steps": sorted(str(k) for k in session_steps(target)),
            "steps_built_after_first_call": sorted(str(k) for k in set(session_steps(target)) - before)}
     return row
+
+
+def file_name(system: str) -> str:
+    """A system's name as a plain file name (``fold-a2[rows_kernels=1]`` -> ``fold-a2_rows_kernels1``): brackets and
+    ``=`` are awkward in shells and are not brought back from the device machine."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", system.replace("=", "")).strip("_")
 
 
 def profile_call(call, device: torch.device, path: Path, rows: int = 40) -> None:

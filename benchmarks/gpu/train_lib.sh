@@ -35,19 +35,31 @@ generate_shards() {
   wait
 }
 
-# the end of a training call (train_gemma3.sh, train_mix.sh): what comes back (at most 8 files a call): the training log,
-# the data logs of a call that generated data, and a finished drafter with its card, the weights in 15 MB parts
+# the end of a training call (train_gemma3.sh, train_mix.sh): what comes back (at most 8 files a call): the training log
+# and the data logs of a call that generated data in one logs-NAME.tar.gz, and the drafter as it stands with its card
+# and training.json, the weights in 15 MB parts, whether finished or stopped at the call's time limit: the state file
+# (optimizer, ~150 MB) stays on the machine, which a later device session does not get back, so a session that cannot
+# finish resumes the next one from these weights (--init-from: the weights kept, a fresh optimizer)
 #   finish_training_call RUN_DIR OUT NAME TRAIN_LOG GENERATED [DATA_LOG ...]
 finish_training_call() {
-  local d=$1 out=$2 name=$3 train_log=$4 generated=$5
+  local d=$1 out=$2 name=$3 train_log=$4 generated=$5 logs
   shift 5
-  cp "$train_log" "$out"/ 2>/dev/null
-  [ -n "$generated" ] && cp "$@" "$out"/
-  if grep -q '"finished": true' "$d"/drafter/training.json 2>/dev/null; then
+  logs=("$train_log")
+  [ -n "$generated" ] && logs+=("$@")
+  local tmp; tmp=$(mktemp -d)
+  cp "${logs[@]}" "$tmp"/ 2>/dev/null
+  tar -czf "$out/logs-$name.tar.gz" -C "$tmp" . && rm -rf "$tmp"
+  if [ -f "$d"/drafter/model.safetensors ]; then
     mkdir -p "$out/drafter-$name"
     cp "$d"/drafter/*.json "$d"/drafter/README.md "$out/drafter-$name"/
     split -b 15000000 "$d"/drafter/model.safetensors "$out/drafter-$name"/model.safetensors.part-
-    echo "finished: drafter in $out/drafter-$name, weights sha256 $(sha256sum "$d"/drafter/model.safetensors | cut -c1-64)"
+    local sha; sha=$(sha256sum "$d"/drafter/model.safetensors | cut -c1-64)
+    if grep -q '"finished": true' "$d"/drafter/training.json 2>/dev/null; then
+      echo "finished: drafter in $out/drafter-$name, weights sha256 $sha"
+    else
+      echo "stopped (not finished): the drafter so far in $out/drafter-$name, weights sha256 $sha; a later session" \
+        "continues it with INIT=<that folder, parts joined>"
+    fi
   fi
   grep -v "^train drafter" "$train_log" | tail -n 4; grep "^train drafter" "$train_log" | tail -n 1
 }

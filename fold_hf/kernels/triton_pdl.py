@@ -17,8 +17,9 @@ an explicit ``griddepcontrol.launch_dependents`` after the wait (``after_wait``)
 ``at_exit``; the others stay for that benchmark. An L2 prefetch of the first weight tiles before the wait was
 slower still in every budget tried (same run), and is not kept.
 
-Only launches inside :func:`fold_hf.kernels.common.pdl_scope` take PDL: the fused target layers open it for an AR
-step's one token (1.0% faster at 32K on the H200), not for a speculative round's drafter and verify blocks (the
+Only launches inside :func:`fold_hf.kernels.common.pdl_scope` take PDL: the fused target layers of every family open
+it for an AR step's one token (1.0% faster at 32K on the H200 for Llama; the Qwen3.5 and Gemma kernels, which take it
+too, 0.6-0.7% on an H100), not for a speculative round's drafter and verify blocks (the
 round measured 0.8-1.2% slower with PDL on its launches, same run). ``$FOLD_HF_PDL=0`` launches every kernel without
 PDL (A/B timings). Triton's interpreter has no grid-dependency ops:
 there the kernels take ``PDL=0`` and plain launches. Imported only when Triton is usable.

@@ -101,6 +101,55 @@ def test_fused_layers_open_the_scope_for_one_token_only(arch, interpreter, monke
         fold_hf.generation.release_fast_state(target)
 
 
+# the launchers of the Gemma and Qwen3.5 chains' own kernels (beside the skinny GEMMs and the decode attention, which
+# the Llama chain shares), by the Python function that launches each
+HYBRID_LAUNCHERS = {
+    "gemma4": {"residual_norm_triton", "_head_norm_rope_write", "_ring_attention"},
+    "qwen35": {"residual_norm_triton", "_head_norm_rope_write", "_launch_verify", "gated_rms_norm_triton", "_pairwise"},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(HYBRID_LAUNCHERS))
+def test_hybrid_chains_take_pdl_in_an_ar_step_only(arch, interpreter, monkeypatch):
+    """The Gemma and Qwen3.5 fused layers on the static engine with the Triton kernels (interpreter): every launch of
+    their norms, head norm + rope, ring attention, Gated DeltaNet verify, gated norm and sigmoid gate asks
+    ``launch_options`` (so takes PDL where the device has it) inside ``pdl_scope`` exactly when the forward is one
+    token, and the tokens are HF greedy's."""
+    import inspect
+
+    import fold_hf.kernels as kernels
+    from fold_hf.kernels.common import in_pdl_scope
+    from fold_hf.kernels.gated_delta import triton as gated_delta_triton
+    from fold_hf.kernels.gemma import triton as gemma_triton
+    from fold_hf.kernels.hybrid import triton as hybrid_triton
+    from test_skinny_gemm import fp32_pair
+
+    seen = []
+
+    def recording(device):
+        seen.append((inspect.stack()[1].function, in_pdl_scope()))
+        return {"PDL": 0}  # the interpreter has no grid-dependency ops
+
+    for module in (hybrid_triton, gemma_triton, gated_delta_triton):
+        monkeypatch.setattr(module, "launch_options", recording)
+    monkeypatch.setattr(kernels, "triton_kernels_enabled", lambda device: True)
+    monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
+    kw = dict(engine="static", target_attention="triton", fused_layers=True, max_new_tokens=4)
+    with fp32_pair(arch) as (target, drafter):
+        ids = tiny_prompt(7, 40)
+        expected = greedy_reference(target, ids, 4)
+        assert torch.equal(fast_generate(target, None, input_ids=ids, **kw), expected)
+        in_scope = {name for name, scoped in seen if scoped}
+        assert HYBRID_LAUNCHERS[arch] <= in_scope, (HYBRID_LAUNCHERS[arch] - in_scope, seen)
+        seen.clear()
+        fold_hf.generation.release_fast_state(target)
+        res = fast_generate(target, drafter, input_ids=ids, return_stats=True, fold_config=mode_config("fold"), **kw)
+        assert torch.equal(res.sequences, expected)
+        assert not any(scoped for _, scoped in seen), seen  # a verify block (and the prefill) take no PDL
+        assert HYBRID_LAUNCHERS[arch] & {name for name, _ in seen}
+        fold_hf.generation.release_fast_state(target)
+
+
 def _chain(x, weights, norm_w, cos, sin, positions, caches, layers):
     """A decode step's chain of dependent kernels at a small shape: ``layers`` times norm -> q|k|v -> rope and cache
     write -> attention -> o -> norm -> gate|up + SiLU -> down, as the fused target layers launch them."""
@@ -183,7 +232,7 @@ def test_graph_of_pdl_chain_matches_the_chain_without_pdl(dtype, mode, monkeypat
 
 
 @pytest.mark.gpu(reason="CUDA graphs: the graphs engine with and without PDL on a CUDA device")
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "gemma4", "qwen35"])
 def test_graph_engine_with_and_without_pdl_gives_greedy_tokens_on_gpu(arch, monkeypatch):
     check_graph_engine_settings(arch, monkeypatch, "FOLD_HF_PDL", ("1", "0"), [(70, 1), (71, 500)])
 

@@ -38,6 +38,7 @@ from triton.language.extra import libdevice
 
 from ..hybrid.triton import _EXACT, _exp, _libdevice, _sigmoid, _silu
 from ..layer.triton import _round_to
+from ..triton_pdl import launch_options, pdl_enter
 
 
 @triton.jit
@@ -174,7 +175,8 @@ def _gdn_verify_kernel(QKV, B, A, CONV, CW, ALOG, DTB, S, OUT, PK, PG, PD, PR, L
                        scale, ROWS, qkv_row, b_row, a_row, conv_row, s_row, p_row, HK: tl.constexpr,
                        HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, LP: tl.constexpr, CHUNK: tl.constexpr, PREC: tl.constexpr,
-                       LIB: tl.constexpr, HAS_ROWS: tl.constexpr):
+                       LIB: tl.constexpr, HAS_ROWS: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     h = tl.program_id(0)
     vb = tl.program_id(1)
     GROUP: tl.constexpr = HV // HK
@@ -295,7 +297,7 @@ def _launch_verify(grid_rows, qkv, b, a, conv, conv_weight, a_log, dt_bias, stat
         qkv.stride(-2), b.stride(-2), a.stride(-2), float(k_dim ** -0.5), rows if rows is not None else out,
         *strides, HK=HK, HV=HV, DK=DK, DV=DV, KS=KS, BK=BK, BV=BV, LP=max(16, _next_pow2(L)) if chunk else 1,
         CHUNK=chunk, PREC=_dot_precision() if chunk else "ieee", LIB=_libdevice(), HAS_ROWS=rows is not None,
-        num_warps=warps, **_EXACT)
+        num_warps=warps, **launch_options(qkv.device), **_EXACT)
 
 
 def _inner(x: torch.Tensor) -> torch.Tensor:
@@ -455,7 +457,9 @@ def _conv_commit_kernel(N, RAW, CONV, C, rows, conv_layer, ROWS, conv_row, p_row
 
 # ---------------------------------------------------------------------------------------------- output norm
 @triton.jit
-def _gated_rms_norm_kernel(X, Z, W, OUT, D, z_heads, z_token_stride, eps, BD: tl.constexpr, LIB: tl.constexpr):
+def _gated_rms_norm_kernel(X, Z, W, OUT, D, z_heads, z_token_stride, eps, BD: tl.constexpr, LIB: tl.constexpr,
+                           PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BD)
     ok = offs < D
@@ -482,7 +486,7 @@ def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Ten
     out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
     _gated_rms_norm_kernel[(x.numel() // D,)](x, tokens, weight, out, D, heads, tokens.stride(0), float(eps),
                                              BD=_next_pow2(D), LIB=_libdevice(), num_warps=1 if D <= 256 else 4,
-                                             **_EXACT)
+                                             **launch_options(gate.device), **_EXACT)
     return out
 
 

@@ -17,6 +17,7 @@ from triton.language.extra import libdevice
 
 from ..hybrid.triton import _elementwise_block, _libdevice, _next_pow2, _pairwise
 from ..layer.triton import _round_to
+from ..triton_pdl import launch_options, pdl_enter
 
 
 # ---------------------------------------------------------------------------------------------- GELU-tanh product
@@ -33,7 +34,9 @@ def gelu_tanh_f32(x, LIB: tl.constexpr):
 
 
 @triton.jit
-def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
+def _gelu_tanh_mul_kernel(GATE, UP, OUT, n, width, gate_row, up_row, BLOCK: tl.constexpr, LIB: tl.constexpr,
+                          PDL: tl.constexpr):
+    pdl_enter(PDL)
     offs, ok, row, col = _elementwise_block(n, width, BLOCK)
     g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0)
     u = tl.load(UP + row * up_row + col, mask=ok, other=0.0)
@@ -50,7 +53,8 @@ def gelu_tanh_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_head, kv_row, chunks_per_split,
                        ROW_PTR, HKV, kv_batch, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, IEEE: tl.constexpr, ROWS: tl.constexpr):
+                       BN: tl.constexpr, IEEE: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     flat = tl.program_id(0)  # ROWS: row a's KV head h at a * HKV + h (the partials' head index)
     if ROWS:  # several rows of a batch in one launch: row a's queries and positions at index a, its ring in cache
         # row ROW_PTR[a]
@@ -103,15 +107,16 @@ def _ring_split_kernel(Q, KR, VR, POS, PACC, PM, PL, L, R, window, scale, kv_hea
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m_i = m_new
-    base = flat * nsp + sp
-    tl.store(PACC + (base * rows_total + rm)[:, None] * BD + rd[None, :], acc)
-    tl.store(PM + base * rows_total + rm, m_i)
-    tl.store(PL + base * rows_total + rm, l_i)
+    base = flat * nsp + sp  # the tile's padding rows (past G * L, which the merge never reads) are not written
+    tl.store(PACC + (base * rows_total + rm)[:, None] * BD + rd[None, :], acc, mask=mm[:, None])
+    tl.store(PM + base * rows_total + rm, m_i, mask=mm)
+    tl.store(PL + base * rows_total + rm, l_i, mask=mm)
 
 
 @triton.jit
 def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, HKV, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                       BS: tl.constexpr):
+                       BS: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     flat = tl.program_id(0)  # row a's KV head h at a * HKV + h (one row: a = 0)
     kvh = flat % HKV
     OUT += (flat // HKV).to(tl.int64) * (L * HQ * D)
@@ -195,10 +200,11 @@ def _ring_attention(query, key_ring, value_ring, positions, window, scaling, blo
         query, key_ring, value_ring, positions, part_acc, part_m, part_l, L, R, int(window), float(scaling),
         key_ring.stride(1), key_ring.stride(2), per_split, positions if rows is None else rows, HKV,
         key_ring.stride(0), G=G, D=D, BD=BD, BM=BM, BN=BN,
-        IEEE=query.dtype == torch.float32 or not _libdevice(), ROWS=rows is not None, num_warps=4)
+        IEEE=query.dtype == torch.float32 or not _libdevice(), ROWS=rows is not None, num_warps=4,
+        **launch_options(query.device))
     out = torch.empty(A, L, HQ, D, device=query.device, dtype=value_ring.dtype)
     _ring_merge_kernel[(heads, G * L)](part_acc, part_m, part_l, out, L, HQ, splits, row_blocks * BM, HKV, G=G, D=D,
-                                       BD=BD, BS=_next_pow2(splits), num_warps=4)
+                                       BD=BD, BS=_next_pow2(splits), num_warps=4, **launch_options(query.device))
     return out
 
 

@@ -17,7 +17,10 @@ verify, commit and output norm of Qwen3.5's linear layers in :mod:`fold_hf.kerne
 
 Rounding follows the modules (model dtype after each op that rounds there) through ``_round_to`` and
 ``enable_fp_fusion=False`` as in :mod:`fold_hf.kernels.layer.triton`; transcendental functions use libdevice on the
-GPU (``expf``, ``log1pf``, ``tanhf`` as PyTorch's CUDA kernels) and Triton's own in the interpreter.
+GPU (``expf``, ``log1pf``, ``tanhf`` as PyTorch's CUDA kernels) and Triton's own in the interpreter. Every kernel
+here, in :mod:`fold_hf.kernels.gemma.triton` and the Gated DeltaNet verify and output norm starts with
+:func:`~fold_hf.kernels.triton_pdl.pdl_enter` and launches through ``launch_options``: with programmatic dependent
+launch inside an AR step's ``pdl_scope``, as the Llama chain's kernels.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..layer.triton import _round_to
+from ..triton_pdl import launch_options, pdl_enter
 
 _EXACT = dict(enable_fp_fusion=False)
 
@@ -65,7 +69,8 @@ def _silu(x, LIB: tl.constexpr):
 def _residual_norm_kernel(HIDDEN, DELTA, DW, W, SCALAR, TOTAL, NORMED, H, eps, delta_eps, offset,
                           HAS_DELTA: tl.constexpr, NORM_DELTA: tl.constexpr, HAS_DW: tl.constexpr,
                           HAS_SCALAR: tl.constexpr, NORM_OUT: tl.constexpr, HAS_W: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < H
@@ -115,7 +120,7 @@ def residual_norm_triton(hidden, delta, weight, eps, offset=0.0, *, norm_out=Tru
         normed if normed is not None else dummy, H, float(eps), float(eps if delta_eps is None else delta_eps),
         float(offset), HAS_DELTA=delta is not None, NORM_DELTA=bool(norm_delta), HAS_DW=delta_weight is not None,
         HAS_SCALAR=scalar is not None, NORM_OUT=bool(norm_out), HAS_W=weight is not None, BLOCK=block,
-        num_warps=max(1, min(16, block // 512)), **_EXACT)
+        num_warps=max(1, min(16, block // 512)), **launch_options(hidden.device), **_EXACT)
     return total, normed
 
 
@@ -154,7 +159,8 @@ def _head_norm_rope_kernel(Q, K, V, QW, KW, COS, SIN, POS, KC, VC, QO, KO, VO, L
                            q_tok, q_head, k_tok, k_head, v_tok, v_head, cache_head, cache_row, ring, cos_stride,
                            eps, offset, D, ROW_PTR, cache_batch, HALF: tl.constexpr, R: tl.constexpr,
                            BD: tl.constexpr, NORM_QK: tl.constexpr, HAS_W: tl.constexpr, NORM_V: tl.constexpr,
-                           WRITE: tl.constexpr, ROWS: tl.constexpr):
+                           WRITE: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     token = tl.program_id(0)  # ROWS: token l of row a at a * L + l (the inputs' and positions' order)
     head = tl.program_id(1)  # [0, HQ) queries, [HQ, HQ + HKV) keys, then values
     pos = tl.load(POS + token)
@@ -275,7 +281,8 @@ def _head_norm_rope_write(query, key, value, q_weight, k_weight, eps, offset, co
         cache_head, cache_row, ring, cos_table.stride(0), float(eps), float(offset), D,
         positions if rows is None else rows, cache_batch, HALF=R // 2, R=R,
         BD=_next_pow2(D), NORM_QK=bool(norm_qk), HAS_W=q_weight is not None, NORM_V=bool(norm_value),
-        WRITE=write, ROWS=rows is not None, num_warps=1 if D <= 256 else 2, **_EXACT)
+        WRITE=write, ROWS=rows is not None, num_warps=1 if D <= 256 else 2, **launch_options(query.device),
+        **_EXACT)
     if k_out is None:
         return q_out, None, None
     return q_out, k_out, v_out_arg
@@ -304,12 +311,14 @@ def _pairwise(kernel, a: torch.Tensor, b: torch.Tensor, names: tuple[str, str]) 
     ar, br = _rows(a), _rows(b)
     n, block = a.numel(), 1024
     kernel[(triton.cdiv(n, block),)](ar, br, out, n, a.shape[-1], ar.stride(0), br.stride(0),
-                                     BLOCK=block, LIB=_libdevice(), num_warps=4, **_EXACT)
+                                     BLOCK=block, LIB=_libdevice(), num_warps=4, **launch_options(a.device), **_EXACT)
     return out
 
 
 @triton.jit
-def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.constexpr, LIB: tl.constexpr):
+def _sigmoid_mul_kernel(X, GATE, OUT, n, width, x_row, gate_row, BLOCK: tl.constexpr, LIB: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_enter(PDL)
     offs, ok, row, col = _elementwise_block(n, width, BLOCK)
     x = tl.load(X + row * x_row + col, mask=ok, other=0.0)
     g = tl.load(GATE + row * gate_row + col, mask=ok, other=0.0).to(tl.float32)
