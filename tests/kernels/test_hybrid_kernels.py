@@ -253,6 +253,51 @@ def test_ring_attention_row_blocks_in_interpreter(interpreter):
                                gemma.ring_attention_reference(q, kr, vr, positions, 4, 0.5), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("programs", ["1", "3", "7", "128", "4096"])
+def test_ring_attention_split_programs_in_interpreter(interpreter, programs, monkeypatch):
+    """``$FOLD_HF_RING_PROGRAMS`` deals a ring of 13 key chunks (head dim 32: 64-key chunks, 800 slots, wrapped) over
+    one split to one split a chunk: the output is the reference's whatever the split, one row or three rows of a
+    batch in permuted cache rows; a bad value is refused."""
+    from fold_hf.kernels.gemma import triton as gemma_tri
+
+    monkeypatch.setenv(gemma_tri.RING_PROGRAMS_ENV, programs)
+    q = _randn(3, 4, 2, 32, seed=4)
+    kr, vr = _randn(4, 2, 800, 32, seed=5), _randn(4, 2, 800, 32, seed=6)
+    positions = torch.tensor([[2000, 2001], [900, 901], [799, 800]])
+    rows = torch.tensor([2, 0, 3])
+    tol = dict(atol=1e-5, rtol=1e-5)
+    one = gemma_tri.ring_attention_triton(q[:1], kr[:1], vr[:1], positions[0], 700, 32 ** -0.5)
+    torch.testing.assert_close(one, gemma.ring_attention_reference(q[:1], kr[:1], vr[:1], positions[0], 700,
+                                                                   32 ** -0.5), **tol)
+    got = gemma_tri.ring_attention_rows_triton(q, kr, vr, positions, rows, 700, 32 ** -0.5)
+    for a in range(3):
+        r = int(rows[a])
+        want = gemma.ring_attention_reference(q[a : a + 1], kr[r : r + 1], vr[r : r + 1], positions[a], 700,
+                                              32 ** -0.5)
+        torch.testing.assert_close(got[a : a + 1], want, **tol)
+    monkeypatch.setenv(gemma_tri.RING_PROGRAMS_ENV, "0")
+    with pytest.raises(ValueError, match=gemma_tri.RING_PROGRAMS_ENV):
+        gemma_tri.ring_attention_triton(q[:1], kr[:1], vr[:1], positions[0], 700, 1.0)
+
+
+def test_ring_bench_dry_run_checks_every_split_against_the_default(tmp_path):
+    """``benchmarks/ring_bench.py --dry-run`` (interpreter, tiny shapes of 3-4 key chunks): a row per shape and
+    programs value, the outputs of every split close to the default's, the CSV beside the JSON."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "ring_bench.py"
+    subprocess.run([sys.executable, str(script), "--dry-run", "--programs", "2,128", "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    rows = json.loads((tmp_path / "ring.json").read_text())["rows"]
+    assert {(r["shape"], r["programs"]) for r in rows} == {(s, p) for s in ("tiny_ar", "tiny_rows") for p in (2, 128)}
+    assert all(r["max_diff_vs_default"] < 1e-4 for r in rows)
+    assert any(r["max_diff_vs_default"] > 0 for r in rows)  # another split moved the merge's boundaries
+    assert (tmp_path / "ring.csv").read_text().startswith("shape,programs,default")
+
+
 def _check_delta_rows(device, dtype, A, L, HK, HV, DK, DV, K):
     """The verify and commit of ``A`` rows of a batch in one launch each (row axis, rows in permuted cache rows of
     ``B = A + 1``, inputs strided as a merged projection's rows) against each row's one-row torch reference."""

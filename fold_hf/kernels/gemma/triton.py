@@ -10,6 +10,8 @@ Rounding and transcendental functions as in :mod:`fold_hf.kernels.hybrid.triton`
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -136,6 +138,19 @@ def _ring_merge_kernel(PACC, PM, PL, OUT, L, HQ, nsp, BM, HKV, G: tl.constexpr, 
     tl.store(OUT + (r * HQ + kvh * G + g) * D + rd, out.to(OUT.dtype.element_ty), mask=rd < D)
 
 
+RING_PROGRAMS_ENV = "FOLD_HF_RING_PROGRAMS"  # benchmarks (benchmarks/ring_bench.py): split programs of one launch
+DEFAULT_RING_PROGRAMS = 128
+
+
+def ring_programs() -> int:
+    """About how many split programs one ring attention launch runs (the ring's key chunks are dealt out over the
+    launch's (row, KV head) pairs to reach it): ``$FOLD_HF_RING_PROGRAMS``, default :data:`DEFAULT_RING_PROGRAMS`."""
+    value = os.environ.get(RING_PROGRAMS_ENV) or str(DEFAULT_RING_PROGRAMS)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{RING_PROGRAMS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def ring_attention_triton(query, key_ring, value_ring, positions, window: int, scaling: float, *,
                           block_m: int | None = None) -> torch.Tensor:
     """:func:`~fold_hf.kernels.gemma.naive.ring_attention_reference` in two launches: programs over (KV head,
@@ -191,7 +206,7 @@ def _ring_attention(query, key_ring, value_ring, positions, window, scaling, blo
     BN = 64 if BD <= 128 else (32 if BD <= 256 else 16)
     chunks = triton.cdiv(R, BN)
     heads = A * HKV  # the launch's (row, KV head) programs
-    per_split = triton.cdiv(chunks, max(1, 128 // heads))
+    per_split = triton.cdiv(chunks, max(1, ring_programs() // heads))
     splits = triton.cdiv(chunks, per_split)
     part_acc = torch.empty(heads, splits, row_blocks * BM, BD, device=query.device, dtype=torch.float32)
     part_m = torch.empty(heads, splits, row_blocks * BM, device=query.device, dtype=torch.float32)
