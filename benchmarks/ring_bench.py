@@ -9,11 +9,12 @@ Shapes (``--shapes``, default all):
   over rings of 512 slots, 1 / 8 tokens a row (``ring_attention_rows_triton``).
 
 Each (shape, programs) is captured in a CUDA graph of ``--calls`` launch pairs and replayed; the time of one call
-(split + merge) is the replay's over ``--calls``, median of ``--repeats``. Call ``i`` reads copy ``i`` of the rings
-(``--calls`` copies, over 300 MB at the Gemma-4 shape), so, as in a decode step, where each layer reads its own ring
-once, the keys come from memory, not from the L2 cache a repeated read of one 8.4 MB ring would hit. Beside it the bytes a call must read (the
-rings' keys and values) over that time. Every setting's output is checked against the default's (the split only moves
-the merge's boundaries: fp32-rounding-close, not bitwise). Writes ``ring.csv`` and ``ring.json`` under ``--out``.
+(split + merge) is the replay's over ``--calls``, median of ``--repeats`` (``select_bench.time_graph``). Call ``i``
+of the graph reads copy ``i`` of the rings (``--calls`` copies, over 300 MB at the Gemma-4 shape), so, as in a decode
+step, where each layer reads its own ring once, the keys come from memory, not from the L2 cache a repeated read of
+one 8.4 MB ring would hit. Beside it the bytes a call must read (the rings' keys and values) over that time. Every
+setting's output is checked against the default's (the split only moves the merge's boundaries: fp32-rounding-close,
+not bitwise). Writes ``ring.csv`` and ``ring.json`` under ``--out``.
 
     python benchmarks/ring_bench.py --out $OUT/ring                       (CUDA, about 20 s)
     python benchmarks/ring_bench.py --out /tmp/ring --dry-run             (tiny shapes, Triton's interpreter, no timing)
@@ -23,15 +24,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from last_mile_bench import env_var  # noqa: E402
+from select_bench import time_graph  # noqa: E402
 
 SHAPES = {  # rows A, query heads, KV heads, ring slots R, head dim, tokens L
     "gemma4_ar": (1, 16, 8, 1024, 256, 1),
@@ -62,31 +67,6 @@ def call(q, k, v, positions, rows, window):
     if q.shape[0] == 1:
         return ring_attention_triton(q, k, v, positions[0], window, scaling)
     return ring_attention_rows_triton(q, k, v, positions, rows, window, scaling)
-
-
-def time_setting(args_, copies, calls, repeats):
-    """Median ms of one call over ``repeats`` replays of a graph of ``calls`` calls, call ``i`` over the rings of
-    ``copies[i % len(copies)]`` (``(keys, values)`` pairs); returns it and the first copy's output."""
-    q, k, v, positions, rows, window = args_
-    out = call(*args_)  # compile
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            ki, vi = copies[i % len(copies)]
-            res = call(q, ki, vi, positions, rows, window)
-            out = res if i == 0 else out
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times), out
 
 
 def main(argv=None) -> list[dict]:
@@ -121,14 +101,13 @@ def main(argv=None) -> list[dict]:
         copies = [] if args.dry_run else [(args_[1].clone(), args_[2].clone()) for _ in range(args.calls)]
         reference = None
         for p in [DEFAULT_RING_PROGRAMS] + [p for p in programs if p != DEFAULT_RING_PROGRAMS]:
-            os.environ[RING_PROGRAMS_ENV] = str(p)
-            try:
-                if args.dry_run:
-                    ms, out = None, call(*args_)
-                else:
-                    ms, out = time_setting(args_, copies, args.calls, args.repeats)
-            finally:
-                os.environ.pop(RING_PROGRAMS_ENV, None)
+            with env_var(RING_PROGRAMS_ENV, str(p)):
+                out, ms = call(*args_), None
+                if not args.dry_run:  # call i of the graph reads copy i of the rings
+                    q, _, _, positions, rows_, window = args_
+                    cycle = itertools.cycle(copies)
+                    ms = time_graph(lambda: call(q, *next(cycle), positions, rows_, window), args.calls,
+                                    args.repeats)["p50_us"] / 1e3
             if reference is None:
                 reference = out.float()
             diff = (out.float() - reference).abs().max().item()

@@ -1,5 +1,5 @@
 """Pieces more than one target family uses: the tap writer of a forward, the text parts of a multimodal wrapper, the
-resolution of the hybrid families' fused ops.
+resolution of the hybrid families' fused ops and row-axis kernels.
 
 Family-free: what a family knows of its own architectures (wrapper class names, config fields) it passes in.
 """
@@ -47,9 +47,10 @@ def wrapped_text_parts(model: nn.Module, wrappers: tuple[str, ...]):
 
 
 class HybridFusedOps:
-    """``_fused_ops_ready`` of the families whose fused layers run the hybrid ops (Qwen3.5, Gemma): a mixin reading
-    the runner's ``fused_unsupported``, ``device`` and its ``_hybrid_ops`` / ``_layer_ops`` / ``_decode_attention``
-    slots (None until resolved)."""
+    """``_fused_ops_ready`` and ``_rows_kernels_of`` of the families whose fused layers run the hybrid ops (Qwen3.5,
+    Gemma): a mixin reading the runner's ``fused_unsupported``, ``device``, ``_rows_decode`` and its ``_hybrid_ops``
+    / ``_layer_ops`` / ``_decode_attention`` slots (None until resolved) and ``_rows_kernels`` (False until
+    resolved)."""
 
     def _fused_ops_ready(self) -> None:
         """Resolve the fused layers' ops on their first use (the hybrid ops of :func:`fold_hf.kernels.
@@ -67,3 +68,18 @@ class HybridFusedOps:
             from ..kernels import default_decode_attention
 
             self._decode_attention = default_decode_attention(self.device)
+
+    def _rows_kernels_of(self, *functions: tuple[str, str]) -> tuple | None:
+        """The Triton functions ``(module, name)`` of :mod:`fold_hf.kernels` (e.g. ``("hybrid.triton",
+        "head_norm_rope_write_rows_triton")``) followed by the decode attention over rows
+        (:meth:`~fold_hf.targets.base.StaticTarget._rows_decode`): the row-axis kernels of a batch's verify, resolved
+        once into the runner's ``_rows_kernels`` slot (``False`` until then); None where they do not run (not CUDA,
+        ``$FOLD_HF_ROWS_KERNELS=0``, or a module that does not import: the rows then run one after another)."""
+        if self._rows_kernels is False:
+            from ..kernels import import_triton_module
+
+            decode_rows = self._rows_decode()
+            modules = [import_triton_module(module) if decode_rows is not None else None for module, _ in functions]
+            self._rows_kernels = (None if None in modules else
+                                  (*(getattr(m, name) for m, (_, name) in zip(modules, functions)), decode_rows))
+        return self._rows_kernels

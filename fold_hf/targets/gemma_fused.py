@@ -315,16 +315,8 @@ class GemmaFusedLayers(HybridFusedOps):
         q / k / v norms, rope and cache writes of a batch's rows in one launch, and the sliding and the global layers'
         attention of the rows in one launch pair each, where the Triton kernels run (CUDA; ``$FOLD_HF_ROWS_KERNELS`` not
         ``0``), else None (per row)."""
-        if self._rows_kernels is False:
-            from ..kernels import import_triton_module
-
-            decode_rows = self._rows_decode()  # the global layers' kernel, and whether the row-axis kernels run here
-            modules = [import_triton_module(name) if decode_rows is not None else None
-                       for name in ("hybrid.triton", "gemma.triton")]
-            self._rows_kernels = (None if None in modules else
-                                  (modules[0].head_norm_rope_write_rows_triton, modules[1].ring_attention_rows_triton,
-                                   decode_rows))
-        return self._rows_kernels
+        return self._rows_kernels_of(("hybrid.triton", "head_norm_rope_write_rows_triton"),
+                                     ("gemma.triton", "ring_attention_rows_triton"))
 
     def _rows_attention_layer(self, i: int, kernels, q, raw_k, raw_v, positions, row_index, row_lengths, bucket: int,
                               block_kv: dict) -> torch.Tensor:

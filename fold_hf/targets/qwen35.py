@@ -311,13 +311,7 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
         """``(head_norm_rope_write_rows_triton, decode_attention_rows_triton)``: the full-attention layers' q / k
         norms, rope and cache writes of a batch's rows in one launch and their attention in one launch pair, where
         the Triton kernels run (CUDA; ``$FOLD_HF_ROWS_KERNELS`` not ``0``), else None (per row)."""
-        if self._rows_kernels is False:
-            from ..kernels import import_triton_module
-
-            decode_rows = self._rows_decode()  # the decode kernel over rows, and whether the row-axis kernels run
-            module = import_triton_module("hybrid.triton") if decode_rows is not None else None
-            self._rows_kernels = None if module is None else (module.head_norm_rope_write_rows_triton, decode_rows)
-        return self._rows_kernels
+        return self._rows_kernels_of(("hybrid.triton", "head_norm_rope_write_rows_triton"))
 
     def _fused_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int,
                       taps_out: torch.Tensor | None, rows: tuple[int, ...] | None = None) -> torch.Tensor:

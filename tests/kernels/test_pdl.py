@@ -62,13 +62,31 @@ def test_launches_take_pdl_only_inside_the_scope(monkeypatch):
     assert not in_pdl_scope()
 
 
+def _ar_then_fold(arch, seen: list, seed: int, length: int, new: int) -> tuple[list, list]:
+    """The static engine's fused layers (Triton kernels, in the interpreter) on the fp32 tiny pair: an AR call, then a
+    ``fold`` speculative call, each HF greedy's tokens; returns what ``seen`` recorded during each."""
+    from test_skinny_gemm import fp32_pair
+
+    kw = dict(engine="static", target_attention="triton", fused_layers=True, max_new_tokens=new)
+    with fp32_pair(arch) as (target, drafter):
+        ids = tiny_prompt(seed, length)
+        expected = greedy_reference(target, ids, new)
+        assert torch.equal(fast_generate(target, None, input_ids=ids, **kw), expected)
+        ar = list(seen)
+        seen.clear()
+        fold_hf.generation.release_fast_state(target)
+        res = fast_generate(target, drafter, input_ids=ids, return_stats=True, fold_config=mode_config("fold"), **kw)
+        assert torch.equal(res.sequences, expected)
+        fold_hf.generation.release_fast_state(target)
+    return ar, list(seen)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_fused_layers_open_the_scope_for_one_token_only(arch, interpreter, monkeypatch):
     """The static engine's fused layers (Triton kernels in the interpreter): every norm of an AR step runs inside
     pdl_scope, no norm of a verify block does, and the tokens are HF greedy's."""
     import fold_hf.kernels as kernels
     from fold_hf.kernels.common import in_pdl_scope
-    from test_skinny_gemm import fp32_pair
 
     seen = []
     original = kernels.default_layer_ops
@@ -86,19 +104,10 @@ def test_fused_layers_open_the_scope_for_one_token_only(arch, interpreter, monke
 
     monkeypatch.setattr(kernels, "default_layer_ops", recording)
     monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
-    kw = dict(engine="static", target_attention="triton", fused_layers=True, max_new_tokens=6)
-    with fp32_pair(arch) as (target, drafter):
-        ids = tiny_prompt(5, 30)
-        expected = greedy_reference(target, ids, 6)
-        assert torch.equal(fast_generate(target, None, input_ids=ids, **kw), expected)
-        assert seen and all(scoped == (tokens == 1) for tokens, scoped in seen), seen
-        seen.clear()
-        fold_hf.generation.release_fast_state(target)
-        res = fast_generate(target, drafter, input_ids=ids, return_stats=True, fold_config=mode_config("fold"), **kw)
-        assert torch.equal(res.sequences, expected)
-        assert any(tokens > 1 for tokens, _ in seen), seen  # the verify blocks
-        assert all(scoped == (tokens == 1) for tokens, scoped in seen), seen
-        fold_hf.generation.release_fast_state(target)
+    ar, fold = _ar_then_fold(arch, seen, 5, 30, 6)
+    assert ar and all(scoped == (tokens == 1) for tokens, scoped in ar), ar
+    assert any(tokens > 1 for tokens, _ in fold), fold  # the verify blocks
+    assert all(scoped == (tokens == 1) for tokens, scoped in fold), fold
 
 
 # the launchers of the Gemma and Qwen3.5 chains' own kernels (beside the skinny GEMMs and the decode attention, which
@@ -122,7 +131,6 @@ def test_hybrid_chains_take_pdl_in_an_ar_step_only(arch, interpreter, monkeypatc
     from fold_hf.kernels.gated_delta import triton as gated_delta_triton
     from fold_hf.kernels.gemma import triton as gemma_triton
     from fold_hf.kernels.hybrid import triton as hybrid_triton
-    from test_skinny_gemm import fp32_pair
 
     seen = []
 
@@ -134,20 +142,11 @@ def test_hybrid_chains_take_pdl_in_an_ar_step_only(arch, interpreter, monkeypatc
         monkeypatch.setattr(module, "launch_options", recording)
     monkeypatch.setattr(kernels, "triton_kernels_enabled", lambda device: True)
     monkeypatch.setenv("FOLD_HF_FUSED_DRAFTER", "0")
-    kw = dict(engine="static", target_attention="triton", fused_layers=True, max_new_tokens=4)
-    with fp32_pair(arch) as (target, drafter):
-        ids = tiny_prompt(7, 40)
-        expected = greedy_reference(target, ids, 4)
-        assert torch.equal(fast_generate(target, None, input_ids=ids, **kw), expected)
-        in_scope = {name for name, scoped in seen if scoped}
-        assert HYBRID_LAUNCHERS[arch] <= in_scope, (HYBRID_LAUNCHERS[arch] - in_scope, seen)
-        seen.clear()
-        fold_hf.generation.release_fast_state(target)
-        res = fast_generate(target, drafter, input_ids=ids, return_stats=True, fold_config=mode_config("fold"), **kw)
-        assert torch.equal(res.sequences, expected)
-        assert not any(scoped for _, scoped in seen), seen  # a verify block (and the prefill) take no PDL
-        assert HYBRID_LAUNCHERS[arch] & {name for name, _ in seen}
-        fold_hf.generation.release_fast_state(target)
+    ar, fold = _ar_then_fold(arch, seen, 7, 40, 4)
+    in_scope = {name for name, scoped in ar if scoped}
+    assert HYBRID_LAUNCHERS[arch] <= in_scope, (HYBRID_LAUNCHERS[arch] - in_scope, ar)
+    assert not any(scoped for _, scoped in fold), fold  # a verify block (and the prefill) take no PDL
+    assert HYBRID_LAUNCHERS[arch] & {name for name, _ in fold}
 
 
 def _chain(x, weights, norm_w, cos, sin, positions, caches, layers):
