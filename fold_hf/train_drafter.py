@@ -357,7 +357,10 @@ def write_model_card(directory: Path, drafter: FoldDrafter, settings: TrainSetti
         f"`[anchor, mask x {settings.block_size - 1}]`, slot k predicts token anchor+k, loss weight "
         f"`exp(-(k-1)/{settings.gamma:g})`, context strictly before the anchor), AdamW (lr {settings.lr:g}, betas "
         f"0.9/0.95, wd 0.01, {settings.warmup} warm-up steps, cosine to 10%), batch {settings.batch}, seed "
-        f"{settings.seed}.",
+        f"{settings.seed}."
+        + (f" Plus {settings.kl:g} x KL(target || drafter) per block slot (distillation against the target's "
+           f"distribution)." if settings.kl else ""),
+        *([f"- Warm start from `{settings.init_from}` (its weights, a fresh optimizer)."] if settings.init_from else []),
         f"- {report['step']} of {settings.steps} steps; final training loss {report['final_loss']:.3f}.",
         "",
         "The exact settings and report are in `training.json`.",

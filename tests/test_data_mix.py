@@ -319,7 +319,10 @@ def test_train_drafter_on_the_mix_with_distillation_then_resumes_from_its_weight
 
 
 def test_the_shape_pick_takes_the_fastest_drafter_within_30_mb(tmp_path, capsys):
+    """Candidates' bench runs pooled over every suite request by request (a per-suite summary row must not stand for
+    the tier), the pick is the fastest within 30 MB, and the pick against each other candidate is paired by request."""
     import importlib.util
+    import statistics
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -327,20 +330,42 @@ def test_the_shape_pick_takes_the_fastest_drafter_within_30_mb(tmp_path, capsys)
     pick = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pick)
 
-    def candidate(name, speedups, size):
+    def candidate(name, tpot, size):  # tpot(suite, tier, k) -> the fold-a2 TPOT of request k; AR TPOT is 1.0 ms
         res, drafter = tmp_path / name / "res", tmp_path / name / "drafter"
-        res.mkdir(parents=True)
+        (res / "run").mkdir(parents=True)
         drafter.mkdir()
         (drafter / "model.safetensors").write_bytes(b"\0" * size)
-        rows = [{"method": "fold-a2", "tier": t, "tau": 2.0, "speedup": s, "speedup_ci_low": s - 0.05,
-                 "speedup_ci_high": s + 0.05} for t, s in zip((4096, 32704), speedups)]
-        (res / "summary.json").write_text(json.dumps({"rows": rows}))
+        rows = []
+        for suite in ("code", "prose"):
+            for tier in (4096, 32704):
+                for k in range(4):
+                    common = {"request": f"{suite}-{tier}-{k}", "suite": suite, "tier": tier, "new_tokens": 64}
+                    rows.append({**common, "method": "ar", "tau": 1.0, "tpot_s": 1e-3, "ttft_s": 0.1})
+                    t = tpot(suite, tier, k)
+                    rows.append({**common, "method": "fold-a2", "tau": 1e-3 / t + 1, "tpot_s": t, "ttft_s": 0.1})
+        (res / "run" / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return f"{name}={res}:{drafter}"
 
-    args = [candidate("L2", (1.52, 1.42), 20_000_000), candidate("L4", (1.6, 1.5), 24_000_000),
-            candidate("L6", (1.9, 1.8), 34_000_000)]
-    assert pick.main(args) == 0
+    # L4's code requests are fast and its prose requests slow: a summary row of one suite would misstate it
+    l4 = lambda suite, tier, k: (0.4e-3 if suite == "code" else 0.9e-3) * (1 + 0.01 * k)
+    args = [candidate("L2", lambda s, t, k: 0.8e-3 * (1 + 0.02 * k), 20_000_000), candidate("L4", l4, 24_000_000),
+            candidate("L6", lambda s, t, k: 0.3e-3, 34_000_000)]
+    table = pick.shape_table({a.split("=")[0]: (Path(a.split("=")[1].split(":")[0]), Path(a.split(":")[1]))
+                              for a in args}, "fold-a2", [4096, 32704])
+    assert [r["name"] for r in table] == ["L4", "L2", "L6"]  # L6 is fastest but over 30 MB
+    expected = statistics.mean(1e-3 / l4(s, 4096, k) for s in ("code", "prose") for k in range(4))
+    assert table[0]["tiers"][4096]["speedup"]["mean"] == pytest.approx(expected)
+    assert table[0]["tiers"][4096]["tau"]["n"] == 8
+    whole = statistics.mean((0.1 + 64e-3) / (0.1 + 64 * l4(s, 32704, k)) for s in ("code", "prose") for k in range(4))
+    assert table[0]["tiers"][32704]["whole_call"]["mean"] == pytest.approx(whole)
+    assert pick.main(args + ["--csv", str(tmp_path / "rows.csv")]) == 0
     out = capsys.readouterr().out
-    assert "pick: L4" in out and "(over 30 MB)" in out and "overlaps L2's at tiers [4096, 32704]" in out
-    with pytest.raises(ValueError, match="no fold-a2 rows at tiers"):
+    assert "pick: L4" in out and "(over 30 MB)" in out
+    speed = statistics.mean(0.8e-3 * (1 + 0.02 * k) / l4(s, 4096, k) for s in ("code", "prose") for k in range(4))
+    assert f"vs L2 at 4096 (8 requests): Δτ" in out and f"speed {speed:.2f} [" in out
+    assert "vs L6 at 4096 (8 requests)" in out and "the other is faster here" in out
+    assert len((tmp_path / "rows.csv").read_text().splitlines()) == 1 + 3 * 2
+    with pytest.raises(ValueError, match="no request at tier 8192 ran fold-a2"):
         pick.main([args[0], "--tiers", "8192"])
+    with pytest.raises(ValueError, match="holds no runs.jsonl"):
+        pick.main([f"x={tmp_path}/empty"])
