@@ -10,6 +10,11 @@ for p in .stage/p*; do [ -d "$p" ] && cp "$p"/part-* /root/stage/; done
 [ -f .stage/gdata/shakespeare.tar.gz ] && tar -xzf .stage/gdata/shakespeare.tar.gz -C /root/cache
 # the data mix of issue #38 and the mixed suite's requests (benchmarks/gpu/train_mix.sh's header): kept in /root/cache
 for f in .stage/gmix/*.gz; do if [ -f "$f" ]; then cp "$f" /root/cache/; fi; done
+# the SmolLM2 pair's (.stage/s2mix: the same mix.jsonl.gz, its own mixed requests): requests-mixed*.gz arrive as
+# requests-mixed-smollm2*.gz, beside Gemma's
+for f in .stage/s2mix/*.gz; do
+  if [ -f "$f" ]; then n=$(basename "$f"); cp "$f" "/root/cache/${n/requests-mixed/requests-mixed-smollm2}"; fi
+done
 if [ -d .whl ] && [ ! -d /tmp/site/gguf ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 fi
@@ -47,7 +52,8 @@ stop_until_gemma3_whole() {
     exit 0
   fi
 }
-# scripts that need the GGUF call this: it ends the calls that only stage a part (nothing else to do yet)
+# scripts that need the SmolLM2 GGUF call this (train_lib.sh for PAIR=smollm2-135m): it ends the calls that only
+# stage a part (nothing else to do yet)
 stop_until_gguf_whole() {
   if [ ! -f "$FOLD_HF_SMOLLM2_GGUF" ]; then
     echo "GGUF not whole yet (staged: $(ls /root/stage | tr '\n' ' ')); carry the next part"

@@ -19,6 +19,7 @@
 # check the sha256 printed).
 # TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls.
 # Dry run on a CPU (checks the commands, runs nothing): DRY=1 bash benchmarks/gpu/train_gemma3.sh /tmp/x
+PAIR=gemma3-270m  # this script is Gemma's only (train_lib.sh reads PAIR)
 source benchmarks/gpu/train_lib.sh
 out=${1:-${OUT:-/tmp}}
 started=$(date +%s)

@@ -1,6 +1,15 @@
-# Shared by the Gemma-3 training scripts (train_gemma3.sh, train_mix.sh), sourced first: DRY=1 prints the commands
-# (run_cmd) instead of running them; otherwise env.sh is sourced (staged files, the GGUF joined) and the call stops
-# here until the Gemma-3 GGUF is whole. Sets run_cmd, ngpu (GPUS caps it) and log.
+# Shared by the drafter scripts (train_gemma3.sh, train_mix.sh, bench_mix.sh), sourced first. PAIR (default
+# gemma3-270m; also smollm2-135m) sets pair (the --pair option), drafter (its committed drafter's folder under
+# fold_hf/assets) and tag (g3 / s2: the prefix of its folders under /root, so the pairs never share one).
+# DRY=1 prints the commands (run_cmd) instead of running them; otherwise env.sh is sourced (staged files, the GGUF
+# joined) and the call stops here until the pair's GGUF is whole. Sets run_cmd, ngpu (GPUS caps it) and log.
+pair=${PAIR:-gemma3-270m}
+case $pair in
+  gemma3-270m) tag=g3; stop_until_whole=stop_until_gemma3_whole ;;
+  smollm2-135m) tag=s2; stop_until_whole=stop_until_gguf_whole ;;
+  *) echo "PAIR=$pair: unknown (gemma3-270m or smollm2-135m)" >&2; exit 2 ;;
+esac
+drafter=$pair-dflash
 if [ "${DRY:-0}" = 1 ]; then
   exec 3>&1
   run_cmd() { echo "+ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} $*" >&3; }
@@ -8,15 +17,21 @@ if [ "${DRY:-0}" = 1 ]; then
   mkdir() { :; }
 else
   source benchmarks/gpu/env.sh > /dev/null
-  stop_until_gemma3_whole
+  $stop_until_whole
   run_cmd() { "$@"; }
   ngpu=$(nvidia-smi -L | wc -l)
   [ "${GPUS:-$ngpu}" -lt "$ngpu" ] && ngpu=$GPUS
 fi
-log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
+if [ "${DRY:-0}" = 1 ]; then
+  log() { cat > /dev/null; }
+else
+  log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
+fi
 
 # data, one shard per GPU, skipped once every shard exists: GPU g generates SEQUENCES / ngpu continuations of windows
-# drawn with seed 1000 g + SEED0; sets the array shards and, when it generated anything, generated=1
+# drawn with seed 1000 g + SEED0, GEN_BATCH (default 512) at a time (Gemma: 256 a batch made 27 continuations/s on an
+# H100 on 2026-12-06, 512 made 39/s on an H200 on 2026-12-01); sets the array shards and, when it generated
+# anything, generated=1
 #   generate_shards DATA_DIR LOG_DIR SEED0 [train-drafter options ...]
 generate_shards() {
   local data=$1 logs=$2 seed0=$3 g
@@ -27,8 +42,8 @@ generate_shards() {
     shards+=("$data/gpu$g/data.pt")
     if [ ! -f "$data/gpu$g/data.pt" ]; then
       generated=1
-      CUDA_VISIBLE_DEVICES=$g run_cmd python -m fold_hf.cli train-drafter --pair gemma3-270m --generate-only "$@" \
-        --out "$data/gpu$g" --device ${DEVICE:-cuda} --sequences $per_gpu --gen-batch ${GEN_BATCH:-256} \
+      CUDA_VISIBLE_DEVICES=$g run_cmd python -m fold_hf.cli train-drafter --pair $pair --generate-only "$@" \
+        --out "$data/gpu$g" --device ${DEVICE:-cuda} --sequences $per_gpu --gen-batch ${GEN_BATCH:-512} \
         --seed $((1000 * g + seed0)) 2>&1 | log "$logs/data-gpu$g.log" &
     fi
   done
