@@ -22,7 +22,8 @@ PAIRS = {"gemma3-270m": "g3", "smollm2-135m": "s2"}  # pair -> the prefix of its
 
 
 def dry_run(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
-    run_env = {k: v for k, v in os.environ.items() if k not in ("PAIR", "INIT", "MIX", "REQUESTS", "NEW", "OLD")}
+    run_env = {k: v for k, v in os.environ.items() if k not in ("PAIR", "INIT", "MIX", "REQUESTS", "NEW", "OLD",
+                                                                      "METHODS", "DRAFTERS", "TIERS")}
     run_env.update({"DRY": "1", **env})
     return subprocess.run(["bash", str(GPU / script), str(tmp_path)], cwd=ROOT, env=run_env, capture_output=True,
                           text=True, timeout=60)
@@ -116,6 +117,24 @@ def test_bench_mix_dry_run_old_against_new(pair, gpus, tmp_path, monkeypatch):
         assert a["methods"] == ["dflash", "fold-a2", "window"]
         assert a["max_minutes"] == (6.0 if gpus == "2" else 3.0)
     assert [a["gpu"] for a in seen] == (["0", "1"] if gpus == "2" else ["0", "0"])
+
+
+def test_bench_mix_every_method_on_one_drafter(tmp_path, monkeypatch):
+    """DRAFTERS=old METHODS=all: one bench of the committed drafter with every method (no --methods: the bench's
+    default, all) for the whole MINUTES on one GPU; DRAFTERS=new runs the retrained one alone; other names refused."""
+    from fold_hf.pairs import get_pair
+
+    result = dry_run("bench_mix.sh", tmp_path, GPUS="1", MINUTES="8", DRAFTERS="old", METHODS="all")
+    assert result.returncode == 0, result.stderr
+    (only,) = parsed_commands(result.stdout, monkeypatch)
+    assert ROOT / only["drafter"] == get_pair("gemma3-270m").drafter_dir and only["out"] == "/root/g3mixcmp/old"
+    assert only["methods"] is None and only["max_minutes"] == 8.0
+    result = dry_run("bench_mix.sh", tmp_path, GPUS="2", MINUTES="4", DRAFTERS="new", METHODS="fold-a2 rerope")
+    (only,) = parsed_commands(result.stdout, monkeypatch)
+    assert only["drafter"] == "/root/g3mix/A/drafter" and only["methods"] == ["fold-a2", "rerope"]
+    assert only["max_minutes"] == 4.0 and only["gpu"] == "0"
+    bad = dry_run("bench_mix.sh", tmp_path, DRAFTERS="old newest")
+    assert bad.returncode == 2 and "DRAFTERS: old and / or new, got newest" in bad.stderr
 
 
 def test_bench_mix_cuts_the_requests_to_its_tiers_interleaved(tmp_path):

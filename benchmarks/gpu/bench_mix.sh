@@ -10,7 +10,7 @@
 # the tiers of issue #38's keys; SmolLM2 2048 8192, the demo's length and the longest) and interleaved text by text (request k of every tier, then k + 1), so a run
 # cut short holds every tier of the texts it reached; /root/<tag>mixcmp/requests.jsonl.
 # NEW: default /root/<tag>mix/A/drafter (train_mix.sh's run A); OLD: default the committed fold_hf/assets/$PAIR-dflash
-# (in the tree: benchmarks/gpu/slim.sh out $PAIR-dflash). Methods dflash fold-a2 window (+ AR of each request), fast
+# (in the tree: benchmarks/gpu/slim.sh out $PAIR-dflash). Methods METHODS (below; + AR of each request), fast
 # engine, bf16; with two GPUs OLD and NEW run at once (MINUTES each), with one one after the other (MINUTES / 2 each).
 # Back in OUT: old/ and new/, each runs.jsonl + summary.json (python benchmarks/pick_drafter_shape.py
 # new=OUT/new old=OUT/old --tiers A B compares them request by request).
@@ -26,8 +26,18 @@ case $pair in  # TIERS default: Gemma the tiers of issue #38's keys, SmolLM2 the
 esac
 minutes=${MINUTES:-6}
 mkdir -p $dir
+# METHODS: the bench's methods (default dflash fold-a2 window; "all": every method of `fold-hf bench`);
+# DRAFTERS: which of old / new run (default both; e.g. DRAFTERS=old with METHODS=all: every method on the committed
+# drafter, the issue's full comparison on these tiers)
+methods=${METHODS:-dflash fold-a2 window}
+[ "$methods" = all ] && methodargs=() || methodargs=(--methods $methods)
+names=(${DRAFTERS:-old new})
+for name in "${names[@]}"; do
+  [ "$name" = old ] || [ "$name" = new ] || { echo "DRAFTERS: old and / or new, got $name" >&2; exit 2; }
+done
 if [ "${DRY:-0}" != 1 ]; then
-  for d in "$old" "$new"; do
+  for name in "${names[@]}"; do
+    d=$old; [ $name = new ] && d=$new
     [ -f "$d/model.safetensors" ] || { echo "no drafter weights in $d (NEW / OLD; slim.sh out $drafter)"; exit 1; }
   done
   [ -f $dir/requests.jsonl ] || python3 - "$requests" $dir/requests.jsonl $tiers <<'EOF' || exit 1
@@ -45,20 +55,20 @@ with open(dst, "w") as fh:
 print(f"{len(rows)} requests of tiers {sorted(keep)} from {src}")
 EOF
 fi
-[ "$ngpu" -ge 2 ] && each=$minutes || each=$(python3 -c "print($minutes / 2)")
-bench() {  # bench NAME GPU DRAFTER
-  CUDA_VISIBLE_DEVICES=$2 run_cmd python -m fold_hf.cli bench --pair $pair --out $dir/$1 --drafter $3 \
-    --requests $dir/requests.jsonl --engine fast --methods dflash fold-a2 window --max-minutes $each 2>&1 \
-    | log $dir/$1.log
+[ "$ngpu" -ge 2 ] || [ ${#names[@]} = 1 ] && each=$minutes || each=$(python3 -c "print($minutes / ${#names[@]})")
+bench() {  # bench NAME GPU
+  local d=$old; [ $1 = new ] && d=$new
+  CUDA_VISIBLE_DEVICES=$2 run_cmd python -m fold_hf.cli bench --pair $pair --out $dir/$1 --drafter $d \
+    --requests $dir/requests.jsonl --engine fast "${methodargs[@]}" --max-minutes $each 2>&1 | log $dir/$1.log
 }
-if [ "$ngpu" -ge 2 ]; then
-  bench old 0 "$old" & bench new 1 "$new" & wait
+if [ "$ngpu" -ge 2 ] && [ ${#names[@]} = 2 ]; then
+  bench old 0 & bench new 1 & wait
 else
-  bench old 0 "$old"; bench new 0 "$new"
+  for name in "${names[@]}"; do bench $name 0; done
 fi
 [ "${DRY:-0}" = 1 ] && exit 0
 
-for name in old new; do
+for name in "${names[@]}"; do
   mkdir -p $out/$name
   cp $dir/$name/summary.json $dir/$name/run/runs.jsonl $out/$name/ 2>/dev/null
   d=$old; [ $name = new ] && d=$new
