@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fold_hf.bench.summary import _bootstrap_mean_ci  # noqa: E402
+from fold_hf.bench.summary import _bootstrap_mean_ci, rows_by_request  # noqa: E402
 
 MAX_BYTES = 30_000_000
 
@@ -36,13 +36,7 @@ def read_runs(results: Path) -> dict[str, dict[str, dict]]:
     files = sorted(Path(results).rglob("runs.jsonl"))
     if not files:
         raise ValueError(f"{results} holds no runs.jsonl (a `fold-hf bench` results folder)")
-    by: dict[str, dict[str, dict]] = {}
-    for f in files:
-        for line in f.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                by.setdefault(row["request"], {})[row["method"]] = row
-    return by
+    return rows_by_request([json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()])
 
 
 def _whole_call(row: dict) -> float:

@@ -360,25 +360,11 @@ def test_train_drafter_for_a_gemma3_target_then_bench_it_nested(tiny_gemma3_pair
                                         ("bench_gemma3.sh", {"DRAFTER": "/d", "PHASE": "sweep"})])
 def test_gpu_scripts_dry_run_commands_parse(script, env, tmp_path, monkeypatch):
     """The GPU scripts' dry runs print the fold-hf commands they would run; each parses with the real CLI."""
-    import os
-    import shlex
-    import subprocess
-    from pathlib import Path
+    from gpu_scripts import dry_run, parsed_commands
 
-    import fold_hf.cli as cli
-
-    root = Path(__file__).resolve().parents[1]
-    run_env = {**os.environ, "DRY": "1", "G3BENCH_DIR": str(tmp_path / "g3bench"), **env}
-    result = subprocess.run(["bash", str(root / "benchmarks" / "gpu" / script), str(tmp_path)], cwd=root,
-                            env=run_env, capture_output=True, text=True, timeout=60)
+    result = dry_run(script, tmp_path, G3BENCH_DIR=str(tmp_path / "g3bench"), **env)
     assert result.returncode == 0, result.stderr
-    commands = [shlex.split(line[2:]) for line in result.stdout.splitlines() if line.startswith("+ ")]
-    assert commands and all(c[1:4] == ["python", "-m", "fold_hf.cli"] for c in commands)
-    seen = []
-    for name in ("cmd_train", "cmd_bench"):
-        monkeypatch.setattr(cli, name, lambda args: seen.append(vars(args)) or 0)
-    for command in commands:
-        assert cli.main(command[4:]) == 0
+    seen = parsed_commands(result.stdout, monkeypatch)
     assert all(args["pair"] == "gemma3-270m" for args in seen)
     if script == "train_gemma3.sh":
         assert [a["generate_only"] for a in seen] == [True, True, False] and seen[-1]["layers"] == 4

@@ -8,42 +8,13 @@ the warm start, the folders under /root), fails here. The last test runs ``train
 """
 
 import json
-import os
 import re
-import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
+from gpu_scripts import GPU, ROOT, dry_run, parsed_commands
 
-ROOT = Path(__file__).resolve().parents[1]
-GPU = ROOT / "benchmarks" / "gpu"
 PAIRS = {"gemma3-270m": "g3", "smollm2-135m": "s2"}  # pair -> the prefix of its folders under /root
-
-
-def dry_run(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
-    run_env = {k: v for k, v in os.environ.items() if k not in ("PAIR", "INIT", "MIX", "REQUESTS", "NEW", "OLD",
-                                                                      "METHODS", "DRAFTERS", "TIERS")}
-    run_env.update({"DRY": "1", **env})
-    return subprocess.run(["bash", str(GPU / script), str(tmp_path)], cwd=ROOT, env=run_env, capture_output=True,
-                          text=True, timeout=60)
-
-
-def parsed_commands(stdout: str, monkeypatch) -> list[dict]:
-    """Every printed command through ``fold_hf.cli.main`` with cmd_train / cmd_bench stubbed: their argparse
-    namespaces, in order (a command the parser refuses raises SystemExit)."""
-    import fold_hf.cli as cli
-
-    commands = [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("+ ")]
-    assert commands and all(c[0].startswith("CUDA_VISIBLE_DEVICES=") for c in commands)
-    assert all(c[1:4] == ["python", "-m", "fold_hf.cli"] for c in commands), commands
-    seen = []
-    for name in ("cmd_train", "cmd_bench"):
-        monkeypatch.setattr(cli, name, lambda args: seen.append(vars(args)) or 0)
-    for command in commands:
-        assert cli.main(command[4:]) == 0
-        seen[-1]["gpu"] = command[0].split("=", 1)[1]
-    return seen
 
 
 @pytest.mark.parametrize("pair", sorted(PAIRS))

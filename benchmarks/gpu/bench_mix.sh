@@ -7,8 +7,9 @@
 #
 # Requests: REQUESTS (default the pair's mixed suite as env.sh keeps it: /root/cache/requests-mixed.jsonl.gz for
 # Gemma, /root/cache/requests-mixed-smollm2.jsonl.gz for SmolLM2), cut once to TIERS (default: Gemma 4096 32704,
-# the tiers of issue #38's keys; SmolLM2 2048 8192, the demo's length and the longest) and interleaved text by text (request k of every tier, then k + 1), so a run
-# cut short holds every tier of the texts it reached; /root/<tag>mixcmp/requests.jsonl.
+# the tiers of issue #38's keys; SmolLM2 2048 8192, the demo's length and the longest) and interleaved text by text
+# (request k of every tier, then k + 1), so a run cut short holds every tier of the texts it reached;
+# /root/<tag>mixcmp/requests.jsonl.
 # NEW: default /root/<tag>mix/A/drafter (train_mix.sh's run A); OLD: default the committed fold_hf/assets/$PAIR-dflash
 # (in the tree: benchmarks/gpu/slim.sh out $PAIR-dflash). Methods METHODS (below; + AR of each request), fast
 # engine, bf16; with two GPUs OLD and NEW run at once (MINUTES each), with one one after the other (MINUTES / 2 each).
@@ -35,9 +36,10 @@ names=(${DRAFTERS:-old new})
 for name in "${names[@]}"; do
   [ "$name" = old ] || [ "$name" = new ] || { echo "DRAFTERS: old and / or new, got $name" >&2; exit 2; }
 done
+drafter_dir() { if [ "$1" = new ]; then echo "$new"; else echo "$old"; fi; }  # the folder of old / new
 if [ "${DRY:-0}" != 1 ]; then
   for name in "${names[@]}"; do
-    d=$old; [ $name = new ] && d=$new
+    d=$(drafter_dir $name)
     [ -f "$d/model.safetensors" ] || { echo "no drafter weights in $d (NEW / OLD; slim.sh out $drafter)"; exit 1; }
   done
   [ -f $dir/requests.jsonl ] || python3 - "$requests" $dir/requests.jsonl $tiers <<'EOF' || exit 1
@@ -57,8 +59,7 @@ EOF
 fi
 [ "$ngpu" -ge 2 ] || [ ${#names[@]} = 1 ] && each=$minutes || each=$(python3 -c "print($minutes / ${#names[@]})")
 bench() {  # bench NAME GPU
-  local d=$old; [ $1 = new ] && d=$new
-  CUDA_VISIBLE_DEVICES=$2 run_cmd python -m fold_hf.cli bench --pair $pair --out $dir/$1 --drafter $d \
+  CUDA_VISIBLE_DEVICES=$2 run_cmd python -m fold_hf.cli bench --pair $pair --out $dir/$1 --drafter "$(drafter_dir $1)" \
     --requests $dir/requests.jsonl --engine fast "${methodargs[@]}" --max-minutes $each 2>&1 | log $dir/$1.log
 }
 if [ "$ngpu" -ge 2 ] && [ ${#names[@]} = 2 ]; then
@@ -71,7 +72,6 @@ fi
 for name in "${names[@]}"; do
   mkdir -p $out/$name
   cp $dir/$name/summary.json $dir/$name/run/runs.jsonl $out/$name/ 2>/dev/null
-  d=$old; [ $name = new ] && d=$new
-  echo "== $name ($d): $(cat $dir/$name/run/runs.jsonl 2>/dev/null | wc -l) runs"
+  echo "== $name ($(drafter_dir $name)): $(cat $dir/$name/run/runs.jsonl 2>/dev/null | wc -l) runs"
   grep -v "Converting\|Loading weights" $dir/$name.log | tail -n 12
 done

@@ -27,6 +27,15 @@ def _bootstrap_mean_ci(values: list[float], resamples: int = 2000, seed: int = 0
     return float(means[int(0.025 * resamples)]), float(means[int(0.975 * resamples) - 1])
 
 
+def rows_by_request(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    """``{request id: {method: run row}}`` of bench run rows (a request and method run twice keep the last row, as a
+    resumed bench appends it)."""
+    by: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by.setdefault(row["request"], {})[row["method"]] = row
+    return by
+
+
 def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "", focus: str | None = None,
               headline: str | None = None) -> dict:
     """Merge run files, compute the table, write ``summary.json``, ``summary.csv``, ``paired.csv`` and PNG plots.
@@ -41,9 +50,7 @@ def summarize(run_files: list[str | Path], out_dir: str | Path, title: str = "",
     engine = _one_setting(rows, "engine", "loop", "engines", "their timings do not pair")
     dtype = _one_setting(rows, "dtype", "unrecorded", "dtypes", "their timings and outputs do not pair")
     exact = _one_setting(rows, "exact", False, "exact modes", "exact mode's outputs and timings are its own")
-    by_request: dict[str, dict[str, dict]] = {}
-    for row in rows:
-        by_request.setdefault(row["request"], {})[row["method"]] = row
+    by_request = rows_by_request(rows)
     methods = sorted({r["method"] for r in rows} - {"ar"}, key=lambda m: (not m.startswith("fold"), m))
     table = []
     for suite in sorted({r["suite"] for r in rows}):
@@ -176,9 +183,7 @@ def headline_keys(rows: list[dict], prefix: str = "gemma3", focus: str = "fold-a
     * ``<prefix>_fold_minus_window_tau_32k``: mean over requests of τ(``focus``) - τ(``window``) at 32K, paired by
       request (only requests both ran).
     """
-    by: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by.setdefault(r["request"], {})[r["method"]] = r
+    by = rows_by_request(rows)
     t4, t32 = _tier_of(rows, 4), _tier_of(rows, 32)
 
     def at(tier: int, *methods: str) -> list[dict[str, dict]]:
