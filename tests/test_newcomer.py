@@ -237,20 +237,24 @@ def test_a_drafter_in_another_dtype_than_its_target_is_named_once():
 
 def test_readme_results_table_matches_the_result_files_it_cites():
     """The headline numbers are read back from the committed run, so the README cannot drift from it: τ and speedup
-    from its summary, the paired Δτ and its CI from the summary's paired rows, τ at 8K over τ at 1K recomputed here
-    from the per-request rows."""
+    from its summary, the paired Δτ and its CI from the summary's paired rows, τ at 8K over τ at 2K and the replaced
+    drafter's τ recomputed here from the per-request rows."""
     text = (ROOT / "README.md").read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
-    run = ROOT / "benchmarks" / "results" / "2026-12-01-nvidia-h200-realpair-v3"
-    assert "benchmarks/results/2026-12-01-nvidia-h200-realpair-v3/README.md" in text and "2026-12-01" in text
-    summary = json.loads((run / "bf16" / "summary.json").read_text())
+    run = ROOT / "benchmarks" / "results" / "2026-12-06-nvidia-h100-smollm2-mix-drafter"
+    assert "benchmarks/results/2026-12-06-nvidia-h100-smollm2-mix-drafter/README.md" in text and "2026-12-06" in text
+    summary = json.loads((run / "new" / "summary.json").read_text())
     averages = summary["averages"]
     paired = {r["other"]: r for r in summary["paired"]["rows"] if r["suite"] == "all"}
-    taus: dict = {}
-    for line in (run / "bf16" / "run" / "runs.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        taus.setdefault((row["method"], row["tier"]), []).append(row["tau"])
-    names = {"FOLD α=2": "fold-a2", "ReRoPE": "rerope", "window only": "window", "InfLLM": "infllm", "CMR": "cmr",
-             "StreamingLLM": "streaming", "dflash": "dflash"}
+
+    def taus_of(name):
+        taus: dict = {}
+        for line in (run / name / "run" / "runs.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            taus.setdefault((row["method"], row["tier"]), []).append(row["tau"])
+        return taus
+
+    taus, old = taus_of("new"), taus_of("old")
+    names = {"FOLD α=2": "fold-a2", "window only": "window", "dflash": "dflash"}
     table = text[text.index("| method |"):].split("\n\n", 1)[0]  # the first table of the section
     rows = [line for line in table.splitlines() if "---" not in line][1:]
     assert len(rows) == len(names)
@@ -267,10 +271,11 @@ def test_readme_results_table_matches_the_result_files_it_cites():
             r = paired[method]
             assert shown == pytest.approx([r["delta_tau"], r["delta_tau_ci_low"], r["delta_tau_ci_high"]], abs=5e-4)
         tiers = sorted(t for m, t in taus if m == method)
-        retention = (sum(taus[method, tiers[-1]]) / len(taus[method, tiers[-1]])) / (
-            sum(taus[method, tiers[0]]) / len(taus[method, tiers[0]]))
-        assert (tiers[0], tiers[-1]) == (1024, 8192)
-        assert float(cells[4]) == pytest.approx(retention, abs=5e-3), method
+        assert tiers == [2048, 8192]
+        mean = {t: sum(taus[method, t]) / len(taus[method, t]) for t in tiers}
+        assert float(cells[4]) == pytest.approx(mean[8192] / mean[2048], abs=5e-3), method
+        old_all = old[method, 2048] + old[method, 8192]
+        assert float(cells[5]) == pytest.approx(sum(old_all) / len(old_all), abs=5e-4), method
 
 
 def test_bench_shard_must_be_i_of_n(capsys):
