@@ -369,3 +369,17 @@ def test_the_shape_pick_takes_the_fastest_drafter_within_30_mb(tmp_path, capsys)
         pick.main([args[0], "--tiers", "8192"])
     with pytest.raises(ValueError, match="holds no runs.jsonl"):
         pick.main([f"x={tmp_path}/empty"])
+
+
+def test_saved_requests_read_back_plain_or_gzipped(tmp_path):
+    """A suite saved by ``save_requests`` reads back the same from the plain file and from its gzip (the form the GPU
+    staging carries: ``.stage/*/requests-mixed*.jsonl.gz``), written here with the gzip module directly."""
+    import gzip
+
+    from fold_hf.bench.suites import load_requests, save_requests
+
+    requests = [{"request": "a/1", "tier": 2048, "prompt_ids": [1, 2, 3]}, {"request": "b/2", "tier": 8192, "text": "é\n"}]
+    save_requests(requests, tmp_path / "r.jsonl")
+    with gzip.open(tmp_path / "r.jsonl.gz", "wb") as fh:
+        fh.write((tmp_path / "r.jsonl").read_bytes() + b"\n")
+    assert load_requests(tmp_path / "r.jsonl") == requests == load_requests(str(tmp_path / "r.jsonl.gz"))

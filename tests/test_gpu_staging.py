@@ -35,13 +35,13 @@ def repo(tmp_path):
 def test_parts_arithmetic():
     parts = parts_module()
     mib = 1024 * 1024
-    # the Gemma-3 GGUF (253,113,024 bytes) beside a 13.8 MB slim tree: 64 MiB - tree - 0.5 MB = 52.8 MB per part
-    free = 64 * mib - 13_827_775 - 500_000
-    assert parts.parts_needed(253_113_024, 13_827_775) == 5 == -(-253_113_024 // free)
-    assert 253_113_024 / 5 <= free < 253_113_024 / 4  # 5 parts fit, 4 would not
+    # the Gemma-3 GGUF (253,113,024 bytes) beside a 13.8 MB slim tree: 64 MiB - tree - 8 MB = 45.3 MB per part
+    free = 64 * mib - 13_827_775 - 8_000_000
+    assert parts.parts_needed(253_113_024, 13_827_775) == 6 == -(-253_113_024 // free)
+    assert 253_113_024 / 6 <= free < 253_113_024 / 5  # 6 parts fit, 5 would not
     # a part is exactly the free room: one call each
-    assert parts.parts_needed(3 * 10_000_000, 64 * mib - 500_000 - 10_000_000) == 3
-    assert parts.parts_needed(3 * 10_000_000 + 1, 64 * mib - 500_000 - 10_000_000) == 4
+    assert parts.parts_needed(3 * 10_000_000, 64 * mib - 8_000_000 - 10_000_000) == 3
+    assert parts.parts_needed(3 * 10_000_000 + 1, 64 * mib - 8_000_000 - 10_000_000) == 4
     with pytest.raises(ValueError, match="slim.sh out"):
         parts.parts_needed(253_113_024, 64 * mib - 1_000_000)
 

@@ -18,13 +18,13 @@
 #   calls 3..:    carry .stage/gK, one part each; benchmarks/gpu/env.sh copies what arrived and joins the parts,
 #                 checked by sha256, once all N are there (every Gemma script stops early until then)
 # With both committed drafters in it the tree is ~62 MB and no part fits (the script says so and stops): the staging
-# calls run on the slim tree (benchmarks/gpu/slim.sh out: ~14 MB, N = 5 parts of ~50 MB), and only the call that
+# calls run on the slim tree (benchmarks/gpu/slim.sh out: ~16 MB, N = 6 parts of ~42 MB), and only the call that
 # needs a drafter brings that one back (slim.sh out gemma3-270m-dflash; restore all with slim.sh restore). N is
 # computed against the tree present when this script runs (benchmarks/gpu/parts.py: tracked files present +
 # untracked files not ignored), so run the staging calls with the tree as it was here.
 # sha256 of the joined file: a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 set -euo pipefail
-# default N: parts as large as fit beside the work tree in one call (64 MiB), less 0.5 MB of slack
+# default N: parts as large as fit beside the work tree in one call (64 MiB), less 8 MB of slack (results folders land between staging and the calls)
 N=${1:-$(python3 "$(git rev-parse --show-toplevel)/benchmarks/gpu/parts.py" parts 253113024)}
 SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 root=$(git rev-parse --show-toplevel)

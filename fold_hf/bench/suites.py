@@ -250,5 +250,10 @@ def save_requests(requests: list[dict], path: str | Path) -> None:
 
 
 def load_requests(path: str | Path) -> list[dict]:
-    with open(path) as fh:
+    """The requests of a saved suite: one JSON object per line, plain or gzipped (``.gz``, as the GPU staging carries
+    them)."""
+    import gzip
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as fh:
         return [json.loads(line) for line in fh if line.strip()]

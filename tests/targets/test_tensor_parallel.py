@@ -23,6 +23,10 @@ PATHS = ["generate", "fast-eager", "fast-static", "fused", "ar-fused", "routed",
          "sampled"]
 # fused, ar-fused, batched-fused: the fused layers (their CPU twins) with the column / row-parallel projections on each
 # rank's weights (weight_layout.project) and one all-reduce per row-parallel projection
+# one worker runs this file: the module fixture below spawns two ranks that load every family (a minute), and with
+# the tests spread over two pytest-xdist workers each worker built it once (2 x 63 s in the 2026-12-06 full run)
+pytestmark = pytest.mark.xdist_group("tensor-parallel")
+
 FAMILIES = ["llama", "gemma3", "gemma4_tp", "qwen35", "qwen35_moe"]  # gemma4_tp: tiny Gemma-4 with 2 global KV heads
 RING_SLACK = 3  # the Gemma rings' slack on the ranks: the tiny rings wrap (a verify of a block of 4 rows fits)
 
