@@ -157,7 +157,7 @@ def real_pair():
     from tiny import share
 
     target, tokenizer, drafter = fold_hf.load_embedded_pair(torch.device("cpu"), dtype=torch.float32)
-    return target, tokenizer, share(drafter)
+    return target, tokenizer, share(drafter, target)
 
 
 @pytest.fixture

@@ -231,11 +231,20 @@ def fit_drafter(target, drafter, steps: int = 150, seq_len: int = 48, seed: int 
 # drafters shared between tests, with the fold config each was built with (tests/conftest.py restores it after
 # every test, so no test sees a shared model left in another mode)
 _SHARED: list = []
+_SHARED_DTYPES: list = []  # (model, dtype it was shared in)
 
 
-def share(drafter):
-    """Register ``drafter`` as shared between tests: its current fold config is restored after every test."""
+def _dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def share(drafter, *models):
+    """Register ``drafter`` as shared between tests: its current fold config is restored after every test, and it
+    (and ``models``, e.g. its target) must keep its dtype: ``.float()`` / ``.to(dtype)`` on a shared model changes
+    it in place for every later test of the process, so a test that needs another dtype takes a copy."""
     _SHARED.append((drafter, drafter.fold_config))
+    for model in (drafter, *models):
+        _SHARED_DTYPES.append((model, _dtype(model)))
     return drafter
 
 
@@ -243,13 +252,19 @@ def restore_shared() -> None:
     for drafter, config in _SHARED:
         if drafter.fold_config != config:
             drafter.set_fold_config(config)
+    changed = [(type(m).__name__, dtype, _dtype(m)) for m, dtype in _SHARED_DTYPES if _dtype(m) != dtype]
+    for model, dtype in _SHARED_DTYPES:  # put it back, so the error names this test only
+        if _dtype(model) != dtype:
+            model.to(dtype)
+    assert not changed, (f"this test changed the dtype of a model shared between tests: {changed} (name, was, now); "
+                         "take copy.deepcopy(model) before .float() / .to(dtype)")
 
 
 @functools.lru_cache(maxsize=None)
 def trained_pair(arch: str = "llama", block: int = 4):
     """A tiny target (fp64) and a drafter fitted to it, built once per process and shared by the tests."""
     target = tiny_target(arch)
-    drafter = share(fit_drafter(target, tiny_drafter(target, block=block)))
+    drafter = share(fit_drafter(target, tiny_drafter(target, block=block)), target)
     return target, drafter
 
 

@@ -6,6 +6,7 @@ head_dim and k = v, per-layer inputs, KV-shared layers) and Qwen3.5 (Gated Delta
 independent statement: the unsharded target's own greedy ``generate``; and the unsharded fast loop's acceptance
 lengths (the replicated drafter drafts on the same taps, so it proposes what it proposes unsharded)."""
 
+import copy
 import json
 import os
 import socket
@@ -34,8 +35,8 @@ RING_SLACK = 3  # the Gemma rings' slack on the ranks: the tiny rings wrap (a ve
 def _pair(family: str):
     """The family's tiny target and a drafter fitted to it (fp32): Gemma's drafters tap layers 1 and 5, as the Gemma
     tests' pairs (their drafts are accepted)."""
-    if family == "llama":
-        target, drafter = trained_pair("llama")
+    if family == "llama":  # a copy: trained_pair's models are shared by the process (fp64), and .float() is in place
+        target, drafter = (copy.deepcopy(m) for m in trained_pair("llama"))
     else:
         target = tiny_target(family)
         taps = (1, 5) if family.startswith("gemma") else (1, 3)
