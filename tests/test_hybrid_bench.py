@@ -74,20 +74,11 @@ def test_qwen35_rows_bench_writes_three_ways_that_agree(tmp_path):
 def test_issue39_h200_script_runs_only_on_an_h200(tmp_path):
     """benchmarks/gpu/issue39_h200.sh (the first call of a session): on any card but an H200 it runs nothing; on an
     H200 the two benches of issue 39 at 32K (dry run: their commands)."""
-    import os
-    import subprocess
-    from pathlib import Path
+    from gpu_scripts import dry_run
 
-    root = Path(__file__).resolve().parents[1]
-    script = root / "benchmarks" / "gpu" / "issue39_h200.sh"
-
-    def run(gpu, **env):
-        return subprocess.run(["bash", str(script), str(tmp_path)], cwd=root, capture_output=True, text=True,
-                              env={**os.environ, "GPU_NAME": gpu, **env}, timeout=60)
-
-    h100 = run("NVIDIA H100 80GB HBM3", DRY="1")
+    h100 = dry_run("issue39_h200.sh", tmp_path, GPU_NAME="NVIDIA H100 80GB HBM3")
     assert h100.returncode == 0 and "not an H200: nothing run" in h100.stdout and "+ python" not in h100.stdout
-    h200 = run("NVIDIA H200", DRY="1")
+    h200 = dry_run("issue39_h200.sh", tmp_path, GPU_NAME="NVIDIA H200")
     commands = [line for line in h200.stdout.splitlines() if line.startswith("+ python")]
     assert h200.returncode == 0 and len(commands) == 2
     assert "benchmarks/hybrid_bench.py --pairs qwen35_9b,llama31_8b --contexts 32768" in commands[0]

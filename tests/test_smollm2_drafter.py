@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 from pathlib import Path
+
+from mix_drafter_runs import assert_tables_are_the_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "results" / "2026-12-06-nvidia-h100-smollm2-mix-drafter"
-KINDS = {f"mixed-{k}" for k in ("python", "c", "markup", "structured", "logs", "prose")}
 
 
 def test_committed_smollm2_drafter_is_the_documented_run():
@@ -42,18 +42,4 @@ def test_committed_smollm2_drafter_is_the_documented_run():
 def test_smollm2_run_tables_are_the_committed_runs():
     """Both drafters' by-tier tables (mean τ, mean TPOT(AR) / TPOT request by request, every kind pooled) recomputed
     from the two committed runs.jsonl; each run holds every kind at both tiers."""
-    readme = (RUN / "README.md").read_text()
-    tables = readme.split("**retrained\ndrafter**")[1].split("Per kind")[0].split("**replaced drafter**")
-    assert len(tables) == 2
-    for name, table in zip(("new", "old"), tables):
-        runs = [json.loads(line) for line in (RUN / name / "run" / "runs.jsonl").read_text().splitlines()]
-        ar = {r["request"]: r["tpot_s"] for r in runs if r["method"] == "ar"}
-        for method in ("fold-a2", "dflash", "window"):
-            cells = []
-            for tier in (2048, 8192):
-                sel = [r for r in runs if r["method"] == method and r["tier"] == tier]
-                assert {r["suite"] for r in sel} == KINDS and len(sel) == 48
-                tau = statistics.mean(r["tau"] for r in sel)
-                speed = statistics.mean(ar[r["request"]] / r["tpot_s"] for r in sel)
-                cells.append(f"{tau:.2f} / {speed:.2f}×")
-            assert f"| {method} | " + " | ".join(cells) + " |" in table, (name, method)
+    assert_tables_are_the_runs(RUN, (2048, 8192), per_tier=48)

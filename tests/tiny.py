@@ -252,10 +252,12 @@ def restore_shared() -> None:
     for drafter, config in _SHARED:
         if drafter.fold_config != config:
             drafter.set_fold_config(config)
-    changed = [(type(m).__name__, dtype, _dtype(m)) for m, dtype in _SHARED_DTYPES if _dtype(m) != dtype]
-    for model, dtype in _SHARED_DTYPES:  # put it back, so the error names this test only
-        if _dtype(model) != dtype:
-            model.to(dtype)
+    changed = []
+    for model, dtype in _SHARED_DTYPES:
+        now = _dtype(model)
+        if now != dtype:
+            changed.append((type(model).__name__, dtype, now))
+            model.to(dtype)  # put it back, so the error names this test only
     assert not changed, (f"this test changed the dtype of a model shared between tests: {changed} (name, was, now); "
                          "take copy.deepcopy(model) before .float() / .to(dtype)")
 
