@@ -529,3 +529,43 @@ def test_bench_builds_the_mixed_suite_48_per_tier_by_default(tiny_gemma3_pair, t
     for k in range(48):
         short, long = by_id[f"mixed-48-{k}"]["input_ids"], by_id[f"mixed-96-{k}"]["input_ids"]
         assert short[0] == long[0] == 2 and short[1:] == long[-47:] and len(long) == 96
+
+
+def test_all_methods_run_tables_are_the_committed_runs():
+    """benchmarks/results/2026-12-06-nvidia-h100-gemma3-all-methods (issue #38: every method on the retrained drafter):
+    each row of its pooled table (mean τ and mean TPOT(AR) / TPOT over the 48 requests of each tier, with bootstrap
+    CIs, and FOLD's Δτ at 32K request by request) and each row of its per-kind table, recomputed from the committed
+    runs; every method ran on every request."""
+    from fold_hf.bench.summary import _bootstrap_mean_ci
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "2026-12-06-nvidia-h100-gemma3-all-methods"
+    readme = (results / "README.md").read_text()
+    runs = [json.loads(line) for line in (results / "run" / "runs.jsonl").read_text().splitlines()]
+    by = {}
+    for r in runs:
+        by.setdefault(r["request"], {})[r["method"]] = r
+    methods = ("fold-a2", "fold-a1", "fold-a4", "window", "streaming", "cmr", "rerope", "yarn", "infllm", "dflash")
+    assert all(set(q) == {"ar", *methods} for q in by.values()) and len(by) == 96
+
+    def at(tier, kind=None):
+        return [q for q in by.values() if q["ar"]["tier"] == tier and kind in (None, q["ar"]["suite"])]
+
+    def mean_ci(values, fmt):
+        lo, hi = _bootstrap_mean_ci(values)
+        return f"{fmt.format(sum(values) / len(values))} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+    for m in methods:
+        cells = []
+        for tier in (4096, 32704):
+            cells.append(mean_ci([q[m]["tau"] for q in at(tier)], "{:.2f}"))
+            lo, hi = _bootstrap_mean_ci(sp := [q["ar"]["tpot_s"] / q[m]["tpot_s"] for q in at(tier)])
+            cells.append(f"{sum(sp) / len(sp):.2f}× [{lo:.2f}, {hi:.2f}]")
+        diff = "—" if m == "fold-a2" else mean_ci([q["fold-a2"]["tau"] - q[m]["tau"] for q in at(32704)], "{:+.2f}")
+        assert f"| {m} | " + " | ".join(cells) + f" | {diff} |" in readme, m
+    for kind in sorted({q["ar"]["suite"] for q in by.values()}):
+        reqs = at(32704, kind)
+        fold, window = [q["fold-a2"]["tau"] for q in reqs], [q["window"]["tau"] for q in reqs]
+        row = (f"| {kind.removeprefix('mixed-')} | {sum(fold) / 8:.2f} | {sum(window) / 8:.2f} | "
+               + mean_ci([a - b for a, b in zip(fold, window)], "{:+.2f}") + " | "
+               + mean_ci([q["fold-a2"]["tau"] - q["dflash"]["tau"] for q in reqs], "{:+.2f}"))
+        assert len(reqs) == 8 and row in readme, kind

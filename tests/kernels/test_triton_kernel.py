@@ -449,6 +449,83 @@ def test_wide_heads_get_tiles_that_fit_shared_memory(dtype, rows):
         64, 64, 3, 4)
 
 
+# ---------------------------------------------------------------------------------------------------- splits
+H100_SMS = 132
+
+
+def split_cost(rows: int, Dh: int, Dv: int, branches: int, elem: int, entries: int) -> tuple[int, int]:
+    """(cache bytes a split of ``entries`` reads, fp32 partial bytes it writes: running max, mass and output of
+    every row of every branch), stated from the kernel's layout."""
+    return entries * (Dh + Dv) * elem, branches * rows * (Dv + 2) * 4
+
+
+@pytest.mark.parametrize("rows, Dh, Dv, Hkv, branches, dtype", [
+    (32, 256, 256, 1, 2, torch.bfloat16),   # Gemma-3-270M's drafter, FOLD: 4 heads x block 8 over 1 KV head
+    (32, 256, 256, 1, 1, torch.bfloat16),   # its window / dflash read, and the target's 8-row verify
+    (4, 256, 256, 1, 1, torch.bfloat16),    # the target's AR step
+    (40, 128, 128, 8, 2, torch.bfloat16),   # Llama-3.1-8B's drafter (block 10, 32 / 8 heads)
+    (4, 128, 128, 8, 1, torch.bfloat16),    # Llama-3.1-8B's AR step
+    (28, 512, 512, 4, 1, torch.bfloat16),   # Gemma-4's global verify
+    (64, 256, 256, 4, 2, torch.float32),
+])
+@pytest.mark.parametrize("span", [32904, 4200, 300])
+def test_splits_keep_partials_small_against_the_cache_they_read(monkeypatch, rows, Dh, Dv, Hkv, branches, dtype,
+                                                                span):
+    """A split reads at least 8x the bytes of partials it writes (which the merge reads back) unless the whole span
+    is one split, and there are never more than two programs per SM and KV head (flash-decoding's count)."""
+    from fold_hf.kernels.fold_read import launch
+
+    monkeypatch.delenv(launch.SPLIT_RULE_ENV, raising=False)
+    monkeypatch.setattr(launch, "_multiprocessor_count", lambda device: H100_SMS)
+    plan = launch.launch_plan(rows, Dh, Dv, Hkv, span, dtype, torch.device("cuda", 0), None, None, None, None, None,
+                              branches=branches)
+    elem = torch.finfo(dtype).bits // 8
+    cache, part = split_cost(rows, Dh, Dv, branches, elem, plan.chunk)
+    assert plan.num_splits == 1 or cache >= 8 * part
+    assert plan.num_splits <= -(-2 * H100_SMS // Hkv)
+    assert plan.num_splits * plan.chunk >= span
+    if (rows, Hkv, span) == (4, 8, 32904):  # where partials are small the count is flash-decoding's, as before
+        assert plan.num_splits == 33
+    if (rows, Dh, Hkv, branches, span) == (32, 256, 1, 2, 32904):  # Gemma's FOLD read: 63 splits, not 264
+        assert plan.num_splits == 63
+    monkeypatch.setenv(launch.SPLIT_RULE_ENV, "flat")  # the rule before: two programs per SM whatever it costs
+    flat = launch.launch_plan(rows, Dh, Dv, Hkv, span, dtype, torch.device("cuda", 0), None, None, None, None, None,
+                              branches=branches)
+    assert flat.num_splits == min(-(-2 * H100_SMS // Hkv), -(-span // flat.block_n))
+
+
+def test_split_rule_setting_is_checked(monkeypatch):
+    from fold_hf.kernels.fold_read import launch
+
+    monkeypatch.setenv(launch.SPLIT_RULE_ENV, "even")
+    with pytest.raises(ValueError, match="FOLD_HF_SPLIT_RULE"):
+        launch.split_rule()
+
+
+# few KV heads, many rows: the default split (an H100's SM count) is the partial-bounded one; a window-only read
+# runs its window's programs alone; both against the fp64 oracle, with device lengths as a captured step has them
+FEW_HEADS_CASES = [
+    dict(T=700, t=700, Lq=8, Hq=4, Hkv=1, head_dim=16, rotary_dim=16, D=40, alpha=2.0, far=True, capacity=760,
+         as_tensors=True, window_splits=None),
+    dict(T=700, t=703, Lq=8, Hq=4, Hkv=1, head_dim=16, rotary_dim=8, D=90, alpha=math.inf, far=True,
+         window_splits=3),
+    dict(T=700, t=700, Lq=8, Hq=4, Hkv=1, head_dim=16, rotary_dim=16, D=40, alpha=2.0, far=False, capacity=760,
+         as_tensors=True, window_splits=None),
+    dict(T=300, t=301, Lq=5, Hq=2, Hkv=1, head_dim=24, rotary_dim=12, D=33, alpha=2.0, far=False, window_splits=2),
+]
+
+
+@pytest.mark.parametrize("rule", ["partials", "flat"])
+@pytest.mark.parametrize("case", FEW_HEADS_CASES)
+def test_few_kv_heads_split_by_partials_in_interpreter_match_oracle(interpreter, monkeypatch, case, rule):
+    from fold_hf.kernels.fold_read import launch
+
+    monkeypatch.setattr(launch, "_multiprocessor_count", lambda device: H100_SMS)
+    monkeypatch.setenv(launch.SPLIT_RULE_ENV, rule)
+    out, oracle = kernel_case(**case, dtype=torch.float32, device="cpu")
+    assert rel_err(out, oracle) < TOLERANCE[torch.float32]
+
+
 # ---------------------------------------------------------------------------------------------------- rows
 def rows_case(reads, Lq, Hq, Hkv, head_dim, rotary_dim, D, alpha, far, dtype, device, batch=4, capacity=160,
               num_splits=None, window_splits=None, seed=3):

@@ -29,13 +29,47 @@ def _multiprocessor_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def default_num_splits(span: int, num_kv_heads: int, block_n: int, device: torch.device) -> int:
-    """Splits along the context so that about two programs per SM exist (flash-decoding)."""
+SPLIT_KV_OVER_PARTIALS = 8  # a split reads at least this many times the bytes of fp32 partials it writes (and the
+# merge reads back): see min_split_entries
+
+
+SPLIT_RULE_ENV = "FOLD_HF_SPLIT_RULE"  # "flat": the split rule before 2026-12-06 (two programs per SM whatever the
+# partials cost, and a window-only read's far programs kept), for A/B timings; default "partials"
+
+
+def split_rule() -> str:
+    """``$FOLD_HF_SPLIT_RULE``: ``"partials"`` (default) or ``"flat"``; a ValueError names anything else."""
+    value = os.environ.get(SPLIT_RULE_ENV) or "partials"
+    if value not in ("partials", "flat"):
+        raise ValueError(f"{SPLIT_RULE_ENV} must be 'partials' or 'flat', got {value!r}")
+    return value
+
+
+def min_split_entries(num_rows: int, Dh: int, Dv: int, branches: int, dtype: torch.dtype) -> int:
+    """Fewest context entries a split should read: each split writes ``branches x num_rows x (Dv + 2)`` fp32
+    partials that the merge reads back, so a split of ``n`` entries moves ``n (Dh + Dv)`` cache elements for them.
+    With few KV heads and many packed rows (Gemma-3-270M's drafter: 1 KV head, 4 x 8 rows of 256, two branches)
+    two programs per SM make ~128-entry splits whose partials are as large as the keys and values they read;
+    :data:`SPLIT_KV_OVER_PARTIALS` bounds that share. 0 under ``$FOLD_HF_SPLIT_RULE=flat``."""
+    if split_rule() == "flat":
+        return 0
+    elem = torch.finfo(dtype).bits // 8
+    partial_bytes = 4 * branches * num_rows * (Dv + 2)
+    return -(-SPLIT_KV_OVER_PARTIALS * partial_bytes // ((Dh + Dv) * elem))
+
+
+def default_num_splits(span: int, num_kv_heads: int, block_n: int, device: torch.device,
+                       min_entries: int = 0) -> int:
+    """Splits along the context so that about two programs per SM exist (flash-decoding), each reading at least
+    ``min_entries`` entries (:func:`min_split_entries`) and one key tile."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     sms = _multiprocessor_count(device)
     wanted = max(1, -(-2 * sms // max(num_kv_heads, 1)))
-    return max(1, min(wanted, -(-max(span, 1) // block_n)))
+    splits = min(wanted, -(-max(span, 1) // block_n))
+    if min_entries > 0:  # rounded down: every split's chunk (the span over the splits) holds min_entries or more
+        splits = min(splits, max(span, 1) // int(min_entries))
+    return max(1, splits)
 
 
 def inner_contiguous(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -146,8 +180,10 @@ def fit_wide_tiles(block_m: int, block_n: int, block_d: int, block_dv: int, num_
 
 def launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: torch.dtype, device: torch.device,
                  num_splits: int | None, block_m: int | None, block_n: int | None, num_warps: int | None,
-                 num_stages: int | None, decode: bool = False) -> LaunchPlan:
-    """Defaults for the tuning knobs left None, and the even split of ``span`` context entries.
+                 num_stages: int | None, decode: bool = False, branches: int = 1,
+                 pipelined: bool = True) -> LaunchPlan:
+    """Defaults for the tuning knobs left None, and the even split of ``span`` context entries (of at least
+    :func:`min_split_entries` each where the split's key loop is ``pipelined``; ``branches``: 2 with a far memory).
 
     Tiles of up to 64 x 128 (``block_m x block_d``) run with 4 warps, larger ones with 8: both reads are bound by
     loading keys, and 4 warps measured faster for a 10-token block's packed rows (docs/design.md §6). ``decode``
@@ -175,7 +211,11 @@ def launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: tor
             block_m, block_n, block_d, block_dv, num_stages, dtype, fixed=(given_m, given_n, given_stages),
             budget=DECODE_WIDE_TILE_SMEM_BYTES if decode else WIDE_TILE_SMEM_BYTES)
     if num_splits is None:
-        num_splits = default_num_splits(span, Hkv, block_n, device)
+        # a split's entries bounded below by its partials only where its key loop is software-pipelined (the
+        # decode loop, a FOLD read's far-only loop): the rope-and-mask loop of a read without a window runs one
+        # stage, and 16 splits of ~270 entries took Gemma-3-270M's dflash round at 4K from 1.21 to 1.30 ms
+        min_entries = min_split_entries(num_rows, Dh, Dv, branches, dtype) if pipelined else 0
+        num_splits = default_num_splits(span, Hkv, block_n, device, min_entries)
     num_splits = max(1, int(num_splits))
     chunk = -(-max(span, 1) // num_splits)
     chunk = -(-chunk // block_n) * block_n

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ..triton_pdl import launch_options, pdl_enter
 from .launch import (DEFAULT_WINDOW_SPLITS, Tuning, inner_contiguous, launch_plan, length_arguments, next_pow2,
-                     partials, read_shapes)
+                     partials, read_shapes, split_rule)
 from .triton_merge import launch_merge
 
 LOG2E = 1.4426950408889634
@@ -300,11 +300,12 @@ def fold_read_triton(query_near: torch.Tensor, query_far: torch.Tensor | None, c
             ``capacity``).
         alpha: 1.0 = one softmax over both branches; ``math.inf`` = top-1 read.
         num_splits: context splits (default: about two programs per SM over ``T``, or over ``capacity``
-            when ``context_length`` is a tensor).
+            when ``context_length`` is a tensor, each of at least :func:`.launch.min_split_entries` entries).
         tuning: overrides (:class:`.launch.Tuning`), among them ``window_splits``: extra programs given to the
             window region alone (the last ``W + B`` entries, where keys are rotated and masked per row), on top of
-            ``num_splits`` for the far-only region; 0 splits the whole context evenly, which leaves the window to
-            one program per KV head. Default: 16 with a window, else 0 (measured in docs/design.md §6).
+            ``num_splits`` for the far-only region (a read without far memory launches the window's programs
+            only); 0 splits the whole context evenly, which leaves the window to one program per KV head. Default:
+            16 with a window, else 0 (measured in docs/design.md §6).
 
     Returns:
         ``[1, Lq, Hq, Dv]`` in ``query_near.dtype``.
@@ -404,12 +405,16 @@ def _fold_read(query_near, query_far, context_keys, context_values, block_keys, 
         cos = cos.contiguous()
 
     heads = A * Hkv  # the launch's (read, KV head) programs
-    plan = launch_plan(G * Lq, Dh, Dv, heads, span, dtype, device, num_splits, *tune.split_pass)
+    plan = launch_plan(G * Lq, Dh, Dv, heads, span, dtype, device, num_splits, *tune.split_pass,
+                       branches=2 if has_far else 1, pipelined=window is not None)
     if window is None:
         window_splits = 0
     else:
         window_splits = DEFAULT_WINDOW_SPLITS if tune.window_splits is None else max(0, int(tune.window_splits))
-    num_splits = plan.num_splits + window_splits
+    # a read with a window and no far memory never reads the far-only region: no programs for it (they would only
+    # write empty partials for the merge to read back)
+    window_only = window_splits and not has_far and split_rule() != "flat"
+    num_splits = window_splits if window_only else plan.num_splits + window_splits
     half_rotary = cos.shape[-1] // 2
     part_m, part_l, part_acc = partials(2 if has_far else 1, heads, num_splits, plan.num_rows, Dv, device)
     out = torch.empty(A, Lq, Hq, Dv, device=device, dtype=dtype)

@@ -1,0 +1,186 @@
+"""How a read with few KV heads should be split: the FOLD read and the target's verify attention at a small pair's
+shape, per launch configuration, in CUDA graphs (issue 38: the Gemma-3-270M pair's round at 32K).
+
+At few KV heads (Gemma-3-270M: 4 query heads, 1 KV head of 256) the default split (about two programs per SM for
+each KV head) cuts 32K entries into ~264 chunks of ~128 entries, and every chunk writes fp32 partials of each of its
+``G * Lq`` rows (both branches for FOLD) that the merge reads back: as many bytes as the keys and values themselves.
+This bench times, per read kind and ``--splits`` value (``default`` = the library's plan), ``--layers`` reads over
+distinct caches captured in one CUDA graph (so the caches do not sit in L2: 4 x 33.5 MB at the default shape), and
+reports per read: ``us`` (p50 over ``--reps`` replays / layers), ``floor_us`` (the keys and values it must read /
+the copy bandwidth measured here), and ``rel_err`` against the float64 statement of the read
+(:func:`~fold_hf.kernels.fold_read.naive.fold_read_geometry_reference` /
+:func:`~fold_hf.kernels.fold_read.naive.decode_attention_reference`).
+
+Kinds: ``fold`` (W, α = 2), ``window`` (W, no far memory), ``dflash`` (every entry rotated at its position),
+``verify`` (the target's block of ``Lq`` rows over rotated keys), ``ar`` (the same, one row).
+
+    python benchmarks/read_splits_bench.py --out $OUT/splits              (about a minute, one GPU)
+    python benchmarks/read_splits_bench.py --out /tmp/s --dry-run         (CPU, TRITON_INTERPRET=1, tiny shapes)
+
+Writes ``read_splits.csv`` and ``read_splits.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+KINDS = ("fold", "window", "dflash", "verify", "ar")
+
+
+def parse_splits(text: str) -> list:
+    return [None if s == "default" else int(s) for s in text.split(",")]
+
+
+def tables(positions: int, rotary: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000.0 ** (torch.arange(0, rotary, 2, dtype=torch.float64, device=device) / rotary))
+    angles = torch.arange(positions, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def make_inputs(kind: str, args, device, dtype, seed: int) -> dict:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rows = 1 if kind == "ar" else args.lq
+    capacity = args.context + args.slack
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+    scale = args.head_dim ** -0.5
+    inputs = {"q": rnd(1, args.hq, rows, args.head_dim, scale=scale),
+              "k": rnd(1, args.hkv, capacity, args.head_dim), "v": rnd(1, args.hkv, capacity, args.head_dim),
+              "bk": rnd(1, args.hkv, rows, args.head_dim), "bv": rnd(1, args.hkv, rows, args.head_dim),
+              "length": torch.tensor([args.context], dtype=torch.int32, device=device)}
+    if kind == "fold":
+        inputs["qf"] = rnd(1, args.hq, rows, args.head_dim, scale=scale)
+    return inputs
+
+
+def call(kind: str, x: dict, args, cos, sin, splits, tuning: dict):
+    from fold_hf.kernels.fold_read.triton import decode_attention_triton, fold_read_triton
+
+    if kind in ("verify", "ar"):
+        return decode_attention_triton(x["q"], x["k"], x["v"], x["bk"], x["bv"], x["length"], num_splits=splits,
+                                       **tuning)
+    window = None if kind == "dflash" else args.window
+    return fold_read_triton(x["q"], x.get("qf"), x["k"], x["v"], x["bk"], x["bv"], cos, sin, x["length"],
+                            x["length"], window, 2.0, num_splits=splits, **tuning)
+
+
+def reference(kind: str, x: dict, args, cos, sin) -> torch.Tensor:
+    from fold_hf.kernels.fold_read.naive import decode_attention_reference, fold_read_geometry_reference
+
+    d = {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()}
+    T = args.context
+    if kind in ("verify", "ar"):
+        return decode_attention_reference(d["q"], d["k"], d["v"], d["bk"], d["bv"], T)
+    window = None if kind == "dflash" else args.window
+    return fold_read_geometry_reference(d["q"], d.get("qf"), d["k"], d["v"], d["bk"], d["bv"], cos.double(),
+                                        sin.double(), T, T, window, 2.0)
+
+
+def kv_bytes(kind: str, args, elem: int) -> int:
+    entries = min(args.context, args.window + args.lq) if kind == "window" else args.context
+    return entries * args.hkv * 2 * args.head_dim * elem
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--context", type=int, default=32704)
+    parser.add_argument("--slack", type=int, default=200, help="cache entries beyond the context (capacity)")
+    parser.add_argument("--hq", type=int, default=4)
+    parser.add_argument("--hkv", type=int, default=1)
+    parser.add_argument("--head-dim", type=int, default=256)
+    parser.add_argument("--lq", type=int, default=8, help="block rows (the drafter's block, the verify's)")
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--splits", default="default,264,132,66,33,16")
+    parser.add_argument("--block-n", default="default", help="comma list: key tile sizes (default: the plan's)")
+    parser.add_argument("--warps", default="default")
+    parser.add_argument("--stages", default="default")
+    parser.add_argument("--window-splits", default="default", help="FOLD/window reads: programs for the window")
+    parser.add_argument("--layers", type=int, default=4, help="reads over distinct caches per graph")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.context, args.slack, args.window, args.layers, args.reps = 200, 24, 48, 1, 1
+        args.splits = "default,4"
+    cuda = torch.cuda.is_available() and not args.dry_run
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    cos, sin = tables(args.context + args.slack + args.lq, args.head_dim, device)
+    bandwidth = float("nan")
+    if cuda:
+        from pair_rounds_bench import copy_bandwidth
+
+        bandwidth = copy_bandwidth(device)
+    opt = lambda text: [None if s == "default" else int(s) for s in text.split(",")]  # noqa: E731
+    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in args.kinds.split(","):
+        layers = [make_inputs(kind, args, device, dtype, seed) for seed in range(args.layers)]
+        want = reference(kind, layers[0], args, cos, sin).float()
+        configs = [(s, n, w, st, ws) for s in parse_splits(args.splits) for n in opt(args.block_n)
+                   for w in opt(args.warps) for st in opt(args.stages)
+                   for ws in (opt(args.window_splits) if kind in ("fold", "window") else [None])]
+        for splits, block_n, warps, stages, wsplits in configs:
+            tuning = {k: v for k, v in (("block_n", block_n), ("num_warps", warps), ("num_stages", stages),
+                                        ("window_splits", wsplits)) if v is not None}
+            row = {"kind": kind, "splits": splits or "default", **{k: v for k, v in tuning.items()}}
+            try:
+                got = call(kind, layers[0], args, cos, sin, splits, tuning).float()
+                row["rel_err"] = float((got - want).norm() / want.norm())
+                if cuda:
+                    for x in layers:  # compile outside the capture
+                        call(kind, x, args, cos, sin, splits, tuning)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for x in layers:
+                            call(kind, x, args, cos, sin, splits, tuning)
+                    times = []
+                    for _ in range(args.reps):
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        graph.replay()
+                        end.record()
+                        end.synchronize()
+                        times.append(start.elapsed_time(end) * 1e3 / args.layers)
+                    times.sort()
+                    row["us"] = round(times[len(times) // 2], 2)
+                    row["floor_us"] = round(1e6 * kv_bytes(kind, args, 2) / bandwidth, 2)
+                    row["over_floor"] = round(row["us"] / row["floor_us"], 2)
+            except Exception as exc:  # a configuration that does not launch says why; the others still run
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with (out / "read_splits.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    meta = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+            "copy_bandwidth_gbs": None if math.isnan(bandwidth) else round(bandwidth / 1e9, 1),
+            "args": vars(args), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+    (out / "read_splits.json").write_text(json.dumps(meta, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
