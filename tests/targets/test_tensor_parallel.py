@@ -295,20 +295,24 @@ def test_the_benchmark_runs_on_one_and_two_ranks(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "tensor_parallel_bench.py"
-    subprocess.run([sys.executable, str(script), "--make", str(tmp_path / "m"), "--tiny"], check=True,
-                   capture_output=True)
+
+    def run(*args, **kw):  # a failing command fails the test with its own output (not only its exit status)
+        done = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, **kw)
+        assert done.returncode == 0, f"{args[:3]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+
+    run(script, "--make", tmp_path / "m", "--tiny")
     for n in (1, 2):
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port",
-                        str(_free_port()), str(script), "--model", str(tmp_path / "m"), "--out", str(tmp_path / f"tp{n}"),
-                        "--contexts", "64", "--rounds", "3", "--fused", "1,0"], check=True, capture_output=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        # --standalone: torchrun's own rendezvous picks a free port (a port chosen here beforehand can be taken
+        # by another process before the ranks bind it: the fresh-clone CI of d627d3f failed here once, under load)
+        run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n, script, "--model", tmp_path / "m",
+            "--out", tmp_path / f"tp{n}", "--contexts", 64, "--rounds", 3, "--fused", "1,0",
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
     report = json.loads((tmp_path / "tp2" / "tensor_parallel.json").read_text())
     assert report["facts"]["tensor_parallel"] == 2 and report["facts"]["kv_heads_per_rank"] == 1
     assert report["notes"] == []  # every row ran on the engine asked for (no retry)
     assert {(r["row"], r["context"], r["fused"]) for r in report["rows"]} == {
         (row, 64, fused) for row in ("ar", "sd_fold") for fused in (True, False)}
-    subprocess.run([sys.executable, str(script), "--compare", str(tmp_path / "tp1"), str(tmp_path / "tp2"), "--out",
-                    str(tmp_path)], check=True, capture_output=True)
+    run(script, "--compare", tmp_path / "tp1", tmp_path / "tp2", "--out", tmp_path)
     keys = json.loads((tmp_path / "compare.json").read_text())["keys"]
     assert set(keys) == {f"tp2_{k}{path}_64" for k in ("ar_over_one_gpu", "ar_over_floor", "sd_round_over_tp_ar")
                          for path in ("", "_module_path")}
