@@ -28,11 +28,9 @@ Writes ``pair_rounds.json`` and ``pair_rounds.csv`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import itertools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -42,6 +40,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from batched_anatomy import file_name  # noqa: E402
+from kernel_bench import measure_bandwidth, percentiles  # noqa: E402
+from last_mile_bench import env_var  # noqa: E402
+
 T0 = time.time()
 
 
@@ -49,16 +51,10 @@ def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def percentiles(values: list[float]) -> tuple[float, float, float]:
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return pick(0.2), pick(0.5), pick(0.8)
-
-
 def target_bytes(target, context: int) -> int:
     """Bytes an AR step of ``target`` reads at best at ``context``: every parameter once (a tied embedding counts
     once, as the lm_head) plus the KV entries each layer attends to (sliding layers: their window)."""
-    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in target.parameters()}.values())
+    weights = sum(p.numel() * p.element_size() for p in target.parameters())  # a tied weight is yielded once
     cfg = getattr(target.config, "text_config", target.config)
     layers = cfg.num_hidden_layers
     types = getattr(cfg, "layer_types", None) or ["full_attention"] * layers
@@ -122,24 +118,6 @@ def bench_window(key: str | None, drafter) -> int:
         drafter.fold_config.window)
 
 
-def copy_bandwidth(device, gib: float = 2.0) -> float:
-    """Device-to-device copy bandwidth (bytes/s: read + write counted once each, as a copy moves them)."""
-    if device.type != "cuda":
-        return float("nan")
-    n = int(gib * 2**30) // 2
-    a = torch.empty(n, dtype=torch.bfloat16, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        b.copy_(a)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * a.numel() * a.element_size() / best
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", default="gemma3-270m")
@@ -185,7 +163,7 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown methods {unknown}; known: {sorted(known)}")
     profile_context = args.contexts[-1] if args.profile_context is None else args.profile_context
-    bandwidth = copy_bandwidth(device)
+    bandwidth = measure_bandwidth(device) if cuda else float("nan")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"pair": pair, "device": torch.cuda.get_device_name() if cuda else "cpu", "engine": engine,
@@ -198,7 +176,7 @@ def main(argv=None) -> dict:
     settings = [None] + list(args.variants)
     for context, setting, name in itertools.product(args.contexts, settings, args.methods):
         label = name if setting is None else f"{name}[{setting}]"
-        with env_setting(setting):
+        with env_var(dict([setting.split("=", 1)]) if setting else {}):
             row = time_method(target, drafter, known[name], label, context, args, engine, bandwidth, cuda,
                               out if context == profile_context else None)
         ar = [r for r in report["rows"] if r["context"] == context and r["method"] == ("ar" if setting is None
@@ -214,24 +192,6 @@ def main(argv=None) -> dict:
         writer.writeheader()
         writer.writerows(report["rows"])
     return report
-
-
-@contextlib.contextmanager
-def env_setting(setting: str | None):
-    """``ENV=VALUE`` set for the block (and the previous value put back); None: nothing."""
-    if setting is None:
-        yield
-        return
-    key, value = setting.split("=", 1)
-    before = os.environ.get(key)
-    os.environ[key] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def time_method(target, drafter, config, label: str, context: int, args, engine: str, bandwidth: float, cuda: bool,
@@ -250,7 +210,7 @@ def time_method(target, drafter, config, label: str, context: int, args, engine:
     seconds = []
     for _ in range(args.repeats):
         seconds += time_rounds(target, d, context, args.rounds, engine=engine).round_seconds[1:]
-    p20, p50, p80 = (1e3 * s for s in percentiles(seconds))
+    p20, p50, p80 = percentiles(seconds)  # seconds in, milliseconds out
     floor = target_bytes(target, context)
     if d is not None:
         floor += drafter_bytes(drafter, target, context, config.mode, config.window)
@@ -263,9 +223,6 @@ def time_method(target, drafter, config, label: str, context: int, args, engine:
         row["kernel_ms_per_round"] = round(summary["device_us_per_round"] / 1e3, 4)
     return row
 
-
-def file_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
 if __name__ == "__main__":

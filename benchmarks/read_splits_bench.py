@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 KINDS = ("fold", "window", "dflash", "verify", "ar")
 
 
-def parse_splits(text: str) -> list:
+def options(text: str) -> list:
+    """A comma list of ints, ``default`` standing for None (the library's plan)."""
     return [None if s == "default" else int(s) for s in text.split(",")]
 
 
@@ -126,19 +127,18 @@ def main(argv=None) -> list[dict]:
     cos, sin = tables(args.context + args.slack + args.lq, args.head_dim, device)
     bandwidth = float("nan")
     if cuda:
-        from pair_rounds_bench import copy_bandwidth
+        from kernel_bench import measure_bandwidth
 
-        bandwidth = copy_bandwidth(device)
-    opt = lambda text: [None if s == "default" else int(s) for s in text.split(",")]  # noqa: E731
+        bandwidth = measure_bandwidth(device)
     rows = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for kind in args.kinds.split(","):
         layers = [make_inputs(kind, args, device, dtype, seed) for seed in range(args.layers)]
         want = reference(kind, layers[0], args, cos, sin).float()
-        configs = [(s, n, w, st, ws) for s in parse_splits(args.splits) for n in opt(args.block_n)
-                   for w in opt(args.warps) for st in opt(args.stages)
-                   for ws in (opt(args.window_splits) if kind in ("fold", "window") else [None])]
+        configs = [(s, n, w, st, ws) for s in options(args.splits) for n in options(args.block_n)
+                   for w in options(args.warps) for st in options(args.stages)
+                   for ws in (options(args.window_splits) if kind in ("fold", "window") else [None])]
         for splits, block_n, warps, stages, wsplits in configs:
             tuning = {k: v for k, v in (("block_n", block_n), ("num_warps", warps), ("num_stages", stages),
                                         ("window_splits", wsplits)) if v is not None}
