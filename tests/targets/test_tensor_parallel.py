@@ -127,7 +127,9 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a file rendezvous: a TCP port chosen by _free_port() can be taken before rank 0 binds it (a suspected CI
+    # flake, 2026-12-06); MASTER_PORT stays set for code that reads it
+    dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=world)
     from fold_hf import FoldDrafter
     from fold_hf.kernels.common import is_sharded
     from fold_hf.targets import gemma
