@@ -14,6 +14,11 @@ export FOLD_HF_TESTS_DONE_FILE=${FOLD_HF_TESTS_DONE_FILE:-/root/gpu_tests_done.t
 gpus=$(nvidia-smi -L | wc -l)
 cores=$(nproc)
 workers=$(( cores / (gpus > 1 ? 2 : 1) - 2 )); [ $workers -gt 14 ] && workers=14
+# and at most one worker per 10 GiB of the card: 14 workers ran on a 141 GB H200, but on an 80 GB H100 122 kernel
+# tests failed with "CUDA: out of memory" (2026-12-06; all 122 passed again with 4 workers)
+gib=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1) / 1024 ))
+[ $workers -gt $(( gib / 10 )) ] && workers=$(( gib / 10 ))
+[ $workers -lt 1 ] && workers=1
 pytest_gpu="python -m pytest -q -m gpu -p no:benchmark -p no:cacheprovider -rA"
 kernels="tests/kernels/test_triton_kernel.py"
 loop="tests/kernels/test_fused_layers.py tests/generation/test_fast_loop.py tests/modeling/test_memory.py tests/targets/test_target_attention.py tests/targets/test_gemma_targets.py"
