@@ -6,7 +6,8 @@ fast loop's eager engine (the CPU default). Timed in one process, interleaved, m
 * ``ar_step``      the target's forward of 1 row at the context (what an AR token costs)
 * ``verify``       the target's forward of B rows (the block: last token + B-1 drafts)
 * ``draft``        the drafter's round (:meth:`FoldDrafter.draft_logits`: commit the accepted rows, read, B-1 logits)
-* ``draft_lm_head`` the part of ``draft`` that is the target's lm_head over the B-1 drafted rows
+* ``draft_lm_head`` the part of ``draft`` that is the target's lm_head over the B-1 drafted rows (with
+  ``--draft-vocab FILE``: its rows of that draft vocabulary only, ``fold_hf.DraftVocab``)
 * ``round``        a whole speculative round of :func:`~fold_hf.generation.fast.time_rounds` (greedy)
 * ``ar_round``     a whole AR round of the same function
 * ``overhead``     round - verify - draft (token choice, bookkeeping, Python)
@@ -52,6 +53,8 @@ def main(argv=None) -> int:
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--draft-vocab", metavar="FILE",
+                        help="the drafter proposes from this draft vocabulary (benchmarks/build_draft_vocab.py)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -60,6 +63,8 @@ def main(argv=None) -> int:
     target, _, drafter = load_embedded_pair(torch.device("cpu"))
     drafter.set_fold_config(drafter.fold_config.replace(window=args.window) if drafter.fold_config.mode == "fold"
                             else FoldConfig(window=args.window, alpha=2.0))
+    if args.draft_vocab:
+        drafter.use_draft_vocab(args.draft_vocab)
     T, B = args.context, drafter.block_size
     # caches of T entries (time_rounds fills nothing: timing on CPU does not depend on the values)
     time_rounds(target, drafter, T, 2, engine="eager")
@@ -93,7 +98,8 @@ def main(argv=None) -> int:
     release_fast_state(target)
     ms = {k: min(v) for k, v in results.items()}  # the least disturbed pass
     ms["overhead"] = ms["round"] - ms["verify"] - ms["draft"]
-    report = {"context": T, "block": B, "window": args.window, "threads": torch.get_num_threads(), "ms": ms,
+    report = {"context": T, "block": B, "window": args.window, "threads": torch.get_num_threads(),
+              "draft_vocab": None if drafter.draft_vocab is None else repr(drafter.draft_vocab), "ms": ms,
               "x_ar_step": {k: v / ms["ar_step"] for k, v in ms.items()},
               "break_even_tau": ms["round"] / ms["ar_round"], "passes": results}
     out = Path(args.out)

@@ -44,6 +44,8 @@ from batched_anatomy import file_name  # noqa: E402
 from kernel_bench import measure_bandwidth, percentiles  # noqa: E402
 from last_mile_bench import env_var  # noqa: E402
 
+from fold_hf.modeling.draft_vocab import DraftVocab  # noqa: E402
+
 T0 = time.time()
 
 
@@ -73,7 +75,9 @@ def drafter_bytes(drafter, target, context: int, mode: str, window: int) -> int:
     cfg = drafter.config
     per_entry = 2 * cfg.num_key_value_heads * cfg.head_dim * head.element_size() * cfg.num_hidden_layers
     entries = min(window, context) if mode in ("window", "streaming", "cmr", "infllm") else context
-    return own + head.numel() * head.element_size() + per_entry * entries
+    # the proposals read the head's rows of the draft vocabulary only, when the drafter has one
+    rows = head.shape[0] if drafter.draft_vocab is None else len(drafter.draft_vocab)
+    return own + rows * head.shape[1] * head.element_size() + per_entry * entries
 
 
 # The Gemma-3-270M GGUF's configuration as transformers 5.25 reads it (``AutoConfig.from_pretrained(dir,
@@ -137,6 +141,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", required=True)
     parser.add_argument("--random-target", action="store_true",
                         help="the target's architecture with random weights (no GGUF; gemma3-270m)")
+    parser.add_argument("--draft-vocab", metavar="FILE",
+                        help="also time every method with the drafter proposing from this draft vocabulary "
+                             "(rows named METHOD[draft_vocab]; benchmarks/build_draft_vocab.py)")
     parser.add_argument("--dry-run", action="store_true", help="the embedded pair on the CPU, static engine")
     args = parser.parse_args(argv)
 
@@ -173,10 +180,14 @@ def main(argv=None) -> dict:
     for variant in args.variants:
         if "=" not in variant:
             parser.error(f"--variants takes ENV=VALUE, got {variant!r}")
-    settings = [None] + list(args.variants)
+    settings = [None] + list(args.variants) + (["draft_vocab"] if args.draft_vocab else [])
+    vocab = DraftVocab.load(args.draft_vocab) if args.draft_vocab else None
+    if vocab is not None:
+        report["draft_vocab"] = repr(vocab)
     for context, setting, name in itertools.product(args.contexts, settings, args.methods):
         label = name if setting is None else f"{name}[{setting}]"
-        with env_var(dict([setting.split("=", 1)]) if setting else {}):
+        drafter.use_draft_vocab(vocab if setting == "draft_vocab" else None)
+        with env_var(dict([setting.split("=", 1)]) if setting and "=" in setting else {}):
             row = time_method(target, drafter, known[name], label, context, args, engine, bandwidth, cuda,
                               out if context == profile_context else None)
         ar = [r for r in report["rows"] if r["context"] == context and r["method"] == ("ar" if setting is None
@@ -185,6 +196,7 @@ def main(argv=None) -> dict:
         report["rows"].append(row)
         log(json.dumps(row))
     release_fast_state(target)
+    drafter.use_draft_vocab(None)
     (out / "pair_rounds.json").write_text(json.dumps(report, indent=1))
     with (out / "pair_rounds.csv").open("w", newline="") as fh:
         fields = list(dict.fromkeys(k for r in report["rows"] for k in r))

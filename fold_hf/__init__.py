@@ -20,7 +20,7 @@ _EXPORTS = {
     ".embedded": ("load_embedded_pair",),
     ".generation": ("BatchGenerationResult", "GenerationRequest", "GenerationResult", "fast_generate", "generate"),
     ".integrations.transformers": ("install", "uninstall"),
-    ".modeling": ("FoldCache", "FoldConfig", "FoldDrafter", "FoldDrafterConfig"),
+    ".modeling": ("DraftVocab", "FoldCache", "FoldConfig", "FoldDrafter", "FoldDrafterConfig"),
 }
 
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .embedded import load_embedded_pair
     from .generation import BatchGenerationResult, GenerationRequest, GenerationResult, fast_generate, generate
     from .integrations.transformers import install, uninstall
-    from .modeling import FoldCache, FoldConfig, FoldDrafter, FoldDrafterConfig
+    from .modeling import DraftVocab, FoldCache, FoldConfig, FoldDrafter, FoldDrafterConfig
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())

@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--window", type=int, default=DEMO_WINDOW, help="FOLD window W")
     demo.add_argument("--repeats", type=int, default=3,
                       help="timed runs of each method (after a warm-up), interleaved; medians and min-max are shown")
+    demo.add_argument("--draft-vocab", metavar="FILE",
+                      help="also run FOLD with the drafter proposing only from this draft vocabulary "
+                           "(draft_vocab.json: benchmarks/build_draft_vocab.py); outputs stay equal to AR")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="τ and speedup of every reading mode vs AR by input length",
@@ -116,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="results folder (default: ./fold-hf-bench/<date>-<machine>, printed at the start)")
     bench.add_argument("--device", help="cpu, cuda, ... (default: cuda when present, else cpu)")
     bench.add_argument("--drafter", metavar="DIR", help="drafter directory (default: the embedded one)")
+    bench.add_argument("--draft-vocab", metavar="FILE",
+                       help="every drafting method proposes only from this draft vocabulary (draft_vocab.json: "
+                            "benchmarks/build_draft_vocab.py); outputs are unchanged, τ and the round's cost may move")
     bench.add_argument("--requests", metavar="FILE", help="requests JSONL (default: OUT/requests.jsonl, built when "
                                                           "missing)")
     bench.add_argument("--build-only", action="store_true", help="only build the requests file, then stop")

@@ -123,15 +123,30 @@ def cmd_demo(args) -> int:
     print(f"input: {ids.shape[1]} tokens of real code (transformers' source, pinned in fold_hf/assets/"
           f"{DEMO_INPUT.parent.name}) whose end restarts a function from far above; {args.new_tokens} new tokens, "
           "greedy", flush=True)
+    fold_name = f"FOLD (W={args.window}, alpha=2)"
     runs = {
         "AR (target alone)": None,
         "original drafter (dflash)": FoldConfig(mode="dflash", window=args.window),
-        f"FOLD (W={args.window}, alpha=2)": FoldConfig(mode="fold", window=args.window, alpha=2.0),
+        fold_name: FoldConfig(mode="fold", window=args.window, alpha=2.0),
     }
+    vocabs = {}  # method -> the draft vocabulary its drafter proposes from (None: the whole vocabulary)
+    if args.draft_vocab:
+        from .modeling.draft_vocab import DraftVocab
+
+        try:
+            vocab = DraftVocab.load(args.draft_vocab)
+            drafter.use_draft_vocab(vocab)  # checks it against the lm_head; each decode below sets its own
+        except (ValueError, OSError, KeyError) as err:
+            raise CliError(f"--draft-vocab {args.draft_vocab}: {err}") from None
+        name = f"FOLD + draft vocab ({len(vocab)})"
+        runs[name], vocabs[name] = runs[fold_name], vocab
+        print(f"draft vocabulary: {vocab!r}", flush=True)
     names = list(runs)
 
     def decode(name, input_ids, new_tokens, streamer=None):
         cfg = runs[name]
+        if cfg is not None:
+            drafter.use_draft_vocab(vocabs.get(name))
         return fast_generate(target, drafter if cfg else None, input_ids=input_ids, max_new_tokens=new_tokens,
                              fold_config=cfg, return_stats=True, eos_token_id=[], streamer=streamer)
 
@@ -160,6 +175,7 @@ def cmd_demo(args) -> int:
             same[name] = same[name] and torch.equal(res.sequences, reference)
             print(f" {name.split(' (')[0]} {res.decode_s + res.ttft_s:.0f}s", end="", flush=True)
         print(flush=True)
+    drafter.use_draft_vocab(None)  # the drafter as it was loaded
     print("[reference] transformers' own generate (no fold_hf), one run ...", end="", flush=True)
     plain_tpot, plain_same = _plain_generate(target, ids, args.new_tokens, reference)
     print(f" {plain_tpot * args.new_tokens:.0f}s", flush=True)
@@ -180,7 +196,6 @@ def cmd_demo(args) -> int:
     print("\n" + ("\n".join(verdicts) if verdicts else
                   f"timing: every method's speedup varied by at most {NOISE_SPREAD:.0%} of its median over the "
                   "repeats and stayed on one side of AR: the ratios hold on this machine at this load"))
-    fold_name = names[-1]
     rounds = Spread([f / a for f, a in zip(step_ms[fold_name], step_ms[names[0]])])
     print("\n" + "\n".join(round_breakdown(phases[names[0]], phases[fold_name], taus[fold_name],
                                            drafter.block_size, device, rounds)))
@@ -316,6 +331,14 @@ def cmd_bench(args) -> int:
         if args.build_only:
             return 0
     target, _, drafter = load_pair(pair.key, device, DTYPES[args.dtype], args.drafter)
+    vocab_note = ""
+    if args.draft_vocab:
+        try:
+            drafter.use_draft_vocab(args.draft_vocab)
+        except (ValueError, OSError, KeyError) as err:
+            raise CliError(f"--draft-vocab {args.draft_vocab}: {err}") from None
+        vocab_note = f", draft vocab {len(drafter.draft_vocab)}"
+        print(f"every drafting method proposes from {drafter.draft_vocab!r}", flush=True)
     requests = load_requests(requests_file)
     if args.window_sweep:
         methods = window_sweep_methods(args.window_sweep, args.train_length)
@@ -328,11 +351,15 @@ def cmd_bench(args) -> int:
     if args.shard:
         index, count = args.shard
         requests = requests[index::count]
-    runs = run_bench(target, drafter, requests, methods, out / (f"shard{index}of{count}" if args.shard else "run"),
-                     max_minutes=args.max_minutes, engine=engine, exact=args.exact)
+    try:
+        runs = run_bench(target, drafter, requests, methods,
+                         out / (f"shard{index}of{count}" if args.shard else "run"),
+                         max_minutes=args.max_minutes, engine=engine, exact=args.exact)
+    finally:
+        drafter.use_draft_vocab(None)  # the drafter as it was loaded
     files = sorted(out.glob("*/runs.jsonl")) or [runs]
     windows = f"W in {args.window_sweep}" if args.window_sweep else f"W={args.window}"
-    summary = summarize(files, out, title=f"{pair.title} + DFlash drafter, {windows}")
+    summary = summarize(files, out, title=f"{pair.title} + DFlash drafter, {windows}{vocab_note}")
     _print_table(summary)
     print(f"\nwrote runs, summary.json, summary.csv and plots under {out.resolve()}")
     return 0

@@ -119,6 +119,49 @@ def test_demo_runs(capsys, real_pair, monkeypatch):
     assert "FOLD beats AR in tokens/s when tau >" in printed
 
 
+def test_demo_runs_fold_with_a_draft_vocabulary(capsys, real_pair, monkeypatch, tmp_path):
+    """--draft-vocab adds a FOLD row whose drafter proposes only from the given ids (the 4,096 most frequent tokens
+    of the demo's own text here): its output equals AR's; a file for another vocabulary size is refused."""
+    from fold_hf.demo import demo_text
+    from fold_hf.modeling.draft_vocab import DraftVocab
+
+    reuse_the_session_pair(monkeypatch, real_pair)
+    target, tokenizer, drafter = real_pair
+    V = target.get_output_embeddings().weight.shape[0]
+    DraftVocab.from_texts(tokenizer, [demo_text()], 4096, vocab_size=V).save(tmp_path)
+    assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16", "--window", "128",
+                 "--repeats", "1", "--draft-vocab", str(tmp_path / "draft_vocab.json")]) == 0
+    printed = capsys.readouterr().out
+    assert f"draft vocabulary: DraftVocab(4096 of {V} tokens" in printed
+    row = next(line for line in printed.splitlines() if line.startswith("FOLD + draft vocab (4096)"))
+    assert row.split()[-1] == "True"
+    assert drafter.draft_vocab is None  # the demo's other rows draft from the whole vocabulary
+    DraftVocab([1, 2, 3], V + 7).save(tmp_path)
+    assert main(["demo", "--device", "cpu", "--tokens", "512", "--new-tokens", "16",
+                 "--draft-vocab", str(tmp_path / "draft_vocab.json")]) == 2
+    assert f"was built for {V + 7} tokens" in capsys.readouterr().err
+
+
+def test_bench_with_a_draft_vocabulary(tmp_path, real_pair, monkeypatch, capsys):
+    """fold-hf bench --draft-vocab: every drafting method proposes from the file's ids (the outputs still equal AR's,
+    fp32), the summary's title says so, and the drafter is left without it."""
+    from fold_hf.modeling.draft_vocab import DraftVocab
+
+    reuse_the_session_pair(monkeypatch, real_pair)
+    target, tokenizer, drafter = real_pair
+    V = target.get_output_embeddings().weight.shape[0]
+    DraftVocab(list(range(0, V, 3)), V, source="every third id").save(tmp_path)
+    out = tmp_path / "bench"
+    assert main(["bench", "--out", str(out), "--device", "cpu", "--suites", "retrieval", "--tiers", "320",
+                 "--per-tier", "1", "--new-tokens", "8", "--window", "64", "--train-length", "128",
+                 "--methods", "fold-a2", "dflash", "--draft-vocab", str(tmp_path / "draft_vocab.json")]) == 0
+    assert f"proposes from DraftVocab({len(range(0, V, 3))} of {V} tokens, every third id)" in capsys.readouterr().out
+    runs = [json.loads(line) for line in (out / "run" / "runs.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in runs} == {"ar", "fold-a2", "dflash"} and all(r["same_as_ar"] for r in runs)
+    assert "draft vocab" in json.loads((out / "summary.json").read_text())["title"]
+    assert drafter.draft_vocab is None
+
+
 def test_demo_input_is_pinned_by_content():
     """The demo's text is the committed file, checked by its SHA-256; the same length gives the same ids."""
     import hashlib

@@ -59,6 +59,15 @@ def test_drafter_floor_adds_its_own_weights_the_head_and_its_reads(mode, window,
     per_entry = 2 * cfg.num_key_value_heads * cfg.head_dim * elem * cfg.num_hidden_layers
     want = own + head.numel() * elem + per_entry * entries
     assert prb.drafter_bytes(drafter, target, context, mode, window) == want
+    # with a draft vocabulary of 3 tokens the proposals read 3 rows of the head instead of all of them
+    from fold_hf import DraftVocab
+
+    drafter.use_draft_vocab(DraftVocab([0, 4, 9], head.shape[0]))
+    try:
+        got = prb.drafter_bytes(drafter, target, context, mode, window)
+    finally:
+        drafter.use_draft_vocab(None)
+    assert got == want - (head.shape[0] - 3) * head.shape[1] * elem
 
 
 def test_random_target_is_the_architecture_the_committed_drafter_reads():

@@ -1,6 +1,7 @@
 """Configs, the FOLD drafter, its cache, attention geometry and checkpoint loading."""
 
 from .cache import FoldCache, FoldCacheLayer
+from .draft_vocab import DraftVocab
 from .drafter import FoldDrafter
 from .drafter_config import FoldDrafterConfig, default_target_layer_ids
 from .fold_config import MODES, FoldConfig
@@ -9,6 +10,7 @@ from .rope import RotaryTables
 
 __all__ = [
     "MODES",
+    "DraftVocab",
     "FoldCache",
     "FoldCacheLayer",
     "FoldConfig",

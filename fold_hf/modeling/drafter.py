@@ -30,6 +30,7 @@ from .attention import FOLD_ATTENTION, drafter_read
 from .cache import FoldCache
 from .drafter_config import FoldDrafterConfig
 from .drafter_layer import DrafterAttention, DrafterLayer, RMSNorm
+from .draft_vocab import DraftVocab
 from .drafter_rows import propose_rows
 from .families import deepspec
 from .fold_config import FoldConfig
@@ -128,6 +129,8 @@ class FoldDrafter(PreTrainedModel):
             layer.self_attn.rope = self.rope
         self._yarn_tables: dict[float, RotaryTables] = {}
         self._target_parts: tuple[Any, ...] | None = None
+        # proposals only from these token ids (None: the whole vocabulary): use_draft_vocab
+        self.draft_vocab: DraftVocab | None = None
         self.post_init()
 
     # ------------------------------------------------------------------ configuration
@@ -162,7 +165,25 @@ class FoldDrafter(PreTrainedModel):
         validate_pair(self, target)
         self._target_parts = (target.get_input_embeddings(), target.get_output_embeddings(), id(target))
         self._warn_on_dtype_mismatch(target)
+        if self.draft_vocab is not None:  # the head rows now, before any graph is captured
+            self.draft_vocab.head_rows(self._draft_head().weight)
         return self
+
+    def use_draft_vocab(self, vocab: "DraftVocab | str | None") -> "FoldDrafter":
+        """Propose only from a subset of the vocabulary (:mod:`fold_hf.modeling.draft_vocab`): a
+        :class:`DraftVocab`, a ``draft_vocab.json`` (or the folder holding one), or None for the whole vocabulary.
+        Outputs are unchanged (greedy equals AR, sampling stays exact); a round reads ``V' / V`` of the lm_head for
+        the proposals. Checked against the head the drafter reads (the target's, or a DeepSpec drafter's own)."""
+        if vocab is not None and not isinstance(vocab, DraftVocab):
+            vocab = DraftVocab.load(vocab)
+        if vocab is not None and (self.is_deepspec or self._target_parts is not None):
+            vocab.head_rows(self._draft_head().weight)  # checks the size; copies the rows once
+        self.draft_vocab = vocab
+        return self
+
+    def _draft_head(self) -> nn.Module:
+        """The linear head the proposals go through: a DeepSpec drafter's own, else the target's."""
+        return self.lm_head if self.is_deepspec else self.target_lm_head
 
     def _warn_on_dtype_mismatch(self, target: nn.Module) -> None:
         """Warn once per drafter when its weights and the target's embedding differ in dtype (a bf16 checkpoint
@@ -396,7 +417,11 @@ class FoldDrafter(PreTrainedModel):
         return ids
 
     def proposal_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Base logits ``[..., V]`` of final-normed proposal slots ``hidden [..., H]`` (before any Markov bias)."""
+        """Base logits ``[..., V]`` of final-normed proposal slots ``hidden [..., H]`` (before any Markov bias); with a
+        draft vocabulary (:meth:`use_draft_vocab`) the head's rows of that subset only, ``-inf`` elsewhere."""
+        if self.draft_vocab is not None:
+            cap = getattr(self.config, "final_logit_softcapping", None) if self.is_deepspec else None
+            return self.draft_vocab.logits(self._draft_head().weight, hidden, softcap=cap)
         if self.is_deepspec:
             return deepspec.logits(self, hidden)
         head = self.target_lm_head  # B - 1 rows: on a CPU through MKL's packed GEMM (kernels/gemm/cpu.py)
@@ -489,7 +514,8 @@ class FoldDrafter(PreTrainedModel):
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
         """Write the layout the drafter was read in (z-lab or DeepSpec): ``config.json``, ``model.safetensors`` and
-        ``fold_config.json``."""
+        ``fold_config.json``; ``draft_vocab.json`` when a draft vocabulary is in use (:meth:`use_draft_vocab`), which
+        :meth:`from_pretrained` reads back."""
         from .loading import save_drafter
 
         save_drafter(self, save_directory)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .draft_vocab import FILE_NAME as DRAFT_VOCAB_NAME, DraftVocab
 from .drafter_config import FoldDrafterConfig
 from .families import deepspec
 from .fold_config import FOLD_CONFIG_NAME, FoldConfig, read_json_object
@@ -153,6 +154,8 @@ def load_drafter(cls, name_or_path, fold_config: FoldConfig | None = None, dtype
     model.load_state_dict(state, assign=True, strict=True)
     model.eval()
     model.name_or_path = str(name_or_path)
+    if (directory / DRAFT_VOCAB_NAME).is_file():  # written by save_pretrained while a draft vocabulary was in use
+        model.use_draft_vocab(DraftVocab.load(directory / DRAFT_VOCAB_NAME))
     return model
 
 
@@ -171,3 +174,8 @@ def save_drafter(model, save_directory) -> None:
     state = {k: v.detach().to('cpu', copy=True).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
     model.fold_config.save_pretrained(directory)
+    vocab_file = directory / DRAFT_VOCAB_NAME
+    if model.draft_vocab is not None:
+        model.draft_vocab.save(directory)
+    elif vocab_file.is_file():  # saving over a folder whose drafter had one: the folder must load as this drafter
+        vocab_file.unlink()

@@ -111,7 +111,8 @@ class Session:
             if why_not is not None:
                 warn_once(f"the drafter's rows step runs its modules, not the fused kernels: {why_not}")
                 fused = False
-        key = (id(drafter), repr(drafter.fold_config), drafter.confidence_threshold, fused)
+        key = (id(drafter), repr(drafter.fold_config), drafter.confidence_threshold, fused,
+               draft_vocab_tag(drafter))
         if key == self.rows_key:
             return self.rows_static
         for k in [k for k in self.steps if k[0] == "draft_rows"]:
@@ -190,6 +191,7 @@ class Session:
         tag = repr(cfg) + (" fused" if fused else "")
         if drafter.confidence_threshold > 0:  # baked into the captured step (a DeepSpec confidence cut)
             tag += f" confidence<{drafter.confidence_threshold!r}"
+        tag += draft_vocab_tag(drafter)  # the proposals' head rows are baked into the captured step too
         if tag not in self.static_drafters:
             static = None
             reason = static_drafter_unsupported(drafter) if self.engine != "eager" else None
@@ -227,6 +229,13 @@ class Session:
         if self.static_drafter is not None:
             self.static_drafter.start_request(request_length)
         return self.drafter_cache, self.static_drafter
+
+
+def draft_vocab_tag(drafter) -> str:
+    """What of the drafter's draft vocabulary (:meth:`FoldDrafter.use_draft_vocab`) a captured draft step bakes in:
+    '' without one; the object's identity with one (its head rows are read by address)."""
+    vocab = getattr(drafter, "draft_vocab", None)
+    return "" if vocab is None else f" draft_vocab[{len(vocab)} of {vocab.vocab_size}]#{id(vocab)}"
 
 
 def weights_placement(target) -> tuple:
