@@ -536,15 +536,53 @@ def test_all_methods_run_tables_are_the_committed_runs():
     each row of its pooled table (mean τ and mean TPOT(AR) / TPOT over the 48 requests of each tier, with bootstrap
     CIs, and FOLD's Δτ at 32K request by request) and each row of its per-kind table, recomputed from the committed
     runs; every method ran on every request."""
-    from fold_hf.bench.summary import _bootstrap_mean_ci
-
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "2026-12-06-nvidia-h100-gemma3-all-methods"
     readme = (results / "README.md").read_text()
+    methods = ("fold-a2", "fold-a1", "fold-a4", "window", "streaming", "cmr", "rerope", "yarn", "infllm", "dflash")
+    _check_mixed_run_tables(results, readme, methods, kind_minus_dflash=True)
+
+
+def test_split_fix_run_tables_are_the_committed_run():
+    """benchmarks/results/2026-12-06-nvidia-h100-gemma3-split-fix (issue #38 after the read-split fix): the round table
+    recomputed from pair_rounds.csv (p50s, default / flat and each over its AR step), the pooled table and the per-kind
+    table recomputed from the committed runs (mean τ, mean TPOT(AR) / TPOT, bootstrap CIs, Δτ paired by request), and
+    latest/summary.json's gemma3 headline keys equal to those of this run."""
+    import csv
+
+    from fold_hf.bench.summary import headline_keys
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    results = root / "2026-12-06-nvidia-h100-gemma3-split-fix"
+    readme = (results / "README.md").read_text()
+    p50 = {(int(r["context"]), r["method"]): float(r["round_ms_p50"])
+           for r in csv.DictReader((results / "rounds" / "pair_rounds.csv").open())}
+    flat = "[FOLD_HF_SPLIT_RULE=flat]"
+    for ctx in (4096, 32704):
+        ar, ar_flat = p50[ctx, "ar"], p50[ctx, "ar" + flat]
+        assert f"| {ctx:,} | AR step | {ar:.3f} ms | {ar_flat:.3f} ms | {ar / ar_flat:.3f} | — | — |" in readme
+        for m in ("fold-a2", "window", "dflash"):
+            new, old = p50[ctx, m], p50[ctx, m + flat]
+            row = (f"| {ctx:,} | {m} | {new:.3f} ms | {old:.3f} ms | {new / old:.3f} | {new / ar:.2f} | "
+                   f"{old / ar_flat:.2f} |")
+            assert row in readme, row
+
+    runs = _check_mixed_run_tables(results, readme, ("fold-a2", "window", "dflash"), kind_minus_dflash=False)
+
+    latest = json.loads((root / "latest" / "summary.json").read_text())
+    keys = headline_keys(runs, "gemma3")
+    assert keys and all(latest[k] == (round(v, 4) if isinstance(v, float) else v) for k, v in keys.items())
+
+
+def _check_mixed_run_tables(results, readme: str, methods: tuple, kind_minus_dflash: bool) -> list:
+    """The pooled and per-kind tables of a mixed-suite run (4K and 32K tiers, 96 requests, every method on every
+    request) recomputed from its runs: per method mean τ and mean TPOT(AR) / TPOT per tier with bootstrap CIs and Δτ
+    FOLD − method at 32K paired by request; per kind at 32K FOLD τ, window τ, Δτ FOLD − window (and − dflash)."""
+    from fold_hf.bench.summary import _bootstrap_mean_ci
+
     runs = [json.loads(line) for line in (results / "run" / "runs.jsonl").read_text().splitlines()]
     by = {}
     for r in runs:
         by.setdefault(r["request"], {})[r["method"]] = r
-    methods = ("fold-a2", "fold-a1", "fold-a4", "window", "streaming", "cmr", "rerope", "yarn", "infllm", "dflash")
     assert all(set(q) == {"ar", *methods} for q in by.values()) and len(by) == 96
 
     def at(tier, kind=None):
@@ -566,64 +604,8 @@ def test_all_methods_run_tables_are_the_committed_runs():
         reqs = at(32704, kind)
         fold, window = [q["fold-a2"]["tau"] for q in reqs], [q["window"]["tau"] for q in reqs]
         row = (f"| {kind.removeprefix('mixed-')} | {sum(fold) / 8:.2f} | {sum(window) / 8:.2f} | "
-               + mean_ci([a - b for a, b in zip(fold, window)], "{:+.2f}") + " | "
-               + mean_ci([q["fold-a2"]["tau"] - q["dflash"]["tau"] for q in reqs], "{:+.2f}"))
+               + mean_ci([a - b for a, b in zip(fold, window)], "{:+.2f}")
+               + (" | " + mean_ci([q["fold-a2"]["tau"] - q["dflash"]["tau"] for q in reqs], "{:+.2f}")
+                  if kind_minus_dflash else " |"))
         assert len(reqs) == 8 and row in readme, kind
-
-
-def test_split_fix_run_tables_are_the_committed_run():
-    """benchmarks/results/2026-12-06-nvidia-h100-gemma3-split-fix (issue #38 after the read-split fix): the round table
-    recomputed from pair_rounds.csv (p50s, default / flat and each over its AR step), the pooled table and the per-kind
-    table recomputed from the committed runs (mean τ, mean TPOT(AR) / TPOT, bootstrap CIs, Δτ paired by request), and
-    latest/summary.json's gemma3 headline keys equal to those of this run."""
-    import csv
-
-    from fold_hf.bench.summary import _bootstrap_mean_ci, headline_keys
-
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    results = root / "2026-12-06-nvidia-h100-gemma3-split-fix"
-    readme = (results / "README.md").read_text()
-    p50 = {(int(r["context"]), r["method"]): float(r["round_ms_p50"])
-           for r in csv.DictReader((results / "rounds" / "pair_rounds.csv").open())}
-    flat = "[FOLD_HF_SPLIT_RULE=flat]"
-    for ctx in (4096, 32704):
-        ar, ar_flat = p50[ctx, "ar"], p50[ctx, "ar" + flat]
-        assert f"| {ctx:,} | AR step | {ar:.3f} ms | {ar_flat:.3f} ms | {ar / ar_flat:.3f} | — | — |" in readme
-        for m in ("fold-a2", "window", "dflash"):
-            new, old = p50[ctx, m], p50[ctx, m + flat]
-            row = (f"| {ctx:,} | {m} | {new:.3f} ms | {old:.3f} ms | {new / old:.3f} | {new / ar:.2f} | "
-                   f"{old / ar_flat:.2f} |")
-            assert row in readme, row
-
-    runs = [json.loads(line) for line in (results / "run" / "runs.jsonl").read_text().splitlines()]
-    by = {}
-    for r in runs:
-        by.setdefault(r["request"], {})[r["method"]] = r
-    methods = ("fold-a2", "window", "dflash")
-    assert len(by) == 96 and all(set(q) == {"ar", *methods} for q in by.values())
-
-    def at(tier, kind=None):
-        return [q for q in by.values() if q["ar"]["tier"] == tier and kind in (None, q["ar"]["suite"])]
-
-    def mean_ci(values, fmt):
-        lo, hi = _bootstrap_mean_ci(values)
-        return f"{fmt.format(sum(values) / len(values))} [{fmt.format(lo)}, {fmt.format(hi)}]"
-
-    for m in methods:
-        cells = []
-        for tier in (4096, 32704):
-            cells.append(mean_ci([q[m]["tau"] for q in at(tier)], "{:.2f}"))
-            lo, hi = _bootstrap_mean_ci(sp := [q["ar"]["tpot_s"] / q[m]["tpot_s"] for q in at(tier)])
-            cells.append(f"{sum(sp) / len(sp):.2f}× [{lo:.2f}, {hi:.2f}]")
-        diff = "—" if m == "fold-a2" else mean_ci([q["fold-a2"]["tau"] - q[m]["tau"] for q in at(32704)], "{:+.2f}")
-        assert f"| {m} | " + " | ".join(cells) + f" | {diff} |" in readme, m
-    for kind in sorted({q["ar"]["suite"] for q in by.values()}):
-        reqs = at(32704, kind)
-        fold, window = [q["fold-a2"]["tau"] for q in reqs], [q["window"]["tau"] for q in reqs]
-        row = (f"| {kind.removeprefix('mixed-')} | {sum(fold) / 8:.2f} | {sum(window) / 8:.2f} | "
-               + mean_ci([a - b for a, b in zip(fold, window)], "{:+.2f}") + " |")
-        assert len(reqs) == 8 and row in readme, kind
-
-    latest = json.loads((root / "latest" / "summary.json").read_text())
-    keys = headline_keys(runs, "gemma3")
-    assert keys and all(latest[k] == (round(v, 4) if isinstance(v, float) else v) for k, v in keys.items())
+    return runs
