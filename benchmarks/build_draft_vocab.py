@@ -25,19 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fold_hf.modeling.draft_vocab import DraftVocab  # noqa: E402
-
-
-def token_counts(tokenizer, texts, vocab_size: int, progress=None) -> torch.Tensor:
-    """``[V]`` float64 counts of the tokens of ``texts`` (no special tokens added)."""
-    counts = torch.zeros(vocab_size, dtype=torch.float64)
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if ids:
-            counts += torch.bincount(torch.as_tensor(ids), minlength=vocab_size)[:vocab_size].double()
-        if progress is not None:
-            progress.update(1)
-    return counts
+from fold_hf.modeling.draft_vocab import DraftVocab, token_counts  # noqa: E402
 
 
 def coverage(vocab: DraftVocab, counts: torch.Tensor) -> float:

@@ -96,6 +96,15 @@ def _add_phases(total, part) -> None:
     total.round_s += part.round_s
 
 
+def _use_draft_vocab(drafter, path: str):
+    """``drafter.use_draft_vocab(path)`` (read, checked against the lm_head it will read), its errors as one CLI line;
+    returns the vocabulary."""
+    try:
+        return drafter.use_draft_vocab(path).draft_vocab
+    except (ValueError, OSError, KeyError) as err:
+        raise CliError(f"--draft-vocab {path}: {err}") from None
+
+
 def cmd_demo(args) -> int:
     import torch
 
@@ -131,13 +140,7 @@ def cmd_demo(args) -> int:
     }
     vocabs = {}  # method -> the draft vocabulary its drafter proposes from (None: the whole vocabulary)
     if args.draft_vocab:
-        from .modeling.draft_vocab import DraftVocab
-
-        try:
-            vocab = DraftVocab.load(args.draft_vocab)
-            drafter.use_draft_vocab(vocab)  # checks it against the lm_head; each decode below sets its own
-        except (ValueError, OSError, KeyError) as err:
-            raise CliError(f"--draft-vocab {args.draft_vocab}: {err}") from None
+        vocab = _use_draft_vocab(drafter, args.draft_vocab)  # each decode below sets its own
         name = f"FOLD + draft vocab ({len(vocab)})"
         runs[name], vocabs[name] = runs[fold_name], vocab
         print(f"draft vocabulary: {vocab!r}", flush=True)
@@ -333,10 +336,7 @@ def cmd_bench(args) -> int:
     target, _, drafter = load_pair(pair.key, device, DTYPES[args.dtype], args.drafter)
     vocab_note = ""
     if args.draft_vocab:
-        try:
-            drafter.use_draft_vocab(args.draft_vocab)
-        except (ValueError, OSError, KeyError) as err:
-            raise CliError(f"--draft-vocab {args.draft_vocab}: {err}") from None
+        _use_draft_vocab(drafter, args.draft_vocab)
         vocab_note = f", draft vocab {len(drafter.draft_vocab)}"
         print(f"every drafting method proposes from {drafter.draft_vocab!r}", flush=True)
     requests = load_requests(requests_file)

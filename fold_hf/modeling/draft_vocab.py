@@ -31,7 +31,23 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.common import is_sharded
+from ..kernels.gemm.cpu import linear  # F.linear, or MKL's packed GEMM for a multi-row CPU fp32 product
+
 FILE_NAME = "draft_vocab.json"
+
+
+def token_counts(tokenizer, texts: Iterable[str], vocab_size: int, progress=None) -> torch.Tensor:
+    """``[vocab_size]`` float64 counts of the tokens ``tokenizer`` gives ``texts`` (no special tokens added);
+    ``progress``: anything with ``update(1)``, called once a text (a tqdm bar)."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if ids:
+            counts += torch.bincount(torch.as_tensor(ids, dtype=torch.long), minlength=vocab_size)[:vocab_size].double()
+        if progress is not None:
+            progress.update(1)
+    return counts
 
 
 class DraftVocab:
@@ -80,14 +96,8 @@ class DraftVocab:
                    always: Iterable[int] = (), source: str = "") -> "DraftVocab":
         """Count the tokens ``tokenizer`` gives ``texts`` (no special tokens added) and keep the ``size`` most frequent
         (:meth:`from_counts`). ``vocab_size``: the target's (its ``lm_head`` rows; default ``len(tokenizer)``)."""
-        V = int(vocab_size if vocab_size is not None else len(tokenizer))
-        counts = torch.zeros(V, dtype=torch.float64)
-        n = 0
-        for text in texts:
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if ids:
-                counts += torch.bincount(torch.as_tensor(ids, dtype=torch.long), minlength=V)[:V].to(torch.float64)
-                n += len(ids)
+        counts = token_counts(tokenizer, texts, int(vocab_size if vocab_size is not None else len(tokenizer)))
+        n = int(counts.sum())
         if n == 0:
             raise ValueError("no tokens in the texts given: a draft vocabulary needs counts")
         return cls.from_counts(counts, size, always=always, source=source or f"top {size} of {n:,} tokens")
@@ -112,8 +122,6 @@ class DraftVocab:
 
     # ------------------------------------------------------------------ the head
     def check_head(self, weight: torch.Tensor) -> None:
-        from ..kernels.common import is_sharded
-
         if is_sharded(weight):
             raise ValueError("a draft vocabulary reads rows of the whole lm_head; this one is sharded over ranks "
                              "(tensor parallelism): run without a draft vocabulary there")
@@ -140,8 +148,6 @@ class DraftVocab:
     def logits(self, weight: torch.Tensor, hidden: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
         """``[..., V]`` logits of ``hidden [..., H]`` through the head rows of the subset (``softcap``: ``c * tanh(z /
         c)`` as the full head would apply), ``-inf`` at every id outside it."""
-        from ..kernels.gemm.cpu import linear  # F.linear, or MKL's packed GEMM for a multi-row CPU fp32 product
-
         rows, ids = self.head_rows(weight)
         sub = linear(hidden.to(rows.device, rows.dtype), rows, owners=(weight,), tag="draft_vocab")  # [..., V']
         if softcap is not None:
@@ -150,4 +156,4 @@ class DraftVocab:
         return out.index_copy_(-1, ids, sub)
 
 
-__all__ = ["FILE_NAME", "DraftVocab"]
+__all__ = ["FILE_NAME", "DraftVocab", "token_counts"]

@@ -262,8 +262,6 @@ def test_build_script_counts_the_training_side_and_reports_coverage(tmp_path, ca
 
 def test_a_sharded_head_is_refused(monkeypatch):
     """Under tensor parallelism the lm_head is a shard of the vocabulary: global ids would index the wrong rows."""
-    import fold_hf.kernels.common
-
-    monkeypatch.setattr(fold_hf.kernels.common, "is_sharded", lambda tensor: True)
+    monkeypatch.setattr(draft_vocab_module, "is_sharded", lambda tensor: True)
     with pytest.raises(ValueError, match="sharded over ranks"):
         DraftVocab([1, 2], 12).head_rows(torch.nn.Parameter(torch.randn(12, 4)))
