@@ -7,6 +7,9 @@ under ``torch.profiler`` (CPU and CUDA), its kernels and ops by total device tim
 (:func:`file_name`; what a FOLD call spends that batched AR's does not, e.g. before the last row's first token).
 
     python benchmarks/batched_anatomy.py --pair gemma3-270m --suite requests.jsonl --tier 32704 --batch 8 --out DIR
+
+``--draft-vocab FILE`` adds the method with the drafter proposing from a draft vocabulary (system ``METHOD+dv``);
+``--drafter DIR`` loads another drafter folder than the pair's committed one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--rows-kernels", default="1",
                         help="settings of $FOLD_HF_ROWS_KERNELS to run in turn, e.g. 1,0 (the row-axis kernels against "
                              "the one-row kernels row by row, in this process; systems named name[rows_kernels=S])")
+    parser.add_argument("--drafter", help="a drafter folder (default the pair's committed one)")
+    parser.add_argument("--draft-vocab", metavar="FILE",
+                        help="also the method with the drafter proposing from this draft vocabulary (system "
+                             "METHOD+dv; fold_hf.DraftVocab, benchmarks/build_draft_vocab.py)")
     parser.add_argument("--dry-run", action="store_true", help="batched_bench's tiny random pair, random prompts")
     args = parser.parse_args(argv)
     if not args.dry_run and not (args.pair and args.suite and args.tier):
@@ -64,7 +71,7 @@ def main(argv=None) -> dict:
         if not requests:  # said before the pair loads
             raise SystemExit(f"--group {args.group}: the tier {args.tier} of {args.suite} has {len(every)} requests, "
                              f"groups 0..{max(0, -(-len(every) // args.batch) - 1)} of {args.batch}")
-        target, _, drafter = load_pair(args.pair, device=device)
+        target, _, drafter = load_pair(args.pair, device=device, drafter_dir=args.drafter)
     config = {m.name: m.config for m in default_methods(drafter.fold_config.window,
                                                         drafter.fold_config.train_length)}[args.method]
     ids, mask = batch_of([r["input_ids"] for r in requests], pad_id(target))
@@ -73,11 +80,22 @@ def main(argv=None) -> dict:
     report = {"pair": args.pair, "tier": args.tier, "batch": len(requests), "engine": args.engine,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "systems": {}}
     settings = [x for x in args.rows_kernels.split(",") if x]
-    runs = [(setting, name, d) for setting in settings for name, d in ((args.method, drafter), ("ar", None))]
-    for setting, name, d in runs:
+    vocab = None
+    if args.draft_vocab:
+        from fold_hf.modeling.draft_vocab import DraftVocab
+
+        vocab = DraftVocab.load(args.draft_vocab)
+        report["draft_vocab"] = repr(vocab)
+    systems = [(args.method, drafter, None), ("ar", None, None)]
+    if vocab is not None:  # named without brackets: ratios() pairs it with the AR of its rows-kernels setting
+        systems.insert(1, (f"{args.method}+dv", drafter, vocab))
+    runs = [(setting, name, d, v) for setting in settings for name, d, v in systems]
+    for setting, name, d, v in runs:
         if len(settings) > 1:
             name = f"{name}[rows_kernels={setting}]"
         release_fast_state(target)  # the runners resolve their kernels again under this setting
+        if d is not None:
+            d.use_draft_vocab(v)
         with env_var(ROWS_KERNELS_ENV, setting):
             row = measure(target, d, ids, mask, config, kw, device)
         report["systems"][name] = row

@@ -20,6 +20,9 @@ GPU (repo root; about 5-7 minutes on an H200):   python benchmarks/hybrid_bench.
 Quick re-measure of Qwen3.5 at 32K with the fused layers, the module path's AR step and a top-kernel table
 (about a minute):   python benchmarks/hybrid_bench.py --pairs qwen35_9b --contexts 32768 --rounds 24 --repeats 2
                         --modules-row --profile --out $OUT/hybrid
+With a draft vocabulary (``--draft-vocab-size 32768``: each SD row again with the drafter proposing from 32,768 of
+the head's rows, ``fold_hf.DraftVocab``; evenly spaced ids, since with random weights only their number matters to the
+timing; the round's floor counts those rows): rows ``our_sd_<mode>_dv``, keys ``<pair>_sd_<mode>_dv_over_ar_<T>``.
 CPU dry run (tiny shapes, static engine, no timing meaning; seconds):   python benchmarks/hybrid_bench.py --dry-run
 """
 
@@ -41,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_bench import build_random_pair, copy_bandwidth, machine, path_environment, percentiles  # noqa: E402
 
 from fold_hf import FoldConfig, FoldDrafter, FoldDrafterConfig  # noqa: E402
+from fold_hf.modeling.draft_vocab import DraftVocab  # noqa: E402
 from fold_hf.generation.fast import release_fast_state, time_rounds  # noqa: E402
 
 T0 = time.time()
@@ -119,19 +123,21 @@ def round_floor_bytes(target, drafter, config: FoldConfig, context: int) -> int:
     layer its window, or all entries where a far memory is read: ``fold`` / ``rerope`` with ``layers="all"``).
     Nothing for the verify's block rows beyond the AR step's (their KV writes are kilobytes) nor for a hybrid
     target's rollback (a round can read and write each recurrent state once, as the AR step does; ours reads it
-    once more in the commit, 50 MB at the 9B shape)."""
+    once more in the commit, 50 MB at the 9B shape). With a draft vocabulary (``drafter.draft_vocab``) the drafts'
+    logits read its ``V'`` rows of the head instead of all ``V``."""
     dcfg = drafter.config
     head = target.get_output_embeddings().weight
     shared = {id(target.get_input_embeddings().weight), id(head)}
     own = sum(p.numel() * p.element_size() for p in drafter.parameters() if id(p) not in shared)
     elem = head.element_size()
+    head_rows = head.shape[0] if drafter.draft_vocab is None else len(drafter.draft_vocab)
     types = getattr(dcfg, "layer_types", None) or ["full_attention"] * dcfg.num_hidden_layers
     window = getattr(dcfg, "sliding_window", None) or context
     far_everywhere = config.mode in ("fold", "rerope") and getattr(config, "layers", "all") == "all"
     head_dim = getattr(dcfg, "head_dim", None) or dcfg.hidden_size // dcfg.num_attention_heads
     entries = sum(context if t == "full_attention" or far_everywhere else min(window, context) for t in types)
     cache = entries * 2 * dcfg.num_key_value_heads * head_dim * elem
-    return floor_bytes(target, context) + own + head.numel() * elem + cache
+    return floor_bytes(target, context) + own + head_rows * head.shape[1] * elem + cache
 
 
 def timed(target, drafter, context: int, rounds: int, repeats: int, engine: str, fused_layers=None) -> list[float]:
@@ -181,6 +187,14 @@ def run(args) -> dict:
         log(f"{pair}: random target and drafter built on {device}")
         modes = {"dflash": FoldConfig(mode="dflash"), "fold": FoldConfig(mode="fold", window=window, alpha=2.0)}
         modes = {m: c for m, c in modes.items() if m in args.sd_modes.split(",")}
+        draft_vocab = None
+        if args.draft_vocab_size:  # random weights: which ids does not matter to the timing, only how many
+            vocab_size = target.get_output_embeddings().weight.shape[0]
+            if not 0 < args.draft_vocab_size < vocab_size:
+                raise SystemExit(f"--draft-vocab-size must lie in (0, {vocab_size}), got {args.draft_vocab_size}")
+            ids = torch.linspace(0, vocab_size - 1, args.draft_vocab_size).round().long().unique()
+            draft_vocab = DraftVocab(ids, vocab_size, source="evenly spaced ids: a timing stand-in")
+            log(f"{pair}: SD rows also with {draft_vocab!r} (rows our_sd_<mode>_dv)")
 
         def add(name: str, context: int, seconds: list[float]) -> None:
             peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
@@ -197,10 +211,16 @@ def run(args) -> dict:
                          "p80_ms": floor_ms, "n": 1, "peak_gib": None})
             for mode, cfg in modes.items():
                 drafter.set_fold_config(cfg)
-                add(f"our_sd_{mode}", context, timed(target, drafter, context, args.rounds, args.repeats, engine))
-                sd_floor = round_floor_bytes(target, drafter, cfg, context) / bandwidth * 1e3
-                rows.append({"pair": pair, "row": f"floor_sd_{mode}", "context": context, "p20_ms": sd_floor,
-                             "p50_ms": sd_floor, "p80_ms": sd_floor, "n": 1, "peak_gib": None})
+                for suffix, vocab in (("", None), ("_dv", draft_vocab)):
+                    if suffix and vocab is None:
+                        continue
+                    drafter.use_draft_vocab(vocab)
+                    add(f"our_sd_{mode}{suffix}", context,
+                        timed(target, drafter, context, args.rounds, args.repeats, engine))
+                    sd_floor = round_floor_bytes(target, drafter, cfg, context) / bandwidth * 1e3
+                    rows.append({"pair": pair, "row": f"floor_sd_{mode}{suffix}", "context": context,
+                                 "p20_ms": sd_floor, "p50_ms": sd_floor, "p80_ms": sd_floor, "n": 1, "peak_gib": None})
+                drafter.use_draft_vocab(None)
             add("our_ar", context, timed(target, None, context, args.rounds, args.repeats, engine))
             if args.modules_row and pair == "qwen35_9b":  # the same AR step through the model's modules
                 release_fast_state(target)
@@ -346,7 +366,7 @@ def headline(rows: list[dict]) -> dict:
             other = p50.get((pair, f"our_ar_{name}", context))
             if other:
                 out[f"{pair}_ar_{name}_over_floor_{context}"] = other / floor if floor else None
-        for mode in ("dflash", "fold"):
+        for mode in ("dflash", "fold", "dflash_dv", "fold_dv"):  # _dv: with --draft-vocab-size
             sd = p50.get((pair, f"our_sd_{mode}", context))
             out[f"{pair}_sd_{mode}_over_ar_{context}"] = sd / value if sd else None
             sd_floor = p50.get((pair, f"floor_sd_{mode}", context))
@@ -393,6 +413,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-only", action="store_true", help="with --kernel-sweep: no pair rows, the sweep alone")
     parser.add_argument("--separate-row", action="store_true",
                         help="also the fused AR step with separate cuBLAS projections (our_ar_separate, issue 39)")
+    parser.add_argument("--draft-vocab-size", type=int, default=0, metavar="N",
+                        help="also time each SD row with the drafter proposing from N of the head's rows "
+                             "(fold_hf.DraftVocab; rows our_sd_<mode>_dv, keys ..._sd_<mode>_dv_over_ar_...)")
     parser.add_argument("--modules-row", action="store_true",
                         help="also time Qwen3.5's AR step through the model's modules (fused_layers=False)")
     args = parser.parse_args(argv)

@@ -37,6 +37,44 @@ def test_round_floor_counts_the_drafter_the_head_and_each_layers_reads(context):
         assert hb.round_floor_bytes(target, drafter, config, context) == want, name
 
 
+def test_round_floor_with_a_draft_vocabulary_counts_its_rows_of_the_head():
+    """With a draft vocabulary of V' ids the drafts' logits read V' rows of the head, not V: the floor drops by
+    exactly (V - V') rows, nothing else moves."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import hybrid_bench as hb
+
+    from fold_hf import FoldConfig
+    from fold_hf.modeling.draft_vocab import DraftVocab
+
+    target, drafter = hb.build_qwen35_pair(True, 256, 16, "cpu")
+    head = target.lm_head.weight
+    config = FoldConfig(mode="fold", window=8, alpha=2.0)
+    full = hb.round_floor_bytes(target, drafter, config, 40)
+    drafter.use_draft_vocab(DraftVocab([1, 5, 9, 60], head.shape[0]))
+    assert hb.round_floor_bytes(target, drafter, config, 40) == full - (head.shape[0] - 4) * head.shape[1] * 4
+    drafter.use_draft_vocab(None)
+    assert hb.round_floor_bytes(target, drafter, config, 40) == full
+
+
+def test_dry_run_with_a_draft_vocabulary_writes_the_dv_rows_and_keys(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    import hybrid_bench as hb
+
+    assert hb.main(["--dry-run", "--pairs", "qwen35_9b", "--contexts", "64", "--draft-vocab-size", "20",
+                    "--out", str(tmp_path)]) == 0
+    import json
+
+    result = json.loads((tmp_path / "hybrid.json").read_text())
+    rows = {r["row"] for r in result["rows"]}
+    assert {"our_sd_dflash_dv", "our_sd_fold_dv", "floor_sd_fold_dv", "our_sd_fold", "our_ar"} <= rows
+    floors = {r["row"]: r["p50_ms"] for r in result["rows"] if r["row"].startswith("floor_sd")}
+    assert set(floors) == {"floor_sd_dflash", "floor_sd_fold", "floor_sd_dflash_dv", "floor_sd_fold_dv"}
+    assert "qwen35_9b_sd_fold_dv_over_ar_64" in result["headline"]
+    with pytest.raises(SystemExit, match="draft-vocab-size"):
+        hb.main(["--dry-run", "--pairs", "qwen35_9b", "--contexts", "64", "--draft-vocab-size", "10000000",
+                 "--out", str(tmp_path)])
+
+
 def test_headline_gives_the_round_over_its_floor_and_the_floors_ratio():
     sys.path.insert(0, str(BENCHMARKS))
     import hybrid_bench as hb

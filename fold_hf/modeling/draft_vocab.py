@@ -104,6 +104,8 @@ class DraftVocab:
 
     # ------------------------------------------------------------------ files
     def save(self, directory) -> Path:
+        """Write ``directory/draft_vocab.json`` (the folder made if missing); returns its path."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
         path = Path(directory) / FILE_NAME
         path.write_text(json.dumps({"vocab_size": self.vocab_size, "source": self.source,
                                     "ids": self.ids.tolist()}) + "\n")

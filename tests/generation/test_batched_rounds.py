@@ -603,6 +603,31 @@ def test_batched_anatomy_dry_run_splits_each_call_and_profiles_it(tmp_path):
         assert got["decode_speedup_over_ar"] == pytest.approx(ar["decode_s"] / fold["decode_s"], abs=1e-4)
 
 
+def test_batched_anatomy_with_a_draft_vocabulary_adds_the_method_with_it_against_the_same_ar(tmp_path):
+    """``batched_anatomy.py --draft-vocab FILE``: the method again with the drafter proposing from the vocabulary
+    (system ``fold-a2+dv``), its ratios taken against the same batched AR; the vocabulary named in the report."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fold_hf.modeling.draft_vocab import DraftVocab
+
+    DraftVocab(list(range(0, 256, 3)), 256, source="every third id").save(tmp_path / "dv")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "batched_anatomy.py"
+    subprocess.run([sys.executable, str(script), "--dry-run", "--new", "8", "--engine", "static", "--draft-vocab",
+                    str(tmp_path / "dv" / "draft_vocab.json"), "--out", str(tmp_path / "out")], check=True,
+                   capture_output=True)
+    report = json.loads((tmp_path / "out" / "anatomy.json").read_text())
+    systems = report["systems"]
+    assert set(systems) == {"fold-a2", "fold-a2+dv", "ar"} and "86 of 256" in report["draft_vocab"]
+    assert set(report["ratios"]) == {"fold-a2", "fold-a2+dv"}
+    got = report["ratios"]["fold-a2+dv"]
+    assert got["call_speedup_over_ar"] == pytest.approx(systems["ar"]["call_s"] / systems["fold-a2+dv"]["call_s"],
+                                                         abs=1e-4)
+    assert len(systems["fold-a2+dv"]["tau_rows"]) == 3 and all(t >= 1 for t in systems["fold-a2+dv"]["tau_rows"])
+
+
 def test_the_rows_kernels_switch_turns_every_row_axis_kernel_off(interpreter, monkeypatch):
     """``$FOLD_HF_ROWS_KERNELS``: 1 (default) gives the rows drafting step, the Llama and the Gemma runners and the
     layer ops their row-axis kernels where the Triton kernels run (here: CUDA pretended, the kernels imported for the
