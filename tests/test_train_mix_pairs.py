@@ -190,3 +190,24 @@ def test_train_drafter_cli_on_the_smollm2_pair_with_the_mix_and_a_warm_start(tmp
 
 def _contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+@pytest.mark.parametrize("gpus", ["1", "2"])
+def test_bench_mix_with_a_draft_vocabulary_runs_each_drafter_with_and_without_it(gpus, tmp_path, monkeypatch):
+    """DRAFT_VOCAB=FILE: NAME and NAME-dv per drafter, the same drafter folder and requests, --draft-vocab FILE on the
+    -dv run only (on one GPU one after the other, half the minutes each); a missing file is refused."""
+    from fold_hf.pairs import get_pair
+
+    vocab = str(ROOT / "fold_hf" / "assets" / "draft-vocab" / "gemma3-270m-32768.json")
+    result = dry_run("bench_mix.sh", tmp_path, GPUS=gpus, MINUTES="6", DRAFTERS="old", METHODS="fold-a2 window",
+                     DRAFT_VOCAB=vocab)
+    assert result.returncode == 0, result.stderr
+    seen = sorted(parsed_commands(result.stdout, monkeypatch), key=lambda a: a["out"])
+    assert [a["out"] for a in seen] == ["/root/g3mixcmp/old", "/root/g3mixcmp/old-dv"]
+    plain, dv = seen
+    assert plain["draft_vocab"] is None and dv["draft_vocab"] == vocab
+    for a in seen:
+        assert ROOT / a["drafter"] == get_pair("gemma3-270m").drafter_dir and a["methods"] == ["fold-a2", "window"]
+        assert a["max_minutes"] == (6.0 if gpus == "2" else 3.0)
+    bad = dry_run("bench_mix.sh", tmp_path, DRAFTERS="old", DRAFT_VOCAB=str(tmp_path / "none.json"))
+    assert bad.returncode == 2 and "DRAFT_VOCAB: no file" in bad.stderr

@@ -32,11 +32,18 @@ mkdir -p $dir
 # drafter, the issue's full comparison on these tiers)
 methods=${METHODS:-dflash fold-a2 window}
 [ "$methods" = all ] && methodargs=() || methodargs=(--methods $methods)
+# DRAFT_VOCAB=FILE (fold_hf.DraftVocab, e.g. fold_hf/assets/draft-vocab/gemma3-270m-32768.json): each drafter runs
+# twice, NAME as it is and NAME-dv proposing from that draft vocabulary (`fold-hf bench --draft-vocab`), one after the
+# other, each with its own AR per request
 names=(${DRAFTERS:-old new})
 for name in "${names[@]}"; do
   [ "$name" = old ] || [ "$name" = new ] || { echo "DRAFTERS: old and / or new, got $name" >&2; exit 2; }
 done
-drafter_dir() { if [ "$1" = new ]; then echo "$new"; else echo "$old"; fi; }  # the folder of old / new
+if [ -n "${DRAFT_VOCAB:-}" ]; then
+  [ -f "$DRAFT_VOCAB" ] || { echo "DRAFT_VOCAB: no file $DRAFT_VOCAB" >&2; exit 2; }
+  names=($(for name in "${names[@]}"; do echo "$name $name-dv"; done))
+fi
+drafter_dir() { if [ "${1%-dv}" = new ]; then echo "$new"; else echo "$old"; fi; }  # the folder of old / new (-dv)
 if [ "${DRY:-0}" != 1 ]; then
   for name in "${names[@]}"; do
     d=$(drafter_dir $name)
@@ -59,11 +66,12 @@ EOF
 fi
 [ "$ngpu" -ge 2 ] || [ ${#names[@]} = 1 ] && each=$minutes || each=$(python3 -c "print($minutes / ${#names[@]})")
 bench() {  # bench NAME GPU
+  local dv=(); [ "${1%-dv}" = "$1" ] || dv=(--draft-vocab "$DRAFT_VOCAB")
   CUDA_VISIBLE_DEVICES=$2 run_cmd python -m fold_hf.cli bench --pair $pair --out $dir/$1 --drafter "$(drafter_dir $1)" \
-    --requests $dir/requests.jsonl --engine fast "${methodargs[@]}" --max-minutes $each 2>&1 | log $dir/$1.log
+    --requests $dir/requests.jsonl --engine fast "${methodargs[@]}" "${dv[@]}" --max-minutes $each 2>&1 | log $dir/$1.log
 }
 if [ "$ngpu" -ge 2 ] && [ ${#names[@]} = 2 ]; then
-  bench old 0 & bench new 1 & wait
+  bench ${names[0]} 0 & bench ${names[1]} 1 & wait
 else
   for name in "${names[@]}"; do bench $name 0; done
 fi
