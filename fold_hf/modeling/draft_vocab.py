@@ -39,12 +39,18 @@ FILE_NAME = "draft_vocab.json"
 
 def token_counts(tokenizer, texts: Iterable[str], vocab_size: int, progress=None) -> torch.Tensor:
     """``[vocab_size]`` float64 counts of the tokens ``tokenizer`` gives ``texts`` (no special tokens added);
-    ``progress``: anything with ``update(1)``, called once a text (a tqdm bar)."""
+    ``progress``: anything with ``update(1)``, called once a text (a tqdm bar). Raises ValueError when the tokenizer
+    gives an id outside ``[0, vocab_size)`` (a tokenizer of another model than the head's)."""
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if ids:
-            counts += torch.bincount(torch.as_tensor(ids, dtype=torch.long), minlength=vocab_size)[:vocab_size].double()
+            ids = torch.as_tensor(ids, dtype=torch.long)
+            if int(ids.max()) >= vocab_size or int(ids.min()) < 0:
+                bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
+                raise ValueError(f"the tokenizer gave token id {bad}, outside the vocabulary [0, {vocab_size}): is it "
+                                 f"the tokenizer of the model whose head has {vocab_size} rows?")
+            counts += torch.bincount(ids, minlength=vocab_size).double()
         if progress is not None:
             progress.update(1)
     return counts

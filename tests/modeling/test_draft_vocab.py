@@ -78,6 +78,8 @@ def test_from_texts_counts_the_tokenizer_s_tokens():
     assert "8 tokens" in vocab.source
     with pytest.raises(ValueError, match="no tokens"):
         DraftVocab.from_texts(Chars(), [""], 2)
+    with pytest.raises(ValueError, match=r"token id 25, outside the vocabulary \[0, 20\)"):  # z: another tokenizer's
+        DraftVocab.from_texts(Chars(), ["abz"], 2, vocab_size=20)
 
 
 @pytest.mark.parametrize("ids, message", [([], "at least one"), ([0, 12], r"in \[0, 12\)"), ([-1], r"in \[0, 12\)"),
