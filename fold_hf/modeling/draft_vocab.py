@@ -35,6 +35,7 @@ from ..kernels.common import is_sharded
 from ..kernels.gemm.cpu import linear  # F.linear, or MKL's packed GEMM for a multi-row CPU fp32 product
 
 FILE_NAME = "draft_vocab.json"
+ROW_ALIGN = 64  # the head's subset rows are padded with zero rows to a multiple of this (see DraftVocab.head_rows)
 
 
 def token_counts(tokenizer, texts: Iterable[str], vocab_size: int, progress=None) -> torch.Tensor:
@@ -138,8 +139,11 @@ class DraftVocab:
                              f"read has {tuple(weight.shape)} (rows = tokens)")
 
     def head_rows(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(rows [V', H], ids [V'])`` on ``weight``'s device and dtype: the head's rows of the subset, copied once per
-        weight and kept for the vocabulary's life (a CUDA graph captured later reads these very tensors)."""
+        """``(rows [V'', H], ids [V'])`` on ``weight``'s device and dtype: the head's rows of the subset followed by
+        zero rows up to ``V''``, the next multiple of :data:`ROW_ALIGN` (an output row of ``V'`` elements, 32,769 for
+        the committed files, is misaligned for cuBLAS's tensor-core GEMMs, which then fall back to a scalar kernel
+        ~5x slower at 56 rows); copied once per weight and kept for the vocabulary's life (a CUDA graph captured later
+        reads these very tensors)."""
         key = (weight.data_ptr(), weight.device, weight.dtype, tuple(weight.shape), weight._version)
         hit = self._weights.get(key)
         if hit is None:
@@ -148,8 +152,11 @@ class DraftVocab:
                 raise RuntimeError("the draft vocabulary's head rows must exist before a CUDA graph is captured: "
                                    "call drafter.use_draft_vocab(...) after drafter.bind_target(target)")
             ids = self.ids.to(weight.device)
+            padded = -(-len(self) // ROW_ALIGN) * ROW_ALIGN
             with torch.no_grad():
-                hit = (weight.detach().index_select(0, ids).contiguous(), ids)
+                rows = weight.new_zeros(padded, weight.shape[1])
+                rows[: len(self)] = weight.detach().index_select(0, ids)
+                hit = (rows, ids)
             self._weights[key] = hit  # all kept: a captured graph may read an earlier head's rows by address
         return hit
 
@@ -157,11 +164,12 @@ class DraftVocab:
         """``[..., V]`` logits of ``hidden [..., H]`` through the head rows of the subset (``softcap``: ``c * tanh(z /
         c)`` as the full head would apply), ``-inf`` at every id outside it."""
         rows, ids = self.head_rows(weight)
-        sub = linear(hidden.to(rows.device, rows.dtype), rows, owners=(weight,), tag="draft_vocab")  # [..., V']
+        sub = linear(hidden.to(rows.device, rows.dtype), rows, owners=(weight,), tag="draft_vocab")  # [..., V'']
+        sub = sub[..., : len(self)]  # the zero rows' logits dropped
         if softcap is not None:
             sub = torch.tanh(sub / softcap) * softcap
         out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         return out.index_copy_(-1, ids, sub)
 
 
-__all__ = ["FILE_NAME", "DraftVocab", "token_counts"]
+__all__ = ["FILE_NAME", "ROW_ALIGN", "DraftVocab", "token_counts"]

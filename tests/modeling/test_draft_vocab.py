@@ -82,6 +82,22 @@ def test_from_texts_counts_the_tokenizer_s_tokens():
         DraftVocab.from_texts(Chars(), ["abz"], 2, vocab_size=20)
 
 
+def test_head_rows_are_padded_with_zero_rows_to_an_aligned_count():
+    """The subset's rows of the head, then zero rows up to a multiple of ROW_ALIGN (an odd V' left cuBLAS without its
+    tensor-core GEMMs: 5x slower drafts' logits at 56 rows on an H100); the logits keep V' real columns."""
+    from fold_hf.modeling.draft_vocab import ROW_ALIGN
+
+    weight = torch.nn.Parameter(torch.randn(300, 8, dtype=torch.float64))
+    vocab = DraftVocab(list(range(1, 300, 2)), 300)  # 150 ids
+    rows, ids = vocab.head_rows(weight)
+    assert rows.shape == (-(-150 // ROW_ALIGN) * ROW_ALIGN, 8) and rows.shape[0] % ROW_ALIGN == 0
+    assert torch.equal(rows[:150], weight.detach()[1::2]) and not rows[150:].any()
+    hidden = torch.randn(3, 8, dtype=torch.float64)
+    out = vocab.logits(weight, hidden)
+    assert out.shape == (3, 300) and torch.isinf(out[:, 0::2]).all()
+    assert torch.allclose(out[:, 1::2], hidden @ weight.detach()[1::2].T)
+
+
 @pytest.mark.parametrize("ids, message", [([], "at least one"), ([0, 12], r"in \[0, 12\)"), ([-1], r"in \[0, 12\)"),
                                           ([3, 3], "unique")])
 def test_bad_ids_are_refused(ids, message):
