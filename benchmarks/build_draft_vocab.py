@@ -21,17 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fold_hf.modeling.draft_vocab import DraftVocab, token_counts  # noqa: E402
-
-
-def coverage(vocab: DraftVocab, counts: torch.Tensor) -> float:
-    """The share of the tokens counted in ``counts [V]`` whose id is in ``vocab``."""
-    total = float(counts.sum())
-    return float(counts[vocab.ids].sum()) / total if total else float("nan")
 
 
 def main(argv=None) -> int:
@@ -84,8 +76,8 @@ def main(argv=None) -> int:
                                                                             "out)" if args.exclude else ")"))
         path = vocab.save(out)
         path.rename(out / f"draft_vocab-{size}.json")
-        row = {"size": len(vocab), "of": V, "train": coverage(vocab, counts), "demo_input": coverage(vocab, demo_counts)}
-        row.update({f"eval_{kind}": coverage(vocab, c) for kind, c in eval_counts.items()})
+        row = {"size": len(vocab), "of": V, "train": vocab.coverage(counts), "demo_input": vocab.coverage(demo_counts)}
+        row.update({f"eval_{kind}": vocab.coverage(c) for kind, c in eval_counts.items()})
         rows.append(row)
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
     with (out / "coverage.csv").open("w", newline="") as fh:

@@ -1,4 +1,4 @@
-"""`fold-hf`: demo, bench, summarize, doctor and train-drafter, on the embedded pair (SmolLM2-135M-Instruct + its
+"""`fold-hf`: demo, bench, summarize, doctor, draft-vocab and train-drafter, on the embedded pair (SmolLM2-135M-Instruct + its
 DFlash drafter) unless told otherwise.
 
 torch and transformers are imported inside the commands, so ``fold-hf --help`` answers at once."""
@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from . import __version__
-from .commands import DTYPES, CliError, cmd_bench, cmd_demo, cmd_doctor, cmd_summarize, cmd_train
+from .commands import DTYPES, CliError, cmd_bench, cmd_demo, cmd_doctor, cmd_draft_vocab, cmd_summarize, cmd_train
 from .embedded import DEMO_TRAIN_LENGTH, DEMO_WINDOW
 
 __all__ = ["CliError", "build_parser", "main"]
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="timed runs of each method (after a warm-up), interleaved; medians and min-max are shown")
     demo.add_argument("--draft-vocab", metavar="FILE",
                       help="also run FOLD with the drafter proposing only from this draft vocabulary "
-                           "(draft_vocab.json: benchmarks/build_draft_vocab.py); outputs stay equal to AR")
+                           "(draft_vocab.json: fold-hf draft-vocab); outputs stay equal to AR")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="τ and speedup of every reading mode vs AR by input length",
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--drafter", metavar="DIR", help="drafter directory (default: the embedded one)")
     bench.add_argument("--draft-vocab", metavar="FILE",
                        help="every drafting method proposes only from this draft vocabulary (draft_vocab.json: "
-                            "benchmarks/build_draft_vocab.py); outputs are unchanged, τ and the round's cost may move")
+                            "fold-hf draft-vocab); outputs are unchanged, τ and the round's cost may move")
     bench.add_argument("--requests", metavar="FILE", help="requests JSONL (default: OUT/requests.jsonl, built when "
                                                           "missing)")
     bench.add_argument("--build-only", action="store_true", help="only build the requests file, then stop")
@@ -162,6 +162,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead of every method: FOLD (alpha 2) and the window-only ablation at each window W "
                             "(methods fold-a2-wW, window-wW)")
     bench.set_defaults(func=cmd_bench)
+
+    dv = sub.add_parser("draft-vocab", help="build a draft vocabulary (the most frequent tokens of your texts)",
+                        description="Count the tokens a tokenizer gives your texts and keep the most frequent ids (plus "
+                                    "end-of-sequence) as a draft vocabulary: a drafter proposing only from it reads "
+                                    "that many rows of the lm_head instead of all (FR-Spec). Writes OUT/draft_vocab.json "
+                                    "(OUT/draft_vocab-<N>.json for several sizes) and OUT/coverage.csv.")
+    dv.add_argument("--texts", nargs="+", metavar="PATH", required=True,
+                    help="files, folders (walked; files with --extensions) and .jsonl[.gz] files of {\"text\": ...}")
+    dv.add_argument("--out", required=True, metavar="DIR", help="the folder for the files (made if missing)")
+    dv.add_argument("--size", type=int, nargs="+", default=[32768], metavar="N", help="ids to keep")
+    dv.add_argument("--tokenizer", metavar="DIR", help="a saved tokenizer or model folder (AutoTokenizer)")
+    dv.add_argument("--pair", choices=("smollm2-135m", "gemma3-270m"),
+                    help="a GGUF pair's tokenizer instead (default: the embedded smollm2-135m)")
+    dv.add_argument("--vocab-size", type=int, metavar="V",
+                    help="the target's lm_head rows (default: --tokenizer's config.json vocab_size, else the "
+                         "tokenizer's length)")
+    dv.add_argument("--held-out", nargs="+", metavar="PATH",
+                    help="texts not counted, on which to report the coverage (the share of their tokens kept)")
+    dv.add_argument("--extensions", nargs="+", metavar="EXT",
+                    help="the suffixes of a folder's files to read (default: common text and code suffixes; * all)")
+    dv.set_defaults(func=cmd_draft_vocab)
 
     summ = sub.add_parser("summarize", help="merge the runs.jsonl of a results folder into the tables and plots")
     summ.add_argument("out", metavar="DIR", help="results folder holding runs.jsonl or */runs.jsonl")

@@ -105,6 +105,106 @@ def _use_draft_vocab(drafter, path: str):
         raise CliError(f"--draft-vocab {path}: {err}") from None
 
 
+def _draft_vocab_tokenizer(args):
+    """``(tokenizer, vocab_size, what)`` for ``fold-hf draft-vocab``: ``--tokenizer DIR`` (a saved tokenizer or a
+    model folder) or ``--pair KEY`` (a GGUF pair's tokenizer, no weights de-quantized; default the embedded pair's);
+    the vocabulary is ``--vocab-size``, else the folder's ``config.json`` ``vocab_size`` (the lm_head's rows, which
+    may exceed the tokenizer's length), else the tokenizer's length."""
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        except (OSError, ValueError) as err:
+            raise CliError(f"--tokenizer {args.tokenizer}: {err}") from None
+        what = f"the tokenizer at {args.tokenizer}"
+        config = Path(args.tokenizer) / "config.json"
+        size, source = None, None
+        if config.is_file():
+            data = json.loads(config.read_text())
+            size = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+            source = f"{config}'s vocab_size"
+    else:
+        from .modeling.gguf_target import GGUF_TARGETS, load_gguf_tokenizer
+
+        key = args.pair or "smollm2-135m"
+        tokenizer = load_gguf_tokenizer(GGUF_TARGETS[key])
+        what, size, source = f"the {key} pair's tokenizer", None, None
+    if args.vocab_size:
+        size, source = args.vocab_size, "--vocab-size"
+    if not size:
+        size, source = len(tokenizer), "the tokenizer's length"
+    return tokenizer, int(size), f"{what}, {int(size):,} ids ({source})"
+
+
+def cmd_draft_vocab(args) -> int:
+    import csv
+
+    from tqdm.auto import tqdm
+
+    from .data.texts import TextSources
+    from .modeling.draft_vocab import DraftVocab, token_counts
+
+    if args.tokenizer and args.pair:
+        raise CliError("--tokenizer and --pair name two tokenizers: give one")
+    try:
+        sources = TextSources(args.texts, args.extensions)
+        held_out = TextSources(args.held_out, args.extensions) if args.held_out else None
+    except FileNotFoundError as err:
+        raise CliError(str(err)) from None
+    files = sources.files()
+    if not files:
+        exts = "every file" if "*" in sources.extensions else " ".join(sorted(sources.extensions))
+        raise CliError(f"no text files under {' '.join(args.texts)} (a folder's files must end in one of: {exts}; "
+                       "--extensions changes that)")
+    tokenizer, vocab_size, what = _draft_vocab_tokenizer(args)
+    bad = [n for n in args.size if not 0 < n < vocab_size]
+    if bad:
+        raise CliError(f"--size must lie in (0, {vocab_size}): got {bad}")
+    print(f"counting tokens of {len(files):,} files with {what}", flush=True)
+    try:
+        with tqdm(desc="texts", unit="text") as bar:
+            counts = token_counts(tokenizer, sources, vocab_size, bar)
+        held_counts = token_counts(tokenizer, held_out, vocab_size) if held_out is not None else None
+    except ValueError as err:
+        raise CliError(f"{err} (--vocab-size sets the lm_head's rows)") from None
+    total = int(counts.sum())
+    if total == 0:
+        raise CliError(f"no tokens in {sources.report()}: nothing to rank")
+    print(f"{total:,} tokens in {sources.report()}", flush=True)
+    if held_out is not None:
+        print(f"held out: {int(held_counts.sum()):,} tokens in {held_out.report()}", flush=True)
+    eos = tokenizer.eos_token_id
+    always = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    seen = int((counts > 0).sum())
+    if seen < max(args.size):
+        print(f"note: only {seen:,} distinct tokens occur in these texts; a subset larger than that is filled with "
+              "unseen ids in id order (count more text, or a smaller --size)", flush=True)
+    out = Path(args.out)
+    rows = []
+    for size in args.size:
+        vocab = DraftVocab.from_counts(counts, size, always=always,
+                                       source=f"top {size} of {total:,} tokens of {sources.read:,} texts "
+                                              f"({', '.join(args.texts)})")
+        path = vocab.save(out)
+        if len(args.size) > 1:
+            path = path.rename(out / f"draft_vocab-{size}.json")
+        row = {"file": str(path), "ids": len(vocab), "of": vocab_size, "coverage_counted": vocab.coverage(counts)}
+        if held_counts is not None:
+            row["coverage_held_out"] = vocab.coverage(held_counts)
+        rows.append(row)
+        held = f", {row['coverage_held_out']:.1%} of the held-out tokens" if held_counts is not None else ""
+        print(f"{path}: {len(vocab):,} of {vocab_size:,} ids, {row['coverage_counted']:.1%} of the counted tokens"
+              f"{held}", flush=True)
+    with (out / "coverage.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"use it: drafter.use_draft_vocab({str(rows[0]['file'])!r}), or --draft-vocab {rows[0]['file']} on "
+          "fold-hf demo / bench; outputs stay the target's, only tau and the round's cost move", flush=True)
+    return 0
+
+
 def cmd_demo(args) -> int:
     import torch
 

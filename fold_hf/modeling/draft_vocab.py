@@ -109,6 +109,12 @@ class DraftVocab:
             raise ValueError("no tokens in the texts given: a draft vocabulary needs counts")
         return cls.from_counts(counts, size, always=always, source=source or f"top {size} of {n:,} tokens")
 
+    def coverage(self, counts: torch.Tensor) -> float:
+        """The share of the tokens counted in ``counts [vocab_size]`` (:func:`token_counts`) whose id is in the subset:
+        how often a drafter proposing from it *could* propose the right token on such text (nan without tokens)."""
+        total = float(counts.sum())
+        return float(counts[self.ids].sum()) / total if total else float("nan")
+
     # ------------------------------------------------------------------ files
     def save(self, directory) -> Path:
         """Write ``directory/draft_vocab.json`` (the folder made if missing); returns its path."""

@@ -9,6 +9,7 @@ processors, the subset excluding tokens the target samples often).
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -283,3 +284,100 @@ def test_a_sharded_head_is_refused(monkeypatch):
     monkeypatch.setattr(draft_vocab_module, "is_sharded", lambda tensor: True)
     with pytest.raises(ValueError, match="sharded over ranks"):
         DraftVocab([1, 2], 12).head_rows(torch.nn.Parameter(torch.randn(12, 4)))
+
+
+def _word_tokenizer(folder, words, config_vocab=None):
+    """A word-level tokenizer saved to ``folder`` (ids = positions in ``words``; ``<eos>`` first), with a
+    config.json naming ``config_vocab`` rows when given."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(folder)
+    if config_vocab is not None:
+        (folder / "config.json").write_text(json.dumps({"vocab_size": config_vocab}))
+
+
+def test_text_sources_walk_folders_read_jsonl_and_say_what_they_skip(tmp_path):
+    import gzip
+
+    from fold_hf.data.texts import TextSources
+
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "a.py").write_text("alpha")
+    (tmp_path / "d" / "sub" / "b.md").write_text("beta")
+    (tmp_path / "d" / "c.bin").write_bytes(b"\x00\x01")  # not a text suffix: not read from a folder
+    (tmp_path / "d" / "e.txt").write_bytes(b"\xff\xfe\xfa")  # not UTF-8
+    (tmp_path / "d" / "f.log").write_text("x\x00y")  # NUL bytes
+    with gzip.open(tmp_path / "r.jsonl.gz", "wt") as fh:
+        fh.write('{"text": "gamma"}\n\n{"other": 1}\nnot json\n{"text": "delta"}\n')
+    (tmp_path / "named.dat").write_text("epsilon")  # named directly: read whatever its suffix
+    sources = TextSources([tmp_path / "d", tmp_path / "r.jsonl.gz", tmp_path / "named.dat"])
+    assert list(sources) == ["alpha", "beta", "gamma", "delta", "epsilon"]
+    assert sources.read == 5 and sources.skipped == {
+        "not UTF-8 text": 1, "binary (NUL bytes)": 1, 'JSON-lines record without a "text" string': 1,
+        "JSON-lines record that is not JSON": 1}
+    assert "5 texts" in sources.report() and "1 not UTF-8 text" in sources.report()
+    assert [p.name for p in TextSources([tmp_path / "d"], extensions=["*"]).files()] == [
+        "a.py", "c.bin", "e.txt", "f.log", "b.md"]
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        TextSources([tmp_path / "nowhere"])
+
+
+def test_draft_vocab_command_ranks_the_texts_tokens_and_reports_coverage(tmp_path, capsys):
+    """``fold-hf draft-vocab`` end to end with a word-level tokenizer: the kept ids are the most frequent words of the
+    texts (ties by id) plus <eos>, counted by a plain loop here; the vocabulary's size is config.json's (the head may
+    have more rows than the tokenizer); coverage.csv holds the share of counted and held-out words kept."""
+    import csv
+    from collections import Counter
+
+    from fold_hf.cli import main
+
+    words = ["<eos>", "a", "b", "c", "d", "e"]
+    _word_tokenizer(tmp_path / "tok", words, config_vocab=8)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "one.txt").write_text("a a a b b c")
+    (tmp_path / "texts" / "two.md").write_text("d d d d e")
+    (tmp_path / "held.txt").write_text("a b e e")
+    assert main(["draft-vocab", "--texts", str(tmp_path / "texts"), "--tokenizer", str(tmp_path / "tok"),
+                 "--size", "2", "3", "--held-out", str(tmp_path / "held.txt"), "--out", str(tmp_path / "out")]) == 0
+    counted = Counter(w for text in ("a a a b b c", "d d d d e") for w in text.split())
+    ranked = sorted(counted, key=lambda w: (-counted[w], words.index(w)))
+    for size in (2, 3):
+        vocab = DraftVocab.load(tmp_path / "out" / f"draft_vocab-{size}.json")
+        assert vocab.vocab_size == 8
+        assert vocab.ids.tolist() == sorted({0} | {words.index(w) for w in ranked[:size]})
+    rows = {int(r["ids"]): r for r in csv.DictReader((tmp_path / "out" / "coverage.csv").open())}
+    kept3 = set(ranked[:3])  # d, a, b
+    assert float(rows[4]["coverage_counted"]) == pytest.approx(sum(counted[w] for w in kept3) / sum(counted.values()))
+    assert float(rows[4]["coverage_held_out"]) == pytest.approx(2 / 4)  # a, b of "a b e e"
+    out = capsys.readouterr().out
+    assert "8 ids (" in out and "config.json's vocab_size" in out and "use_draft_vocab(" in out
+
+    (tmp_path / "out1").mkdir()
+    assert main(["draft-vocab", "--texts", str(tmp_path / "texts" / "one.txt"), "--tokenizer", str(tmp_path / "tok"),
+                 "--size", "5", "--vocab-size", "6", "--out", str(tmp_path / "out1")]) == 0
+    assert DraftVocab.load(tmp_path / "out1").vocab_size == 6  # one size: OUT/draft_vocab.json
+    assert "only 3 distinct tokens occur" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--pair", "smollm2-135m"], "--tokenizer and --pair name two tokenizers"),
+    (["--size", "6"], r"--size must lie in \(0, 6\)"),
+    (["--texts-empty"], "no text files under"),
+    (["--texts-missing"], "no such file or folder"),
+])
+def test_draft_vocab_command_refuses_bad_input_in_one_line(tmp_path, capsys, extra, message):
+    from fold_hf.cli import main
+
+    _word_tokenizer(tmp_path / "tok", ["<eos>", "a", "b", "c", "d", "e"])
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "one.txt").write_text("a b")
+    (tmp_path / "empty").mkdir()
+    texts = {"--texts-empty": tmp_path / "empty", "--texts-missing": tmp_path / "missing"}.get(extra[0],
+                                                                                             tmp_path / "texts")
+    extra = [] if extra[0] in ("--texts-empty", "--texts-missing") else extra
+    assert main(["draft-vocab", "--texts", str(texts), "--tokenizer", str(tmp_path / "tok"), "--out",
+                 str(tmp_path / "out"), *extra]) == 2
+    assert re.search(message, capsys.readouterr().err)
