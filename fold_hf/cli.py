@@ -172,12 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="files, folders (walked; files with --extensions) and .jsonl[.gz] files of {\"text\": ...}")
     dv.add_argument("--out", required=True, metavar="DIR", help="the folder for the files (made if missing)")
     dv.add_argument("--size", type=int, nargs="+", default=[32768], metavar="N", help="ids to keep")
-    dv.add_argument("--tokenizer", metavar="DIR", help="a saved tokenizer or model folder (AutoTokenizer)")
+    dv.add_argument("--tokenizer", metavar="DIR", help="a tokenizer or model folder, or a Hub id (AutoTokenizer)")
     dv.add_argument("--pair", choices=("smollm2-135m", "gemma3-270m"),
                     help="a GGUF pair's tokenizer instead (default: the embedded smollm2-135m)")
     dv.add_argument("--vocab-size", type=int, metavar="V",
-                    help="the target's lm_head rows (default: --tokenizer's config.json vocab_size, else the "
-                         "tokenizer's length)")
+                    help="the target's lm_head rows (default: the vocab_size of --tokenizer's model config where "
+                         "it has one, else the tokenizer's length)")
     dv.add_argument("--held-out", nargs="+", metavar="PATH",
                     help="texts not counted, on which to report the coverage (the share of their tokens kept)")
     dv.add_argument("--extensions", nargs="+", metavar="EXT",

@@ -118,12 +118,18 @@ def _draft_vocab_tokenizer(args):
         except (OSError, ValueError) as err:
             raise CliError(f"--tokenizer {args.tokenizer}: {err}") from None
         what = f"the tokenizer at {args.tokenizer}"
-        config = Path(args.tokenizer) / "config.json"
         size, source = None, None
-        if config.is_file():
-            data = json.loads(config.read_text())
-            size = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
-            source = f"{config}'s vocab_size"
+        if not args.vocab_size:  # the model's config, where the tokenizer's folder or repository has one
+            from transformers import AutoConfig
+
+            try:
+                config = AutoConfig.from_pretrained(args.tokenizer)
+            except (OSError, ValueError, KeyError):
+                config = None
+            if config is not None:
+                text = config.get_text_config() if hasattr(config, "get_text_config") else config
+                size = getattr(text, "vocab_size", None)
+                source = f"{args.tokenizer}'s config vocab_size"
     else:
         from .modeling.gguf_target import GGUF_TARGETS, load_gguf_tokenizer
 
@@ -133,7 +139,7 @@ def _draft_vocab_tokenizer(args):
     if args.vocab_size:
         size, source = args.vocab_size, "--vocab-size"
     if not size:
-        size, source = len(tokenizer), "the tokenizer's length"
+        size, source = len(tokenizer), "the tokenizer's length; a model whose lm_head has more rows needs --vocab-size"
     return tokenizer, int(size), f"{what}, {int(size):,} ids ({source})"
 
 
