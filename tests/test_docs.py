@@ -301,3 +301,16 @@ def test_the_docs_check_fails_on_a_planted_stale_name():
     assert cli_problems(reference, parser) == []
     assert any("--repeat" in p for p in cli_problems(reference.replace("[--repeats 3]", "[--repeat 3]"), parser))
     assert any("misses ['--tokens']" in p for p in cli_problems(reference.replace(" [--tokens 2048]", ""), parser))
+
+
+def test_readme_demo_output_is_the_committed_demo_log():
+    """The demo output block of README.md (the lines after "method  tau  tok/s ...") is copied from the run it links:
+    every row, character for character, is a line of that run's demo.log, and the run is the one the text links."""
+    readme = (ROOT / "README.md").read_text()
+    link = re.search(r"\[run\]\((benchmarks/results/[^)]*cpu-demo[^)]*)/README\.md\)", readme)
+    assert link, "README's demo paragraph links no cpu-demo run"
+    log = (ROOT / link.group(1) / "demo.log").read_text().splitlines()
+    block = readme[readme.index("method                                tau"):].split("```")[0].strip().splitlines()
+    assert len(block) >= 4
+    for line in block:
+        assert line in log, line
