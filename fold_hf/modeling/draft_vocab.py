@@ -137,9 +137,6 @@ class DraftVocab:
 
     # ------------------------------------------------------------------ the head
     def check_head(self, weight: torch.Tensor) -> None:
-        if is_sharded(weight):
-            raise ValueError("a draft vocabulary reads rows of the whole lm_head; this one is sharded over ranks "
-                             "(tensor parallelism): run without a draft vocabulary there")
         if weight.dim() != 2 or weight.shape[0] != self.vocab_size:
             raise ValueError(f"the draft vocabulary was built for {self.vocab_size} tokens, but the lm_head it would "
                              f"read has {tuple(weight.shape)} (rows = tokens)")
@@ -149,19 +146,27 @@ class DraftVocab:
         zero rows up to ``V''``, the next multiple of :data:`ROW_ALIGN` (an output row of ``V'`` elements, 32,769 for
         the committed files, is misaligned for cuBLAS's tensor-core GEMMs, which then fall back to a scalar kernel
         ~5x slower at 56 rows); copied once per weight and kept for the vocabulary's life (a CUDA graph captured later
-        reads these very tensors)."""
-        key = (weight.data_ptr(), weight.device, weight.dtype, tuple(weight.shape), weight._version)
+        reads these very tensors).
+
+        A head sharded over tensor-parallel ranks (a DTensor, as transformers' ``tp_plan`` leaves a column-parallel
+        lm_head) is gathered whole once here (a collective: every rank sets the same vocabulary at the same point, as
+        ranks running the same program do) and the subset's rows kept on every rank, so the proposals' logits need no
+        collective at all."""
+        sharded = is_sharded(weight)
+        part = weight.to_local() if sharded else weight
+        key = (part.data_ptr(), part.device, part.dtype, tuple(weight.shape), part._version)
         hit = self._weights.get(key)
         if hit is None:
             self.check_head(weight)
-            if weight.is_cuda and torch.cuda.is_current_stream_capturing():
+            if part.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("the draft vocabulary's head rows must exist before a CUDA graph is captured: "
                                    "call drafter.use_draft_vocab(...) after drafter.bind_target(target)")
-            ids = self.ids.to(weight.device)
+            ids = self.ids.to(part.device)
             padded = -(-len(self) // ROW_ALIGN) * ROW_ALIGN
             with torch.no_grad():
-                rows = weight.new_zeros(padded, weight.shape[1])
-                rows[: len(self)] = weight.detach().index_select(0, ids)
+                whole = weight.detach().full_tensor() if sharded else weight.detach()
+                rows = part.new_zeros(padded, weight.shape[1])
+                rows[: len(self)] = whole.index_select(0, ids)
                 hit = (rows, ids)
             self._weights[key] = hit  # all kept: a captured graph may read an earlier head's rows by address
         return hit
@@ -170,7 +175,8 @@ class DraftVocab:
         """``[..., V]`` logits of ``hidden [..., H]`` through the head rows of the subset (``softcap``: ``c * tanh(z /
         c)`` as the full head would apply), ``-inf`` at every id outside it."""
         rows, ids = self.head_rows(weight)
-        sub = linear(hidden.to(rows.device, rows.dtype), rows, owners=(weight,), tag="draft_vocab")  # [..., V'']
+        owner = weight.to_local() if is_sharded(weight) else weight  # whose in-place writes repack `rows`
+        sub = linear(hidden.to(rows.device, rows.dtype), rows, owners=(owner,), tag="draft_vocab")  # [..., V'']
         sub = sub[..., : len(self)]  # the zero rows' logits dropped
         if softcap is not None:
             sub = torch.tanh(sub / softcap) * softcap

@@ -279,13 +279,6 @@ def test_build_script_counts_the_training_side_and_reports_coverage(tmp_path, ca
     assert float(row["train"]) == 5 / 6 and float(row["eval_prose"]) == 2 / 4 and float(row["eval_python"]) == 1 / 3
 
 
-def test_a_sharded_head_is_refused(monkeypatch):
-    """Under tensor parallelism the lm_head is a shard of the vocabulary: global ids would index the wrong rows."""
-    monkeypatch.setattr(draft_vocab_module, "is_sharded", lambda tensor: True)
-    with pytest.raises(ValueError, match="sharded over ranks"):
-        DraftVocab([1, 2], 12).head_rows(torch.nn.Parameter(torch.randn(12, 4)))
-
-
 def _word_tokenizer(folder, words, config_vocab=None):
     """A word-level tokenizer saved to ``folder`` (ids = positions in ``words``; ``<eos>`` first), with a
     config.json naming ``config_vocab`` rows when given."""

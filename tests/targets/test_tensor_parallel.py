@@ -21,7 +21,9 @@ from tiny import fit_drafter, mode_config, prompt, tiny_drafter, tiny_target, tr
 NEW = 10
 PROMPTS = [(0, 9), (1, 60)]  # (seed, length): shorter and longer than the window W = 16 (and Gemma's window 8)
 PATHS = ["generate", "fast-eager", "fast-static", "fused", "ar-fused", "routed", "ar", "batched", "batched-fused",
-         "sampled"]
+         "sampled", "draft-vocab"]
+# draft-vocab: the drafter proposing from a subset of the vocabulary (fold_hf.DraftVocab): the sharded lm_head's rows
+# of the subset gathered once on every rank, the proposals' logits then computed without a collective
 # fused, ar-fused, batched-fused: the fused layers (their CPU twins) with the column / row-parallel projections on each
 # rank's weights (weight_layout.project) and one all-reduce per row-parallel projection
 # one worker runs this file: the module fixture below spawns two ranks that load every family (a minute), and with
@@ -77,6 +79,8 @@ def _decode_every_path(target, drafter) -> dict:
                 continue
             if path == "sampled":  # the same seed on every rank: every rank draws the same tokens
                 res = _sampled(target, drafter, ids, seed)
+            elif path == "draft-vocab":
+                res = _with_draft_vocab(target, drafter, ids)
             elif path == "generate":
                 res = fold_hf.generate(target, drafter, ids, max_new_tokens=NEW, return_stats=True)
             elif path == "routed":
@@ -106,6 +110,27 @@ def _decode_every_path(target, drafter) -> dict:
             out[f"{path}/{seed}"] = {"tokens": res.rows[i].new_tokens[0].tolist(),
                                      "acceptance": res.rows[i].acceptance_lengths, "batched": res.batched}
     return out
+
+
+def _draft_vocab(drafter):
+    """A draft vocabulary of three quarters of the ids (the first half and every other id after it)."""
+    from fold_hf import DraftVocab
+
+    V = drafter.target_lm_head.weight.shape[0]
+    return DraftVocab(sorted(set(range(V // 2)) | set(range(0, V, 2))), V, source="test subset")
+
+
+def _with_draft_vocab(target, drafter, ids: torch.Tensor):
+    """Greedy on the static engine with the drafter proposing from :func:`_draft_vocab` (unset after)."""
+    import fold_hf
+    from fold_hf.generation import release_fast_state
+
+    drafter.use_draft_vocab(_draft_vocab(drafter))
+    try:
+        return fold_hf.fast_generate(target, drafter, ids, max_new_tokens=NEW, engine="static", return_stats=True)
+    finally:
+        drafter.use_draft_vocab(None)
+        release_fast_state(target)
 
 
 def _sampled(target, drafter, ids: torch.Tensor, seed: int):
@@ -153,6 +178,12 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
                  "kv_heads": list(getattr(runner, "kv_heads", [runner.num_kv_heads])),
                  "fused": runner.fused_unsupported(), "exact": runner.exact_unsupported()}
         facts["experts_sharded"] = any(is_sharded(p) for n, p in target.named_parameters() if ".experts." in n)
+        head = drafter.target_lm_head.weight
+        rows, _ = _draft_vocab(drafter).head_rows(head)  # the subset's rows: whole and plain on every rank
+        facts["draft_vocab_rows"] = {"head_sharded": is_sharded(head), "rows_sharded": is_sharded(rows),
+                                     "rows": torch.equal(rows[: len(_draft_vocab(drafter))],
+                                                         head.full_tensor()[_draft_vocab(drafter).ids]
+                                                         if is_sharded(head) else head[_draft_vocab(drafter).ids])}
         reductions.clear()
         weight_layout._WARNED.clear()  # (each reason is warned once per process)
         with warnings.catch_warnings(record=True) as caught:
@@ -246,6 +277,9 @@ def test_every_path_on_both_ranks_is_the_unsharded_greedy_output(sharded_runs, f
         if path == "sampled":  # the unsharded run with the same seed draws the same tokens
             unsharded = _sampled(target, drafter, ids, seed)
             want = unsharded.new_tokens[0].tolist()
+        elif path == "draft-vocab":  # the greedy tokens, and the acceptance of the unsharded run with the same subset
+            want = target.generate(ids, max_new_tokens=NEW, do_sample=False)[0, length:].tolist()
+            unsharded = _with_draft_vocab(target, drafter, ids)
         else:
             want = target.generate(ids, max_new_tokens=NEW, do_sample=False)[0, length:].tolist()
             unsharded = fold_hf.fast_generate(target, None if path.startswith("ar") else drafter, ids,
@@ -261,6 +295,17 @@ def test_every_path_on_both_ranks_is_the_unsharded_greedy_output(sharded_runs, f
     if path not in ("ar", "ar-fused", "routed"):
         accepted = [n for rank in ranks for s, _ in PROMPTS for n in rank[family]["out"][f"{path}/{s}"]["acceptance"]]
         assert max(accepted) > 1  # proposals were accepted: the drafter ran on the sharded target's taps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_draft_vocabulary_on_a_sharded_head_keeps_its_rows_whole_on_every_rank(sharded_runs, family):
+    """The lm_head transformers' plan shards by vocabulary (a DTensor) gives every rank the subset's rows of the whole
+    head, as plain tensors equal to the gathered head's rows (the decoding itself: the draft-vocab path above)."""
+    ranks, _ = sharded_runs
+    for rank in ranks:
+        facts = rank[family]["facts"]["draft_vocab_rows"]
+        assert facts["head_sharded"]  # transformers' plan: the lm_head column-parallel (a DTensor)
+        assert facts["rows"] and not facts["rows_sharded"]
 
 
 def test_the_moe_experts_are_sharded_as_transformers_plans_them(sharded_runs):
