@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fold_hf.modeling.draft_vocab import DraftVocab, token_counts  # noqa: E402
+from fold_hf.modeling.draft_vocab import DraftVocab, eos_ids, token_counts  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -63,8 +63,7 @@ def main(argv=None) -> int:
         evaluation.setdefault(d.kind, []).append(d.text)
     eval_counts = {kind: token_counts(tokenizer, texts, V) for kind, texts in sorted(evaluation.items())}
     demo_counts = token_counts(tokenizer, [demo_text()], V)
-    eos = tokenizer.eos_token_id
-    always = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    always = eos_ids(tokenizer)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

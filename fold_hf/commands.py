@@ -149,7 +149,7 @@ def cmd_draft_vocab(args) -> int:
     from tqdm.auto import tqdm
 
     from .data.texts import TextSources
-    from .modeling.draft_vocab import DraftVocab, token_counts
+    from .modeling.draft_vocab import DraftVocab, eos_ids, token_counts
 
     if args.tokenizer and args.pair:
         raise CliError("--tokenizer and --pair name two tokenizers: give one")
@@ -180,8 +180,7 @@ def cmd_draft_vocab(args) -> int:
     print(f"{total:,} tokens in {sources.report()}", flush=True)
     if held_out is not None:
         print(f"held out: {int(held_counts.sum()):,} tokens in {held_out.report()}", flush=True)
-    eos = tokenizer.eos_token_id
-    always = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    always = eos_ids(tokenizer)
     seen = int((counts > 0).sum())
     if seen < max(args.size):
         print(f"note: only {seen:,} distinct tokens occur in these texts; a subset larger than that is filled with "

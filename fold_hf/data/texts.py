@@ -41,16 +41,19 @@ class TextSources:
         self.extensions = {e if e == "*" or e.startswith(".") else f".{e}" for e in exts}
         self.read = 0
         self.skipped: dict[str, int] = {}
+        self._files: list[Path] | None = None
 
     def files(self) -> list[Path]:
-        """Every file the texts come from, in reading order."""
-        out: list[Path] = []
-        for path in self.paths:
-            if path.is_dir():
-                out += [f for f in sorted(path.rglob("*")) if f.is_file() and self._wanted(f)]
-            else:
-                out.append(path)
-        return out
+        """Every file the texts come from, in reading order (the folders walked once, on the first call)."""
+        if self._files is None:
+            out: list[Path] = []
+            for path in self.paths:
+                if path.is_dir():
+                    out += [f for f in sorted(path.rglob("*")) if f.is_file() and self._wanted(f)]
+                else:
+                    out.append(path)
+            self._files = out
+        return self._files
 
     def _wanted(self, path: Path) -> bool:
         return "*" in self.extensions or path.suffix.lower() in self.extensions or _is_jsonl(path)

@@ -57,3 +57,8 @@ def is_sharded(tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(tensor, DTensor)
+
+
+def local(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's part of a sharded ``tensor`` (a replicated DTensor: the whole), else ``tensor`` itself."""
+    return tensor.to_local() if is_sharded(tensor) else tensor

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.common import is_sharded
+from ..kernels.common import is_sharded, local
 from ..kernels.gemm.cpu import linear  # F.linear, or MKL's packed GEMM for a multi-row CPU fp32 product
 
 FILE_NAME = "draft_vocab.json"
@@ -55,6 +55,13 @@ def token_counts(tokenizer, texts: Iterable[str], vocab_size: int, progress=None
         if progress is not None:
             progress.update(1)
     return counts
+
+
+def eos_ids(tokenizer) -> list[int]:
+    """The tokenizer's end-of-sequence ids (none, one or several): the ids a draft vocabulary keeps whatever their count
+    (a drafter that can propose the end of a text keeps its τ there)."""
+    eos = tokenizer.eos_token_id
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 class DraftVocab:
@@ -153,7 +160,7 @@ class DraftVocab:
         ranks running the same program do) and the subset's rows kept on every rank, so the proposals' logits need no
         collective at all."""
         sharded = is_sharded(weight)
-        part = weight.to_local() if sharded else weight
+        part = local(weight)
         key = (part.data_ptr(), part.device, part.dtype, tuple(weight.shape), part._version)
         hit = self._weights.get(key)
         if hit is None:
@@ -175,8 +182,8 @@ class DraftVocab:
         """``[..., V]`` logits of ``hidden [..., H]`` through the head rows of the subset (``softcap``: ``c * tanh(z /
         c)`` as the full head would apply), ``-inf`` at every id outside it."""
         rows, ids = self.head_rows(weight)
-        owner = weight.to_local() if is_sharded(weight) else weight  # whose in-place writes repack `rows`
-        sub = linear(hidden.to(rows.device, rows.dtype), rows, owners=(owner,), tag="draft_vocab")  # [..., V'']
+        # the owner whose in-place writes repack `rows`: this rank's part of a sharded head
+        sub = linear(hidden.to(rows.device, rows.dtype), rows, owners=(local(weight),), tag="draft_vocab")  # [..., V'']
         sub = sub[..., : len(self)]  # the zero rows' logits dropped
         if softcap is not None:
             sub = torch.tanh(sub / softcap) * softcap
@@ -184,4 +191,4 @@ class DraftVocab:
         return out.index_copy_(-1, ids, sub)
 
 
-__all__ = ["FILE_NAME", "ROW_ALIGN", "DraftVocab", "token_counts"]
+__all__ = ["FILE_NAME", "ROW_ALIGN", "DraftVocab", "eos_ids", "token_counts"]

@@ -27,7 +27,7 @@ import weakref
 import torch
 from torch import nn
 
-from ..kernels.common import is_sharded
+from ..kernels.common import is_sharded, local  # local: re-exported (weight_layout, moe)
 
 # module -> the style transformers' tp_plan gave it ("colwise", "rowwise", "colwise_gather_output", ...), recorded by
 # record_plan when a runner is built over a sharded model
@@ -76,11 +76,6 @@ def row_shard(module: nn.Module) -> bool:
 def _sharded_on(weight, dim: int) -> bool:
     placements = weight.placements
     return weight.device_mesh.ndim == 1 and type(placements[0]).__name__ == "Shard" and placements[0].dim == dim
-
-
-def local(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """This rank's part of a sharded ``tensor`` (a replicated DTensor: the whole), else ``tensor`` itself."""
-    return tensor.to_local() if is_sharded(tensor) else tensor
 
 
 def relink(param: torch.Tensor, view: torch.Tensor) -> None:
