@@ -146,6 +146,9 @@ def measure(target, d, ids, mask, config, kw, device) -> dict:
     rows = result.rows if hasattr(result, "rows") else [result]
     row = {"call_s": seconds, "rounds": phases.rounds,
            **{f"{k}_ms_per_round": round(v, 3) for k, v in phases.per_round_ms().items()},
+           # the same by running rows A (a batch shrinks as rows stop): {A: {rounds, round, draft, verify, other}}
+           "by_running_rows": {str(a): {k: (v if k == "rounds" else round(v, 3)) for k, v in parts.items()}
+                               for a, parts in phases.per_rows_ms().items()},
            "first_token_s_last_row": max(r.ttft_s for r in rows),
            "first_token_s_rows": [round(r.ttft_s, 4) for r in rows],  # the rows are prefilled one after another
            "decode_s": max(r.ttft_s + r.decode_s for r in rows) - max(r.ttft_s for r in rows),

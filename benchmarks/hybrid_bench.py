@@ -235,14 +235,24 @@ def run(args) -> dict:
                 from step_profile import profile_rounds
 
                 release_fast_state(target)
-                drafter.set_fold_config(modes["dflash"])
-                for label, d in ((f"{pair}_ar", None), (f"{pair}_sd_dflash", drafter)):
+                # the AR step, then every SD mode timed above (and again with the draft vocabulary, if given)
+                profiled = [(f"{pair}_ar", None, None, None)]
+                for mode, cfg in modes.items():
+                    profiled.append((f"{pair}_sd_{mode}", drafter, cfg, None))
+                    if draft_vocab is not None:
+                        profiled.append((f"{pair}_sd_{mode}_dv", drafter, cfg, draft_vocab))
+                for label, d, cfg, vocab in profiled:
+                    if d is not None:
+                        d.set_fold_config(cfg)
+                        d.use_draft_vocab(vocab)
                     try:
                         result_profiles.append(profile_rounds(target, d, context, Path(args.out) / "profile", label))
                     except Exception:
                         import traceback
 
                         log(f"FAILED profile {label}:\n" + traceback.format_exc())
+                    release_fast_state(target)
+                drafter.use_draft_vocab(None)
             release_fast_state(target)
         del target, drafter
         if device == "cuda":
@@ -405,8 +415,8 @@ def main(argv=None) -> int:
     parser.add_argument("--llama-window", type=int, default=2048)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (static engine)")
     parser.add_argument("--profile", action="store_true",
-                        help="also write a torch.profiler top-kernel table of the AR step and the dflash round "
-                             "(static engine) per context under OUT/profile/")
+                        help="also write a torch.profiler top-kernel table of the AR step and of each --sd-modes round "
+                             "(with and without --draft-vocab-size; static engine) per context under OUT/profile/")
     parser.add_argument("--sd-modes", default="dflash,fold", help="speculative rows to time (dflash, fold)")
     parser.add_argument("--kernel-sweep", action="store_true",
                         help="then time the fused Gated DeltaNet kernels' launch configurations (GPU only)")

@@ -17,6 +17,11 @@ Kinds: ``fold`` (W, α = 2), ``window`` (W, no far memory), ``dflash`` (every en
     python benchmarks/read_splits_bench.py --out $OUT/splits              (about a minute, one GPU)
     python benchmarks/read_splits_bench.py --out /tmp/s --dry-run         (CPU, TRITON_INTERPRET=1, tiny shapes)
 
+``--rows A`` times the batched reads instead (``fold_read_rows_triton`` / ``decode_attention_rows_triton``: ``A``
+rows of a batch at the same length in one launch, as a batched round drafts and verifies), ``--block-m`` sweeps the
+packed rows per program. The Qwen3.5-9B drafter's read (16 query / 4 KV heads of 256, a 16-row block, W 4096):
+``--hq 16 --hkv 4 --lq 16 --window 4096``; the Gemma-3-270M pair's batched draft: ``--rows 8``.
+
 Writes ``read_splits.csv`` and ``read_splits.json`` under ``--out``.
 """
 
@@ -52,26 +57,37 @@ def tables(positions: int, rotary: int, device) -> tuple[torch.Tensor, torch.Ten
 
 
 def make_inputs(kind: str, args, device, dtype, seed: int) -> dict:
+    """One layer's inputs: ``A = max(args.rows, 1)`` reads (batch rows) of ``args.lq`` rows (1 for ``ar``)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     rows = 1 if kind == "ar" else args.lq
     capacity = args.context + args.slack
+    A = max(args.rows, 1)
 
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
 
     scale = args.head_dim ** -0.5
-    inputs = {"q": rnd(1, args.hq, rows, args.head_dim, scale=scale),
-              "k": rnd(1, args.hkv, capacity, args.head_dim), "v": rnd(1, args.hkv, capacity, args.head_dim),
-              "bk": rnd(1, args.hkv, rows, args.head_dim), "bv": rnd(1, args.hkv, rows, args.head_dim),
-              "length": torch.tensor([args.context], dtype=torch.int32, device=device)}
+    inputs = {"q": rnd(A, args.hq, rows, args.head_dim, scale=scale),
+              "k": rnd(A, args.hkv, capacity, args.head_dim), "v": rnd(A, args.hkv, capacity, args.head_dim),
+              "bk": rnd(A, args.hkv, rows, args.head_dim), "bv": rnd(A, args.hkv, rows, args.head_dim),
+              "length": torch.tensor([args.context] * A, dtype=torch.int32, device=device),
+              "rows": torch.arange(A, dtype=torch.int32, device=device)}
     if kind == "fold":
-        inputs["qf"] = rnd(1, args.hq, rows, args.head_dim, scale=scale)
+        inputs["qf"] = rnd(A, args.hq, rows, args.head_dim, scale=scale)
     return inputs
 
 
 def call(kind: str, x: dict, args, cos, sin, splits, tuning: dict):
-    from fold_hf.kernels.fold_read.triton import decode_attention_triton, fold_read_triton
+    from fold_hf.kernels.fold_read.triton import (decode_attention_rows_triton, decode_attention_triton,
+                                                  fold_read_rows_triton, fold_read_triton)
 
+    if args.rows:
+        if kind in ("verify", "ar"):
+            return decode_attention_rows_triton(x["q"], x["k"], x["v"], x["bk"], x["bv"], x["length"], x["rows"],
+                                                num_splits=splits, **tuning)
+        window = None if kind == "dflash" else args.window
+        return fold_read_rows_triton(x["q"], x.get("qf"), x["k"], x["v"], x["bk"], x["bv"], cos, sin, x["length"],
+                                     x["length"], x["rows"], window, 2.0, num_splits=splits, **tuning)
     if kind in ("verify", "ar"):
         return decode_attention_triton(x["q"], x["k"], x["v"], x["bk"], x["bv"], x["length"], num_splits=splits,
                                        **tuning)
@@ -81,20 +97,26 @@ def call(kind: str, x: dict, args, cos, sin, splits, tuning: dict):
 
 
 def reference(kind: str, x: dict, args, cos, sin) -> torch.Tensor:
+    """The float64 statement of the read, one batch row at a time (``[A, Lq, Hq, Dv]``)."""
     from fold_hf.kernels.fold_read.naive import decode_attention_reference, fold_read_geometry_reference
 
     d = {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()}
     T = args.context
-    if kind in ("verify", "ar"):
-        return decode_attention_reference(d["q"], d["k"], d["v"], d["bk"], d["bv"], T)
     window = None if kind == "dflash" else args.window
-    return fold_read_geometry_reference(d["q"], d.get("qf"), d["k"], d["v"], d["bk"], d["bv"], cos.double(),
-                                        sin.double(), T, T, window, 2.0)
+    outs = []
+    for a in range(d["q"].shape[0]):
+        one = {k: v[a:a + 1] for k, v in d.items() if k not in ("length", "rows")}
+        if kind in ("verify", "ar"):
+            outs.append(decode_attention_reference(one["q"], one["k"], one["v"], one["bk"], one["bv"], T))
+        else:
+            outs.append(fold_read_geometry_reference(one["q"], one.get("qf"), one["k"], one["v"], one["bk"],
+                                                     one["bv"], cos.double(), sin.double(), T, T, window, 2.0))
+    return torch.cat(outs)
 
 
 def kv_bytes(kind: str, args, elem: int) -> int:
     entries = min(args.context, args.window + args.lq) if kind == "window" else args.context
-    return entries * args.hkv * 2 * args.head_dim * elem
+    return max(args.rows, 1) * entries * args.hkv * 2 * args.head_dim * elem
 
 
 def main(argv=None) -> list[dict]:
@@ -109,10 +131,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--lq", type=int, default=8, help="block rows (the drafter's block, the verify's)")
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--splits", default="default,264,132,66,33,16")
+    parser.add_argument("--block-m", default="default", help="comma list: packed rows per program (default: the plan's)")
     parser.add_argument("--block-n", default="default", help="comma list: key tile sizes (default: the plan's)")
     parser.add_argument("--warps", default="default")
     parser.add_argument("--stages", default="default")
     parser.add_argument("--window-splits", default="default", help="FOLD/window reads: programs for the window")
+    parser.add_argument("--rows", type=int, default=0, help="A > 0: the batched reads of A rows in one launch")
     parser.add_argument("--layers", type=int, default=4, help="reads over distinct caches per graph")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--dry-run", action="store_true")
@@ -136,12 +160,12 @@ def main(argv=None) -> list[dict]:
     for kind in args.kinds.split(","):
         layers = [make_inputs(kind, args, device, dtype, seed) for seed in range(args.layers)]
         want = reference(kind, layers[0], args, cos, sin).float()
-        configs = [(s, n, w, st, ws) for s in options(args.splits) for n in options(args.block_n)
-                   for w in options(args.warps) for st in options(args.stages)
+        configs = [(s, m, n, w, st, ws) for s in options(args.splits) for m in options(args.block_m)
+                   for n in options(args.block_n) for w in options(args.warps) for st in options(args.stages)
                    for ws in (options(args.window_splits) if kind in ("fold", "window") else [None])]
-        for splits, block_n, warps, stages, wsplits in configs:
-            tuning = {k: v for k, v in (("block_n", block_n), ("num_warps", warps), ("num_stages", stages),
-                                        ("window_splits", wsplits)) if v is not None}
+        for splits, block_m, block_n, warps, stages, wsplits in configs:
+            tuning = {k: v for k, v in (("block_m", block_m), ("block_n", block_n), ("num_warps", warps),
+                                        ("num_stages", stages), ("window_splits", wsplits)) if v is not None}
             row = {"kind": kind, "splits": splits or "default", **{k: v for k, v in tuning.items()}}
             try:
                 got = call(kind, layers[0], args, cos, sin, splits, tuning).float()

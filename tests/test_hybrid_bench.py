@@ -75,6 +75,21 @@ def test_dry_run_with_a_draft_vocabulary_writes_the_dv_rows_and_keys(tmp_path):
                  "--out", str(tmp_path)])
 
 
+def test_dry_run_profiles_every_sd_mode_with_and_without_the_draft_vocabulary(tmp_path):
+    """--profile writes one table per AR step and SD mode (and per mode with the vocabulary), each with its rounds."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import hybrid_bench as hb
+    import json
+
+    assert hb.main(["--dry-run", "--pairs", "qwen35_9b", "--contexts", "64", "--draft-vocab-size", "20",
+                    "--sd-modes", "fold", "--profile", "--out", str(tmp_path)]) == 0
+    labels = {p["label"] for p in json.loads((tmp_path / "hybrid.json").read_text())["profiles"]}
+    assert labels == {"qwen35_9b_ar", "qwen35_9b_sd_fold", "qwen35_9b_sd_fold_dv"}
+    for label in labels:
+        table = json.loads((tmp_path / "profile" / f"{label}.json").read_text())
+        assert table["rounds"] >= 1 and table["top"], label
+
+
 def test_headline_gives_the_round_over_its_floor_and_the_floors_ratio():
     sys.path.insert(0, str(BENCHMARKS))
     import hybrid_bench as hb

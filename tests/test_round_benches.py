@@ -100,10 +100,23 @@ def test_read_splits_counts_the_entries_each_kind_must_read():
     rsb = bench("read_splits_bench")
     import argparse
 
-    args = argparse.Namespace(context=1000, window=64, lq=8, hkv=2, head_dim=16)
+    args = argparse.Namespace(context=1000, window=64, lq=8, hkv=2, head_dim=16, rows=0)
     assert rsb.kv_bytes("fold", args, 2) == 1000 * 2 * 2 * 16 * 2
     assert rsb.kv_bytes("window", args, 2) == 72 * 2 * 2 * 16 * 2  # W + the block's rows
     assert rsb.kv_bytes("verify", args, 2) == rsb.kv_bytes("dflash", args, 2) == rsb.kv_bytes("fold", args, 2)
+    args.rows = 3  # the batched reads: every row reads its own cache row
+    assert rsb.kv_bytes("fold", args, 2) == 3 * 1000 * 2 * 2 * 16 * 2
+
+
+def test_read_splits_dry_run_batched_reads_and_packed_row_tiles(interpreter, tmp_path):
+    """--rows: the batched launches, each row against its own float64 statement; --block-m: the packed-row tile."""
+    rsb = bench("read_splits_bench")
+    rows = rsb.main(["--dry-run", "--out", str(tmp_path), "--rows", "3", "--kinds", "fold,verify",
+                     "--hq", "4", "--hkv", "2", "--head-dim", "32", "--block-m", "default,16"])
+    assert len(rows) == 2 * 2 * 2 and {r.get("block_m") for r in rows} == {None, 16}
+    for row in rows:
+        assert "error" not in row, row
+        assert row["rel_err"] < 1e-5, row
 
 
 def test_rounds_read_with_the_window_the_pairs_bench_uses():

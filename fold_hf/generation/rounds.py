@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,15 +44,39 @@ class RoundPhases:
     draft_s: float = 0.0
     verify_s: float = 0.0
     round_s: float = 0.0
+    # batched rounds (fast/batched.py): the same sums per number of running rows A, {A: [rounds, draft_s, verify_s,
+    # round_s]}, so a round of 8 rows and one of a last row left alone can be told apart
+    by_rows: dict = field(default_factory=dict)
 
     @property
     def other_s(self) -> float:
         return self.round_s - self.draft_s - self.verify_s
 
+    def add(self, draft_s: float, verify_s: float, round_s: float, rows: int | None = None) -> None:
+        """One round's parts (seconds); ``rows``: the running rows of a batched round."""
+        self.rounds += 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.round_s += round_s
+        if rows is not None:
+            sums = self.by_rows.setdefault(int(rows), [0, 0.0, 0.0, 0.0])
+            sums[0] += 1
+            sums[1] += draft_s
+            sums[2] += verify_s
+            sums[3] += round_s
+
     def per_round_ms(self) -> dict:
         n = max(self.rounds, 1)
         return {"round": self.round_s / n * 1e3, "draft": self.draft_s / n * 1e3,
                 "verify": self.verify_s / n * 1e3, "other": self.other_s / n * 1e3}
+
+    def per_rows_ms(self) -> dict:
+        """``{A: {"rounds", "round", "draft", "verify", "other"}}``: the batched rounds by running rows, ms a round."""
+        out = {}
+        for rows, (n, draft, verify, whole) in sorted(self.by_rows.items()):
+            out[rows] = {"rounds": n, "round": whole / n * 1e3, "draft": draft / n * 1e3,
+                         "verify": verify / n * 1e3, "other": (whole - draft - verify) / n * 1e3}
+        return out
 
 
 _PHASES: contextvars.ContextVar = contextvars.ContextVar("fold_hf_round_phases", default=None)
@@ -127,10 +151,7 @@ def eager_rounds(runner, drafter, cache, budget: int, out: Tracker, last: torch.
         out.commit(commit.tolist())
         last = commit[-1:].to(last.device)
         if phases is not None:
-            phases.rounds += 1
-            phases.draft_s += drafted - started
-            phases.verify_s += verified - drafted
-            phases.round_s += clock(last.device) - started
+            phases.add(drafted - started, verified - drafted, clock(last.device) - started)
 
 
 def accept(choice, logits: torch.Tensor, proposals: torch.Tensor, q, generated: int, features, pending):

@@ -581,6 +581,12 @@ def test_batched_anatomy_dry_run_splits_each_call_and_profiles_it(tmp_path):
         assert row["rounds"] > 0 and 0 < row["decode_s"] < row["call_s"]
         parts = row["draft_ms_per_round"] + row["verify_ms_per_round"] + row["other_ms_per_round"]
         assert parts == pytest.approx(row["round_ms_per_round"], abs=0.01)
+        by_rows = row["by_running_rows"]  # the same rounds by running rows: they add up to the whole
+        assert set(by_rows) <= {"1", "2", "3"} and sum(p["rounds"] for p in by_rows.values()) == row["rounds"]
+        assert sum(p["rounds"] * p["round"] for p in by_rows.values()) == pytest.approx(
+            row["rounds"] * row["round_ms_per_round"], rel=1e-3, abs=0.02)
+        for part in by_rows.values():
+            assert part["draft"] + part["verify"] + part["other"] == pytest.approx(part["round"], abs=0.01)
         assert not name.startswith("fold") or any("draft_rows" in key for key in row["steps"])  # its rows step
         plain = name.replace("[rows_kernels=", "_rows_kernels").rstrip("]")  # no brackets or "=" in file names
         assert (tmp_path / f"profile_{plain}.txt").read_text().startswith("ops and kernels:")

@@ -275,10 +275,7 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         for row in active:
             row.end = now
         if phases is not None:
-            phases.rounds += 1
-            phases.draft_s += drafted - started
-            phases.verify_s += verified - drafted
-            phases.round_s += now - started
+            phases.add(drafted - started, verified - drafted, now - started, rows=len(active))
 
 
 def _take_drafts(active: list[_Row], tokens: torch.Tensor, slots: int, budget: int) -> None:
