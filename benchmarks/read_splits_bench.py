@@ -49,6 +49,14 @@ def options(text: str) -> list:
     return [None if s == "default" else int(s) for s in text.split(",")]
 
 
+SPLIT_KV_RATIO_ENV = "FOLD_HF_SPLIT_KV_RATIO"  # fold_hf.kernels.fold_read.launch reads it at every launch plan
+
+
+def ratios(text: str) -> list:
+    """A comma list of ``$FOLD_HF_SPLIT_KV_RATIO`` values as strings, ``default`` standing for None (unset)."""
+    return [None if s == "default" else str(float(s)) for s in text.split(",")]
+
+
 def tables(positions: int, rotary: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / (10000.0 ** (torch.arange(0, rotary, 2, dtype=torch.float64, device=device) / rotary))
     angles = torch.arange(positions, dtype=torch.float64, device=device)[:, None] * inv[None, :]
@@ -119,54 +127,24 @@ def kv_bytes(kind: str, args, elem: int) -> int:
     return max(args.rows, 1) * entries * args.hkv * 2 * args.head_dim * elem
 
 
-def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--context", type=int, default=32704)
-    parser.add_argument("--slack", type=int, default=200, help="cache entries beyond the context (capacity)")
-    parser.add_argument("--hq", type=int, default=4)
-    parser.add_argument("--hkv", type=int, default=1)
-    parser.add_argument("--head-dim", type=int, default=256)
-    parser.add_argument("--lq", type=int, default=8, help="block rows (the drafter's block, the verify's)")
-    parser.add_argument("--window", type=int, default=512)
-    parser.add_argument("--splits", default="default,264,132,66,33,16")
-    parser.add_argument("--block-m", default="default", help="comma list: packed rows per program (default: the plan's)")
-    parser.add_argument("--block-n", default="default", help="comma list: key tile sizes (default: the plan's)")
-    parser.add_argument("--warps", default="default")
-    parser.add_argument("--stages", default="default")
-    parser.add_argument("--window-splits", default="default", help="FOLD/window reads: programs for the window")
-    parser.add_argument("--rows", type=int, default=0, help="A > 0: the batched reads of A rows in one launch")
-    parser.add_argument("--layers", type=int, default=4, help="reads over distinct caches per graph")
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--dry-run", action="store_true")
-    args = parser.parse_args(argv)
-    if args.dry_run:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        args.context, args.slack, args.window, args.layers, args.reps = 200, 24, 48, 1, 1
-        args.splits = "default,4"
-    cuda = torch.cuda.is_available() and not args.dry_run
-    device = torch.device("cuda" if cuda else "cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    cos, sin = tables(args.context + args.slack + args.lq, args.head_dim, device)
-    bandwidth = float("nan")
-    if cuda:
-        from kernel_bench import measure_bandwidth
-
-        bandwidth = measure_bandwidth(device)
-    rows = []
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def sweep(args, rows: list, device, dtype, cos, sin, bandwidth: float, cuda: bool) -> None:
+    """Every kind and configuration of ``args``, timed and checked, appended to ``rows`` (printed as it goes)."""
     for kind in args.kinds.split(","):
         layers = [make_inputs(kind, args, device, dtype, seed) for seed in range(args.layers)]
         want = reference(kind, layers[0], args, cos, sin).float()
-        configs = [(s, m, n, w, st, ws) for s in options(args.splits) for m in options(args.block_m)
+        configs = [(s, m, n, w, st, ws, kr) for s in options(args.splits) for m in options(args.block_m)
                    for n in options(args.block_n) for w in options(args.warps) for st in options(args.stages)
-                   for ws in (options(args.window_splits) if kind in ("fold", "window") else [None])]
-        for splits, block_m, block_n, warps, stages, wsplits in configs:
+                   for ws in (options(args.window_splits) if kind in ("fold", "window") else [None])
+                   for kr in ratios(args.split_kv_ratio)]
+        for splits, block_m, block_n, warps, stages, wsplits, ratio in configs:
             tuning = {k: v for k, v in (("block_m", block_m), ("block_n", block_n), ("num_warps", warps),
                                         ("num_stages", stages), ("window_splits", wsplits)) if v is not None}
             row = {"kind": kind, "splits": splits or "default", **{k: v for k, v in tuning.items()}}
+            if ratio is None:
+                os.environ.pop(SPLIT_KV_RATIO_ENV, None)
+            else:
+                os.environ[SPLIT_KV_RATIO_ENV] = ratio
+                row["split_kv_ratio"] = float(ratio)
             try:
                 got = call(kind, layers[0], args, cos, sin, splits, tuning).float()
                 row["rel_err"] = float((got - want).norm() / want.norm())
@@ -194,6 +172,61 @@ def main(argv=None) -> list[dict]:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--context", type=int, default=32704)
+    parser.add_argument("--slack", type=int, default=200, help="cache entries beyond the context (capacity)")
+    parser.add_argument("--hq", type=int, default=4)
+    parser.add_argument("--hkv", type=int, default=1)
+    parser.add_argument("--head-dim", type=int, default=256)
+    parser.add_argument("--lq", type=int, default=8, help="block rows (the drafter's block, the verify's)")
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--splits", default="default,264,132,66,33,16")
+    parser.add_argument("--block-m", default="default", help="comma list: packed rows per program (default: the plan's)")
+    parser.add_argument("--block-n", default="default", help="comma list: key tile sizes (default: the plan's)")
+    parser.add_argument("--warps", default="default")
+    parser.add_argument("--stages", default="default")
+    parser.add_argument("--window-splits", default="default", help="FOLD/window reads: programs for the window")
+    parser.add_argument("--split-kv-ratio", default="default",
+                        help="comma list of $FOLD_HF_SPLIT_KV_RATIO values for the default split (fewest bytes a "
+                             "split reads over the partials it writes; default 8, 0 = no bound)")
+    parser.add_argument("--rows", type=int, default=0, help="A > 0: the batched reads of A rows in one launch")
+    parser.add_argument("--layers", type=int, default=4, help="reads over distinct caches per graph")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--dry-run", action="store_true")
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    args = build_parser().parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.context, args.slack, args.window, args.layers, args.reps = 200, 24, 48, 1, 1
+        args.splits = "default,4"
+    cuda = torch.cuda.is_available() and not args.dry_run
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    cos, sin = tables(args.context + args.slack + args.lq, args.head_dim, device)
+    bandwidth = float("nan")
+    if cuda:
+        from kernel_bench import measure_bandwidth
+
+        bandwidth = measure_bandwidth(device)
+    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved_ratio = os.environ.get(SPLIT_KV_RATIO_ENV)  # --split-kv-ratio sets it per config; restored after
+    try:
+        sweep(args, rows, device, dtype, cos, sin, bandwidth, cuda)
+    finally:
+        if saved_ratio is None:
+            os.environ.pop(SPLIT_KV_RATIO_ENV, None)
+        else:
+            os.environ[SPLIT_KV_RATIO_ENV] = saved_ratio
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with (out / "read_splits.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)

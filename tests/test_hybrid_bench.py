@@ -137,3 +137,34 @@ def test_issue39_h200_script_runs_only_on_an_h200(tmp_path):
     assert "benchmarks/hybrid_bench.py --pairs qwen35_9b,llama31_8b --contexts 32768" in commands[0]
     assert "benchmarks/gemma_bench.py --contexts 32768" in commands[1] and "--profile" in commands[1]
     assert not list(tmp_path.iterdir())  # a dry run leaves nothing in OUT
+
+
+def test_drafter_reads_and_solve_scripts_dry_runs(tmp_path):
+    """benchmarks/gpu/drafter_reads.sh and issue39_solve.sh (one device call each): their commands, every flag one
+    that the benches take (each command parsed by the bench's own parser), nothing left in OUT."""
+    import shlex
+
+    from gpu_scripts import dry_run
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import read_splits_bench
+
+    reads = dry_run("drafter_reads.sh", tmp_path)
+    commands = [line for line in reads.stdout.splitlines() if line.startswith("+ timeout")]
+    assert reads.returncode == 0 and len(commands) == 4
+    sweeps = [c for c in commands if "read_splits_bench.py" in c]
+    assert len(sweeps) == 3 and any("--rows 8" in c for c in sweeps)
+    assert any("hybrid_bench.py" in c and "--profile" in c for c in commands)
+    solve = dry_run("issue39_solve.sh", tmp_path)
+    lines = solve.stdout.splitlines()
+    assert solve.returncode == 0 and "solve=rows" in lines and "solve=blocks" in lines
+    assert any("gdn_quick.py 16 64" in line for line in lines)
+    assert len({line for line in lines if "hybrid_bench.py" in line and "--out" in line}) == 3
+    sweeps += [line for line in lines if "read_splits_bench.py" in line]
+    assert any("--split-kv-ratio default,4,2,0" in line for line in sweeps)
+    parser = read_splits_bench.build_parser()
+    for line in sweeps:  # every sweep's flags are the bench's own
+        argv = shlex.split(line)
+        args = parser.parse_args(argv[argv.index("benchmarks/read_splits_bench.py") + 1:])
+        assert args.kinds == "fold" and args.out
+    assert not list(tmp_path.iterdir())

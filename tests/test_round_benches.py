@@ -112,8 +112,13 @@ def test_read_splits_dry_run_batched_reads_and_packed_row_tiles(interpreter, tmp
     """--rows: the batched launches, each row against its own float64 statement; --block-m: the packed-row tile."""
     rsb = bench("read_splits_bench")
     rows = rsb.main(["--dry-run", "--out", str(tmp_path), "--rows", "3", "--kinds", "fold,verify",
-                     "--hq", "4", "--hkv", "2", "--head-dim", "32", "--block-m", "default,16"])
-    assert len(rows) == 2 * 2 * 2 and {r.get("block_m") for r in rows} == {None, 16}
+                     "--hq", "4", "--hkv", "2", "--head-dim", "32", "--block-m", "default,16",
+                     "--split-kv-ratio", "default,0"])
+    assert len(rows) == 2 * 2 * 2 * 2 and {r.get("block_m") for r in rows} == {None, 16}
+    assert {r.get("split_kv_ratio") for r in rows} == {None, 0.0}
+    import os
+
+    assert rsb.SPLIT_KV_RATIO_ENV not in os.environ  # the last config (default) left it unset
     for row in rows:
         assert "error" not in row, row
         assert row["rel_err"] < 1e-5, row

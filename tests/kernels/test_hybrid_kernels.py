@@ -389,11 +389,29 @@ def _check_chunked_verify_against_float64(device, L, HK, HV, DK, DV, spread):
                                    rtol=0)
 
 
-@pytest.mark.parametrize("L,spread", [(16, 0.02), (33, 0.02), (16, 1.0), (2, 0.0)])
-def test_chunked_verify_on_nearly_repeating_keys_in_interpreter(interpreter, L, spread):
+@pytest.mark.parametrize("solve", ["rows", "blocks"])
+@pytest.mark.parametrize("L,spread", [(16, 0.02), (33, 0.02), (16, 1.0), (2, 0.0), (11, 0.02)])
+def test_chunked_verify_on_nearly_repeating_keys_in_interpreter(interpreter, monkeypatch, L, spread, solve):
     """(block rows, key noise): the Qwen3.5 verify block (16), a block past 32 rows (64-row tiles), random keys,
-    two identical tokens."""
+    two identical tokens, a block that is not a whole number of solve blocks; each with the triangular solve row by
+    row and by blocks ($FOLD_HF_GDN_SOLVE)."""
+    from fold_hf.kernels.gated_delta import triton as gdn_tri
+
+    monkeypatch.setenv(gdn_tri.SOLVE_ENV, solve)
     _check_chunked_verify_against_float64("cpu", L, 2, 4, 16, 16, spread)
+
+
+def test_solve_blocks_setting(monkeypatch):
+    """Blocks of about sqrt(L) rows (a power of two) under ``blocks``; none under ``rows`` or below 4 rows."""
+    from fold_hf.kernels.gated_delta import triton as gdn_tri
+
+    monkeypatch.delenv(gdn_tri.SOLVE_ENV, raising=False)
+    assert gdn_tri._solve_block(16) == 0
+    monkeypatch.setenv(gdn_tri.SOLVE_ENV, "blocks")
+    assert [gdn_tri._solve_block(L) for L in (2, 3, 5, 16, 17, 33, 64)] == [0, 0, 4, 4, 8, 8, 8]
+    monkeypatch.setenv(gdn_tri.SOLVE_ENV, "tiles")
+    with pytest.raises(ValueError, match="FOLD_HF_GDN_SOLVE"):
+        gdn_tri._solve_block(16)
 
 
 @pytest.mark.gpu(reason="the kernels compiled for CUDA at the Qwen3.5-9B / Gemma-4 shapes")
@@ -405,6 +423,13 @@ def test_hybrid_kernels_on_gpu(dtype):
     _check_delta("cuda", torch.float32, 1, 16, 32, 128, 128, 4)
     for L in (16, 64):
         _check_chunked_verify_against_float64("cuda", L, 16, 32, 128, 128, 0.02)
+    from fold_hf.kernels.gated_delta import triton as gdn_tri
+
+    with pytest.MonkeyPatch.context() as mp:  # the triangular solve by blocks ($FOLD_HF_GDN_SOLVE=blocks)
+        mp.setenv(gdn_tri.SOLVE_ENV, "blocks")
+        for L in (16, 64):
+            _check_chunked_verify_against_float64("cuda", L, 16, 32, 128, 128, 0.02)
+        _check_delta("cuda", torch.float32, 16, 16, 32, 128, 128, 4)
     _check_delta_rows("cuda", torch.float32, 8, 16, 16, 32, 128, 128, 4)
     _check_delta_rows("cuda", torch.bfloat16, 3, 1, 16, 32, 128, 128, 4)
 

@@ -502,6 +502,34 @@ def test_split_rule_setting_is_checked(monkeypatch):
         launch.split_rule()
 
 
+def test_split_ratio_and_window_splits_settings(monkeypatch):
+    """``$FOLD_HF_SPLIT_KV_RATIO`` scales the fewest entries a split reads (0: no bound; 16: twice the default's) and
+    ``$FOLD_HF_WINDOW_SPLITS`` the window's programs; anything else is refused by name."""
+    from fold_hf.kernels.fold_read import launch
+
+    monkeypatch.delenv(launch.SPLIT_RULE_ENV, raising=False)
+    monkeypatch.delenv(launch.SPLIT_KV_RATIO_ENV, raising=False)
+    monkeypatch.delenv(launch.WINDOW_SPLITS_ENV, raising=False)
+    rows, Dh, Dv, branches = 64, 256, 256, 2  # Qwen3.5-9B drafter's FOLD read: 64 packed rows of 256, two branches
+    partial_bytes = 4 * branches * rows * (Dv + 2)
+    default = launch.min_split_entries(rows, Dh, Dv, branches, torch.bfloat16)
+    assert default == -(-8 * partial_bytes // ((Dh + Dv) * 2))
+    monkeypatch.setenv(launch.SPLIT_KV_RATIO_ENV, "16")
+    assert launch.min_split_entries(rows, Dh, Dv, branches, torch.bfloat16) == -(-16 * partial_bytes // ((Dh + Dv) * 2))
+    monkeypatch.setenv(launch.SPLIT_KV_RATIO_ENV, "0")
+    assert launch.min_split_entries(rows, Dh, Dv, branches, torch.bfloat16) == 0
+    for bad in ("-1", "many"):
+        monkeypatch.setenv(launch.SPLIT_KV_RATIO_ENV, bad)
+        with pytest.raises(ValueError, match="FOLD_HF_SPLIT_KV_RATIO"):
+            launch.min_split_entries(rows, Dh, Dv, branches, torch.bfloat16)
+    assert launch.default_window_splits() == launch.DEFAULT_WINDOW_SPLITS == 16
+    monkeypatch.setenv(launch.WINDOW_SPLITS_ENV, "48")
+    assert launch.default_window_splits() == 48
+    monkeypatch.setenv(launch.WINDOW_SPLITS_ENV, "-2")
+    with pytest.raises(ValueError, match="FOLD_HF_WINDOW_SPLITS"):
+        launch.default_window_splits()
+
+
 # few KV heads, many rows: the default split (an H100's SM count) is the partial-bounded one; a window-only read
 # runs its window's programs alone; both against the fp64 oracle, with device lengths as a captured step has them
 FEW_HEADS_CASES = [

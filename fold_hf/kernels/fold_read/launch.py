@@ -9,12 +9,25 @@ testable on any machine.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
 DEFAULT_WINDOW_SPLITS = 16  # programs per KV head for the window region of a read (fold_read_triton)
+WINDOW_SPLITS_ENV = "FOLD_HF_WINDOW_SPLITS"  # overrides the default above (benchmarks' A/B timings)
+
+
+def default_window_splits() -> int:
+    """Programs per KV head for a FOLD read's window region: ``$FOLD_HF_WINDOW_SPLITS`` or
+    :data:`DEFAULT_WINDOW_SPLITS`; a ValueError names anything but a non-negative integer."""
+    value = os.environ.get(WINDOW_SPLITS_ENV)
+    if not value:
+        return DEFAULT_WINDOW_SPLITS
+    if not value.isdigit():
+        raise ValueError(f"{WINDOW_SPLITS_ENV} must be a non-negative integer, got {value!r}")
+    return int(value)
 
 
 def next_pow2(n: int, minimum: int = 16) -> int:
@@ -31,6 +44,21 @@ def _multiprocessor_count(device: torch.device) -> int:
 
 SPLIT_KV_OVER_PARTIALS = 8  # a split reads at least this many times the bytes of fp32 partials it writes (and the
 # merge reads back): see min_split_entries
+SPLIT_KV_RATIO_ENV = "FOLD_HF_SPLIT_KV_RATIO"  # overrides SPLIT_KV_OVER_PARTIALS (benchmarks' A/B timings)
+
+
+def split_kv_ratio() -> float:
+    """``$FOLD_HF_SPLIT_KV_RATIO`` or :data:`SPLIT_KV_OVER_PARTIALS`; a ValueError names anything but a number >= 0."""
+    value = os.environ.get(SPLIT_KV_RATIO_ENV)
+    if not value:
+        return SPLIT_KV_OVER_PARTIALS
+    try:
+        ratio = float(value)
+    except ValueError:
+        ratio = -1.0
+    if not ratio >= 0:
+        raise ValueError(f"{SPLIT_KV_RATIO_ENV} must be a number >= 0, got {value!r}")
+    return ratio
 
 
 SPLIT_RULE_ENV = "FOLD_HF_SPLIT_RULE"  # "flat": the split rule before 2026-12-06 (two programs per SM whatever the
@@ -50,12 +78,13 @@ def min_split_entries(num_rows: int, Dh: int, Dv: int, branches: int, dtype: tor
     partials that the merge reads back, so a split of ``n`` entries moves ``n (Dh + Dv)`` cache elements for them.
     With few KV heads and many packed rows (Gemma-3-270M's drafter: 1 KV head, 4 x 8 rows of 256, two branches)
     two programs per SM make ~128-entry splits whose partials are as large as the keys and values they read;
-    :data:`SPLIT_KV_OVER_PARTIALS` bounds that share. 0 under ``$FOLD_HF_SPLIT_RULE=flat``."""
+    :data:`SPLIT_KV_OVER_PARTIALS` (or ``$FOLD_HF_SPLIT_KV_RATIO``) bounds that share. 0 under
+    ``$FOLD_HF_SPLIT_RULE=flat``."""
     if split_rule() == "flat":
         return 0
     elem = torch.finfo(dtype).bits // 8
     partial_bytes = 4 * branches * num_rows * (Dv + 2)
-    return -(-SPLIT_KV_OVER_PARTIALS * partial_bytes // ((Dh + Dv) * elem))
+    return math.ceil(split_kv_ratio() * partial_bytes / ((Dh + Dv) * elem))
 
 
 def default_num_splits(span: int, num_kv_heads: int, block_n: int, device: torch.device,

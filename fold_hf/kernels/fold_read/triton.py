@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import launch_options, pdl_enter
-from .launch import (DEFAULT_WINDOW_SPLITS, Tuning, inner_contiguous, launch_plan, length_arguments, next_pow2,
+from .launch import (Tuning, default_window_splits, inner_contiguous, launch_plan, length_arguments, next_pow2,
                      partials, read_shapes, split_rule)
 from .triton_merge import launch_merge
 
@@ -410,7 +410,7 @@ def _fold_read(query_near, query_far, context_keys, context_values, block_keys, 
     if window is None:
         window_splits = 0
     else:
-        window_splits = DEFAULT_WINDOW_SPLITS if tune.window_splits is None else max(0, int(tune.window_splits))
+        window_splits = default_window_splits() if tune.window_splits is None else max(0, int(tune.window_splits))
     # a read with a window and no far memory never reads the far-only region: no programs for it (they would only
     # write empty partials for the merge to read back)
     window_only = window_splits and not has_far and split_rule() != "flat"
