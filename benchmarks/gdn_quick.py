@@ -1,6 +1,13 @@
 """Quick timing of the Gated DeltaNet verify at the Qwen3.5-9B layer shape: the token-by-token kernel it replaced
 (gdn_before.py) against the chunked / one-token kernel, and the commit over 24 layers, default launch plans, one
-process (hybrid_bench.py --kernel-sweep is the full sweep, with the same timer and shape)."""
+process (hybrid_bench.py --kernel-sweep is the full sweep, with the same timer and shape).
+
+Then the verify as a round runs it ("cold"): 24 layers with their own state, conv window, inputs and pending rows,
+each launch behind a write of a 128 MiB buffer (what a round's weight GEMMs do to the L2 between two linear layers),
+less that write timed alone: whether the verify's cost inside a round (24.9 us a layer at 16 rows in the 2026-12-07
+profile, 14.8 us here warm) is its inputs coming cold from HBM.
+
+    python benchmarks/gdn_quick.py [ROWS ...]        (default 16 1; one GPU)"""
 import sys
 from pathlib import Path
 
@@ -40,3 +47,16 @@ for L in [int(x) for x in (sys.argv[1:] or ["16", "1"])]:
     t_m = graph_us(lambda: tri.gated_delta_commit_triton(n, p, L, states, convs))
     print(f"{torch.cuda.get_device_name()} L={L}: before {t_b:.2f} us (err {err_b:.1e}), now {t_c:.2f} us "
           f"(err {err:.1e}), commit of 24 layers at n={L - 1} {t_m:.2f} us", flush=True)
+    layers = [(rnd(L, C), rnd(L, HV), rnd(L, HV)) for _ in range(24)]
+    flush = torch.empty(64 * 2**20, device="cuda", dtype=torch.bfloat16)  # 128 MiB, over the L2 of an H100 / H200
+
+    def cold(verify: bool = True) -> None:
+        for i, (q_, b_, a_) in enumerate(layers):
+            flush.fill_(float(i))
+            if verify:
+                tri.gated_delta_verify_triton(q_, b_, a_, convs[i], w, al, dt, states[i], HK, DK, p, i)
+
+    t_flush = graph_us(lambda: cold(False), repeats=20, per_graph=1)
+    t_cold = graph_us(cold, repeats=20, per_graph=1)
+    print(f"{torch.cuda.get_device_name()} L={L}: cold (24 layers, L2 flushed between): "
+          f"{(t_cold - t_flush) / 24:.2f} us a layer (flushes alone {t_flush:.1f} us)", flush=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmarks" / "gpu"
 # knobs of the scripts a developer's shell may have set: a dry run starts without them
-SCRIPT_KNOBS = ("PAIR", "INIT", "MIX", "REQUESTS", "NEW", "OLD", "METHODS", "DRAFTERS", "TIERS")
+SCRIPT_KNOBS = ("PAIR", "INIT", "MIX", "REQUESTS", "NEW", "OLD", "METHODS", "DRAFTERS", "TIERS", "PART")
 
 
 def dry_run(script: str, out, **env) -> subprocess.CompletedProcess:

@@ -155,6 +155,11 @@ def test_drafter_reads_and_solve_scripts_dry_runs(tmp_path):
     sweeps = [c for c in commands if "read_splits_bench.py" in c]
     assert len(sweeps) == 3 and any("--rows 8" in c for c in sweeps)
     assert any("hybrid_bench.py" in c and "--profile" in c for c in commands)
+    waves = dry_run("drafter_reads.sh", tmp_path, PART="waves")
+    wave_lines = waves.stdout.splitlines()
+    assert waves.returncode == 0 and any("gdn_quick.py 16 1" in line for line in wave_lines)
+    sweeps += [line for line in wave_lines if "read_splits_bench.py" in line]
+    assert sum("read_splits_bench.py" in line for line in wave_lines) == 4
     solve = dry_run("issue39_solve.sh", tmp_path)
     lines = solve.stdout.splitlines()
     assert solve.returncode == 0 and "solve=rows" in lines and "solve=blocks" in lines

@@ -8,12 +8,41 @@
 #   2. benchmarks/hybrid_bench.py --profile at the Qwen3.5-9B shape, 32K, FOLD with and without a 32,768-row draft
 #      vocabulary: per-kernel device time of the AR step and the rounds.
 #   bash benchmarks/gpu/drafter_reads.sh [OUT_DIR]   -> OUT_DIR/drafter-reads.tar.gz (one file: a call brings back 8)
-# Dry run on a CPU (prints the commands): DRY=1 bash benchmarks/gpu/drafter_reads.sh /tmp/x
+# PART=waves (~3 min; the next step after the 2026-12-07 run, benchmarks/results/2026-12-07-nvidia-h100-drafter-reads
+# §1): the same reads with program counts that fill whole waves of 132 SMs (far splits x window programs, e.g. 4 x 27 +
+# 4 x 4 = 124 for the Qwen drafter, against the plan's 172), then the Gated DeltaNet verify warm and "cold" (24 layers,
+# L2 flushed between: benchmarks/gdn_quick.py) -> OUT_DIR/drafter-waves.tar.gz
+# Dry run on a CPU (prints the commands): DRY=1 [PART=waves] bash benchmarks/gpu/drafter_reads.sh /tmp/x
 set -uo pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 out=${1:-${OUT:-/tmp}}
 run=(); [ "${DRY:-0}" = 1 ] && run=(echo +)
 d=$(mktemp -d)
+if [ "${PART:-tiles}" = waves ]; then
+  for w in 2048 4096; do
+    "${run[@]}" timeout 100 python benchmarks/read_splits_bench.py --out $d/qwen35-w$w --kinds fold --hq 16 --hkv 4 \
+      --lq 16 --window $w --layers 6 --splits default,24,27,29,31 --window-splits 2,4,6,8,16 > $d/qwen35-w$w.log 2>&1
+  done
+  "${run[@]}" timeout 100 python benchmarks/read_splits_bench.py --out $d/gemma-b8 --kinds fold --rows 8 --hq 4 \
+    --hkv 1 --lq 8 --window 512 --layers 4 --splits default,8,16,24,33 --window-splits 1,2,4,8,16 > $d/gemma-b8.log 2>&1
+  "${run[@]}" timeout 100 python benchmarks/read_splits_bench.py --out $d/llama --kinds fold --hq 32 --hkv 8 --lq 16 \
+    --head-dim 128 --window 2048 --layers 5 --splits default,8,12,14 --window-splits 2,4,8,16 > $d/llama.log 2>&1
+  "${run[@]}" timeout 120 python benchmarks/gdn_quick.py 16 1 > $d/gdn_quick.log 2>&1
+  if [ "${DRY:-0}" = 1 ]; then cat $d/*.log; rm -rf $d; exit 0; fi
+  tar -czf "$out/drafter-waves.tar.gz" -C $d .
+  cat $d/gdn_quick.log
+  python3 - $d <<'PY'
+import json, sys
+from pathlib import Path
+for f in sorted(Path(sys.argv[1]).glob("*.log")):
+    rows = [json.loads(l) for l in f.read_text().splitlines() if l.startswith("{")]
+    rows = [r for r in rows if "us" in r and r.get("rel_err", 1) < 2e-2]
+    if rows:
+        default = [r for r in rows if r["splits"] == "default" and r.get("window_splits") == 16]
+        print(f.stem, "default:", default[:1], "best:", *sorted(rows, key=lambda r: r["us"])[:4], sep="\n  ")
+PY
+  exit 0
+fi
 # each configuration prints one JSON line as it is timed (the summary reads the logs: a sweep cut by its timeout
 # still counts); the plan's default (64 x 32 keys, 8 warps, 3 stages at 64 packed rows of 256) comes first
 "${run[@]}" timeout ${SWEEP_TIMEOUT:-150} python benchmarks/read_splits_bench.py --out $d/qwen35 --kinds fold \
