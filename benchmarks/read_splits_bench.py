@@ -7,7 +7,8 @@ each KV head) cuts 32K entries into ~264 chunks of ~128 entries, and every chunk
 This bench times, per read kind and ``--splits`` value (``default`` = the library's plan), ``--layers`` reads over
 distinct caches captured in one CUDA graph (so the caches do not sit in L2: 4 x 33.5 MB at the default shape), and
 reports per read: ``us`` (p50 over ``--reps`` replays / layers), ``floor_us`` (the keys and values it must read /
-the copy bandwidth measured here), and ``rel_err`` against the float64 statement of the read
+the copy bandwidth measured here), ``programs`` and ``waves`` (the split launch's programs as the library plans them,
+and over the SM count: :func:`launch_programs`), and ``rel_err`` against the float64 statement of the read
 (:func:`~fold_hf.kernels.fold_read.naive.fold_read_geometry_reference` /
 :func:`~fold_hf.kernels.fold_read.naive.decode_attention_reference`).
 
@@ -127,6 +128,32 @@ def kv_bytes(kind: str, args, elem: int) -> int:
     return max(args.rows, 1) * entries * args.hkv * 2 * args.head_dim * elem
 
 
+def launch_programs(kind: str, args, splits, tuning: dict, device, dtype) -> dict:
+    """The split launch's programs as the library plans them (``launch_plan`` and the window's programs, the same
+    arguments ``_fold_read`` / ``_decode_attention`` pass) and the device's SM count: ``programs`` (row blocks x
+    heads x splits) and ``waves`` (programs over SMs) — whether a read fills whole waves of the GPU."""
+    from fold_hf.kernels.fold_read import launch
+
+    rows = 1 if kind == "ar" else args.lq
+    heads = max(args.rows, 1) * args.hkv
+    G = args.hq // args.hkv
+    span = args.context + args.slack  # the lengths are device tensors here: the splits cover the capacity
+    decode = kind in ("verify", "ar")
+    window = None if kind in ("dflash", "verify", "ar") else args.window
+    plan = launch.launch_plan(G * rows, args.head_dim, args.head_dim, heads, span, dtype, device, splits,
+                              tuning.get("block_m"), tuning.get("block_n"), tuning.get("num_warps"),
+                              tuning.get("num_stages"), decode=decode, branches=2 if kind == "fold" else 1,
+                              pipelined=window is not None or decode)
+    per_head = plan.num_splits
+    if window is not None:
+        wsplits = tuning.get("window_splits")
+        wsplits = launch.default_window_splits() if wsplits is None else max(0, int(wsplits))
+        per_head = wsplits if kind == "window" and launch.split_rule() != "flat" else per_head + wsplits
+    programs = plan.row_blocks * heads * per_head
+    sms = launch._multiprocessor_count(device)
+    return {"programs": programs, "waves": round(programs / sms, 2)}
+
+
 def sweep(args, rows: list, device, dtype, cos, sin, bandwidth: float, cuda: bool) -> None:
     """Every kind and configuration of ``args``, timed and checked, appended to ``rows`` (printed as it goes)."""
     for kind in args.kinds.split(","):
@@ -146,6 +173,7 @@ def sweep(args, rows: list, device, dtype, cos, sin, bandwidth: float, cuda: boo
                 os.environ[SPLIT_KV_RATIO_ENV] = ratio
                 row["split_kv_ratio"] = float(ratio)
             try:
+                row.update(launch_programs(kind, args, splits, tuning, device, dtype))
                 got = call(kind, layers[0], args, cos, sin, splits, tuning).float()
                 row["rel_err"] = float((got - want).norm() / want.norm())
                 if cuda:

@@ -133,3 +133,35 @@ def test_rounds_read_with_the_window_the_pairs_bench_uses():
 
     assert prb.bench_window("gemma3-270m", Drafter) == 512  # `fold-hf bench --pair gemma3-270m`'s W
     assert prb.bench_window(None, Drafter) == 2048
+
+
+@pytest.mark.parametrize("rows", [0, 3])
+def test_read_splits_counts_the_programs_the_launch_makes(interpreter, monkeypatch, rows):
+    """``launch_programs`` (the programs and waves columns of read_splits_bench) against what the read really launches:
+    the plan and split count it passes to the kernel, captured from the read (interpreter, tiny shapes)."""
+    import argparse
+    import math
+
+    import torch
+
+    from fold_hf.kernels.fold_read import triton as fr
+
+    rsb = bench("read_splits_bench")
+    seen = []
+    real_plan, real_partials = fr.launch_plan, fr.partials
+    monkeypatch.setattr(fr, "launch_plan", lambda *a, **k: seen.append(real_plan(*a, **k)) or seen[-1])
+    monkeypatch.setattr(fr, "partials", lambda b, heads, splits, n, dv, dev: seen.append((heads, splits))
+                        or real_partials(b, heads, splits, n, dv, dev))
+    args = argparse.Namespace(context=200, slack=24, window=48, lq=5, hq=4, hkv=2, head_dim=16, rows=rows)
+    cos, sin = rsb.tables(args.context + args.slack + args.lq, args.head_dim, "cpu")
+    for kind in ("fold", "window", "dflash", "verify", "ar"):
+        other = {"block_m": 16} | ({"window_splits": 2} if kind in ("fold", "window") else {})
+        for splits, tuning in ((None, {}), (3, other)):
+            seen.clear()
+            x = rsb.make_inputs(kind, args, torch.device("cpu"), torch.float32, 0)
+            rsb.call(kind, x, args, cos, sin, splits, tuning)
+            plan, (heads, num_splits) = seen
+            got = rsb.launch_programs(kind, args, splits, tuning, torch.device("cpu"), torch.float32)
+            assert got["programs"] == plan.row_blocks * heads * num_splits, (kind, splits, tuning)
+            assert got["waves"] == round(got["programs"] / 4, 2)  # the plan's 4 "SMs" off CUDA
+            assert heads == max(rows, 1) * args.hkv and math.isfinite(got["waves"])
