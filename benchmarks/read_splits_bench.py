@@ -42,15 +42,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# launch plans in plain Python (no Triton): the setting it reads at every plan, which --split-kv-ratio sets
+from fold_hf.kernels.fold_read.launch import SPLIT_KV_RATIO_ENV  # noqa: E402
+
 KINDS = ("fold", "window", "dflash", "verify", "ar")
 
 
 def options(text: str) -> list:
     """A comma list of ints, ``default`` standing for None (the library's plan)."""
     return [None if s == "default" else int(s) for s in text.split(",")]
-
-
-SPLIT_KV_RATIO_ENV = "FOLD_HF_SPLIT_KV_RATIO"  # fold_hf.kernels.fold_read.launch reads it at every launch plan
 
 
 def ratios(text: str) -> list:
@@ -144,11 +144,7 @@ def launch_programs(kind: str, args, splits, tuning: dict, device, dtype) -> dic
                               tuning.get("block_m"), tuning.get("block_n"), tuning.get("num_warps"),
                               tuning.get("num_stages"), decode=decode, branches=2 if kind == "fold" else 1,
                               pipelined=window is not None or decode)
-    per_head = plan.num_splits
-    if window is not None:
-        wsplits = tuning.get("window_splits")
-        wsplits = launch.default_window_splits() if wsplits is None else max(0, int(wsplits))
-        per_head = wsplits if kind == "window" and launch.split_rule() != "flat" else per_head + wsplits
+    _, per_head = launch.read_splits(plan.num_splits, window, kind == "fold", tuning.get("window_splits"))
     programs = plan.row_blocks * heads * per_head
     sms = launch._multiprocessor_count(device)
     return {"programs": programs, "waves": round(programs / sms, 2)}

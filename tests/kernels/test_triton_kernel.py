@@ -530,6 +530,24 @@ def test_split_ratio_and_window_splits_settings(monkeypatch):
         launch.default_window_splits()
 
 
+def test_read_splits_add_the_windows_programs_and_drop_a_window_only_reads_far_ones(monkeypatch):
+    """(window programs, splits per KV head): no window -> the plan's; a window adds its programs (16 by default);
+    a window and no far memory launches the window's alone, but under the flat rule; 0 window programs add none."""
+    from fold_hf.kernels.fold_read import launch
+
+    for env in (launch.SPLIT_RULE_ENV, launch.WINDOW_SPLITS_ENV):
+        monkeypatch.delenv(env, raising=False)
+    assert launch.read_splits(27, None, True, None) == (0, 27)
+    assert launch.read_splits(27, 4096, True, None) == (16, 43)
+    assert launch.read_splits(27, 4096, True, 4) == (4, 31)
+    assert launch.read_splits(27, 512, False, None) == (16, 16)
+    assert launch.read_splits(27, 512, False, 0) == (0, 27)
+    monkeypatch.setenv(launch.WINDOW_SPLITS_ENV, "32")
+    assert launch.read_splits(27, 4096, True, None) == (32, 59)
+    monkeypatch.setenv(launch.SPLIT_RULE_ENV, "flat")
+    assert launch.read_splits(27, 512, False, None) == (32, 59)
+
+
 # few KV heads, many rows: the default split (an H100's SM count) is the partial-bounded one; a window-only read
 # runs its window's programs alone; both against the fp64 oracle, with device lengths as a captured step has them
 FEW_HEADS_CASES = [

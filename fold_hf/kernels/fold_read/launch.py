@@ -252,6 +252,20 @@ def launch_plan(num_rows: int, Dh: int, Dv: int, Hkv: int, span: int, dtype: tor
                        num_splits, chunk, "ieee" if dtype == torch.float32 else "tf32")
 
 
+def read_splits(plan_splits: int, window: int | None, has_far: bool, window_splits: int | None) -> tuple[int, int]:
+    """``(window programs, splits)`` per KV head of a FOLD read's split launch, from its plan's far-region split count:
+    a read with a window adds ``window_splits`` programs for the window region (default
+    :func:`default_window_splits`), and one with a window and no far memory launches those alone (the far-only
+    region's programs would only write empty partials for the merge to read back; not under
+    ``$FOLD_HF_SPLIT_RULE=flat``)."""
+    if window is None:
+        return 0, plan_splits
+    extra = default_window_splits() if window_splits is None else max(0, int(window_splits))
+    if extra and not has_far and split_rule() != "flat":
+        return extra, extra
+    return extra, plan_splits + extra
+
+
 MERGE_TILE_ELEMENTS = 8192  # fp32 partial outputs one merge program loads at once ([splits, Dv]; 64 registers a thread)
 
 

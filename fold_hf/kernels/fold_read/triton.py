@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import launch_options, pdl_enter
-from .launch import (Tuning, default_window_splits, inner_contiguous, launch_plan, length_arguments, next_pow2,
-                     partials, read_shapes, split_rule)
+from .launch import (Tuning, inner_contiguous, launch_plan, length_arguments, next_pow2, partials, read_shapes,
+                     read_splits)
 from .triton_merge import launch_merge
 
 LOG2E = 1.4426950408889634
@@ -407,14 +407,7 @@ def _fold_read(query_near, query_far, context_keys, context_values, block_keys, 
     heads = A * Hkv  # the launch's (read, KV head) programs
     plan = launch_plan(G * Lq, Dh, Dv, heads, span, dtype, device, num_splits, *tune.split_pass,
                        branches=2 if has_far else 1, pipelined=window is not None)
-    if window is None:
-        window_splits = 0
-    else:
-        window_splits = default_window_splits() if tune.window_splits is None else max(0, int(tune.window_splits))
-    # a read with a window and no far memory never reads the far-only region: no programs for it (they would only
-    # write empty partials for the merge to read back)
-    window_only = window_splits and not has_far and split_rule() != "flat"
-    num_splits = window_splits if window_only else plan.num_splits + window_splits
+    window_splits, num_splits = read_splits(plan.num_splits, window, has_far, tune.window_splits)
     half_rotary = cos.shape[-1] // 2
     part_m, part_l, part_acc = partials(2 if has_far else 1, heads, num_splits, plan.num_rows, Dv, device)
     out = torch.empty(A, Lq, Hq, Dv, device=device, dtype=dtype)
