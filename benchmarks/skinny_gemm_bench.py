@@ -1,6 +1,7 @@
 """The decode step's projections on one GPU: cuBLAS (``F.linear``, plus the ``silu_mul`` kernel after gate|up)
 against the skinny Triton GEMMs of :mod:`fold_hf.kernels.gemm.triton` over a sweep of tiles, at the Llama-3.1-8B
-shape (or ``--shapes``), 1 / 10 / 16 rows, bf16.
+shape (or ``--shapes qwen35_9b``), 1 / 10 / 16 rows, bf16; ``--split-k`` adds the split-K plans of several rows
+(``$FOLD_HF_SKINNY_SPLIT_K``, issue 39).
 
 Each timing is a CUDA graph of ``--calls`` launches cycling over 8 distinct weights (so no launch finds its
 weight in L2, as in a step where every layer has its own), replayed ``--reps`` times, p20/p50/p80 of the per-call
@@ -11,6 +12,7 @@ Writes ``skinny_gemm.csv`` and ``skinny_gemm.json`` (rows, best configuration pe
 ``--out``.
 
     python benchmarks/skinny_gemm_bench.py --out $OUT/gemm            (about 2 minutes on an H200)
+    python benchmarks/skinny_gemm_bench.py --out $OUT/q --shapes qwen35_9b --rows 16 --split-k
     python benchmarks/skinny_gemm_bench.py --out /tmp/g --dry-run      (CPU interpreter: tiny shapes, fp32)
 """
 
@@ -36,6 +38,16 @@ ONE_ROW = [(16, 512, 4, 3, False), (8, 512, 4, 3, False), (16, 256, 4, 4, False)
            (16, 128, 4, 6, False), (16, 256, 4, 3, True), (32, 256, 4, 3, True)]
 MANY_ROWS = [(16, 256, 4, 3, True), (16, 512, 4, 3, True), (32, 256, 4, 3, True), (16, 128, 4, 5, True),
              (32, 128, 4, 4, True), (64, 128, 4, 3, True)]
+# Qwen3.5-9B's decode projections (issue 39): the merged in_proj q|k|v|z|b|a of a Gated DeltaNet layer, a full
+# attention layer's q (with its gate)|k|v, o / out_proj, gate|up with the SiLU, down
+QWEN35_9B = [("in_proj_qkvzba", 12352, 4096, False), ("attn_qkv", 10240, 4096, False), ("o_proj", 4096, 4096, False),
+             ("gate_up_silu", 24576, 4096, True), ("down", 4096, 12288, False)]
+SHAPES = {"llama31_8b": LLAMA_8B, "qwen35_9b": QWEN35_9B}
+# --split-k: the split-K plans of several rows (issue 39; plain products only): the library's own
+# ($FOLD_HF_SKINNY_SPLIT_K=1, "split auto") and forced split counts (block_n, block_k, warps, stages, dot, splits)
+SPLIT_K_ROWS = ["auto", (64, 256, 4, 3, True, 2), (64, 256, 4, 3, True, 3), (64, 256, 4, 3, True, 4),
+                (64, 256, 4, 3, True, 6), (64, 256, 4, 3, True, 8), (32, 256, 4, 3, True, 4),
+                (128, 128, 8, 3, True, 4), (64, 128, 4, 4, True, 4), (64, 512, 8, 2, True, 4)]
 
 
 def log(*args) -> None:
@@ -103,6 +115,9 @@ def main() -> None:
     parser.add_argument("--rows", default="1,10,16")
     parser.add_argument("--calls", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--shapes", default="llama31_8b", choices=sorted(SHAPES))
+    parser.add_argument("--split-k", action="store_true",
+                        help="also the split-K plans of several rows (plain products)")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     out_dir = Path(args.out)
@@ -112,11 +127,12 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     from fold_hf.kernels.gemm.naive import gate_up_silu_reference
-    from fold_hf.kernels.gemm.triton import PLAN_ENV, gate_up_silu_triton, skinny_linear_triton
+    from fold_hf.kernels.gemm.triton import PLAN_ENV, SPLIT_K_ENV, gate_up_silu_triton, skinny_linear_triton
     from fold_hf.kernels.layer.triton import silu_mul_triton
 
-    shapes = [("qkv", 96, 64, False), ("gate_up_silu", 192, 64, True)] if args.dry_run else LLAMA_8B
+    shapes = [("qkv", 96, 600, False), ("gate_up_silu", 192, 64, True)] if args.dry_run else SHAPES[args.shapes]
     one_row, many_rows = (ONE_ROW[:2], MANY_ROWS[:1]) if args.dry_run else (ONE_ROW, MANY_ROWS)
+    split_rows = (SPLIT_K_ROWS[:2] if args.dry_run else SPLIT_K_ROWS) if args.split_k else []
     calls = 2 if args.dry_run else args.calls
     bandwidth = copy_bandwidth(device)
     machine = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -143,12 +159,20 @@ def main() -> None:
                 oracle = x.double() @ weights[0].double().T
                 triton_fn = skinny_linear_triton
             variants = [("cublas", None)] + [(f"triton {c}", c) for c in (one_row if rows == 1 else many_rows)]
+            if rows > 1 and not silu:
+                variants += [("triton split auto" if c == "auto" else f"triton split {c}", c) for c in split_rows]
             for label, config in variants:
+                os.environ.pop(SPLIT_K_ENV, None)
                 if config is None:
                     os.environ.pop(PLAN_ENV, None)
                     fn = cublas
+                elif config == "auto":  # the library's split-K plan for this shape
+                    os.environ.pop(PLAN_ENV, None)
+                    os.environ[SPLIT_K_ENV] = "1"
+                    fn = triton_fn
                 else:
-                    os.environ[PLAN_ENV] = ",".join(str(v) for v in config[:4]) + (",dot" if config[4] else "")
+                    os.environ[PLAN_ENV] = (",".join(str(v) for v in config[:4]) + (",dot" if config[4] else "")
+                                            + (f",sk={config[5]}" if len(config) > 5 else ""))
                     fn = triton_fn
                 try:
                     result = fn(x, weights[0])
@@ -164,6 +188,7 @@ def main() -> None:
                 log(f"{name:13s} rows={rows:2d} {label:32s} p50 {row['p50_us']:8.2f} us  floor {floor_us:7.2f}  "
                     f"({row['floor_over_p50']:.3f})  rel_err {rel:.2e}")
             os.environ.pop(PLAN_ENV, None)
+            os.environ.pop(SPLIT_K_ENV, None)
             mine = [r for r in rows_out if r["shape"] == name and r["rows"] == rows and r["method"] != "cublas"
                     and r["rel_err"] < 2e-2]
             base = [r for r in rows_out if r["shape"] == name and r["rows"] == rows and r["method"] == "cublas"]

@@ -160,6 +160,9 @@ def test_drafter_reads_and_solve_scripts_dry_runs(tmp_path):
     assert waves.returncode == 0 and any("gdn_quick.py 16 1" in line for line in wave_lines)
     sweeps += [line for line in wave_lines if "read_splits_bench.py" in line]
     assert sum("read_splits_bench.py" in line for line in wave_lines) == 4
+    rounds = [line for line in wave_lines if "hybrid_bench.py" in line]  # default and one wave's window programs
+    assert len(rounds) == 2 and {line.split("--out ")[1].rsplit("/", 1)[1] for line in rounds} == {
+        "hybrid-wsdefault", "hybrid-ws4"}
     solve = dry_run("issue39_solve.sh", tmp_path)
     lines = solve.stdout.splitlines()
     assert solve.returncode == 0 and "solve=rows" in lines and "solve=blocks" in lines
@@ -172,4 +175,20 @@ def test_drafter_reads_and_solve_scripts_dry_runs(tmp_path):
         argv = shlex.split(line)
         args = parser.parse_args(argv[argv.index("benchmarks/read_splits_bench.py") + 1:])
         assert args.kinds == "fold" and args.out
+    assert not list(tmp_path.iterdir())
+
+
+def test_issue39_split_k_script_dry_run(tmp_path):
+    """benchmarks/gpu/issue39_splitk.sh (one device call): the split-K GPU tests, both GEMM sweeps with --split-k (their
+    flags the bench's own), the two Qwen3.5 rounds with the split plan; nothing left in OUT."""
+    from gpu_scripts import dry_run
+
+    result = dry_run("issue39_splitk.sh", tmp_path)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("+ timeout")]
+    assert result.returncode == 0 and any("float64_product_on_gpu" in line for line in lines)
+    sweeps = [line for line in lines if "skinny_gemm_bench.py" in line]
+    assert len(sweeps) == 2 and all("--split-k" in line for line in sweeps)
+    assert {line.split("--shapes ")[1].split()[0] for line in sweeps} == {"qwen35_9b", "llama31_8b"}
+    rounds = {line.split("--out ")[1].rsplit("/", 1)[1] for line in lines if "hybrid_bench.py" in line}
+    assert rounds == {"hybrid-splitk-wsdefault", "hybrid-splitk-ws4"}
     assert not list(tmp_path.iterdir())

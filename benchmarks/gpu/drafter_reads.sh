@@ -11,7 +11,9 @@
 # PART=waves (~3 min; the next step after the 2026-12-07 run, benchmarks/results/2026-12-07-nvidia-h100-drafter-reads
 # §1): the same reads with program counts that fill whole waves of 132 SMs (far splits x window programs, e.g. 4 x 27 +
 # 4 x 4 = 124 for the Qwen drafter, against the plan's 172), then the Gated DeltaNet verify warm and "cold" (24 layers,
-# L2 flushed between: benchmarks/gdn_quick.py) -> OUT_DIR/drafter-waves.tar.gz
+# L2 flushed between: benchmarks/gdn_quick.py), then the Qwen3.5-9B FOLD round (hybrid_bench, 32K, with the
+# 32,768-row draft vocabulary) with the default window programs and with $FOLD_HF_WINDOW_SPLITS=4 (one wave)
+# -> OUT_DIR/drafter-waves.tar.gz
 # Dry run on a CPU (prints the commands): DRY=1 [PART=waves] bash benchmarks/gpu/drafter_reads.sh /tmp/x
 set -uo pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -28,9 +30,17 @@ if [ "${PART:-tiles}" = waves ]; then
   "${run[@]}" timeout 100 python benchmarks/read_splits_bench.py --out $d/llama --kinds fold --hq 32 --hkv 8 --lq 16 \
     --head-dim 128 --window 2048 --layers 5 --splits default,8,12,14 --window-splits 2,4,8,16 > $d/llama.log 2>&1
   "${run[@]}" timeout 120 python benchmarks/gdn_quick.py 16 1 > $d/gdn_quick.log 2>&1
+  # the round itself with the window's programs cut to one wave's worth (Qwen's drafter: 4 x 27 + 4 x 4 = 124
+  # programs) against the default (172), each round over its own process's AR step
+  for ws in "" 4; do  # "": the default
+    FOLD_HF_WINDOW_SPLITS=$ws "${run[@]}" timeout 100 python benchmarks/hybrid_bench.py --pairs qwen35_9b \
+      --contexts 32768 --rounds 24 --repeats 3 --sd-modes fold --draft-vocab-size 32768 \
+      --out $d/hybrid-ws${ws:-default} > $d/hybrid-ws${ws:-default}.log 2>&1
+  done
   if [ "${DRY:-0}" = 1 ]; then cat $d/*.log; rm -rf $d; exit 0; fi
   tar -czf "$out/drafter-waves.tar.gz" -C $d .
   cat $d/gdn_quick.log
+  grep -H -E "p50|FAILED|Error" $d/hybrid-ws*.log
   python3 - $d <<'PY'
 import json, sys
 from pathlib import Path

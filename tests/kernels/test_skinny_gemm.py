@@ -118,6 +118,67 @@ def test_gemm_inputs_and_settings_are_checked(monkeypatch):
     assert skinny_wins(10, 4096, 4096) and not skinny_wins(10, 4096, 14336) and not skinny_wins(16, 6144, 4096)
 
 
+# (rows, N, K, bias) for the split-K plan: K not a multiple of the K tile or of the split, a split count that leaves
+# the last range short, one column tile and several, 2 to 16 rows
+SPLIT_K_SHAPES = [(3, 70, 600, True), (16, 64, 1030, False), (2, 200, 2048, False), (10, 48, 129, True),
+                  (7, 130, 900, True), (5, 40, 1800, False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_k_plan_in_interpreter_matches_the_float64_product(interpreter, monkeypatch, dtype):
+    """``$FOLD_HF_SKINNY_SPLIT_K=1`` (issue 39): several rows of a plain projection run the split pass and the
+    ordered reduce; the result is the float64 product within one rounding, with the plan's split counts and with
+    counts forced through ``$FOLD_HF_SKINNY_GEMM_PLAN``'s ``sk=``."""
+    from fold_hf.kernels.gemm.triton import PLAN_ENV, SPLIT_K_ENV, gemm_plan, skinny_linear_triton
+
+    monkeypatch.setenv(SPLIT_K_ENV, "1")
+    split = 0
+    for rows, N, K, with_bias in SPLIT_K_SHAPES:
+        split += gemm_plan(rows, N, K, element_bytes=torch.finfo(dtype).bits // 8, sms=4).split_k > 1
+    assert split >= 3  # the interpreter's 4 "SMs" split most of these shapes
+    check_gemms("cpu", dtype, SPLIT_K_SHAPES, gate_up=False)
+    for forced in ("32,64,4,1,sk=3", "16,32,4,2,dot,sk=5", "64,128,4,3,sk=1"):
+        monkeypatch.setenv(PLAN_ENV, forced)
+        check_gemms("cpu", dtype, [(4, 70, 300, True), (16, 33, 257, False)], gate_up=False)
+
+
+def test_split_counts_cover_k_with_no_empty_split():
+    """:func:`split_count` against the rule written out: the fewest splits giving two programs per SM, at most one
+    per two K tiles, each split a whole number of K tiles, every split non-empty and K covered."""
+    pytest.importorskip("triton")
+    from fold_hf.kernels.gemm.triton import split_count
+
+    for N in (48, 64, 1000, 4096, 12352):
+        for K in (129, 600, 4096, 12288, 14336):
+            for block_n, block_k, sms in ((64, 256, 132), (64, 128, 4), (32, 256, 114)):
+                splits = split_count(N, K, block_n, block_k, sms)
+                tiles = (N + block_n - 1) // block_n
+                wanted = 1
+                while wanted * tiles < 2 * sms and (wanted + 1) * 2 * block_k <= K:
+                    wanted += 1
+                per = -(-K // wanted)
+                per = -(-per // block_k) * block_k
+                ranges = [(s * per, min(K, (s + 1) * per)) for s in range(splits)]
+                assert splits <= wanted and all(lo < hi for lo, hi in ranges) and ranges[-1][1] == K, (N, K)
+                assert (splits - 1) * per < K <= splits * per
+
+
+def test_split_k_setting_routes_every_block_product_to_the_split_plan(monkeypatch):
+    pytest.importorskip("triton")
+    from fold_hf.kernels.gemm.triton import SPLIT_K_ENV, gemm_plan, skinny_wins, split_k_enabled
+
+    assert not split_k_enabled() and not skinny_wins(16, 6144, 4096)
+    assert gemm_plan(16, 4096, 4096).split_k == 1
+    monkeypatch.setenv(SPLIT_K_ENV, "1")
+    assert skinny_wins(16, 6144, 4096) and skinny_wins(10, 4096, 14336)
+    plan = gemm_plan(16, 4096, 12288, sms=132)
+    assert plan.split_k == 5 and plan.block_n == 64 and plan.use_dot  # 64 column tiles x 5 = 320 programs
+    assert gemm_plan(1, 4096, 12288).split_k == 1 and gemm_plan(16, 24576, 4096, silu_mul=True).split_k == 1
+    monkeypatch.setenv(SPLIT_K_ENV, "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        split_k_enabled()
+
+
 @contextlib.contextmanager
 def fp32_pair(arch):
     target, drafter = trained_pair(arch)
@@ -172,6 +233,10 @@ def test_gemms_match_the_float64_product_on_gpu(dtype):
     from fold_hf.kernels.gemm.triton import skinny_linear_triton
 
     check_gemms("cuda", dtype, shapes)
+    with pytest.MonkeyPatch.context() as patch:  # issue 39's split-K plan at the verify block's shapes
+        patch.setenv("FOLD_HF_SKINNY_SPLIT_K", "1")
+        check_gemms("cuda", dtype, [(16, 4096, 4096, True), (16, 4096, 12288, False), (10, 12352, 4096, False),
+                                    (7, 4098, 1000, True)], gate_up=False)
     x = randn(1, 1, 4096, dtype=dtype, device="cuda")
     w = randn(6144, 4096, dtype=dtype, device="cuda", scale=1 / 64)
     # against cuBLAS: one rounding of an fp32 sum either way
@@ -193,9 +258,13 @@ def test_gemm_benchmark_dry_run_writes_its_rows(interpreter, tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "skinny_gemm_bench.py"
-    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--rows", "1,3"], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--rows", "1,3", "--split-k"],
+                   check=True, capture_output=True)
     rows = list(csv.DictReader((tmp_path / "skinny_gemm.csv").open()))
     assert {r["rows"] for r in rows} == {"1", "3"} and {r["shape"] for r in rows} == {"qkv", "gate_up_silu"}
     assert any(r["method"] == "cublas" for r in rows) and any(r["method"].startswith("triton") for r in rows)
+    # --split-k: the library's split plan and a forced count, for several rows of the plain product only
+    split = [r for r in rows if r["method"].startswith("triton split")]
+    assert {(r["shape"], r["rows"]) for r in split} == {("qkv", "3")} and len(split) == 2
+    assert all(float(r["rel_err"]) < 1e-5 for r in split)
     assert all(float(r["rel_err"]) < 1e-5 for r in rows), [r["rel_err"] for r in rows]
