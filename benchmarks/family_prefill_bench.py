@@ -33,6 +33,7 @@ floor_s, ...) and ``family_prefill.json`` (``headline``: ours / HF per family an
 ``machine``) under ``--out``, rewritten after each family.
 
     python benchmarks/family_prefill_bench.py --out $OUT/family          (about 2-3 minutes on an H200)
+    python benchmarks/family_prefill_bench.py --out $OUT/g3 --families gemma3_270m --skip-hf --profile
     python benchmarks/family_prefill_bench.py --out /tmp/f --dry-run    (CPU: tiny shapes, checks the script runs)
 """
 
@@ -167,6 +168,13 @@ def run_family(family: str, args, device: torch.device, engine: str, peak_flops:
             torch.cuda.empty_cache()
         if not args.skip_hf:
             runs.append(("hf", ttft_calls(lambda: hf_prefill(target, prompt), n)))
+        if args.profile:  # one more warm call of ours under the profiler: its kernels against its wall time
+            report["profiles"][f"{family}_{P}"] = prefill_profile(target, prompt, args.chunk, engine)
+            prof = report["profiles"][f"{family}_{P}"]
+            log(f"{family} P={P}: profiled call {rounded(prof['wall_s'])} s wall, {prof['kernel_ms']} ms of "
+                f"{prof['kernels']} kernels; top: " + "; ".join(f"{r['us'] / 1e3:.2f} ms x{r['calls']:g} "
+                                                                  f"{r['kernel'][:60]}" for r in prof["top"][:6]))
+            release_fast_state(target)
         for system, res in runs:
             row = {"family": family, "P": P, "system": system, "floor_s": floor_s,
                    "fraction_of_floor": floor_s / res["ttft_s"] if res.get("ttft_s") else None,
@@ -183,6 +191,23 @@ def run_family(family: str, args, device: torch.device, engine: str, peak_flops:
     del target
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def prefill_profile(target, prompt: torch.Tensor, chunk: int, engine: str) -> dict:
+    """One warm call of ours (``our_prefill``, fresh session) under torch.profiler: ``wall_s`` (the call, profiler
+    on), ``kernel_ms`` (the device time of every kernel summed: well under the wall when the host bounds it),
+    ``kernels`` (launches) and the ``top`` 25 kernels by device time (CPU ops in a dry run)."""
+    from last_mile_bench import profiled
+
+    walls = []
+
+    def call():
+        res = our_prefill(target, prompt, chunk, engine, fresh=True)
+        walls.append(res["wall_s"])
+        return res
+
+    out = profiled(call, lambda _res: 1)
+    return {"wall_s": walls[0], **out}
 
 
 def headline(rows: list[dict]) -> dict:
@@ -218,6 +243,9 @@ def main(argv=None) -> int:
     parser.add_argument("--module-prefill", action="store_true",
                         help=f"also time ours with ${FUSED_PREFILL_ENV}=0 (system ours_module: the prefill chunks "
                              "through the module kernels, not the fused layers)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also one profiled call of ours per family and P: its top kernels and their device "
+                             "time against the call's wall time (family_prefill.json, \"profiles\")")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, static engine: checks the script")
     args = parser.parse_args(argv)
     if args.dry_run:
@@ -246,7 +274,7 @@ def main(argv=None) -> int:
     log(json.dumps(info) + f"; peak bf16 matmul {peak_flops / 1e12:.0f} TFLOP/s")
     report = {"machine": info, "dry_run": args.dry_run, "engine": engine, "chunk": args.chunk,
               "peak_matmul_tflop_s": peak_flops / 1e12, "repeats": args.repeats_by_prompt, "facts": {},
-              "rows": [], "errors": {}, "warnings": {}, "headline": {}}
+              "rows": [], "errors": {}, "warnings": {}, "headline": {}, "profiles": {}}
 
     def save() -> None:
         report["headline"] = headline(report["rows"])

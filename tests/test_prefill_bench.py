@@ -75,3 +75,17 @@ def test_family_prefill_bench_dry_run_writes_every_family(tmp_path):
                 ours["warm_median_s"] / module["warm_median_s"], 4)
     rows = list(csv.DictReader((tmp_path / "family_prefill.csv").open()))
     assert len(rows) == 18 and {r["system"] for r in rows} == set(systems)
+
+
+def test_family_prefill_bench_profile_dry_run(tmp_path):
+    """``--profile`` (the Gemma-3-270M prefill's kernels against its wall time): one profiled call of ours per P with
+    its wall time, op count and top ops (CPU ops in the dry run), their times summing to the reported total."""
+    script = BENCHMARKS / "family_prefill_bench.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--dry-run", "--families", "gemma3_270m",
+                    "--skip-hf", "--profile"], check=True, capture_output=True)
+    report = json.loads((tmp_path / "family_prefill.json").read_text())
+    assert report["errors"] == {} and set(report["profiles"]) == {"gemma3_270m_40", "gemma3_270m_72"}
+    for prof in report["profiles"].values():
+        assert prof["wall_s"] > 0 and prof["kernels"] > 0 and 0 < len(prof["top"]) <= 25
+        assert all(r["us"] > 0 and r["calls"] > 0 for r in prof["top"])
+        assert sum(r["us"] for r in prof["top"]) <= prof["kernel_ms"] * 1e3 + 0.1  # kernel_ms: 0.1 us rounding
