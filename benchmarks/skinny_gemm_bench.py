@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="llama31_8b", choices=sorted(SHAPES))
     parser.add_argument("--split-k", action="store_true",
                         help="also the split-K plans of several rows (plain products)")
+    parser.add_argument("--quick", action="store_true",
+                        help="several rows: cuBLAS, today's plan and (with --split-k) the library's split plan only")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     out_dir = Path(args.out)
@@ -133,6 +135,8 @@ def main() -> None:
     shapes = [("qkv", 96, 600, False), ("gate_up_silu", 192, 64, True)] if args.dry_run else SHAPES[args.shapes]
     one_row, many_rows = (ONE_ROW[:2], MANY_ROWS[:1]) if args.dry_run else (ONE_ROW, MANY_ROWS)
     split_rows = (SPLIT_K_ROWS[:2] if args.dry_run else SPLIT_K_ROWS) if args.split_k else []
+    if args.quick:  # today's several-row plan is the exact plan's (16, 512, 2 warps, 3 stages)
+        many_rows, split_rows = [(16, 512, 2, 3, True)], split_rows[:1]
     calls = 2 if args.dry_run else args.calls
     bandwidth = copy_bandwidth(device)
     machine = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
