@@ -146,7 +146,7 @@ def launch_programs(kind: str, args, splits, tuning: dict, device, dtype) -> dic
                               pipelined=window is not None or decode)
     _, per_head = launch.read_splits(plan.num_splits, window, kind == "fold", tuning.get("window_splits"))
     programs = plan.row_blocks * heads * per_head
-    sms = launch._multiprocessor_count(device)
+    sms = launch.multiprocessor_count(device)
     return {"programs": programs, "waves": round(programs / sms, 2)}
 
 

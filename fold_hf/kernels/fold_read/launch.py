@@ -42,6 +42,16 @@ def _multiprocessor_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def multiprocessor_count(device: torch.device | str) -> int:
+    """SMs of ``device`` (a bare ``cuda`` meaning the current device), asked once per device; 4 off CUDA. The split
+    counts of the reads (:func:`default_num_splits`) and of the split-K GEMMs (:mod:`fold_hf.kernels.gemm.triton`)
+    size their grids from it."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _multiprocessor_count(device)
+
+
 SPLIT_KV_OVER_PARTIALS = 8  # a split reads at least this many times the bytes of fp32 partials it writes (and the
 # merge reads back): see min_split_entries
 SPLIT_KV_RATIO_ENV = "FOLD_HF_SPLIT_KV_RATIO"  # overrides SPLIT_KV_OVER_PARTIALS (benchmarks' A/B timings)
@@ -91,9 +101,7 @@ def default_num_splits(span: int, num_kv_heads: int, block_n: int, device: torch
                        min_entries: int = 0) -> int:
     """Splits along the context so that about two programs per SM exist (flash-decoding), each reading at least
     ``min_entries`` entries (:func:`min_split_entries`) and one key tile."""
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    sms = _multiprocessor_count(device)
+    sms = multiprocessor_count(device)
     wanted = max(1, -(-2 * sms // max(num_kv_heads, 1)))
     splits = min(wanted, -(-max(span, 1) // block_n))
     if min_entries > 0:  # rounded down: every split's chunk (the span over the splits) holds min_entries or more

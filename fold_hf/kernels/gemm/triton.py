@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..fold_read.launch import multiprocessor_count
 from ..gemma.triton import gelu_tanh_f32
 from ..layer.triton import _EXACT, _round_to
 from ..triton_pdl import launch_options, pdl_enter
@@ -285,8 +286,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     out = torch.empty(*x.shape[:-1], out_features, device=x.device, dtype=x.dtype)
     if M == 0:
         return out
-    plan = exact_plan(x.element_size(), silu_mul) if exact else gemm_plan(M, out_features, K, silu_mul,
-                                                                            x.element_size(), _sms(x.device))
+    plan = (exact_plan(x.element_size(), silu_mul) if exact
+            else gemm_plan(M, out_features, K, silu_mul, x.element_size(), multiprocessor_count(x.device)))
     if plan.split_k > 1:
         return _launch_split_k(rows, weight, bias, out, plan)
     grid = (triton.cdiv(out_features, plan.block_n), triton.cdiv(M, plan.block_m))
@@ -301,14 +302,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(x.device), **_EXACT,
     )
     return out
-
-
-def _sms(device: torch.device) -> int:
-    from ..fold_read.launch import _multiprocessor_count  # cached per device
-
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _multiprocessor_count(device)
 
 
 def _launch_split_k(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
