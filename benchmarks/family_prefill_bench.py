@@ -169,8 +169,7 @@ def run_family(family: str, args, device: torch.device, engine: str, peak_flops:
         if not args.skip_hf:
             runs.append(("hf", ttft_calls(lambda: hf_prefill(target, prompt), n)))
         if args.profile:  # one more warm call of ours under the profiler: its kernels against its wall time
-            report["profiles"][f"{family}_{P}"] = prefill_profile(target, prompt, args.chunk, engine)
-            prof = report["profiles"][f"{family}_{P}"]
+            prof = report["profiles"][f"{family}_{P}"] = prefill_profile(target, prompt, args.chunk, engine)
             log(f"{family} P={P}: profiled call {rounded(prof['wall_s'])} s wall, {prof['kernel_ms']} ms of "
                 f"{prof['kernels']} kernels; top: " + "; ".join(f"{r['us'] / 1e3:.2f} ms x{r['calls']:g} "
                                                                   f"{r['kernel'][:60]}" for r in prof["top"][:6]))

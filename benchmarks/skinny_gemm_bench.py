@@ -129,14 +129,17 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     from fold_hf.kernels.gemm.naive import gate_up_silu_reference
-    from fold_hf.kernels.gemm.triton import PLAN_ENV, SPLIT_K_ENV, gate_up_silu_triton, skinny_linear_triton
+    from fold_hf.kernels.gemm.triton import (PLAN_ENV, SPLIT_K_ENV, exact_plan, gate_up_silu_triton,
+                                             skinny_linear_triton)
     from fold_hf.kernels.layer.triton import silu_mul_triton
 
     shapes = [("qkv", 96, 600, False), ("gate_up_silu", 192, 64, True)] if args.dry_run else SHAPES[args.shapes]
     one_row, many_rows = (ONE_ROW[:2], MANY_ROWS[:1]) if args.dry_run else (ONE_ROW, MANY_ROWS)
     split_rows = (SPLIT_K_ROWS[:2] if args.dry_run else SPLIT_K_ROWS) if args.split_k else []
-    if args.quick:  # today's several-row plan is the exact plan's (16, 512, 2 warps, 3 stages)
-        many_rows, split_rows = [(16, 512, 2, 3, True)], split_rows[:1]
+    if args.quick:  # today's several-row plan (the exact plan's tiles), then the library's split plan
+        today = exact_plan(torch.finfo(dtype).bits // 8)
+        many_rows = [(today.block_n, today.block_k, today.num_warps, today.num_stages, True)]
+        split_rows = split_rows[:1]
     calls = 2 if args.dry_run else args.calls
     bandwidth = copy_bandwidth(device)
     machine = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -178,15 +178,21 @@ def split_k_enabled() -> bool:
     return value == "1"
 
 
+def split_ranges(in_features: int, splits: int, block_k: int) -> tuple[int, int]:
+    """``(K range a split reads, splits launched)`` for ``splits`` asked: the range ``cdiv(K, splits)`` rounded up to
+    whole K tiles, and as many splits as that takes to cover K (fewer than asked where the rounding would leave the
+    last ones empty)."""
+    per_split = -(-(-(-in_features // splits)) // block_k) * block_k
+    return per_split, -(-in_features // per_split)
+
+
 def split_count(out_features: int, in_features: int, block_n: int, block_k: int, sms: int) -> int:
     """Splits along K for ``cdiv(N, block_n)`` column tiles: enough for :data:`SPLIT_K_PROGRAMS_PER_SM` programs per
-    SM, each split at least two K tiles, and no split left empty (the count is recomputed from the K range a split
-    gets, rounded up to whole K tiles)."""
+    SM, each split at least two K tiles, and no split left empty (:func:`split_ranges`)."""
     tiles = -(-out_features // block_n)
     wanted = max(1, -(-SPLIT_K_PROGRAMS_PER_SM * sms // tiles))
     wanted = min(wanted, max(1, in_features // (2 * block_k)))
-    per_split = -(-(-(-in_features // wanted)) // block_k) * block_k
-    return -(-in_features // per_split)
+    return split_ranges(in_features, wanted, block_k)[1]
 
 
 def split_k_plan(rows: int, out_features: int, in_features: int, element_bytes: int = 2, sms: int = 132) -> GemmPlan:
@@ -312,8 +318,7 @@ def _launch_split_k(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     N = weight.shape[0]
     if M > plan.block_m:
         raise ValueError(f"the split-K plan takes at most {plan.block_m} rows, got {M}")
-    per_split = triton.cdiv(triton.cdiv(K, plan.split_k), plan.block_k) * plan.block_k
-    splits = triton.cdiv(K, per_split)
+    per_split, splits = split_ranges(K, plan.split_k, plan.block_k)  # a forced count (sk=S) may shrink
     partials = torch.empty(splits, M, N, device=rows.device, dtype=torch.float32)
     options = launch_options(rows.device)
     _split_k_partial_kernel[(triton.cdiv(N, plan.block_n), splits)](
@@ -384,4 +389,4 @@ def exact_gate_up_silu_triton(x: torch.Tensor, gate_up_weight: torch.Tensor,
 
 __all__ = ["MAX_ROWS", "PLAN_ENV", "SPLIT_K_ENV", "GemmPlan", "decode_linear_triton", "exact_gate_up_silu_triton", "gate_up_gelu_tanh_triton",
            "exact_linear_triton", "exact_plan", "gate_up_silu_triton", "gemm_plan", "skinny_linear_triton",
-           "skinny_wins", "split_count", "split_k_enabled", "split_k_plan"]
+           "skinny_wins", "split_count", "split_k_enabled", "split_k_plan", "split_ranges"]
