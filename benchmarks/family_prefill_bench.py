@@ -61,7 +61,7 @@ from last_mile_bench import (cpu_machine, env_var, hf_prefill, our_prefill, peak
                              prefill_repeats, rounded, ttft_calls)
 
 from fold_hf.generation.fast import release_fast_state  # noqa: E402
-from fold_hf.targets.base import FUSED_PREFILL_ENV, PREFILL_CHUNK  # noqa: E402
+from fold_hf.targets.base import FUSED_PREFILL_ENV  # noqa: E402
 
 FAMILIES = ("qwen35_9b", "gemma4_12b", "gemma3_270m")
 FIELDS = ["gpu", "torch", "transformers", "date", "family", "P", "system", "first_call_s", "warm_median_s",
@@ -237,7 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", default="8192,32768", help="prompt lengths")
     parser.add_argument("--repeats", default="3", help="timed calls after each length's warm-up: one count, or one "
                                                        "per --prompts length (e.g. 3,2)")
-    parser.add_argument("--chunk", type=int, default=PREFILL_CHUNK, help="our prefill's chunk (the library default)")
+    parser.add_argument("--chunk", type=int, default=None,
+                        help="our prefill's chunk (default: the library's, StaticTarget.prefill_chunk)")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--module-prefill", action="store_true",
                         help=f"also time ours with ${FUSED_PREFILL_ENV}=0 (system ours_module: the prefill chunks "

@@ -48,10 +48,29 @@ from torch import nn
 
 from .tensor_parallel import record_plan, tensor_parallel_size
 
-PREFILL_CHUNK = 8192
+PREFILL_CHUNK = 8192  # prompt tokens per prefill forward, unless the fused prefill's rule (fused_prefill_chunk) says more
+# the fused prefill (CUDA, Llama / Gemma families) of a narrow target takes longer chunks: its host time per chunk
+# (~400 launches, ~10 ms on an H100 host) was more than its kernels' (Gemma-3-270M at 32K in 4 chunks of 8,192:
+# 75.5 ms against 35.0 ms of kernels, benchmarks/results/2026-12-07-nvidia-h100-splitk-prefill-profile)
+PREFILL_CHUNK_MAX = 65536
+PREFILL_ACTIVATION_BYTES = 512 << 20  # the widest activation of a chunk (gate|up's product) stays within this
 FUSED_PREFILL_ENV = "FOLD_HF_FUSED_PREFILL"  # 0: prefill chunks through the module kernels (every family)
 PREFILL_ATTENTION_MIN_ROWS = 64  # more query rows than a verify block: the prefill attention kernels
 TARGET_ATTENTIONS = ("bucket", "triton")
+
+
+def fused_prefill_chunk(widest: int, element_bytes: int) -> int:
+    """Prompt tokens per chunk of the fused prefill: the largest power of two whose widest activation (``widest``
+    values a token of ``element_bytes`` each, e.g. the merged gate|up product) fits
+    :data:`PREFILL_ACTIVATION_BYTES`, at least :data:`PREFILL_CHUNK` and at most :data:`PREFILL_CHUNK_MAX`
+    (Llama-3.1-8B in bf16, 2 x 14,336 wide: 8,192; Gemma-3-270M, 2 x 2,048: 65,536)."""
+    if widest < 1 or element_bytes < 1:
+        raise ValueError(f"widest {widest} and element_bytes {element_bytes} must be positive")
+    fits = PREFILL_ACTIVATION_BYTES // (widest * element_bytes)
+    chunk = PREFILL_CHUNK
+    while chunk * 2 <= min(fits, PREFILL_CHUNK_MAX):
+        chunk *= 2
+    return chunk
 
 
 class UnsupportedTarget(ValueError):
@@ -320,8 +339,10 @@ class StaticTarget(abc.ABC):
         return logits
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None, row: int = 0) -> torch.Tensor:
-        """Fill cache row ``row`` with the prompt ``[1, P]`` in chunks; returns the last position's logits ``[V]``.
+    def prefill(self, input_ids: torch.Tensor, chunk: int | None = None, on_taps=None,
+                row: int = 0) -> torch.Tensor:
+        """Fill cache row ``row`` with the prompt ``[1, P]`` in chunks of ``chunk`` tokens (None:
+        :meth:`prefill_chunk`); returns the last position's logits ``[V]``.
 
         ``on_taps(features [1, c, n_taps * H], start)`` receives each chunk's tapped features (so a 128K prompt
         never holds all its taps at once).
@@ -329,6 +350,7 @@ class StaticTarget(abc.ABC):
         P = input_ids.shape[1]
         logits = None
         fused = self._fused_prefill()
+        chunk = chunk or self.prefill_chunk(fused)
         self._check_row(row)
         for start in range(0, P, chunk):
             piece = input_ids[:, start : start + chunk]
@@ -342,6 +364,17 @@ class StaticTarget(abc.ABC):
             if taps is not None:
                 on_taps(taps, start)
         return logits[-1]
+
+    def prefill_chunk(self, fused: bool | None = None) -> int:
+        """Prompt tokens per prefill forward by default: :func:`fused_prefill_chunk` of the decoder layers' widest
+        ``nn.Linear`` output (doubled: gate|up run as one product) where the prefill runs the fused layers
+        (``fused``, default :meth:`_fused_prefill`), else :data:`PREFILL_CHUNK` (the module path; on a CPU a sliding
+        layer's masked attention holds ``[chunk, context]`` scores)."""
+        if not (self._fused_prefill() if fused is None else fused):
+            return PREFILL_CHUNK
+        widest = max((m.out_features for layer in self.layers for m in layer.modules()
+                      if isinstance(m, nn.Linear)), default=self.config.hidden_size)
+        return fused_prefill_chunk(2 * widest, torch.finfo(self.dtype).bits // 8)
 
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.batch:

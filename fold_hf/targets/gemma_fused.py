@@ -25,6 +25,8 @@ layers on the modules). A mixin: it reads the runner's attributes that :mod:`fol
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -41,13 +43,23 @@ from .weight_layout import (
 )
 
 
+# activation module -> {(device, dtype): probed}: each probe ends in a device sync, and fused_unsupported runs on every
+# prefill (18 syncs a call for Gemma-3-270M; 54 when a session was built: the H100 profile of 2026-12-07)
+_GELU_TANH_PROBED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
 def _is_gelu_tanh(act, device, dtype) -> bool:
-    """Whether the MLP's activation module computes ``gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``)."""
+    """Whether the MLP's activation module computes ``gelu(x, approximate="tanh")`` (transformers' ``GELUTanh``),
+    probed once per module, device and dtype (a stateless module computes what it computed)."""
     if type(act).__name__ != "GELUTanh":
         return False
-    probe = torch.linspace(-6, 6, 97, device=device, dtype=dtype)
-    with torch.no_grad():
-        return torch.equal(act(probe), F.gelu(probe, approximate="tanh"))
+    key = (str(torch.device(device)), dtype)
+    seen = _GELU_TANH_PROBED.setdefault(act, {})
+    if key not in seen:
+        probe = torch.linspace(-6, 6, 97, device=device, dtype=dtype)
+        with torch.no_grad():
+            seen[key] = torch.equal(act(probe), F.gelu(probe, approximate="tanh"))
+    return seen[key]
 
 
 class GemmaFusedLayers(HybridFusedOps):

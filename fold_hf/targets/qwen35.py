@@ -450,10 +450,12 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, chunk: int = PREFILL_CHUNK, on_taps=None, row: int = 0) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, chunk: int | None = None, on_taps=None,
+                row: int = 0) -> torch.Tensor:
         """The prompt ``[1, P]`` through the model's own forward (transformers' cache and kernels), ``chunk``
-        tokens at a time; its keys, values, convolution and recurrent states are then copied into the static
-        buffers. ``on_taps(features [1, c, n_taps * H], start)`` per chunk. Returns the last logits ``[V]``.
+        tokens at a time (None: :data:`~fold_hf.targets.base.PREFILL_CHUNK`); its keys, values, convolution and
+        recurrent states are then copied into the static buffers. ``on_taps(features [1, c, n_taps * H], start)``
+        per chunk. Returns the last logits ``[V]``.
         ``row``: the cache row filled (its attention entries and linear states; the other rows are left alone).
 
         Every chunk gets its 1-D positions explicitly (the text model expands them to its rope streams, as for no
@@ -467,6 +469,7 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
         P = input_ids.shape[1]
         if P > self.capacity:
             raise ValueError(f"{P} tokens exceed the cache capacity {self.capacity}")
+        chunk = chunk or PREFILL_CHUNK
         params = set(inspect.signature(self.model.forward).parameters)
         cache_name = "cache" if "cache" in params else "past_key_values"
         cache = DynamicCache(config=self.model.config)

@@ -10,7 +10,7 @@ import torch
 
 from ...modeling.drafter import FoldDrafter
 from ...modeling.fold_config import FoldConfig
-from ...targets.base import PREFILL_CHUNK, UnsupportedTarget
+from ...targets.base import UnsupportedTarget
 from ...targets.registry import check_target
 from ..batch import decode_rows, needs_rows
 from ..request import GenerationRequest, drafter_for_call, takes_request, warn_past_context
@@ -53,7 +53,7 @@ def fast_unsupported(target, drafter=None, *, capacity: int | None = None) -> st
 @torch.no_grad()
 def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.Tensor | None = None,
                   attention_mask: torch.Tensor | None = None, *, engine: str | None = None,
-                  prefill_chunk: int = PREFILL_CHUNK, target_attention: str | None = None,
+                  prefill_chunk: int | None = None, target_attention: str | None = None,
                   fused_layers: bool | None = None, request: GenerationRequest | None = None, **settings):
     """Speculative decoding (greedy or sampled) of ``target`` with ``drafter`` (AR when None) on the fast machinery
     (docs/fast-loop.md).
@@ -66,7 +66,9 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
     Args:
         engine: ``"eager"``, ``"static"`` or ``"graphs"`` (docs/fast-loop.md); default ``graphs`` on CUDA,
             ``eager`` otherwise, and ``eager`` for a batch that batched rounds take.
-        prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory).
+        prefill_chunk: prompt tokens per prefill forward (bounds the prefill's activation memory); default the
+            target runner's (:meth:`~fold_hf.targets.base.StaticTarget.prefill_chunk`: 8,192, or up to 65,536 where
+            the fused prefill runs a narrow target, whose launches would otherwise outlast its kernels).
         target_attention: the verify step's attention in the static and graphs engines, ``"bucket"`` or
             ``"triton"``; default ``$FOLD_HF_TARGET_ATTENTION``, else ``"triton"`` on CUDA with Triton and
             ``"bucket"`` elsewhere.
@@ -122,7 +124,7 @@ def fast_generate(target, drafter: FoldDrafter | None = None, input_ids: torch.T
 
 
 def _fast_row(target, drafter, input_ids: torch.Tensor, request: GenerationRequest, *, engine: str,
-              prefill_chunk: int, target_attention: str, fused_layers: bool | None) -> GenerationResult:
+              prefill_chunk: int | None, target_attention: str, fused_layers: bool | None) -> GenerationResult:
     """One unpadded prompt ``input_ids`` ``[1, P]`` on the fast loop, ``request.max_new_tokens`` new tokens at
     most."""
     max_new_tokens = request.max_new_tokens
@@ -141,7 +143,7 @@ def _fast_row(target, drafter, input_ids: torch.Tensor, request: GenerationReque
 
 
 def decode_request(session: Session, drafter, input_ids, budget: int, out: Tracker, sampling: Sampling, generator,
-                   prefill_chunk: int, target_attention: str = "bucket", fused: bool = False,
+                   prefill_chunk: int | None, target_attention: str = "bucket", fused: bool = False,
                    drafter_fused: bool | None = None) -> GenerationResult:
     """One request on ``session``: the prompt ``input_ids`` ``[1, P]`` prefilled (the drafter's context committed
     chunk by chunk), then up to ``budget`` tokens decoded into ``out`` by the engine's rounds."""

@@ -144,7 +144,7 @@ class _Row:
 
 @torch.no_grad()
 def decode_batched(target, drafter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   request: GenerationRequest, budget: int, prefill_chunk: int, engine: str = "eager",
+                   request: GenerationRequest, budget: int, prefill_chunk: int | None, engine: str = "eager",
                    fused_layers: bool | None = None):
     """The rows of ``input_ids`` ``[B, L]`` (left padding marked by ``attention_mask``; validated, and
     :func:`batched_unsupported` None) in batched rounds, ``budget`` new tokens at most per row. ``engine``: how the

@@ -16,6 +16,9 @@ there is no reduce pass, and the gate|up product can end in the SiLU-and-multipl
 Opt-in (``$FOLD_HF_SKINNY_SPLIT_K=1``, issue 39): a verify block's plain projections split along K
 (:func:`split_k_plan`: 64-column tiles, two programs per SM) into fp32 partials that a second launch sums in split
 order, so narrow-N, wide-K products (o, down) and the wide ones cuBLAS takes today launch enough programs.
+Measured on an H100 (benchmarks/results/2026-12-07-nvidia-h100-splitk-prefill-profile): slower than cuBLAS at every
+verify shape of Qwen3.5-9B and Llama-3.1-8B, and than this kernel's own plan where that runs (o at 16 rows 17.2 us
+against 14.5; the best forced split, 2, 15.8), and the Qwen3.5-9B FOLD round 0.22 ms slower with it: it stays off.
 
 One row (an AR step) reduces on the CUDA cores (``[BLOCK_N, BLOCK_K]`` products summed along K); more rows (a
 verify block) use ``tl.dot`` over 16-row tiles. Accumulation is fp32 and the result is rounded once, as cuBLAS
@@ -164,8 +167,8 @@ PLAN_ENV = "FOLD_HF_SKINNY_GEMM_PLAN"  # benchmarks: "block_n,block_k,warps,stag
 # every row count as the default's, so any value keeps exact mode's invariance (it changes which bits both give)
 EXACT_PLAN_ENV, EXACT_GATE_UP_PLAN_ENV = "FOLD_HF_EXACT_GEMM_PLAN", "FOLD_HF_EXACT_GATE_UP_PLAN"
 # issue 39: a verify block's plain projections (2 to 16 rows, no gate|up) split along K, so that wide-K and narrow-N
-# products (o, down, q|k|v) launch enough programs. "0" (default until measured on the GPU): off, today's routing;
-# "1": every such product runs :func:`split_k_plan` on this kernel, cuBLAS none of them (benchmarks' A/B)
+# products (o, down, q|k|v) launch enough programs. "0" (default; slower on an H100 at every verify shape, 2026-12-07):
+# off, today's routing; "1": every such product runs :func:`split_k_plan` on this kernel, cuBLAS none of them (A/B)
 SPLIT_K_ENV = "FOLD_HF_SKINNY_SPLIT_K"
 SPLIT_K_PROGRAMS_PER_SM = 2  # the split count aims at this many programs per SM (each split >= 2 K tiles)
 
