@@ -68,7 +68,7 @@ import torch
 
 from ..compat import has_norm_epsilon, norm_epsilon
 from ..modeling.rope import compute_dtype
-from .base import PREFILL_CHUNK, StaticTarget, UnsupportedTarget
+from .base import StaticTarget, UnsupportedTarget
 from .common import HybridFusedOps, tap_writer, wrapped_text_parts
 from .moe import experts_unsupported, stacked_experts
 from .qwen35_rows import FUSED_MAX_ROWS, Qwen35Rows
@@ -453,7 +453,7 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
     def prefill(self, input_ids: torch.Tensor, chunk: int | None = None, on_taps=None,
                 row: int = 0) -> torch.Tensor:
         """The prompt ``[1, P]`` through the model's own forward (transformers' cache and kernels), ``chunk``
-        tokens at a time (None: :data:`~fold_hf.targets.base.PREFILL_CHUNK`); its keys, values, convolution and
+        tokens at a time (None: :meth:`prefill_chunk`, here 8,192); its keys, values, convolution and
         recurrent states are then copied into the static buffers. ``on_taps(features [1, c, n_taps * H], start)``
         per chunk. Returns the last logits ``[V]``.
         ``row``: the cache row filled (its attention entries and linear states; the other rows are left alone).
@@ -469,7 +469,7 @@ class Qwen35StaticTarget(Qwen35Rows, HybridFusedOps, StaticTarget):
         P = input_ids.shape[1]
         if P > self.capacity:
             raise ValueError(f"{P} tokens exceed the cache capacity {self.capacity}")
-        chunk = chunk or PREFILL_CHUNK
+        chunk = chunk or self.prefill_chunk()  # the module path's: PREFILL_CHUNK
         params = set(inspect.signature(self.model.forward).parameters)
         cache_name = "cache" if "cache" in params else "past_key_values"
         cache = DynamicCache(config=self.model.config)

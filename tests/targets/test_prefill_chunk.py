@@ -5,6 +5,7 @@ The rule, as the docstring states it: the fused prefill takes the largest power 
 activation (2 x the layers' widest linear output, gate|up being one product) fits 512 MiB, between 8,192 and
 65,536 tokens; every other prefill takes 8,192."""
 
+import functools
 import math
 
 import pytest
@@ -51,7 +52,7 @@ def test_the_rule_refuses_empty_widths(bad):
         fused_prefill_chunk(*bad)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen35"])
 def test_the_runner_default_is_8192_off_the_fused_prefill_and_the_rule_on_it(arch):
     target = tiny_target(arch, dtype=torch.float32)
     runner = build_static_target(target, capacity=96, tap_layer_ids=())
@@ -107,3 +108,25 @@ def test_the_gelu_tanh_probe_runs_once_per_module_device_and_dtype():
 
 def test_the_rule_constants_are_the_documented_ones():
     assert (base.PREFILL_CHUNK, base.PREFILL_CHUNK_MAX, base.PREFILL_ACTIVATION_BYTES) == (8192, 65536, 512 << 20)
+
+
+def test_the_qwen35_prefill_without_a_chunk_takes_the_runner_default(monkeypatch):
+    """Qwen3.5's prefill (the model's own forward) asks the same default: 40 tokens in chunks of 16 (patched) are three
+    forwards, with the logits of one 40-token forward."""
+    target = tiny_target("qwen35", dtype=torch.float32)
+    runner = build_static_target(target, capacity=96, tap_layer_ids=())
+    ids = prompt(3, 40)
+    whole = runner.prefill(ids, chunk=40)
+    monkeypatch.setattr(type(runner), "prefill_chunk", lambda self, fused=None: 16)
+    lengths = []
+    forward = runner.model.forward
+
+    @functools.wraps(forward)  # the runner reads the forward's signature (cache vs past_key_values)
+    def counting(*args, **kwargs):
+        lengths.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(runner.model, "forward", counting)
+    chunked = runner.prefill(ids)
+    assert lengths == [16, 16, 8]
+    torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-4)
