@@ -48,7 +48,7 @@ from torch import nn
 
 from .tensor_parallel import record_plan, tensor_parallel_size
 
-PREFILL_CHUNK = 8192  # prompt tokens per prefill forward, unless the fused prefill's rule (fused_prefill_chunk) says more
+PREFILL_CHUNK = 8192  # tokens per prefill forward; the fused prefill's rule (fused_prefill_chunk) may take more:
 # the fused prefill (CUDA, Llama / Gemma families) of a narrow target takes longer chunks: its host time per chunk
 # (~400 launches, ~10 ms on an H100 host) was more than its kernels' (Gemma-3-270M at 32K in 4 chunks of 8,192:
 # 75.5 ms against 35.0 ms of kernels, benchmarks/results/2026-12-07-nvidia-h100-splitk-prefill-profile)

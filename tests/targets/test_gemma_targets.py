@@ -266,6 +266,35 @@ def test_fused_prefill_on_the_gpu_is_the_module_paths(arch):
         torch.testing.assert_close(fused.keys[i][:, :, written], module.keys[i][:, :, written], rtol=1e-4, atol=1e-4)
 
 
+
+@pytest.mark.gpu(reason="the fused prefill's default chunk on CUDA")
+def test_the_fused_prefill_default_chunk_on_the_gpu_is_one_long_chunk_with_the_module_paths_result():
+    """Without a chunk the fused prefill takes ``prefill_chunk()`` (65,536 tokens for this narrow model): the
+    4,000-token prompt in one forward, its last logits and caches equal the module path's in chunks of 1,024."""
+    target = tiny_target("gemma3", seed=2, dtype=torch.float32).to("cuda")
+    ids = prompt(16, 4000).to("cuda")
+    fused = build_static_target(target, capacity=4008)
+    module = build_static_target(target, capacity=4008)
+    assert fused._fused_prefill() and fused.prefill_chunk() == 65536
+    starts = []
+    chunk_fused = type(fused)._prefill_chunk_fused
+
+    def counted(self, piece, start, *args, **kwargs):
+        starts.append(start)
+        return chunk_fused(self, piece, start, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(fused), "_prefill_chunk_fused", counted)
+        got = fused.prefill(ids)
+    assert starts == [0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FOLD_HF_FUSED_PREFILL", "0")
+        want = module.prefill(ids, chunk=1024)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for i in range(len(fused.layers)):
+        written = slice(None) if fused.windows[i] is not None else slice(0, 4000)
+        torch.testing.assert_close(fused.keys[i][:, :, written], module.keys[i][:, :, written], rtol=1e-4, atol=1e-4)
+
 def test_what_the_fast_path_refuses_or_warns(monkeypatch):
     moe = tiny_target("gemma4_moe")
     assert fast_unsupported(moe) is None  # the MoE block runs on the capturable experts step
