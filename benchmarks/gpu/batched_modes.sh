@@ -12,7 +12,7 @@
 set -uo pipefail
 source benchmarks/gpu/env.sh > /dev/null
 stop_until_gemma3_whole
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1  # env.sh set PYTHONPATH (the carried gguf wheel in /tmp/site, then the tree)
 out=${1:-${OUT:-/tmp}}
 mkdir -p "$out/modes"
 requests=${REQUESTS:?set REQUESTS to the suite requests (.jsonl.gz)}

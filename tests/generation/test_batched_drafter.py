@@ -293,6 +293,71 @@ def test_static_batched_rounds_draft_every_row_in_one_step(pair, host_drafts, fu
         assert mine.proposals == theirs.proposals and mine.acceptance_lengths == theirs.acceptance_lengths
 
 
+class _SharedPoolStep(EagerStep):
+    """An eager step that behaves as a CUDA graph of a shared memory pool may: its replay first overwrites what every
+    other step of the session returned last (a graph captured earlier may keep its temporaries where a later one's
+    outputs lie; graphs sharing a pool are safe only replayed in capture order). Outputs of a step read after another
+    step has replayed come out as -1 (integers) or NaN."""
+
+    live: list = []
+
+    def replay(self):
+        for step in _SharedPoolStep.live:
+            if step is not self:
+                for tensor in _tensors(step.last):
+                    tensor.fill_(-1 if not tensor.is_floating_point() else float("nan"))
+        self.last = super().replay()
+        if self not in _SharedPoolStep.live:
+            _SharedPoolStep.live.append(self)
+        return self.last
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+@pytest.mark.parametrize("modes", [("fold", "window"), ("window", "dflash", "fold")], ids=lambda m: "-".join(m))
+def test_the_rounds_read_a_steps_outputs_before_another_step_replays(pair, monkeypatch, modes):
+    """The graphs engine's steps share one memory pool, so a step's outputs hold only until another step replays
+    (after the rows step, the verify; a verify captured before it, e.g. in an earlier call of another reading mode,
+    reused that memory on the H100 and every later mode accepted nothing). engine='static' with steps that overwrite
+    each other's outputs as such a pool may (buckets as on the graphs engine), the modes one after the other in one
+    session: every row proposes and accepts round by round what the eager engine's propose_rows gives it, and is its
+    own greedy output."""
+    from fold_hf.generation.fast import session as session_module
+
+    _SharedPoolStep.live = []
+    monkeypatch.setattr(session_module, "EagerStep", _SharedPoolStep)
+    monkeypatch.setattr(batched, "pads_rows", lambda engine: engine == "static")
+    target, drafter = pair
+    rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5), row_prompt(1, 90)]
+    ids, mask = left_pad(rows)
+    news = [greedy_alone(target, r, NEW, EOS) for r in rows]
+    kw = dict(max_new_tokens=NEW, eos_token_id=EOS, return_stats=True)
+    eager = {}
+    for mode in modes:
+        eager[mode] = fold_hf.fast_generate(target, drafter, ids, mask, engine="eager", fold_config=mode_config(mode),
+                                            **kw)
+        release_fast_state(target)
+    for mode in modes:  # one session: each mode's rows step after the steps of the modes before it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="batched rounds on engine 'static' verify host-length")
+            out = fold_hf.fast_generate(target, drafter, ids, mask, engine="static", fused_layers=True,
+                                        fold_config=mode_config(mode), **kw)
+        assert torch.equal(out.sequences, expected_batch(ids, news, pad=EOS)), mode
+        assert any(n > 0 for row in out.rows for n in row.acceptance_lengths), mode  # not a batch that never accepts
+        for a, (mine, theirs) in enumerate(zip(out.rows, eager[mode].rows)):
+            assert mine.proposals == theirs.proposals, (mode, a)
+            assert mine.acceptance_lengths == theirs.acceptance_lengths, (mode, a)
+    steps = target.__dict__[SESSION_ATTR].steps
+    assert any(k[0] == "draft_rows" for k in steps) and any(k[0] == "rows" for k in steps)  # both steps ran
+    release_fast_state(target)
+
+
 @pytest.mark.parametrize("why", ["streaming", "sampled"])
 def test_what_the_rows_step_does_not_take_drafts_on_the_host_saying_why_once(pair, host_drafts, monkeypatch, why):
     target, drafter = pair
@@ -343,6 +408,35 @@ def test_the_graphs_engine_captures_the_rows_step_and_every_row_is_its_own(mode)
             assert torch.equal(outs[engine].sequences.cpu(), expected_batch(ids, news, pad=EOS)), engine
         for mine, theirs in zip(outs["graphs"].rows, outs["eager"].rows):
             assert mine.proposals == theirs.proposals and mine.acceptance_lengths == theirs.acceptance_lengths
+
+
+@pytest.mark.gpu(reason="CUDA graphs sharing one memory pool across calls of several reading modes")
+def test_the_graphs_engine_switching_modes_in_one_session_drafts_as_each_mode_alone():
+    """On CUDA (fp32), graphs engine, 8 rows, modes fold, window, dflash, fold one after the other in one session (as a
+    benchmark comparing methods runs them): every call's rows propose and accept round by round what that mode's
+    eager engine gives them (on an H100 every mode after the first accepted nothing at the Gemma-3 pair's suite:
+    the rows step's proposals were read after a verify captured before it had replayed over them)."""
+    from tiny import pair_on_gpu
+
+    with pair_on_gpu("llama") as (target, drafter):
+        rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5), row_prompt(1, 90)] * 2
+        ids, mask = left_pad(rows)
+        ids, mask = ids.cuda(), mask.cuda()
+        kw = dict(max_new_tokens=NEW, eos_token_id=EOS, return_stats=True)
+        modes = ("fold", "window", "dflash", "fold")
+        eager = {}
+        for mode in set(modes):
+            eager[mode] = fold_hf.fast_generate(target, drafter, ids, mask, engine="eager",
+                                                fold_config=mode_config(mode), **kw)
+            release_fast_state(target)
+        for mode in modes:
+            out = fold_hf.fast_generate(target, drafter, ids, mask, engine="graphs", fold_config=mode_config(mode),
+                                        **kw)
+            assert torch.equal(out.sequences, eager[mode].sequences), mode
+            for a, (mine, theirs) in enumerate(zip(out.rows, eager[mode].rows)):
+                assert mine.proposals == theirs.proposals, (mode, a)
+                assert mine.acceptance_lengths == theirs.acceptance_lengths, (mode, a)
+        release_fast_state(target)
 
 
 @pytest.mark.gpu(reason="bf16 Triton FOLD reads of the rows step inside a CUDA graph")

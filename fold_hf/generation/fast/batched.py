@@ -223,13 +223,13 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             if k > 0:
                 drafting.append(row)
                 counts.append(k)
-        tokens = None  # the rows step's proposals [A, slots] on the device, read after the verify is queued
+        drafts = None  # the rows step's proposals [A, slots] (_Drafts), read on the host after the verify is queued
         if drafting and draft_rows is not None:  # the step drafts every running row (cache rows 0 .. A-1); a row
             # whose budget takes no proposal keeps none (it stops after this round's verify)
-            tokens = draft_rows(active, extra)
+            drafts = draft_rows(active, extra)
             if not verify.fused:  # the host-length verify takes each row's own proposals: read them now
-                _take_drafts(active, tokens, slots, budget)
-                tokens = None
+                _take_drafts(active, drafts, slots, budget)
+                drafts = None
         else:
             if drafting:
                 proposed = propose_rows(drafter, [row.last for row in drafting], [row.pending for row in drafting],
@@ -244,9 +244,10 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         # on the fixed-shape verify to a full block always (one step per row count: a width that shrinks as rows
         # near their budget would capture, and compile for, a new shape mid-call)
         width = 1 + (slots if verify.fused else max(row.proposals.shape[0] for row in active))
-        if tokens is not None:  # the rows step's drafts as they lie on the device, after each row's last token: the
+        if drafts is not None:  # the rows step's drafts as they lie on the device, after each row's last token: the
             # verify is queued behind the drafts with no read between (a row's drafts past its budget are verified
             # and never accepted: a causal row's logits up to its k-th proposal do not see them)
+            tokens = drafts.tokens
             ids = torch.cat((upload([[row.last_id] for row in active], tokens.device), tokens[:, : width - 1]), 1)
         else:  # built on the host from each row's host proposals and last token: one copy, not a launch a row
             ids = torch.tensor([[row.last_id] + row.out.proposals[-1]
@@ -255,8 +256,8 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
         if phases is not None:
             drafted = clock(verify.device)
         logits = verify(ids, [row.index for row in active], [row.position for row in active], features, extra)
-        if tokens is not None:  # read while the verify runs
-            _take_drafts(active, tokens, slots, budget)
+        if drafts is not None:  # read while the verify runs (the host copy was queued before it)
+            _take_drafts(active, drafts, slots, budget)
         if phases is not None:
             verified = clock(verify.device)
         if _greedy_plain(active):  # 3. each row's acceptance: greedy, one argmax and one read for all rows
@@ -278,10 +279,10 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
             phases.add(drafted - started, verified - drafted, now - started, rows=len(active))
 
 
-def _take_drafts(active: list[_Row], tokens: torch.Tensor, slots: int, budget: int) -> None:
-    """Each running row's proposals from the rows step's ``tokens [A, slots]`` (one host read for every row): the
-    first ``k`` (what its budget takes) as its device proposals and in its tracker."""
-    host = tokens.tolist()
+def _take_drafts(active: list[_Row], drafts: _Drafts, slots: int, budget: int) -> None:
+    """Each running row's proposals from the rows step's ``drafts`` (``[A, slots]``, one host read for every row):
+    the first ``k`` (what its budget takes) as its device proposals and in its tracker."""
+    tokens, host = drafts.tokens, drafts.host()
     for a, row in enumerate(active):
         k = max(0, min(slots, budget - len(row.out.tokens) - 1))
         row.proposals = tokens[a, :k]
@@ -406,13 +407,38 @@ class _DraftRows:
         host += [[p.drafted, 0, p.last_id, A + i] for i, p in enumerate(extra)]
         lengths.copy_(upload(host, lengths.device))  # without waiting for the queued kernels (moves, accepts)
         static, cache_rows = self.static, tuple(range(len(host)))
-        tokens = self.session.step(("draft_rows", len(host), with_far),
-                                   lambda: static.draft_rows(features, lengths, with_far, cache_rows)).replay()[:A]
+        out = self.session.step(("draft_rows", len(host), with_far),
+                                lambda: static.draft_rows(features, lengths, with_far, cache_rows)).replay()[:A]
+        # the proposals leave the graph pool before the verify is queued: a verify step captured before this step
+        # (an earlier call in another mode, or fewer rows) may have its temporaries where the step left them
+        tokens, host_tokens = self.session.draft_outputs(A, out.shape[1])
+        tokens.copy_(out)
         for row, (drafted, new, _, _) in zip(rows, host):
             row.drafted, row.pending = drafted + new, None  # committed by the step
             for layer in row.cache.layers:  # the host length truthful (bytes_used, later reads)
                 layer.length = row.drafted
-        return tokens
+        return _Drafts(tokens, host_tokens)
+
+
+class _Drafts:
+    """A rows step's proposals ``[A, slots]``: on the device (a session buffer outside the graph pool, what the verify
+    reads) and on their way to the host (a pinned copy queued behind the step, not behind the verify queued next),
+    :meth:`host` waiting for that copy only."""
+
+    def __init__(self, tokens: torch.Tensor, host: torch.Tensor) -> None:
+        self.tokens, self.values = tokens, host
+        if tokens.device.type == "cuda":
+            host.copy_(tokens, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            host.copy_(tokens)
+            self.event = None
+
+    def host(self) -> list[list[int]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.values.tolist()
 
 
 class _Verify:

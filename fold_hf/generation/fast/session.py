@@ -101,6 +101,18 @@ class Session:
                              torch.zeros(rows, 4, dtype=torch.long, device=self.device))
         return self.ids[key]
 
+    def draft_outputs(self, rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Persistent ``(drafts [A, slots] long on the device, host [A, slots] long, pinned on CUDA)``: where the
+        batched rounds keep a rows step's proposals once it has run. A captured step's outputs live in the session's
+        graph pool, which every step shares, so they stay valid only until the next replay of another step: one
+        captured earlier may have used their memory for its own temporaries (graphs sharing a pool are safe only
+        replayed in capture order). These buffers are allocated outside the pool."""
+        key = ("draft_outputs", rows, slots)
+        if key not in self.ids:
+            self.ids[key] = (torch.zeros(rows, slots, dtype=torch.long, device=self.device),
+                             torch.zeros(rows, slots, dtype=torch.long, pin_memory=self.device.type == "cuda"))
+        return self.ids[key]
+
     def rows_drafter(self, drafter: FoldDrafter, fused: bool = False) -> RowsDrafter | None:
         """The batched rounds' rows drafting step of ``drafter`` in its current mode, over one preallocated
         ``[batch, Hkv, capacity, Dh]`` cache (kept with its steps while the drafter, its mode and ``fused`` stay;
@@ -157,7 +169,9 @@ class Session:
 
     def step(self, key: tuple, fn, preserve=()):
         """The step of ``key`` (built from ``fn`` the first time); ``preserve``: buffers ``fn`` reads and
-        overwrites, restored after the graph engine's warm-up runs."""
+        overwrites, restored after the graph engine's warm-up runs. What its replay returns is valid until the next
+        replay of any step of the session (the graphs share one memory pool: see :meth:`draft_outputs`); copy it out
+        in stream order before that, or read it first."""
         step = self.steps.get(key)
         if step is None:
             # a recurrent target's verify commits the accepted state into the buffer it reads: its warm-up runs
