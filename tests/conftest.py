@@ -178,6 +178,20 @@ def char_tokenizer():
 
 
 @pytest.fixture(autouse=True)
+def steps_share_a_pool(monkeypatch):
+    """Every session step the ``static`` engine builds overwrites, when it replays, what the other steps returned
+    last, as the graphs engine's shared memory pool may (:mod:`shared_pool`)."""
+    from shared_pool import SharedPoolStep
+
+    from fold_hf.generation.fast import session as session_module
+
+    monkeypatch.setattr(session_module, "EagerStep", SharedPoolStep)
+    SharedPoolStep.live = []
+    yield
+    SharedPoolStep.live = []
+
+
+@pytest.fixture(autouse=True)
 def restore_pairs():
     """No shared cached model is left in another mode: after each test every drafter shared between tests (the
     trained tiny pairs, the real pair) gets back the fold config it was built with."""

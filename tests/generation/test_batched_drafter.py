@@ -293,45 +293,20 @@ def test_static_batched_rounds_draft_every_row_in_one_step(pair, host_drafts, fu
         assert mine.proposals == theirs.proposals and mine.acceptance_lengths == theirs.acceptance_lengths
 
 
-class _SharedPoolStep(EagerStep):
-    """An eager step that behaves as a CUDA graph of a shared memory pool may: its replay first overwrites what every
-    other step of the session returned last (a graph captured earlier may keep its temporaries where a later one's
-    outputs lie; graphs sharing a pool are safe only replayed in capture order). Outputs of a step read after another
-    step has replayed come out as -1 (integers) or NaN."""
-
-    live: list = []
-
-    def replay(self):
-        for step in _SharedPoolStep.live:
-            if step is not self:
-                for tensor in _tensors(step.last):
-                    tensor.fill_(-1 if not tensor.is_floating_point() else float("nan"))
-        self.last = super().replay()
-        if self not in _SharedPoolStep.live:
-            _SharedPoolStep.live.append(self)
-        return self.last
-
-
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
 @pytest.mark.parametrize("modes", [("fold", "window"), ("window", "dflash", "fold")], ids=lambda m: "-".join(m))
 def test_the_rounds_read_a_steps_outputs_before_another_step_replays(pair, monkeypatch, modes):
     """The graphs engine's steps share one memory pool, so a step's outputs hold only until another step replays
     (after the rows step, the verify; a verify captured before it, e.g. in an earlier call of another reading mode,
     reused that memory on the H100 and every later mode accepted nothing). engine='static' with steps that overwrite
-    each other's outputs as such a pool may (buckets as on the graphs engine), the modes one after the other in one
+    each other's outputs as such a pool may (tests/shared_pool.py, installed for every test by tests/conftest.py;
+    buckets as on the graphs engine), the modes one after the other in one
     session: every row proposes and accepts round by round what the eager engine's propose_rows gives it, and is its
     own greedy output."""
+    from shared_pool import SharedPoolStep
+
     from fold_hf.generation.fast import session as session_module
 
-    _SharedPoolStep.live = []
-    monkeypatch.setattr(session_module, "EagerStep", _SharedPoolStep)
+    assert session_module.EagerStep is SharedPoolStep  # tests/conftest.py's steps_share_a_pool
     monkeypatch.setattr(batched, "pads_rows", lambda engine: engine == "static")
     target, drafter = pair
     rows = [row_prompt(2, 23), row_prompt(5, 50), row_prompt(0, 5), row_prompt(1, 90)]

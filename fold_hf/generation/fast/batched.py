@@ -77,6 +77,7 @@ from ..sampling import TokenChoice
 from ..static_drafter import commit_context, preallocated_cache
 from ..static_drafter_rows import row_cache, view_row
 from ..tracker import Tracker, clock
+from .device_rounds import HostCopy
 from .session import session_for
 from .settings import resolve_fused_drafter, resolve_fused_layers, warn_once
 
@@ -282,7 +283,7 @@ def _rounds(verify, drafter, rows: list[_Row], budget: int, slots: int, taps_out
 def _take_drafts(active: list[_Row], drafts: _Drafts, slots: int, budget: int) -> None:
     """Each running row's proposals from the rows step's ``drafts`` (``[A, slots]``, one host read for every row):
     the first ``k`` (what its budget takes) as its device proposals and in its tracker."""
-    tokens, host = drafts.tokens, drafts.host()
+    tokens, host = drafts.tokens, drafts.read()
     for a, row in enumerate(active):
         k = max(0, min(slots, budget - len(row.out.tokens) - 1))
         row.proposals = tokens[a, :k]
@@ -420,25 +421,16 @@ class _DraftRows:
         return _Drafts(tokens, host_tokens)
 
 
-class _Drafts:
-    """A rows step's proposals ``[A, slots]``: on the device (a session buffer outside the graph pool, what the verify
-    reads) and on their way to the host (a pinned copy queued behind the step, not behind the verify queued next),
-    :meth:`host` waiting for that copy only."""
+class _Drafts(HostCopy):
+    """A rows step's proposals ``[A, slots]``: on the device (``tokens``, a session buffer outside the graph pool, what
+    the verify reads) and on their way to the host (a :class:`HostCopy` queued behind the step, not behind the verify
+    queued next)."""
+
+    __slots__ = ("tokens",)
 
     def __init__(self, tokens: torch.Tensor, host: torch.Tensor) -> None:
-        self.tokens, self.values = tokens, host
-        if tokens.device.type == "cuda":
-            host.copy_(tokens, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            host.copy_(tokens)
-            self.event = None
-
-    def host(self) -> list[list[int]]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.values.tolist()
+        super().__init__(tokens, host)
+        self.tokens = tokens
 
 
 class _Verify:

@@ -22,26 +22,38 @@ from .settings import pipelined_rounds_enabled
 _T_LEN, _D_LEN, _D_NEW, _LAST, _LIMIT, _GEN = range(6)
 
 
-class Launched:
-    """A round queued on the device: its result copied (asynchronously) to a host buffer, the event that says the
-    copy is done, and the host facts it was launched with (``k``: proposals that may be accepted)."""
+class HostCopy:
+    """A device result on its way to the host: copied (asynchronously) into a host buffer, pinned on CUDA, queued
+    behind the work that produced it and nothing after it, and the event that says the copy is done."""
 
-    __slots__ = ("values", "event", "k")
+    __slots__ = ("values", "event")
 
-    def __init__(self, result: torch.Tensor, k: int, host: torch.Tensor) -> None:
-        self.k, self.values = k, host
+    def __init__(self, result: torch.Tensor, host: torch.Tensor) -> None:
+        self.values = host
         if result.device.type == "cuda":
-            host.copy_(result, non_blocking=True)  # pinned: the copy is queued after the round
+            host.copy_(result, non_blocking=True)  # pinned: the copy is queued after the result's producer
             self.event = torch.cuda.Event()
             self.event.record()
         else:
             host.copy_(result)
             self.event = None
 
-    def read(self) -> list[int]:
+    def read(self) -> list:
+        """The result as (nested) lists, waiting for its copy only."""
         if self.event is not None:
             self.event.synchronize()
         return self.values.tolist()
+
+
+class Launched(HostCopy):
+    """A round queued on the device: its result's :class:`HostCopy` and the host facts it was launched with (``k``:
+    proposals that may be accepted)."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, result: torch.Tensor, k: int, host: torch.Tensor) -> None:
+        super().__init__(result, host)
+        self.k = k
 
 
 class RoundStep:
