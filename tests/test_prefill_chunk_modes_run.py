@@ -7,16 +7,15 @@ import json
 import re
 from pathlib import Path
 
+from run_tables import marked_table
+
 RUN = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
        / "2026-12-07-nvidia-h100-prefill-chunk-batched-modes")
 NAMES = {"fold-a2": "FOLD", "window": "window", "dflash": "dflash"}
 
 
 def table(name: str) -> list[list[str]]:
-    text = (RUN / "README.md").read_text()
-    block = re.search(rf"<!-- {name}: .*? -->\n(.*?)<!-- /{name} -->", text, re.S).group(1)
-    lines = [line for line in block.strip().splitlines()[2:]]  # past the header and its rule
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    return marked_table(RUN / "README.md", name)
 
 
 def test_the_prefill_table_is_the_three_processes():

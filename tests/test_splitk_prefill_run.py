@@ -3,18 +3,16 @@ run's CSV and JSON records (each table sits between ``<!-- name: ... -->`` marke
 
 import csv
 import json
-import re
 from pathlib import Path
+
+from run_tables import marked_table
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "2026-12-07-nvidia-h100-splitk-prefill-profile"
 FAMILY = {"gemm-qwen35": "Qwen3.5-9B", "gemm-llama": "Llama-3.1-8B"}
 
 
 def table(name: str) -> list[list[str]]:
-    text = (RUN / "README.md").read_text()
-    block = re.search(rf"<!-- {name}: .*? -->\n(.*?)<!-- /{name} -->", text, re.S).group(1)
-    lines = [line for line in block.strip().splitlines()[2:]]  # past the header and its rule
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    return marked_table(RUN / "README.md", name)
 
 
 def test_the_split_k_table_is_the_sweeps():

@@ -4,8 +4,9 @@ records: mean τ per method (W = 512 from the 2026-12-07 mixed-2K run's ``fold-a
 
 import json
 import random
-import re
 from pathlib import Path
+
+from run_tables import marked_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 RUN = RESULTS / "2026-12-07-cpu-smollm2-window-sweep-2k"
@@ -37,9 +38,7 @@ def mean_ci(values, resamples=2000, seed=0):
 
 
 def table(name: str) -> list[list[str]]:
-    text = (RUN / "README.md").read_text()
-    block = re.search(rf"<!-- {name}: .*? -->\n(.*?)<!-- /{name} -->", text, re.S).group(1)
-    return [[c.strip() for c in line.strip("|").split("|")] for line in block.strip().splitlines()[2:]]
+    return marked_table(RUN / "README.md", name)
 
 
 def fmt(ci, signed=False):

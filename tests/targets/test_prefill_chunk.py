@@ -63,14 +63,21 @@ def test_the_runner_default_is_8192_off_the_fused_prefill_and_the_rule_on_it(arc
     assert runner.prefill_chunk(fused=True) == rule(2 * widest, 4) == 65536
 
 
-def test_prefill_without_a_chunk_takes_the_runner_default(monkeypatch):
-    """A 40-token prompt in the default chunk (patched to 16: three forwards) gives the logits of one 40-token
-    forward; an explicit chunk still wins."""
-    target = tiny_target("llama", dtype=torch.float32)
+def _default_chunk_of_16(monkeypatch, arch: str):
+    """``(runner, ids, whole)``: a runner over a tiny ``arch`` target (fp32), a 40-token prompt, its last logits from
+    one 40-token prefill, and then the runner's default chunk patched to 16 tokens."""
+    target = tiny_target(arch, dtype=torch.float32)
     runner = build_static_target(target, capacity=96, tap_layer_ids=())
     ids = prompt(3, 40)
     whole = runner.prefill(ids, chunk=40)
     monkeypatch.setattr(type(runner), "prefill_chunk", lambda self, fused=None: 16)
+    return runner, ids, whole
+
+
+def test_prefill_without_a_chunk_takes_the_runner_default(monkeypatch):
+    """A 40-token prompt in the default chunk (patched to 16: three forwards) gives the logits of one 40-token
+    forward; an explicit chunk still wins."""
+    runner, ids, whole = _default_chunk_of_16(monkeypatch, "llama")
     starts = []
     forward = type(runner).forward
 
@@ -113,11 +120,7 @@ def test_the_rule_constants_are_the_documented_ones():
 def test_the_qwen35_prefill_without_a_chunk_takes_the_runner_default(monkeypatch):
     """Qwen3.5's prefill (the model's own forward) asks the same default: 40 tokens in chunks of 16 (patched) are three
     forwards, with the logits of one 40-token forward."""
-    target = tiny_target("qwen35", dtype=torch.float32)
-    runner = build_static_target(target, capacity=96, tap_layer_ids=())
-    ids = prompt(3, 40)
-    whole = runner.prefill(ids, chunk=40)
-    monkeypatch.setattr(type(runner), "prefill_chunk", lambda self, fused=None: 16)
+    runner, ids, whole = _default_chunk_of_16(monkeypatch, "qwen35")
     lengths = []
     forward = runner.model.forward
 
