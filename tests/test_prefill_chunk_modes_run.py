@@ -79,3 +79,60 @@ def test_before_the_fix_the_second_method_accepted_nothing_and_after_it_every_me
                 assert row["tau_mean"] > 1.3 and min(row["tau_rows"]) > 1.1, (folder, row["system"], row["batch"])
     assert "28 passed" in (RUN / "after-fix" / "gpu_tests.log").read_text()
     assert "61 passed" in (RUN / "prefill" / "gpu_tests.log").read_text()
+
+
+def test_the_ceiling_table_is_the_after_fix_runs_recomputed_from_their_rows():
+    """Section 4: a batch ends with its slowest row (rounds ≈ new / min τ of its rows), every method shares AR's
+    prefill; recomputed here from the rows, independently of benchmarks/batched_ceiling.py."""
+    want = []
+    for folder in ("new64", "new256b"):
+        report = json.load(open(RUN / "after-fix" / folder / "batched.json"))
+        ar, = [r for r in report["rows"] if r["system"] == "ar" and r["batch"] == 8]
+        prefill = ar["seconds"] - ar["decode_seconds"]
+        step = ar["decode_seconds"] / 3 / ar["new_tokens"]  # 24 requests, 3 batches of 8
+        for method in ("fold-a2", "window", "dflash"):
+            row, = [r for r in report["rows"] if r["system"] == method and r["batch"] == 8]
+            slowest = [min(row["tau_rows"][8 * g:8 * g + 8]) for g in range(3)]
+            rounds = sum(ar["new_tokens"] / t for t in slowest)
+            need = (ar["seconds"] / 1.3 - prefill) / (rounds * step)
+            want.append([f"{ar['new_tokens']}, {NAMES[method]}", " / ".join(f"{t:.2f}" for t in slowest),
+                         f"{ar['seconds'] / row['seconds']:.3f}×", f"{row['decode_seconds'] / (rounds * step):.2f}",
+                         f"{ar['seconds'] / prefill:.3f}×", f"{ar['seconds'] / (prefill + rounds * step):.3f}×",
+                         f"{need:.2f}" if need > 0 else "out of reach"])
+    assert table("ceiling-table") == want
+    # the claims: at 64 new tokens 1.3x is out of reach of any decoder (the shared prefill alone); at 256 it needs
+    # FOLD's rounds at most ~1.1 batched AR steps (the verify alone costs about one)
+    assert all(r[6] == "out of reach" and float(r[4][:-1]) < 1.3 for r in want if r[0].startswith("64,"))
+    fold256, = [r for r in want if r[0] == "256, FOLD"]
+    assert 1.0 < float(fold256[6]) < 1.15 < float(fold256[3])
+
+
+def test_even_a_prefill_at_its_compute_floor_leaves_64_tokens_short_of_the_goal():
+    """Section 4's sentence: every prefill at the compute floor of section 1 (random weights, same shape), rounds of
+    one AR step, the slowest rows' τ of new64: FOLD's whole call over AR's is 1.145x < 1.3."""
+    floor, = [float(r["floor_s"]) for r in csv.DictReader(open(RUN / "prefill" / "default" / "family_prefill.csv"))
+              if r["P"] == "32768" and r["system"] == "ours"]
+    report = json.load(open(RUN / "after-fix" / "new64" / "batched.json"))
+    ar, = [r for r in report["rows"] if r["system"] == "ar" and r["batch"] == 8]
+    fold, = [r for r in report["rows"] if r["system"] == "fold-a2" and r["batch"] == 8]
+    step = ar["decode_seconds"] / (3 * 64)
+    rounds = sum(64 / min(fold["tau_rows"][8 * g:8 * g + 8]) for g in range(3))
+    prefills = 24 * floor
+    ceiling = (prefills + ar["decode_seconds"]) / (prefills + rounds * step)
+    assert f"would reach {ceiling:.3f}×" in (RUN / "README.md").read_text()
+    assert ceiling < 1.3
+
+
+def test_the_ceiling_script_prints_the_tables_numbers(capsys):
+    """benchmarks/batched_ceiling.py on new256b: the same ceilings as the table (recomputed above from the rows)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("batched_ceiling", RUN.parents[2] / "benchmarks" / "batched_ceiling.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(RUN / "after-fix" / "new256b" / "batched.json")]) == 0
+    printed = capsys.readouterr().out
+    for row in table("ceiling-table"):
+        if row[0].startswith("256,"):
+            assert f"free decoding {row[4][:-1]}x, one-step rounds {row[5][:-1]}x" in printed
+            assert f"needs rounds of {row[6]} AR steps" in printed
+    assert script.main([str(RUN / "prefill" / "default" / "family_prefill.json")]) == 1  # no suite rows: said
