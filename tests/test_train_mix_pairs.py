@@ -59,6 +59,17 @@ def test_train_mix_default_pair_is_gemma_and_a_fresh_shape_is_the_pairs(tmp_path
     assert (train["layers"], train["intermediate"], train["block_size"]) == (5, 448, 8)
 
 
+def test_train_mix_window_lengths_reach_both_steps(tmp_path, monkeypatch):
+    """PROMPT_TOKENS / NEW_TOKENS go to the data generation and the training alike (the held-out windows and the
+    training length follow them): 960 + 64 keeps Gemma's 1,024 tokens with a 4x shorter generation."""
+    seen = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1", PROMPT_TOKENS="960", NEW_TOKENS="64").stdout,
+                           monkeypatch)
+    assert [a["generate_only"] for a in seen] == [True, False]
+    assert all((a["prompt_tokens"], a["new_tokens"]) == (960, 64) for a in seen)
+    default = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1").stdout, monkeypatch)
+    assert all((a["prompt_tokens"], a["new_tokens"]) == (768, 256) for a in default)
+
+
 def test_unknown_pair_is_refused_and_train_gemma3_stays_gemma(tmp_path, monkeypatch):
     bad = dry_run("train_mix.sh", tmp_path, PAIR="llama-7b")
     assert bad.returncode == 2 and "PAIR=llama-7b: unknown" in bad.stderr and "+ " not in bad.stdout

@@ -26,6 +26,9 @@
 # RUN (default A) names the run (/root/g3mix/$RUN for Gemma, /root/s2mix/$RUN for SmolLM2), so shape-sweep runs
 # live side by side; data is shared per pair (/root/g3mixdata, /root/s2mixdata).
 # TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls.
+# PROMPT_TOKENS / NEW_TOKENS (optional, both steps): the window's real tokens (BOS included) and the target's greedy
+# continuation (the pair's: Gemma 768 + 256, SmolLM2 512 + 256); e.g. 960 + 64 keeps 1,024 tokens and generates the
+# data 4x faster (the benchmarks decode 64 tokens).
 # Dry run on a CPU (checks the commands, runs nothing): DRY=1 [PAIR=...] bash benchmarks/gpu/train_mix.sh /tmp/x
 source benchmarks/gpu/train_lib.sh
 mix=${MIX:-/root/cache/mix.jsonl.gz}
@@ -38,7 +41,8 @@ runs=/root/${tag}mix
 started=$(date +%s)
 minutes=${MINUTES:-8.8}
 mkdir -p $runs
-mixargs=(--sources mix --mix-file "$mix" ${MIX_WEIGHTS:+--mix-weights $MIX_WEIGHTS})
+mixargs=(--sources mix --mix-file "$mix" ${MIX_WEIGHTS:+--mix-weights $MIX_WEIGHTS}
+  ${PROMPT_TOKENS:+--prompt-tokens $PROMPT_TOKENS} ${NEW_TOKENS:+--new-tokens $NEW_TOKENS})
 if [ "$init" = none ]; then
   # the pair's shape unless given (Gemma 4 x 512, SmolLM2 6 x 448, block 8: fold_hf/pairs.py, the parser's defaults)
   shape=(${LAYERS:+--layers $LAYERS} ${INTERMEDIATE:+--intermediate $INTERMEDIATE} ${BLOCK:+--block-size $BLOCK})
