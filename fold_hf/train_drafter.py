@@ -301,14 +301,22 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list, setting
               "train_minutes": train_seconds / 60,
               "final_loss": sum(history[-5:]) / max(1, len(history[-5:])), "loss_every": settings.log_every,
               "data": {"sequences": len(data), "files": [str(f) for f in data_files or []]}}
-    if held_out and finished:  # a stopped run is measured when it finishes (the read costs minutes on a GPU)
+    drafter.set_fold_config(FoldConfig(mode="dflash"))
+
+    def write_drafter():  # weights, training.json and the model card, as the report stands
+        (out / "drafter").mkdir(parents=True, exist_ok=True)
+        (out / "drafter" / "training.json").write_text(json.dumps({"settings": asdict(settings), "report": report},
+                                                                  indent=2))
+        write_model_card(out / "drafter", drafter, settings, report, card or {})
+
+    # the weights are written before the held-out read (minutes on a GPU): a call killed during the read still leaves
+    # the trained drafter (its card then says held-out τ was not measured)
+    drafter.save_pretrained(out / "drafter")
+    write_drafter()
+    if held_out and finished:  # a stopped run is measured when it finishes
         report["held_out"] = evaluate_tau(target, tokenizer, drafter, held_out, settings, seed=settings.seed + 1)
         log(f"held-out tau: {report['held_out']}")
-    drafter.set_fold_config(FoldConfig(mode="dflash"))
-    drafter.save_pretrained(out / "drafter")
-    (out / "drafter" / "training.json").write_text(json.dumps({"settings": asdict(settings), "report": report},
-                                                              indent=2))
-    write_model_card(out / "drafter", drafter, settings, report, card or {})
+        write_drafter()
     return report
 
 
@@ -343,7 +351,8 @@ def write_model_card(directory: Path, drafter: FoldDrafter, settings: TrainSetti
         f"| held-out τ (dflash, greedy) | "
         + (f"{held['tau_mean']:.2f} on {held['requests']} windows of {held['prompt_tokens']} tokens, "
            f"{held['new_tokens']} new tokens ({held['identical_to_ar']} outputs identical to AR) |" if held
-           else "not measured (run stopped before its last step) |"),
+           else "not measured (" + ("run stopped before its last step" if not report.get("finished")
+                                   else "the held-out read did not complete") + ") |"),
         "",
         "## Licence",
         "",

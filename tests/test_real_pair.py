@@ -220,6 +220,40 @@ def test_train_drafter_runs_resumes_and_writes_the_zlab_layout(tmp_path):
                        target.generate(ids, max_new_tokens=10, do_sample=False))
 
 
+def test_a_run_killed_during_its_held_out_read_keeps_the_trained_drafter(tmp_path, monkeypatch):
+    """The held-out read comes after the weights are written (a device call that hit its limit during the read lost
+    a whole training on 2026-12-07): killed there, the folder holds the finished drafter, its training.json and a card
+    saying held-out τ was not measured; a run that completes the read rewrites both with it."""
+    import json
+
+    from fold_hf import train_drafter as module
+    from fold_hf.train_drafter import TrainSettings, train_drafter
+
+    target, tokenizer, sources = tiny_training_case()
+    settings = TrainSettings(layers=1, block_size=4, intermediate_size=32, prompt_tokens=24, new_tokens=16,
+                             sequences=6, gen_batch=3, steps=3, batch=2, anchors=4, warmup=1, save_every=2)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # what a SIGINT / the call's limit does to the read
+
+    monkeypatch.setattr(module, "evaluate_tau", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(target, tokenizer, tmp_path, sources, settings, held_out=sources[:2], log=lambda *a: None)
+    drafter = fold_hf.FoldDrafter.from_pretrained(tmp_path / "drafter")
+    assert drafter.block_size == 4
+    report = json.loads((tmp_path / "drafter" / "training.json").read_text())["report"]
+    assert report["finished"] and report["step"] == 3 and "held_out" not in report
+    assert "not measured (the held-out read did not complete)" in (tmp_path / "drafter" / "README.md").read_text()
+
+    measured = {"requests": 2, "prompt_tokens": 24, "new_tokens": 8, "tau_mean": 1.5, "identical_to_ar": 2}
+    monkeypatch.setattr(module, "evaluate_tau", lambda *args, **kwargs: dict(measured))
+    again = train_drafter(target, tokenizer, tmp_path / "b", sources, settings, held_out=sources[:2],
+                          log=lambda *a: None)
+    assert again["held_out"] == measured
+    assert json.loads((tmp_path / "b" / "drafter" / "training.json").read_text())["report"]["held_out"] == measured
+    assert "1.50 on 2 windows of 24 tokens" in (tmp_path / "b" / "drafter" / "README.md").read_text()
+
+
 def test_train_drafter_fits_its_schedule_into_a_time_budget(tmp_path):
     """--time-budget: the step count is cut after the probe (never raised), kept across a resume, and the run ends
     finished with a complete schedule; a non-positive budget is refused."""

@@ -66,6 +66,8 @@ def test_train_mix_window_lengths_reach_both_steps(tmp_path, monkeypatch):
                            monkeypatch)
     assert [a["generate_only"] for a in seen] == [True, False]
     assert all((a["prompt_tokens"], a["new_tokens"]) == (960, 64) for a in seen)
+    # the training (not the data) is interrupted before the call's limit, so what it trained is copied out
+    assert seen[0]["timeout"] is None and 30 <= seen[1]["timeout"] <= 560
     default = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1").stdout, monkeypatch)
     assert all((a["prompt_tokens"], a["new_tokens"]) == (768, 256) for a in default)
 
@@ -222,3 +224,23 @@ def test_bench_mix_with_a_draft_vocabulary_runs_each_drafter_with_and_without_it
         assert a["max_minutes"] == (6.0 if gpus == "2" else 3.0)
     bad = dry_run("bench_mix.sh", tmp_path, DRAFTERS="old", DRAFT_VOCAB=str(tmp_path / "none.json"))
     assert bad.returncode == 2 and "DRAFT_VOCAB: no file" in bad.stderr
+
+
+def test_the_scripts_log_writes_each_line_as_it_comes(tmp_path):
+    """train_lib.sh's ``log FILE`` (the GPU branch): progress bars cut at carriage returns, every 50th rate line kept,
+    every line in the file while the command still runs (the block-buffered tr | awk of before lost a killed call's
+    training log past 4 KiB)."""
+    text = (GPU / "train_lib.sh").read_text()
+    body = re.search(r"\n(  log\(\) \{\n  +python3 .*?\n  \}\n)", text, re.S).group(1)
+    script = tmp_path / "t.sh"
+    script.write_text(body + f"""
+( printf 'loading\\r'; for i in $(seq 1 120); do printf '%d/120 [00:01, 7.5step/s]\\r' $i; done
+  printf 'loss 1.5\\n'; sleep 2; echo late ) | log {tmp_path}/out.log &
+sleep 1; cp {tmp_path}/out.log {tmp_path}/early.log; wait
+""")
+    subprocess.run(["bash", str(script)], check=True, timeout=60)
+    early = (tmp_path / "early.log").read_text().splitlines()
+    final = (tmp_path / "out.log").read_text().splitlines()
+    assert early == final[:-1] and final[-1] == "late"  # all but the last line there while the command ran
+    assert final[0] == "loading" and "loss 1.5" in final
+    assert [line for line in final if "step/s" in line] == ["50/120 [00:01, 7.5step/s]", "100/120 [00:01, 7.5step/s]"]

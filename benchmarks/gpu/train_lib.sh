@@ -25,7 +25,27 @@ fi
 if [ "${DRY:-0}" = 1 ]; then
   log() { cat > /dev/null; }
 else
-  log() { tr '\r' '\n' | awk 'NR % 50 == 1 || !/(step|batch|req)\/s/' >> "$1"; }
+  # what a command prints, progress bars cut at their carriage returns (every 50th rate line kept), written to the
+  # file as it comes (a call killed at its limit keeps the log up to then: through tr and awk, block-buffered, the
+  # 2026-12-07 training's log stopped at 4 KiB)
+  log() {
+    python3 -c '
+import os, re, sys
+n, rest = 0, b""
+with open(sys.argv[1], "ab") as out:
+    while True:
+        chunk = os.read(0, 65536)
+        parts = re.split(rb"[\r\n]", rest + chunk)
+        rest = parts.pop() if chunk else b""
+        for part in parts if chunk else parts + [rest]:
+            n += 1
+            if part and (n % 50 == 1 or not re.search(rb"(step|batch|req)/s", part)):
+                out.write(part + b"\n")
+        out.flush()
+        if not chunk:
+            break
+' "$1"
+  }
 fi
 
 # data, one shard per GPU, skipped once every shard exists: GPU g generates SEQUENCES / ngpu continuations of windows

@@ -59,7 +59,12 @@ echo "data: ${shards[*]} ($(( $(date +%s) - started )) s)"
 
 # 2. training until MINUTES after this script started
 left=$(python3 -c "print(max(0.5, $minutes - ($(date +%s) - $started) / 60))")
-CUDA_VISIBLE_DEVICES=0 run_cmd python -m fold_hf.cli train-drafter --pair $pair --out $runs/$run \
+# the held-out read after the last step takes minutes: SIGINT at CALL_SECONDS (default 560) after this script
+# started, so what was trained is copied out below before the device call's limit (train-drafter writes the drafter
+# before that read)
+until_limit=$(( ${CALL_SECONDS:-560} - ($(date +%s) - started) ))
+[ "$until_limit" -gt 30 ] || until_limit=30
+CUDA_VISIBLE_DEVICES=0 run_cmd timeout -s INT $until_limit python -m fold_hf.cli train-drafter --pair $pair --out $runs/$run \
   --device ${DEVICE:-cuda} "${mixargs[@]}" "${shape[@]}" --data "${shards[@]}" --kl ${KL:-0.5} \
   --steps ${STEPS:-8000} --lr $lr --warmup ${WARMUP:-300} --seed ${SEED:-0} --max-minutes $left \
   ${TIME_BUDGET:+--time-budget $TIME_BUDGET} ${BATCH:+--batch $BATCH} ${ANCHORS:+--anchors $ANCHORS} 2>&1 \
