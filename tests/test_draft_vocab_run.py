@@ -138,18 +138,12 @@ def test_dflash_round_hybrid_and_batched_tables_are_the_committed_runs():
         assert row in readme, row
 
 
-def test_latest_summary_draft_vocab_keys_are_this_run():
-    """latest/summary.json's *_draft_vocab keys and qwen35_9b_sd_fold_dv_over_ar_32k, recomputed: FOLD's mean τ and
-    mean TPOT(AR) / TPOT at 32K with bootstrap CIs, the rounds over the AR step, the Qwen3.5 headline."""
-    from fold_hf.bench.summary import _bootstrap_mean_ci
-
+def test_latest_summary_draft_vocab_round_keys_are_this_run():
+    """latest/summary.json's round keys with the draft vocabulary and qwen35_9b_sd_fold_dv_over_ar_32k, recomputed: the
+    rounds over the AR step (a round's time depends on the drafter's shape, not its weights: kept when the weights were
+    retrained on 2026-12-07), the Qwen3.5 headline. (The τ and speedup keys *_draft_vocab come from the second round's
+    run since: tests/test_gemma3_drafter_round2_run.py.)"""
     latest = json.loads((RUN.parent / "latest" / "summary.json").read_text())
-    reqs = [q for q in _requests(RUN / "mix" / "dv").values() if q["ar"]["tier"] == 32704]
-    for key, values in (("gemma3_fold_speedup_32k_draft_vocab", [q["ar"]["tpot_s"] / q["fold-a2"]["tpot_s"] for q in reqs]),
-                        ("gemma3_fold_tau_32k_draft_vocab", [q["fold-a2"]["tau"] for q in reqs])):
-        lo, hi = _bootstrap_mean_ci(values)
-        assert latest[key] == round(sum(values) / len(values), 4) and latest[key + "_requests"] == 48
-        assert (latest[key + "_ci_low"], latest[key + "_ci_high"]) == (round(lo, 4), round(hi, 4))
     p50 = {(r["context"], r["method"]): r["round_ms_p50"]
            for r in json.loads((RUN / "rounds" / "pair_rounds.json").read_text())["rows"]}
     for method in ("fold", "window"):

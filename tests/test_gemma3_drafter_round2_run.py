@@ -1,0 +1,260 @@
+"""The tables of ``benchmarks/results/2026-12-07-nvidia-h100-gemma3-drafter-round2/README.md`` recomputed from the
+run's records (per-request ``runs.jsonl`` of ``fold-hf bench``, ``batched.json`` of ``batched_bench.py``), and the
+committed Gemma-3 drafter tied to the run (its weights' sha256, its training.json).
+
+Every mean and ratio is computed here from the records, request by request (τ, TPOT(AR) / TPOT against the AR of the
+same process); the 95% intervals are percentile bootstraps over requests (``fold_hf.bench.summary._bootstrap_mean_ci``,
+2,000 resamples, seed 0: the same the summary keys use). The replaced drafter's rows are the committed run it was
+measured in (``2026-12-06-nvidia-h100-gemma3-split-fix/run``, the same 96 requests)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from pathlib import Path
+
+from run_tables import marked_table
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "benchmarks" / "results" / "2026-12-07-nvidia-h100-gemma3-drafter-round2"
+OLD = ROOT / "benchmarks" / "results" / "2026-12-06-nvidia-h100-gemma3-split-fix" / "run" / "runs.jsonl"
+PREVIOUS_BATCHED = ROOT / "benchmarks" / "results" / "2026-12-07-nvidia-h100-prefill-chunk-batched-modes" / "after-fix"
+TIERS = (4096, 32704)
+NAMES = {"fold-a2": "FOLD α=2", "fold-a1": "FOLD α=1", "fold-a4": "FOLD α=4", "window": "window only",
+         "dflash": "drafter as trained (dflash)", "yarn": "YaRN", "rerope": "ReRoPE", "infllm": "InfLLM", "cmr": "CMR",
+         "streaming": "StreamingLLM"}
+
+
+def ci(values: list[float]) -> tuple[float, float]:
+    from fold_hf.bench.summary import _bootstrap_mean_ci
+
+    return _bootstrap_mean_ci(values)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def per_request(path: Path) -> dict[tuple[str, str], dict]:
+    """(request, method) -> the record, each speculative record given ``speed`` = TPOT(AR) / TPOT (its process's AR)."""
+    rows = records(path)
+    ar = {r["request"]: r["tpot_s"] for r in rows if r["method"] == "ar"}
+    out = {}
+    for r in rows:
+        out[(r["request"], r["method"])] = dict(r, speed=ar[r["request"]] / r["tpot_s"])
+    return out
+
+
+def new_runs() -> dict[tuple[str, str], dict]:
+    runs = {}
+    for folder in ("new", "others"):  # two processes over the same 96 requests, each with its own AR
+        runs.update({k: v for k, v in per_request(RUN / "mixed" / folder / "runs.jsonl").items() if k[1] != "ar"})
+    return runs
+
+
+def requests_at(runs: dict, tier: int) -> list[str]:
+    return sorted({r for (r, m), v in runs.items() if v["tier"] == tier and m == "fold-a2"})
+
+
+def fmt_ci(mean: float, low: float, high: float, sign: bool = False) -> str:
+    f = "{:+.2f}" if sign else "{:.2f}"
+    return f"{f.format(mean)} [{f.format(low)}, {f.format(high)}]"
+
+
+def drafter_table() -> list[list[str]]:
+    new, old = new_runs(), per_request(OLD)
+    rows = []
+    for method in ("fold-a2", "dflash", "window"):
+        for tier in TIERS:
+            ids = requests_at(new, tier)
+            assert len(ids) == 48 and all((i, method) in old for i in ids)
+            t_new = [new[(i, method)]["tau"] for i in ids]
+            t_old = [old[(i, method)]["tau"] for i in ids]
+            s_new = [new[(i, method)]["speed"] for i in ids]
+            s_old = [old[(i, method)]["speed"] for i in ids]
+            delta = [a - b for a, b in zip(t_new, t_old)]
+            rows.append([NAMES[method], f"{tier:,}", fmt_ci(statistics.mean(t_new), *ci(t_new)),
+                         f"{statistics.mean(t_old):.2f}", f"{statistics.mean(s_new):.2f}× / {statistics.mean(s_old):.2f}×",
+                         fmt_ci(statistics.mean(delta), *ci(delta), sign=True)])
+    return rows
+
+
+def methods_table() -> list[list[str]]:
+    runs = new_runs()
+    rows = []
+    for method in ("fold-a2", "fold-a1", "fold-a4", "window", "dflash", "yarn", "rerope", "infllm", "cmr",
+                   "streaming"):
+        cells = [NAMES[method]]
+        for tier in TIERS:
+            ids = requests_at(runs, tier)
+            taus = [runs[(i, method)]["tau"] for i in ids]
+            speeds = [runs[(i, method)]["speed"] for i in ids]
+            delta = [runs[(i, "fold-a2")]["tau"] - t for i, t in zip(ids, taus)]
+            cells += [f"{statistics.mean(taus):.2f}", fmt_ci(statistics.mean(speeds), *ci(speeds)) + "×",
+                      "—" if method == "fold-a2" else fmt_ci(statistics.mean(delta), *ci(delta), sign=True)]
+        rows.append(cells)
+    return rows
+
+
+def kinds_table() -> list[list[str]]:
+    new, old = new_runs(), per_request(OLD)
+    rows = []
+    for kind in ("python", "c", "markup", "structured", "logs", "prose"):
+        cells = [kind]
+        for method, tier in (("dflash", 4096), ("fold-a2", 4096), ("fold-a2", 32704), ("window", 32704)):
+            ids = [i for i in requests_at(new, tier) if new[(i, method)]["suite"] == f"mixed-{kind}"]
+            assert len(ids) == 8
+            cells.append(f"{statistics.mean(old[(i, method)]['tau'] for i in ids):.2f} → "
+                         f"{statistics.mean(new[(i, method)]['tau'] for i in ids):.2f}")
+        rows.append(cells)
+    return rows
+
+
+def draft_vocab_table() -> list[list[str]]:
+    plain, dv = per_request(RUN / "mixed" / "new" / "runs.jsonl"), per_request(RUN / "mixed" / "new-dv" / "runs.jsonl")
+    rows = []
+    for tier in TIERS:
+        ids = requests_at(dv, tier)
+        assert len(ids) == 48
+        for name, runs in (("FOLD α=2", plain), ("FOLD α=2 + draft vocabulary", dv)):
+            taus = [runs[(i, "fold-a2")]["tau"] for i in ids]
+            speeds = [runs[(i, "fold-a2")]["speed"] for i in ids]
+            rows.append([f"{tier:,}", name, fmt_ci(statistics.mean(taus), *ci(taus)),
+                         fmt_ci(statistics.mean(speeds), *ci(speeds)) + "×"])
+    return rows
+
+
+def batched_table() -> list[list[str]]:
+    rows = []
+    for new in (64, 256):
+        now = json.load(open(RUN / "batched" / f"new{new}" / "batched.json"))
+        before = json.load(open(PREVIOUS_BATCHED / ("new64" if new == 64 else "new256b") / "batched.json"))
+        for B in ((1, 8) if new == 64 else (8,)):
+            for method in ("fold-a2", "window"):
+                cells = [f"{new}, {B}, {NAMES[method]}"]
+                for report in (before, now):
+                    row, = [r for r in report["rows"] if r["system"] == method and r["batch"] == B]
+                    ratios = report["ratios"]
+                    cells.append(f"{row['tau_mean']:.2f} ({min(row['tau_rows']):.2f}) / "
+                                 f"{ratios[f'{method}_over_ar_throughput_b{B}']:.3f}× / "
+                                 f"{ratios[f'{method}_over_ar_decode_throughput_b{B}']:.3f}×")
+                rows.append(cells)
+    return rows
+
+
+def table(name: str) -> list[list[str]]:
+    return marked_table(RUN / "README.md", name)
+
+
+def test_the_drafter_table_is_the_runs():
+    assert table("drafter-table") == drafter_table()
+
+
+def test_the_methods_table_is_the_runs():
+    assert table("methods-table") == methods_table()
+
+
+def test_the_kinds_table_is_the_runs():
+    assert table("kinds-table") == kinds_table()
+
+
+def test_the_draft_vocabulary_table_is_the_runs():
+    assert table("dv-table") == draft_vocab_table()
+
+
+def test_the_batched_table_is_the_runs():
+    assert table("batched-table") == batched_table()
+
+
+def test_every_output_of_the_new_drafter_matches_ar_where_the_run_says():
+    """bf16 near-ties aside (the run's README says how many differ), every record is a whole 64-token request of the
+    mixed suite on the fast engine."""
+    for folder in ("new", "new-dv", "others"):
+        for r in records(RUN / "mixed" / folder / "runs.jsonl"):
+            assert r["new_tokens"] == 64 and r["engine"] == "fast" and r["dtype"] == "bfloat16" and not r["exact"]
+
+
+def test_the_committed_drafter_is_this_runs():
+    """fold_hf/assets/gemma3-270m-dflash: the weights this run measured (sha256 in the README), its training.json the
+    run's copy, its card naming the recipe; the shape unchanged (4 layers x MLP 512, block 8, 1,024 training tokens)."""
+    folder = ROOT / "fold_hf" / "assets" / "gemma3-270m-dflash"
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    readme = (RUN / "README.md").read_text()
+    assert f"`{digest}`" in readme
+    training = json.loads((folder / "training.json").read_text())
+    assert json.loads((RUN / "training" / "training.json").read_text()) == training
+    settings, report = training["settings"], training["report"]
+    assert (settings["prompt_tokens"], settings["new_tokens"]) == (960, 64) and settings["seed"] == 1
+    assert report["finished"] and report["step"] == settings["steps"] == 3096
+    card = (folder / "README.md").read_text()
+    assert "Gemma Terms of Use" in card and "960 real tokens starting with BOS + 64" in card
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 4 and config["intermediate_size"] == 512
+    assert config["max_position_embeddings"] == 1024 and config["dflash_config"]["block_size"] == 8
+    assert (folder / "model.safetensors").stat().st_size <= 30_000_000
+
+
+def test_the_ceiling_sentence_is_the_batched_rows():
+    """Section 6's last paragraph, recomputed from the rows (a batch of 8 ends with its slowest row: rounds ≈ new /
+    min τ; every method shares AR's prefill): the slowest rows, the one-step-round ceiling, the round 1.3x needs."""
+    readme = (RUN / "README.md").read_text()
+    for new in (64, 256):
+        report = json.load(open(RUN / "batched" / f"new{new}" / "batched.json"))
+        ar, = [r for r in report["rows"] if r["system"] == "ar" and r["batch"] == 8]
+        fold, = [r for r in report["rows"] if r["system"] == "fold-a2" and r["batch"] == 8]
+        prefill = ar["seconds"] - ar["decode_seconds"]
+        step = ar["decode_seconds"] / (3 * new)
+        slowest = [min(fold["tau_rows"][8 * g:8 * g + 8]) for g in range(3)]
+        rounds = sum(new / t for t in slowest)
+        if new == 64:
+            assert f"free decoding\nstill gives only {ar['seconds'] / prefill:.3f}×" in readme
+            assert ar["seconds"] / prefill < 1.3
+        else:
+            assert "τ " + " / ".join(f"{t:.2f}" for t in slowest) + " at 256 tokens" in readme
+            assert f"could reach\n{ar['seconds'] / (prefill + rounds * step):.3f}×" in readme
+            need = (ar["seconds"] / 1.3 - prefill) / (rounds * step)
+            measured = fold["decode_seconds"] / (rounds * step)
+            assert f"≤ {need:.2f} batched AR steps (measured {measured:.2f})" in readme
+
+
+def test_latest_summary_gemma3_keys_are_this_run():
+    """latest/summary.json: issue #38's four keys (+ CIs) from mixed/new (the library's headline_keys, as `fold-hf
+    summarize --headline gemma3` writes them), the draft-vocabulary τ / speedup keys recomputed here from mixed/new-dv
+    (FOLD at 32K, mean and bootstrap CI), and issue #35's batched keys (the batched runs' ratios), each rounded to 4
+    places."""
+    from fold_hf.bench.summary import headline_keys
+
+    latest = json.loads((ROOT / "benchmarks" / "results" / "latest" / "summary.json").read_text())
+    keys = headline_keys(records(RUN / "mixed" / "new" / "runs.jsonl"), "gemma3")
+    assert len(keys) == 16 and all(latest[k] == (round(v, 4) if isinstance(v, float) else v) for k, v in keys.items())
+    dv = per_request(RUN / "mixed" / "new-dv" / "runs.jsonl")
+    ids = requests_at(dv, 32704)
+    for key, values in (("gemma3_fold_speedup_32k_draft_vocab", [dv[(i, "fold-a2")]["speed"] for i in ids]),
+                        ("gemma3_fold_tau_32k_draft_vocab", [dv[(i, "fold-a2")]["tau"] for i in ids])):
+        low, high = ci(values)
+        assert latest[key] == round(statistics.mean(values), 4) and latest[key + "_requests"] == 48
+        assert (latest[key + "_ci_low"], latest[key + "_ci_high"]) == (round(low, 4), round(high, 4))
+    new64 = json.load(open(RUN / "batched" / "new64" / "batched.json"))["ratios"]
+    new256 = json.load(open(RUN / "batched" / "new256" / "batched.json"))["ratios"]
+    assert latest["gemma3_batched_fold_over_ar_throughput_32k_b8"] == round(new64["fold-a2_over_ar_throughput_b8"], 4)
+    assert latest["gemma3_batched_fold_over_ar_decode_throughput_32k_b8"] == round(
+        new64["fold-a2_over_ar_decode_throughput_b8"], 4)
+    assert latest["gemma3_batched_fold_over_ar_throughput_32k_b8_new256"] == round(
+        new256["fold-a2_over_ar_throughput_b8"], 4)
+    assert latest["gemma3_batched_fold_over_ar_decode_throughput_32k_b8_new256"] == round(
+        new256["fold-a2_over_ar_decode_throughput_b8"], 4)
+    assert latest["gemma3_batched_fold_speedup_b8_over_b1_32k"] == round(new64["fold-a2_speedup_b8_over_b1"], 4)
+
+
+def test_the_held_out_table_is_the_cpu_measurement():
+    """Section 2: both drafters' held-out τ on the same 16 windows (training/held_out.json, written by the CPU run),
+    the new drafter's equal to what its training.json reports."""
+    held = json.loads((RUN / "training" / "held_out.json").read_text())
+    assert held["new"]["prompt_tokens"] == held["old"]["prompt_tokens"] == 960
+    want = [[f"{name} (sha256 {held[key]['sha256'][:8]}…)", f"{held[key]['tau_mean']:.2f}",
+             f"{held[key]['identical_to_ar']} of {held[key]['requests']}"]
+            for key, name in (("new", "new (committed)"), ("old", "replaced (2026-12-06)"))]
+    assert table("heldout-table") == want
+    training = json.loads((RUN / "training" / "training.json").read_text())
+    assert training["report"]["held_out"]["tau_mean"] == held["new"]["tau_mean"]
