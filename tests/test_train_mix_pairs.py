@@ -67,7 +67,10 @@ def test_train_mix_window_lengths_reach_both_steps(tmp_path, monkeypatch):
     assert [a["generate_only"] for a in seen] == [True, False]
     assert all((a["prompt_tokens"], a["new_tokens"]) == (960, 64) for a in seen)
     # the training (not the data) is interrupted before the call's limit, so what it trained is copied out
-    assert seen[0]["timeout"] is None and 30 <= seen[1]["timeout"] <= 560
+    assert seen[0]["timeout"] is None and 60 <= seen[1]["timeout"] <= 560
+    # the training stops itself (--max-minutes) a minute before the signal, whatever MINUTES says
+    long = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1", MINUTES="30").stdout, monkeypatch)[-1]
+    assert long["max_minutes"] * 60 <= long["timeout"] - 59
     default = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1").stdout, monkeypatch)
     assert all((a["prompt_tokens"], a["new_tokens"]) == (768, 256) for a in default)
 

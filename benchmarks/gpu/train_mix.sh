@@ -57,13 +57,14 @@ fi
 generate_shards /root/${tag}mixdata $runs ${SEED:-0} "${mixargs[@]}"
 echo "data: ${shards[*]} ($(( $(date +%s) - started )) s)"
 
-# 2. training until MINUTES after this script started
-left=$(python3 -c "print(max(0.5, $minutes - ($(date +%s) - $started) / 60))")
-# the held-out read after the last step takes minutes: SIGINT at CALL_SECONDS (default 560) after this script
-# started, so what was trained is copied out below before the device call's limit (train-drafter writes the drafter
-# before that read)
-until_limit=$(( ${CALL_SECONDS:-560} - ($(date +%s) - started) ))
-[ "$until_limit" -gt 30 ] || until_limit=30
+# 2. training until MINUTES after this script started, and at most until 60 s before CALL_SECONDS (default 560): the
+# held-out read after the last step takes minutes, so the command gets SIGINT at CALL_SECONDS and what was trained is
+# copied out below before the device call's limit (train-drafter writes the drafter before that read; the training
+# itself, stopped by --max-minutes, never meets the signal)
+call_seconds=${CALL_SECONDS:-560}
+left=$(python3 -c "print(max(0.5, min($minutes * 60, $call_seconds - 60) / 60 - ($(date +%s) - $started) / 60))")
+until_limit=$(( call_seconds - ($(date +%s) - started) ))
+[ "$until_limit" -gt 60 ] || until_limit=60
 CUDA_VISIBLE_DEVICES=0 run_cmd timeout -s INT $until_limit python -m fold_hf.cli train-drafter --pair $pair --out $runs/$run \
   --device ${DEVICE:-cuda} "${mixargs[@]}" "${shape[@]}" --data "${shards[@]}" --kl ${KL:-0.5} \
   --steps ${STEPS:-8000} --lr $lr --warmup ${WARMUP:-300} --seed ${SEED:-0} --max-minutes $left \
