@@ -5,8 +5,9 @@ at the measured τ, and the round cost (in batched AR steps) a goal needs.
 A batch runs until its slowest row is done, so a batch of rows with τ_1 .. τ_B takes about new / min(τ) rounds
 (the rows' τ are the suite rows' `tau_rows`, consecutive groups of B in request order, as `batched_bench.py` batches
 them). From the AR row of the same process: its prefill and set-up time (`seconds - decode_seconds`, shared by every
-method: the same prompts are prefilled the same way) and its decoding step (`decode_seconds / (groups × new)`).
-Then, for each method:
+method: the same prompts are prefilled the same way) and its decoding step (`decode_seconds / (groups × new)`;
+every ceiling uses rounds × step, the same whether the first token, which comes from the prefill, is counted or not).
+`batched_bench.py` stores these rows in its report (`ceilings`). Then, for each method:
 
 - free decoding: `AR seconds / AR prefill` (no decoder reaches past this);
 - one-step rounds: `AR seconds / (AR prefill + rounds × AR step)` (the verify alone costs at least an AR step);

@@ -546,6 +546,16 @@ def test_batched_bench_dry_run_writes_every_section(tmp_path):
         report["ratios"]["dflash_over_ar_throughput_b3"] / report["ratios"]["dflash_over_ar_throughput_b1"])
     assert (tmp_path / "batched.csv").read_text().startswith("batch,")
     assert (tmp_path / "batched_throughput.png").stat().st_size > 0
+    # the ceilings (benchmarks/batched_ceiling.py) beside the rows: per method and B; recomputed for fold-a2 at B = 3
+    ceilings = {(c["method"], c["batch"]): c for c in report["ceilings"]}
+    assert set(ceilings) == {(m, b) for m in ("fold-a2", "dflash") for b in (1, 3)}
+    ar, fold = suite[("ar", 3)], suite[("fold-a2", 3)]
+    prefill = ar["seconds"] - ar["decode_seconds"]
+    rounds_times_step = ar["decode_seconds"] / min(fold["tau_rows"])  # one batch of 3: new / min τ rounds
+    c = ceilings[("fold-a2", 3)]
+    assert c["ceiling_free_decoding"] == pytest.approx(ar["seconds"] / prefill)
+    assert c["ceiling_one_step_rounds"] == pytest.approx(ar["seconds"] / (prefill + rounds_times_step))
+    assert c["round_over_ar_step_for_goal"] == pytest.approx((ar["seconds"] / 1.3 - prefill) / rounds_times_step)
 
 
 def test_the_decoding_phase_runs_from_the_last_rows_first_token_to_the_last_rows_end():
