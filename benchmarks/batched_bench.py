@@ -74,6 +74,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts (e2e_bench, batched_ceiling)
 
 from fold_hf.generation import release_fast_state  # noqa: E402
 from fold_hf.generation.fast import fast_generate  # noqa: E402
@@ -264,7 +265,6 @@ def shape_section(args, device: torch.device, report: dict, save) -> None:
         target, drafter = tiny_pair(device)
         contexts = [64]
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from e2e_bench import build_random_pair, hf_ar_steps
 
         hf_steps = None if args.hf_steps == 0 else hf_ar_steps
@@ -492,16 +492,11 @@ def suite_section(args, device: torch.device, report: dict, save) -> None:
                         report["ratios"][f"{name}_over_ar_throughput_b{B}"]
                         / report["ratios"][f"{name}_over_ar_throughput_b1"])
     # how far each method could go at these slowest rows' τ (benchmarks/batched_ceiling.py, issue #35's 1.3x goal)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from batched_ceiling import ceilings
+    from batched_ceiling import ceilings, describe
 
     report["ceilings"] = ceilings(report, goal=1.3)
     for c in report["ceilings"]:
-        need = c["round_over_ar_step_for_goal"]
-        log(f"suite B={c['batch']:2d} {c['method']:<10} ceilings over batched AR: free decoding "
-            f"{c['ceiling_free_decoding']:.3f}x, rounds of one AR step {c['ceiling_one_step_rounds']:.3f}x; a round "
-            f"costs {c['measured_round_over_ar_step']:.2f} AR steps, 1.3x needs rounds of "
-            + (f"<= {need:.2f}" if need > 0 else "less than nothing (out of reach)"))
+        log("suite " + describe(c))
     if (pair == "gemma3-270m" and not args.exact and tier >= 32 * 1024 - 64  # 32,704 + 64
             and "fold-a2" in wanted and 8 in args.batches):
         summary = report.setdefault("summary", {})

@@ -54,6 +54,16 @@ def ceilings(report: dict, goal: float) -> list[dict]:
     return out
 
 
+def describe(r: dict) -> str:
+    """One line for a row of :func:`ceilings` (what this script prints, and ``batched_bench.py`` logs)."""
+    need = r["round_over_ar_step_for_goal"]
+    return (f"B={r['batch']} new={r['new_tokens']} {r['method']:>8}: slowest τ "
+            f"{' '.join(f'{t:.2f}' for t in r['slowest_tau'])}; measured {r['measured']:.3f}x with rounds of "
+            f"{r['measured_round_over_ar_step']:.2f} AR steps; ceilings: free decoding "
+            f"{r['ceiling_free_decoding']:.3f}x, one-step rounds {r['ceiling_one_step_rounds']:.3f}x; "
+            f"{r['goal']}x needs rounds of " + (f"{need:.2f} AR steps" if need > 0 else "less than nothing: out of reach"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("batched_json")
@@ -65,12 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.batched_json}: no suite rows with per-row τ beside an AR row", file=sys.stderr)
         return 1
     for r in rows:
-        need = r["round_over_ar_step_for_goal"]
-        print(f"B={r['batch']} new={r['new_tokens']} {r['method']:>8}: slowest τ "
-              f"{' '.join(f'{t:.2f}' for t in r['slowest_tau'])}; measured {r['measured']:.3f}x with rounds of "
-              f"{r['measured_round_over_ar_step']:.2f} AR steps; ceilings: free decoding "
-              f"{r['ceiling_free_decoding']:.3f}x, one-step rounds {r['ceiling_one_step_rounds']:.3f}x; "
-              f"{r['goal']}x needs rounds of " + (f"{need:.2f} AR steps" if need > 0 else "less than nothing: out of reach"))
+        print(describe(r))
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from run_tables import marked_table
+from run_tables import marked_table, slowest_row_terms
 
 RUN = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
        / "2026-12-07-nvidia-h100-prefill-chunk-batched-modes")
@@ -87,13 +87,11 @@ def test_the_ceiling_table_is_the_after_fix_runs_recomputed_from_their_rows():
     want = []
     for folder in ("new64", "new256b"):
         report = json.load(open(RUN / "after-fix" / folder / "batched.json"))
-        ar, = [r for r in report["rows"] if r["system"] == "ar" and r["batch"] == 8]
-        prefill = ar["seconds"] - ar["decode_seconds"]
-        step = ar["decode_seconds"] / 3 / ar["new_tokens"]  # 24 requests, 3 batches of 8
         for method in ("fold-a2", "window", "dflash"):
-            row, = [r for r in report["rows"] if r["system"] == method and r["batch"] == 8]
-            slowest = [min(row["tau_rows"][8 * g:8 * g + 8]) for g in range(3)]
-            rounds = sum(ar["new_tokens"] / t for t in slowest)
+            terms = slowest_row_terms(report, method)  # 24 requests, 3 batches of 8
+            ar, row, prefill, step, slowest, rounds = (terms[k] for k in ("ar", "row", "prefill", "step", "slowest",
+                                                                          "rounds"))
+            assert len(slowest) == 3
             need = (ar["seconds"] / 1.3 - prefill) / (rounds * step)
             want.append([f"{ar['new_tokens']}, {NAMES[method]}", " / ".join(f"{t:.2f}" for t in slowest),
                          f"{ar['seconds'] / row['seconds']:.3f}×", f"{row['decode_seconds'] / (rounds * step):.2f}",
@@ -112,13 +110,9 @@ def test_even_a_prefill_at_its_compute_floor_leaves_64_tokens_short_of_the_goal(
     one AR step, the slowest rows' τ of new64: FOLD's whole call over AR's is 1.145x < 1.3."""
     floor, = [float(r["floor_s"]) for r in csv.DictReader(open(RUN / "prefill" / "default" / "family_prefill.csv"))
               if r["P"] == "32768" and r["system"] == "ours"]
-    report = json.load(open(RUN / "after-fix" / "new64" / "batched.json"))
-    ar, = [r for r in report["rows"] if r["system"] == "ar" and r["batch"] == 8]
-    fold, = [r for r in report["rows"] if r["system"] == "fold-a2" and r["batch"] == 8]
-    step = ar["decode_seconds"] / (3 * 64)
-    rounds = sum(64 / min(fold["tau_rows"][8 * g:8 * g + 8]) for g in range(3))
+    terms = slowest_row_terms(json.load(open(RUN / "after-fix" / "new64" / "batched.json")), "fold-a2")
     prefills = 24 * floor
-    ceiling = (prefills + ar["decode_seconds"]) / (prefills + rounds * step)
+    ceiling = (prefills + terms["ar"]["decode_seconds"]) / (prefills + terms["rounds"] * terms["step"])
     assert f"would reach {ceiling:.3f}×" in (RUN / "README.md").read_text()
     assert ceiling < 1.3
 
