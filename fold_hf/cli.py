@@ -249,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "python=1,c=1,code-other=0.5,markup=1,structured=0.75,logs=0.75,prose=1.5)")
     train.add_argument("--kl", type=float, default=0.0,
                        help="weight of the distillation term, KL(target || drafter) per block slot, added to the CE")
+    train.add_argument("--position-span", type=int, metavar="N",
+                       help="spread each window's rope positions over N (PoSE: one random cut, the rest moved by a "
+                            "random skip), so the drafter sees distances up to N-1 while reading at most "
+                            "--prompt-tokens + --new-tokens tokens (default: true positions)")
     _add_pair_option(train)
     train.set_defaults(func=cmd_train)
     return parser

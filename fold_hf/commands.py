@@ -384,7 +384,8 @@ def cmd_train(args) -> int:
                              new_tokens=args.new_tokens, sequences=args.sequences, gen_batch=args.gen_batch,
                              steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, seed=args.seed,
                              warmup=args.warmup, init_from=args.init_from, bos_token_id=pair.bos_token_id(tokenizer),
-                             kl=getattr(args, "kl", 0.0), mix_weights=mix_weights)
+                             kl=getattr(args, "kl", 0.0), mix_weights=mix_weights,
+                             position_span=getattr(args, "position_span", None))
     card = {"target": pair.title, "licence": pair.target.licence, "data": data_line}
     report = train_drafter(target, tokenizer, args.out, sources, settings, held_out=held,
                            max_minutes=args.max_minutes, data_files=args.data, generate_only=args.generate_only,

@@ -31,7 +31,7 @@ from .modeling.drafter_config import FoldDrafterConfig, default_target_layer_ids
 from .modeling.fold_config import FoldConfig
 from .modeling.validation import target_text_config
 from .targets.taps import HiddenTaps
-from .training import dflash_loss, sample_anchors
+from .training import dflash_loss, sample_anchors, spread_positions
 
 
 @dataclass
@@ -63,6 +63,8 @@ class TrainSettings:
     bos_token_id: int | None = None
     kl: float = 0.0  # weight of the distillation term (dflash_loss's kl): KL to the target's distribution per slot
     mix_weights: dict | None = None  # per-kind window weights when the sources are a data mix (None: the defaults)
+    # PoSE: spread each window's rope positions over this many (None: 0 .. L - 1), training.spread_positions
+    position_span: int | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -274,11 +276,15 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list, setting
         anchors = torch.stack([sample_anchors(batch.shape[1], settings.block_size, settings.anchors, generator=gen,
                                               min_context=settings.prompt_tokens - 1)
                                for _ in range(settings.batch)]).to(device)
+        positions = None
+        if settings.position_span:
+            positions = spread_positions(batch.shape[1], settings.position_span, settings.batch, gen).to(device)
         optimizer.zero_grad(set_to_none=True)
         # the whole batch in one drafter forward: a per-sequence loop was launch-bound on the H200 (3.6 steps/s
         # for batch 8 of a 4-layer drafter)
         with autocast:
-            loss, info = dflash_loss(drafter, features, batch, anchors, settings.gamma, target_logits, settings.kl)
+            loss, info = dflash_loss(drafter, features, batch, anchors, settings.gamma, target_logits, settings.kl,
+                                     positions)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
@@ -369,6 +375,10 @@ def write_model_card(directory: Path, drafter: FoldDrafter, settings: TrainSetti
         f"{settings.seed}."
         + (f" Plus {settings.kl:g} x KL(target || drafter) per block slot (distillation against the target's "
            f"distribution)." if settings.kl else ""),
+        *([f"- Rope positions spread over {settings.position_span} (PoSE): each window is cut at a random point and "
+           f"its second part moved by a random skip, so the drafter saw distances up to {settings.position_span - 1} "
+           f"without reading more than {settings.prompt_tokens + settings.new_tokens} tokens."]
+          if settings.position_span else []),
         *([f"- Warm start from `{settings.init_from}` (its weights, a fresh optimizer)."] if settings.init_from else []),
         f"- {report['step']} of {settings.steps} steps; final training loss {report['final_loss']:.3f}.",
         "",

@@ -32,14 +32,18 @@ def block_training_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torc
 
 
 def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_embeds: torch.Tensor,
-                         anchors: torch.Tensor) -> torch.Tensor:
+                         anchors: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Final hidden states of many blocks of one or several sequences at once.
 
     Args:
         features: ``[b, L, n_taps * H]`` target taps of the whole sequences.
         block_embeds: ``[b, n * B, H]`` embeddings of the stacked blocks.
-        anchors: ``[b, n]`` anchor positions (block i of sequence s sits at ``anchors[s, i] .. + B - 1``);
+        anchors: ``[b, n]`` anchor indices (block i of sequence s holds ``anchors[s, i] .. + B - 1``);
             ``[n]`` when ``b = 1``.
+        positions: ``[b, L]`` (or ``[L]``) the drafter's rope positions of the context entries, increasing;
+            ``None``: ``0 .. L - 1``. Block i's slots sit at ``positions[s, anchors[s, i]] + 0 .. B - 1``. What
+            the mask reads is decided by indices, so only the distances the rope (and a sliding layer's window)
+            sees change (:func:`spread_positions`; not checked here: that would cost a host sync a step).
 
     Returns:
         ``[b, n * B, H]`` after the final norm.
@@ -49,8 +53,12 @@ def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_emb
     anchors = anchors.reshape(b, -1)
     context = drafter.context_features(features)
     hidden = block_embeds.to(context.dtype)
-    q_pos = (anchors[:, :, None] + torch.arange(B, device=anchors.device)).reshape(b, -1)  # [b, n*B]
-    k_pos = torch.cat((torch.arange(L, device=anchors.device).expand(b, -1), q_pos), dim=1)  # [b, L + n*B]
+    if positions is None:
+        positions = torch.arange(L, device=anchors.device).expand(b, -1)
+    positions = positions.to(anchors.device).reshape(b, L)
+    start = positions.gather(1, anchors)  # [b, n] position of each anchor (slot 0)
+    q_pos = (start[:, :, None] + torch.arange(B, device=anchors.device)).reshape(b, -1)  # [b, n*B]
+    k_pos = torch.cat((positions, q_pos), dim=1)  # [b, L + n*B]
     mask = block_training_mask(anchors, L, B)[:, None]  # [b, 1, n*B, L + n*B]
     rope = drafter.rope
 
@@ -68,6 +76,22 @@ def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_emb
     for layer in drafter.layers:
         hidden = layer(hidden, context, read)
     return drafter.norm(hidden)
+
+
+def spread_positions(seq_len: int, span: int, count: int = 1,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """``[count, seq_len]`` rope positions that spread a ``seq_len``-token window over ``span`` positions
+    (positional skip-wise training, PoSE: Zhu et al., 2023): each row cuts the window at a uniform point
+    ``c`` in ``[1, seq_len - 1]`` and moves everything from ``c`` on by a uniform skip ``s`` in
+    ``[0, span - seq_len]``, so index ``j`` sits at ``j + s * (j >= c)``. The drafter then sees distances up to
+    ``span - 1`` between the entries it reads and its block while no window holds more than ``seq_len`` tokens.
+    ``span <= seq_len`` gives ``0 .. seq_len - 1`` on every row."""
+    rows = torch.arange(seq_len).expand(count, -1)
+    if span <= seq_len or seq_len < 2:
+        return rows.clone()
+    cut = torch.randint(1, seq_len, (count, 1), generator=generator)
+    skip = torch.randint(0, span - seq_len + 1, (count, 1), generator=generator)
+    return rows + skip * (rows >= cut)
 
 
 def sample_anchors(seq_len: int, block: int, count: int, generator: torch.Generator | None = None,
@@ -93,7 +117,7 @@ def slot_target_logits(target_logits: torch.Tensor, anchors: torch.Tensor, block
 
 def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor,
                 gamma: float = 4.0, target_logits: torch.Tensor | None = None,
-                kl: float = 0.0) -> tuple[torch.Tensor, dict]:
+                kl: float = 0.0, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Weighted cross-entropy of the DFlash recipe on one sequence or a batch of them (one drafter forward).
 
     Args:
@@ -106,6 +130,8 @@ def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tens
         kl: weight of the distillation term: per slot ``KL(p_target || q_drafter)`` at temperature 1, with the
             target's distribution the one it gives for that slot's token (:func:`slot_target_logits`), weighted
             and averaged like the cross-entropy and added to it (``loss = CE + kl * KL``).
+        positions: ``[b, L]`` the drafter's rope positions of the sequences (:func:`drafter_block_hidden`);
+            ``None``: ``0 .. L - 1``. The targets are the same tokens whatever the positions.
 
     Returns:
         (loss, info): the loss is each sequence's weighted mean over its slots, averaged over the ``b``
@@ -126,7 +152,7 @@ def dflash_loss(drafter: FoldDrafter, features: torch.Tensor, labels: torch.Tens
     ids[:, :, 0] = labels.gather(1, anchors)
     # a device-mapped target may keep its embedding, the drafter and its lm_head on three devices
     embeds = drafter.target_embedding(ids.reshape(b, -1)).detach().to(features.device)
-    hidden = drafter_block_hidden(drafter, features, embeds, anchors)
+    hidden = drafter_block_hidden(drafter, features, embeds, anchors, positions)
     hidden = hidden.view(b, n, B, -1)[:, :, 1:]
     head = drafter.target_lm_head
     logits = head(hidden.to(execution_device(head), head.weight.dtype)).float().to(device)  # [b, n, B-1, V]

@@ -304,8 +304,12 @@ def test_train_drafter_on_the_mix_with_distillation_then_resumes_from_its_weight
                              sequences=6, gen_batch=3, batch=2, anchors=4, warmup=1, kl=0.5,
                              mix_weights={"python": 1.0, "prose": 1.0}, **kw)
 
-    report = train_drafter(target, CharTokenizer(), tmp_path / "a", docs, settings(steps=3), log=lambda *a: None)
+    report = train_drafter(target, CharTokenizer(), tmp_path / "a", docs, settings(steps=3, position_span=160),
+                           log=lambda *a: None)
     assert report["finished"] and report["step"] == 3 and math.isfinite(report["final_loss"])
+    saved = json.loads((tmp_path / "a" / "drafter" / "training.json").read_text())
+    assert saved["settings"]["position_span"] == 160
+    assert "spread over 160 (PoSE)" in (tmp_path / "a" / "drafter" / "README.md").read_text()
     data = torch.load(tmp_path / "a" / "data.pt")
     assert data.shape == (6, 40)
     first = fold_hf.FoldDrafter.from_pretrained(tmp_path / "a" / "drafter")

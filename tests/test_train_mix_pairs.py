@@ -73,6 +73,15 @@ def test_train_mix_window_lengths_reach_both_steps(tmp_path, monkeypatch):
     assert long["max_minutes"] * 60 <= long["timeout"] - 59
     default = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1").stdout, monkeypatch)
     assert all((a["prompt_tokens"], a["new_tokens"]) == (768, 256) for a in default)
+    assert default[-1]["position_span"] is None  # true positions unless asked
+
+
+def test_train_mix_position_span_reaches_the_training_only(tmp_path, monkeypatch):
+    """POSITION_SPAN (PoSE) changes the training's rope positions, not the data the target generates."""
+    seen = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1", POSITION_SPAN="4096").stdout, monkeypatch)
+    assert [a["generate_only"] for a in seen] == [True, False]
+    assert seen[1]["position_span"] == 4096 and "--position-span" not in dry_run(
+        "train_mix.sh", tmp_path, GPUS="1").stdout
 
 
 def test_unknown_pair_is_refused_and_train_gemma3_stays_gemma(tmp_path, monkeypatch):

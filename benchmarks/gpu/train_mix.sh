@@ -29,6 +29,8 @@
 # PROMPT_TOKENS / NEW_TOKENS (optional, both steps): the window's real tokens (BOS included) and the target's greedy
 # continuation (the pair's: Gemma 768 + 256, SmolLM2 512 + 256); e.g. 960 + 64 keeps 1,024 tokens and generates the
 # data 4x faster (the benchmarks decode 64 tokens).
+# POSITION_SPAN (optional): spread each window's rope positions over that many (PoSE, --position-span): the drafter
+# sees distances up to POSITION_SPAN - 1 while reading at most the window's 1,024 tokens.
 # Dry run on a CPU (checks the commands, runs nothing): DRY=1 [PAIR=...] bash benchmarks/gpu/train_mix.sh /tmp/x
 source benchmarks/gpu/train_lib.sh
 mix=${MIX:-/root/cache/mix.jsonl.gz}
@@ -68,7 +70,7 @@ until_limit=$(( call_seconds - ($(date +%s) - started) ))
 CUDA_VISIBLE_DEVICES=0 run_cmd timeout -s INT $until_limit python -m fold_hf.cli train-drafter --pair $pair --out $runs/$run \
   --device ${DEVICE:-cuda} "${mixargs[@]}" "${shape[@]}" --data "${shards[@]}" --kl ${KL:-0.5} \
   --steps ${STEPS:-8000} --lr $lr --warmup ${WARMUP:-300} --seed ${SEED:-0} --max-minutes $left \
-  ${TIME_BUDGET:+--time-budget $TIME_BUDGET} ${BATCH:+--batch $BATCH} ${ANCHORS:+--anchors $ANCHORS} 2>&1 \
+  ${TIME_BUDGET:+--time-budget $TIME_BUDGET} ${POSITION_SPAN:+--position-span $POSITION_SPAN} ${BATCH:+--batch $BATCH} ${ANCHORS:+--anchors $ANCHORS} 2>&1 \
   | log $runs/train-$run.log
 rc=${PIPESTATUS[0]}
 [ "${DRY:-0}" = 1 ] && exit 0

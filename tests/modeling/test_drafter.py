@@ -5,7 +5,7 @@ import torch
 
 from fold_hf import FoldConfig
 from fold_hf.targets.taps import HiddenTaps
-from fold_hf.training import dflash_loss, drafter_block_hidden
+from fold_hf.training import dflash_loss, drafter_block_hidden, spread_positions
 from tiny import MASK_ID, share, tiny_drafter, tiny_target
 
 
@@ -202,6 +202,71 @@ def test_a_batch_trains_like_its_sequences_one_by_one():
     for got, want in zip(grads, torch.autograd.grad(mean, list(drafter.parameters()))):
         assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
     assert info["accuracy"].shape == (3,) and bool(((info["accuracy"] >= 0) & (info["accuracy"] <= 1)).all())
+
+
+def test_spread_positions_cut_each_window_once_within_the_span():
+    """PoSE as its paper states it, checked row by row: position 0 first, steps of 1 but at one cut, where the step is
+    1 + the skip, the last position below the span; a span no longer than the window gives true positions."""
+    gen = torch.Generator().manual_seed(0)
+    rows = spread_positions(50, 200, count=400, generator=gen)
+    assert rows.shape == (400, 50) and rows.dtype == torch.long
+    skips, cuts = [], []
+    for row in rows.tolist():
+        steps = [b - a for a, b in zip(row, row[1:])]
+        assert row[0] == 0 and row[-1] <= 199 and all(step >= 1 for step in steps)
+        jumps = [j for j, step in enumerate(steps) if step != 1]
+        assert len(jumps) <= 1
+        if jumps:
+            cuts.append(jumps[0] + 1)
+            skips.append(steps[jumps[0]] - 1)
+    # the skip is uniform over 0 .. 150 and the cut over 1 .. 49: both ends are reached, most rows are spread
+    assert len(skips) > 380 and max(skips) >= 140 and min(cuts) <= 3 and max(cuts) >= 47
+    assert torch.equal(spread_positions(50, 50, count=2), torch.arange(50).expand(2, -1))
+    assert torch.equal(spread_positions(50, 10), torch.arange(50)[None])
+
+
+def test_spread_positions_train_what_inference_reads_over_a_context_with_a_gap():
+    """The training forward at spread positions (cut c, skip s) is the inference forward over a context that has s
+    unread entries at index c (dropped by a mask function registered here): the entries from c on then sit s further
+    on, and so does the block. Anchors before and after the cut; a sliding and a full layer."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    from fold_hf.modeling.attention import fold_mask
+
+    cut, skip = 12, 9
+    anchors = torch.tensor([5, 17, 30])
+    drafter, ids, feats, embeds = training_case(6, 1, anchors[None])
+    positions = torch.arange(40) + skip * (torch.arange(40) >= cut)
+    gap = torch.randn(1, skip, feats.shape[-1], generator=torch.Generator().manual_seed(1), dtype=feats.dtype)
+    dropped = []
+
+    def without_the_gap(fold_read=None, **kw):
+        region = fold_mask(fold_read=fold_read, **kw).clone()
+        region[..., cut : cut + skip] = 0
+        dropped.append(1)
+        return region
+
+    with torch.no_grad():
+        train = drafter_block_hidden(drafter, feats, embeds, anchors, positions[None]).view(3, 4, -1)
+        plain = drafter_block_hidden(drafter, feats, embeds, anchors).view(3, 4, -1)
+        for i, a in enumerate(anchors.tolist()):
+            block = embeds[:, 4 * i : 4 * i + 4]
+            if a <= cut:  # the cut lies after the anchor: nothing it reads moved
+                infer = drafter(block, feats[:, :a], cache=drafter.new_cache()).last_hidden_state[0]
+            else:
+                context = torch.cat((feats[:, :cut], gap, feats[:, cut:a]), dim=1)
+                ALL_MASK_ATTENTION_FUNCTIONS.register("fold", without_the_gap)
+                try:
+                    infer = drafter(block, context, cache=drafter.new_cache()).last_hidden_state[0]
+                finally:
+                    ALL_MASK_ATTENTION_FUNCTIONS.register("fold", fold_mask)
+                assert not torch.allclose(train[i], plain[i], rtol=0, atol=1e-6)  # the spread changed what it read
+            assert torch.allclose(train[i], infer, rtol=0, atol=1e-10)
+    assert dropped
+    loss_true, _ = dflash_loss(drafter, feats, ids, anchors, positions=torch.arange(40)[None])
+    loss_default, _ = dflash_loss(drafter, feats, ids, anchors)
+    loss_spread, _ = dflash_loss(drafter, feats, ids, anchors, positions=positions[None])
+    assert torch.equal(loss_true, loss_default) and not torch.equal(loss_spread, loss_default)
 
 
 def test_slot_target_logits_pick_the_position_before_each_slot_token():
