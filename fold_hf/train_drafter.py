@@ -307,7 +307,9 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list, setting
               "train_minutes": train_seconds / 60,
               "final_loss": sum(history[-5:]) / max(1, len(history[-5:])), "loss_every": settings.log_every,
               "data": {"sequences": len(data), "files": [str(f) for f in data_files or []]}}
-    drafter.set_fold_config(FoldConfig(mode="dflash"))
+    # the saved preset's training length R (YaRN's reference, ReRoPE's) is the span of positions the drafter saw
+    drafter.set_fold_config(FoldConfig(mode="dflash", train_length=settings.position_span
+                                       or settings.prompt_tokens + settings.new_tokens))
 
     def write_drafter():  # weights, training.json and the model card, as the report stands
         (out / "drafter").mkdir(parents=True, exist_ok=True)

@@ -310,12 +310,15 @@ def test_train_drafter_on_the_mix_with_distillation_then_resumes_from_its_weight
     saved = json.loads((tmp_path / "a" / "drafter" / "training.json").read_text())
     assert saved["settings"]["position_span"] == 160
     assert "spread over 160 (PoSE)" in (tmp_path / "a" / "drafter" / "README.md").read_text()
+    # the saved preset's training length R is the span of positions seen (24 + 16 tokens without a span)
+    assert json.loads((tmp_path / "a" / "drafter" / "fold_config.json").read_text())["train_length"] == 160
     data = torch.load(tmp_path / "a" / "data.pt")
     assert data.shape == (6, 40)
     first = fold_hf.FoldDrafter.from_pretrained(tmp_path / "a" / "drafter")
     again = train_drafter(target, CharTokenizer(), tmp_path / "b", docs,
                           settings(steps=0, init_from=str(tmp_path / "a" / "drafter")), log=lambda *a: None)
     assert again["step"] == 0
+    assert json.loads((tmp_path / "b" / "drafter" / "fold_config.json").read_text())["train_length"] == 40
     second = fold_hf.FoldDrafter.from_pretrained(tmp_path / "b" / "drafter")
     own = {k: v for k, v in first.state_dict().items()}
     assert own.keys() == second.state_dict().keys()
