@@ -55,7 +55,7 @@ def drafter_block_hidden(drafter: FoldDrafter, features: torch.Tensor, block_emb
     hidden = block_embeds.to(context.dtype)
     if positions is None:
         positions = torch.arange(L, device=anchors.device).expand(b, -1)
-    positions = positions.to(anchors.device).reshape(b, L)
+    positions = positions.to(anchors.device).reshape(-1, L).expand(b, L)  # [L] or [1, L]: one row for all
     start = positions.gather(1, anchors)  # [b, n] position of each anchor (slot 0)
     q_pos = (start[:, :, None] + torch.arange(B, device=anchors.device)).reshape(b, -1)  # [b, n*B]
     k_pos = torch.cat((positions, q_pos), dim=1)  # [b, L + n*B]

@@ -267,6 +267,13 @@ def test_spread_positions_train_what_inference_reads_over_a_context_with_a_gap()
     loss_default, _ = dflash_loss(drafter, feats, ids, anchors)
     loss_spread, _ = dflash_loss(drafter, feats, ids, anchors, positions=positions[None])
     assert torch.equal(loss_true, loss_default) and not torch.equal(loss_spread, loss_default)
+    # one row of positions serves every sequence of a batch ([L] or [1, L], as the docstring says)
+    anchors2 = torch.tensor([[17, 30], [20, 33]])
+    drafter, ids, feats, embeds = training_case(7, 2, anchors2)
+    with torch.no_grad():
+        shared = drafter_block_hidden(drafter, feats, embeds, anchors2, positions)
+        each = drafter_block_hidden(drafter, feats, embeds, anchors2, positions.expand(2, -1))
+    assert torch.equal(shared, each)
 
 
 def test_slot_target_logits_pick_the_position_before_each_slot_token():
