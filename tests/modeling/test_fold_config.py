@@ -93,12 +93,13 @@ def test_committed_drafters_read_with_fold_as_their_pairs_are_benchmarked(pair_k
     """A committed drafter's own preset (what `load_pair(...)` and `FoldDrafter.from_pretrained` give a user) is the
     FOLD reading its pair's results were measured with: mode fold, alpha 2, the pair's window W and training length R
     (until 2026-12-07 the Gemma drafter's said dflash, W 2048, R 4096: a user's generate read it as trained)."""
-    from fold_hf.cli import build_parser
+    from fold_hf.cli import _apply_pair_defaults, build_parser
     from fold_hf.pairs import get_pair
 
-    pair = get_pair(pair_key)
-    bench = build_parser().parse_args(["bench", "--pair", pair_key, "--out", "x"])
-    bench_defaults = {"window": bench.window, "train_length": bench.train_length, **pair.cli_defaults.get("bench", {})}
-    shipped = FoldConfig.from_pretrained(pair.drafter_dir)
+    argv = ["bench", "--pair", pair_key, "--out", "x"]
+    parser = build_parser()
+    _apply_pair_defaults(parser, argv)  # what `fold-hf bench --pair ...` runs with
+    bench = parser.parse_args(argv)
+    shipped = FoldConfig.from_pretrained(get_pair(pair_key).drafter_dir)
     assert (shipped.mode, shipped.alpha) == ("fold", 2.0)
-    assert (shipped.window, shipped.train_length) == (bench_defaults["window"], bench_defaults["train_length"])
+    assert (shipped.window, shipped.train_length) == (bench.window, bench.train_length)
