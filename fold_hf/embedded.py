@@ -73,14 +73,19 @@ def load_embedded_pair(device="cpu", dtype=None, drafter_dir: str | Path | None 
 def recorded_training_length(drafter_dir: str | Path) -> tuple[int, str] | None:
     """``(tokens, source)``: the sequence length a drafter was trained on, as its own files record it, or None.
 
-    Read from ``training.json`` (written by ``fold-hf train-drafter``: prompt tokens + generated tokens) when present,
-    else from a ``fold_config.json`` beside the weights (its ``train_length``). A released checkpoint without either
-    records nothing (its ``max_position_embeddings`` is the target's context, not what the drafter saw)."""
+    Read from ``training.json`` (written by ``fold-hf train-drafter``) when present: its ``position_span`` when the
+    drafter was trained at spread positions (``--position-span``, PoSE: it saw rope distances up to the span while
+    reading at most prompt + generated tokens; distances are what a training length R bounds), else prompt tokens +
+    generated tokens; else from a ``fold_config.json`` beside the weights (its ``train_length``). A released
+    checkpoint without either records nothing (its ``max_position_embeddings`` is the target's context, not what the
+    drafter saw)."""
     path = Path(drafter_dir)
     training = path / "training.json"
     if training.is_file():
         try:
             settings = json.loads(training.read_text()).get("settings", {})
+            if settings.get("position_span"):
+                return int(settings["position_span"]), f"{training} (position_span)"
             return int(settings["prompt_tokens"]) + int(settings["new_tokens"]), str(training)
         except (ValueError, KeyError, TypeError, AttributeError):
             pass

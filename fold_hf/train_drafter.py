@@ -355,7 +355,8 @@ def write_model_card(directory: Path, drafter: FoldDrafter, settings: TrainSetti
         f"| mask token | {cfg.mask_token_id} |",
         f"| training length | {settings.prompt_tokens + settings.new_tokens} tokens ({settings.prompt_tokens} real "
         f"tokens{' starting with BOS' if settings.bos_token_id is not None else ''} + {settings.new_tokens} the "
-        f"target generated) |",
+        f"target generated)"
+        + (f"; rope positions spread over {settings.position_span} (PoSE) |" if settings.position_span else " |"),
         f"| held-out τ (dflash, greedy) | "
         + (f"{held['tau_mean']:.2f} on {held['requests']} windows of {held['prompt_tokens']} tokens, "
            f"{held['new_tokens']} new tokens ({held['identical_to_ar']} outputs identical to AR) |" if held

@@ -312,6 +312,14 @@ def test_train_drafter_on_the_mix_with_distillation_then_resumes_from_its_weight
     assert "spread over 160 (PoSE)" in (tmp_path / "a" / "drafter" / "README.md").read_text()
     # the saved preset's training length R is the span of positions seen (24 + 16 tokens without a span)
     assert json.loads((tmp_path / "a" / "drafter" / "fold_config.json").read_text())["train_length"] == 160
+    # the card's table names both lengths, and the drafter's own record (what `fold-hf doctor` checks a preset's R
+    # against) is the span, not the 40 tokens a window holds
+    card = (tmp_path / "a" / "drafter" / "README.md").read_text()
+    assert "| training length | 40 tokens (24 real tokens + 16 the target generated); rope positions spread over " \
+           "160 (PoSE) |" in card
+    from fold_hf.embedded import recorded_training_length
+
+    assert recorded_training_length(tmp_path / "a" / "drafter")[0] == 160
     data = torch.load(tmp_path / "a" / "data.pt")
     assert data.shape == (6, 40)
     first = fold_hf.FoldDrafter.from_pretrained(tmp_path / "a" / "drafter")

@@ -273,7 +273,7 @@ def test_the_gemma3_pair_describes_the_real_target_and_its_settings():
     cli.cmd_bench = lambda args: seen.update(vars(args)) or 0
     try:
         assert main(["bench", "--pair", "gemma3-270m", "--window", "256"]) == 0
-        assert seen["window"] == 256 and seen["tiers"] == bench["tiers"] and seen["train_length"] == 1024
+        assert seen["window"] == 256 and seen["tiers"] == bench["tiers"] and seen["train_length"] == 5120
         seen.clear()
         assert main(["bench"]) == 0
         assert seen["pair"] == "smollm2-135m" and seen["tiers"] == [1024, 2048, 4096, 8192] and not seen["nested"]

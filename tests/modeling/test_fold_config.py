@@ -103,3 +103,8 @@ def test_committed_drafters_read_with_fold_as_their_pairs_are_benchmarked(pair_k
     shipped = FoldConfig.from_pretrained(get_pair(pair_key).drafter_dir)
     assert (shipped.mode, shipped.alpha) == ("fold", 2.0)
     assert (shipped.window, shipped.train_length) == (bench.window, bench.train_length)
+    # and R is what the drafter's own training record says it saw (`fold-hf doctor` warns otherwise): the Gemma
+    # drafter's position span (PoSE, 5,120), SmolLM2's 768 tokens
+    from fold_hf.embedded import recorded_training_length
+
+    assert recorded_training_length(get_pair(pair_key).drafter_dir)[0] == shipped.train_length
