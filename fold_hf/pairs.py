@@ -99,10 +99,11 @@ PAIRS: dict[str, Pair] = {
         key="gemma3-270m", target_key="gemma3-270m", drafter_dir=ASSETS / "gemma3-270m-dflash", bos=True,
         cli_defaults={
             # 4 layers x MLP 512 over hidden 640 (4 heads of 256, 1 KV head): 12.1 M parameters, 24.3 MB in bf16;
-            # sequences of 960 real tokens (BOS first) + 64 the target generates = 1,024 tokens, their rope positions
-            # spread over 5,120 (PoSE): the committed drafter's last two rounds (2026-12-07)
-            "train-drafter": dict(layers=4, intermediate=512, block_size=8, mask_token_id=4, prompt_tokens=960,
-                                  new_tokens=64, position_span=5120, batch=16, anchors=32),
+            # sequences of 768 real tokens (BOS first) + 256 the target generates = 1,024 tokens (the first rounds;
+            # the committed drafter's last rounds took 960 + 64 at positions spread over 5,120: its training.json,
+            # docs/training.md's commands)
+            "train-drafter": dict(layers=4, intermediate=512, block_size=8, mask_token_id=4, prompt_tokens=768,
+                                  new_tokens=256, batch=16, anchors=32),
             # 32K tier = 32,704 prompt tokens so prompt + 64 new tokens stay inside the 32,768-token context;
             # train_length R: the distances the committed drafter saw (its position span), YaRN's reference
             "bench": dict(window=512, train_length=5120, budget=512, tiers=[1024, 4096, 8192, 16384, 32704],
