@@ -155,6 +155,8 @@ def test_the_held_out_table_is_the_cpu_measurement():
              f"{held[key]['identical_to_ar']} of {held[key]['requests']}"]
             for key, name in (("b", "round B (committed)"), ("a", "round A"), ("round2", "round 2 (replaced)"))]
     assert table("heldout-table") == want
+    training = json.loads((RUN / "training" / "b" / "training.json").read_text())
+    assert training["report"]["held_out"]["tau_mean"] == held["b"]["tau_mean"]
 
 
 def test_the_committed_drafter_is_round_b():
