@@ -76,6 +76,21 @@ def test_train_mix_window_lengths_reach_both_steps(tmp_path, monkeypatch):
     assert default[-1]["position_span"] is None  # true positions unless asked
 
 
+def test_time_budget_call_fits_the_schedule_into_what_the_call_leaves(tmp_path, monkeypatch):
+    """TIME_BUDGET=call: the training's --time-budget is what the call leaves after the data less half a minute, so
+    the cosine schedule ends before --max-minutes (the clock) stops it; a number stays the number (over all calls)."""
+    result = dry_run("train_mix.sh", tmp_path, GPUS="1", TIME_BUDGET="call", CALL_SECONDS="420", MINUTES="7")
+    assert result.returncode == 0, result.stderr
+    train = parsed_commands(result.stdout, monkeypatch)[-1]
+    # the dry run takes no time for the data: the whole 420 - 60 s are left
+    assert abs(train["max_minutes"] - 6.0) < 0.05 and train["time_budget"] == round(train["max_minutes"] - 0.5, 2)
+    assert f"TIME_BUDGET=call: a schedule of {train['time_budget']:g} minutes" in result.stdout
+    fixed = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1", TIME_BUDGET="4", CALL_SECONDS="420").stdout,
+                            monkeypatch)[-1]
+    assert fixed["time_budget"] == 4
+    assert parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1").stdout, monkeypatch)[-1]["time_budget"] is None
+
+
 def test_train_mix_position_span_reaches_the_training_only(tmp_path, monkeypatch):
     """POSITION_SPAN (PoSE) changes the training's rope positions, not the data the target generates."""
     seen = parsed_commands(dry_run("train_mix.sh", tmp_path, GPUS="1", POSITION_SPAN="4096").stdout, monkeypatch)

@@ -25,7 +25,10 @@
 # model card, the weights in 15 MB parts (cat model.safetensors.part-* > model.safetensors; check the sha256 printed).
 # RUN (default A) names the run (/root/g3mix/$RUN for Gemma, /root/s2mix/$RUN for SmolLM2), so shape-sweep runs
 # live side by side; data is shared per pair (/root/g3mixdata, /root/s2mixdata).
-# TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls.
+# TIME_BUDGET (minutes, optional): fit the step count (at most STEPS) into that much training over all calls;
+# TIME_BUDGET=call: into what this call leaves for training after the data (less half a minute for loading and the
+# probe), so a one-call round's cosine schedule ends before the clock stops it (on 2026-12-07 a fixed 4 lost to a
+# 126-151 s data phase twice).
 # PROMPT_TOKENS / NEW_TOKENS (optional, both steps): the window's real tokens (BOS included) and the target's greedy
 # continuation (the pair's: Gemma 768 + 256, SmolLM2 512 + 256); e.g. 960 + 64 keeps 1,024 tokens and generates the
 # data 4x faster (the benchmarks decode 64 tokens).
@@ -65,12 +68,18 @@ echo "data: ${shards[*]} ($(( $(date +%s) - started )) s)"
 # itself, stopped by --max-minutes, never meets the signal)
 call_seconds=${CALL_SECONDS:-560}
 left=$(python3 -c "print(max(0.5, min($minutes * 60, $call_seconds - 60) / 60 - ($(date +%s) - $started) / 60))")
+if [ "${TIME_BUDGET:-}" = call ]; then
+  budget=$(python3 -c "print(round(max(0.5, $left - 0.5), 2))")
+  echo "TIME_BUDGET=call: a schedule of $budget minutes (this call leaves $left for training)"
+else
+  budget=${TIME_BUDGET:-}
+fi
 until_limit=$(( call_seconds - ($(date +%s) - started) ))
 [ "$until_limit" -gt 60 ] || until_limit=60
 CUDA_VISIBLE_DEVICES=0 run_cmd timeout -s INT $until_limit python -m fold_hf.cli train-drafter --pair $pair --out $runs/$run \
   --device ${DEVICE:-cuda} "${mixargs[@]}" "${shape[@]}" --data "${shards[@]}" --kl ${KL:-0.5} \
   --steps ${STEPS:-8000} --lr $lr --warmup ${WARMUP:-300} --seed ${SEED:-0} --max-minutes $left \
-  ${TIME_BUDGET:+--time-budget $TIME_BUDGET} ${POSITION_SPAN:+--position-span $POSITION_SPAN} ${BATCH:+--batch $BATCH} ${ANCHORS:+--anchors $ANCHORS} 2>&1 \
+  ${budget:+--time-budget $budget} ${POSITION_SPAN:+--position-span $POSITION_SPAN} ${BATCH:+--batch $BATCH} ${ANCHORS:+--anchors $ANCHORS} 2>&1 \
   | log $runs/train-$run.log
 rc=${PIPESTATUS[0]}
 [ "${DRY:-0}" = 1 ] && exit 0
