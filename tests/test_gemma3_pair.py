@@ -375,9 +375,9 @@ def test_gpu_scripts_dry_run_commands_parse(script, env, tmp_path, monkeypatch):
 
 
 def test_the_first_mix_drafter_run_is_documented():
-    """The Gemma-3 drafter retrained on the data mix on 2026-12-06 (committed until the second round of 2026-12-07,
-    which ``tests/test_gemma3_drafter_round2_run.py`` ties to the committed folder): its run's training.json (the
-    pair's recipe, held-out τ over the issue's bar of 3.0 on windows of 768 tokens), the weights' sha256 its README
+    """The Gemma-3 drafter retrained on the data mix on 2026-12-06 (committed until the second round of 2026-12-07;
+    ``tests/test_gemma3_drafter_pose_run.py`` ties the committed folder to the latest round): its run's training.json
+    (the pair's recipe, held-out τ over the issue's bar of 3.0 on windows of 768 tokens), the weights' sha256 its README
     cites, and the by-tier tables of the retrained and the replaced drafter recomputed from the committed runs (τ and
     TPOT(AR) / TPOT per request, every kind pooled)."""
     from mix_drafter_runs import assert_tables_are_the_runs
