@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from run_tables import marked_table
+from run_tables import ci, fmt_ci, marked_table, per_request, records, requests_at
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "results" / "2026-12-07-nvidia-h100-gemma3-drafter-pose"
@@ -27,36 +27,10 @@ SHA_A = "eccc4cb5fba5ac60a2f88fec7506d302ef1c65ffabb073ff00ec4a3c8f45b56f"
 SHA_ROUND2 = "577c31aa8a60d832891e89c143317a2701b6b1bd7366c48a9dd6a95e4dd98bf6"
 
 
-def ci(values: list[float]) -> tuple[float, float]:
-    from fold_hf.bench.summary import _bootstrap_mean_ci
-
-    return _bootstrap_mean_ci(values)
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def per_request(path: Path) -> dict[tuple[str, str], dict]:
-    """(request, method) -> the record, each given ``speed`` = TPOT(AR) / TPOT (the AR of its own process)."""
-    rows = records(path)
-    ar = {r["request"]: r["tpot_s"] for r in rows if r["method"] == "ar"}
-    return {(r["request"], r["method"]): dict(r, speed=ar[r["request"]] / r["tpot_s"]) for r in rows}
-
-
 def runs() -> tuple[dict, dict, dict]:
     """Round B (committed), round A, and the replaced round-2 drafter."""
     return (per_request(RUN / "mixed" / "b" / "runs.jsonl"), per_request(RUN / "mixed" / "a" / "runs.jsonl"),
             per_request(ROUND2 / "mixed" / "new" / "runs.jsonl"))
-
-
-def requests_at(run: dict, tier: int) -> list[str]:
-    return sorted({r for (r, m), v in run.items() if v["tier"] == tier and m == "fold-a2"})
-
-
-def fmt_ci(mean: float, low: float, high: float, sign: bool = False) -> str:
-    f = "{:+.2f}" if sign else "{:.2f}"
-    return f"{f.format(mean)} [{f.format(low)}, {f.format(high)}]"
 
 
 def paired(values_a: list[float], values_b: list[float]) -> str:

@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-from run_tables import marked_table, slowest_row_terms
+from run_tables import ci, fmt_ci, marked_table, per_request, records, requests_at, slowest_row_terms
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "results" / "2026-12-07-nvidia-h100-gemma3-drafter-round2"
@@ -26,40 +26,11 @@ NAMES = {"fold-a2": "FOLD α=2", "fold-a1": "FOLD α=1", "fold-a4": "FOLD α=4",
          "streaming": "StreamingLLM"}
 
 
-def ci(values: list[float]) -> tuple[float, float]:
-    from fold_hf.bench.summary import _bootstrap_mean_ci
-
-    return _bootstrap_mean_ci(values)
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def per_request(path: Path) -> dict[tuple[str, str], dict]:
-    """(request, method) -> the record, each speculative record given ``speed`` = TPOT(AR) / TPOT (its process's AR)."""
-    rows = records(path)
-    ar = {r["request"]: r["tpot_s"] for r in rows if r["method"] == "ar"}
-    out = {}
-    for r in rows:
-        out[(r["request"], r["method"])] = dict(r, speed=ar[r["request"]] / r["tpot_s"])
-    return out
-
-
 def new_runs() -> dict[tuple[str, str], dict]:
     runs = {}
     for folder in ("new", "others"):  # two processes over the same 96 requests, each with its own AR
         runs.update({k: v for k, v in per_request(RUN / "mixed" / folder / "runs.jsonl").items() if k[1] != "ar"})
     return runs
-
-
-def requests_at(runs: dict, tier: int) -> list[str]:
-    return sorted({r for (r, m), v in runs.items() if v["tier"] == tier and m == "fold-a2"})
-
-
-def fmt_ci(mean: float, low: float, high: float, sign: bool = False) -> str:
-    f = "{:+.2f}" if sign else "{:.2f}"
-    return f"{f.format(mean)} [{f.format(low)}, {f.format(high)}]"
 
 
 def drafter_table() -> list[list[str]]:
