@@ -27,11 +27,10 @@ import torch
 
 
 def held_out_windows(mix_file: str | Path) -> list[str]:
-    """The texts `train-drafter --sources mix` holds out: each kind's first 40 group streams of the evaluation side."""
-    from fold_hf.data.mix import group_streams, load_mix
+    """The texts `train-drafter --sources mix` holds out (``fold_hf.data.mix.held_out_texts``) from a saved mix."""
+    from fold_hf.data.mix import held_out_texts, load_mix
 
-    mix = load_mix(mix_file)
-    return [t for texts in group_streams(mix.side("eval")).values() for t in texts[:40]]
+    return held_out_texts(load_mix(mix_file))
 
 
 def measure(target, tokenizer, drafters: dict[str, str | Path], texts: list[str], *, prompt_tokens: int,

@@ -355,7 +355,7 @@ def cmd_train(args) -> int:
     target, tokenizer = pair.load_target(device)
     mix_weights = None
     if getattr(args, "sources", "classic") == "mix":
-        from .data.mix import gather, group_streams, load_mix, parse_weights
+        from .data.mix import gather, held_out_texts, load_mix, parse_weights
 
         if args.mix_file:
             mix = load_mix(args.mix_file)
@@ -366,7 +366,7 @@ def cmd_train(args) -> int:
         sources = mix.side("train")
         if not sources:
             raise CliError("the mix has no training documents")
-        held = [t for texts in group_streams(mix.side("eval")).values() for t in texts[:40]]
+        held = held_out_texts(mix)
         data_line = ("windows of the training side of the data mix (fold_hf.data.mix; kinds "
                      f"{', '.join(mix.kinds('train'))}; weights {mix_weights or 'default'}), continued greedily by "
                      "the target; held-out τ on its evaluation side (disjoint sources by the mix's split rule)")

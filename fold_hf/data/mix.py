@@ -352,6 +352,12 @@ def group_streams(docs: list[Doc]) -> dict[str, list[str]]:
     return out
 
 
+def held_out_texts(mix: Mix, per_kind: int = 40) -> list[str]:
+    """What `train-drafter --sources mix` holds out for its held-out τ: each kind's first ``per_kind`` group streams
+    (:func:`group_streams`) of the evaluation side."""
+    return [t for texts in group_streams(mix.side("eval")).values() for t in texts[:per_kind]]
+
+
 def _header(d: Doc) -> str:
     return f"=== {d.name} ==="
 
