@@ -70,6 +70,12 @@ def load_embedded_pair(device="cpu", dtype=None, drafter_dir: str | Path | None 
     return target, tokenizer, drafter
 
 
+def trained_distance(prompt_tokens: int | None, new_tokens: int | None, position_span: int | None = None) -> int:
+    """A trained drafter's training length R: the rope distances it saw — its position span when it was trained at
+    spread positions (``--position-span``, PoSE), else the tokens a window holds (prompt + generated)."""
+    return int(position_span) if position_span else int(prompt_tokens) + int(new_tokens)
+
+
 def recorded_training_length(drafter_dir: str | Path) -> tuple[int, str] | None:
     """``(tokens, source)``: the sequence length a drafter was trained on, as its own files record it, or None.
 
@@ -84,9 +90,9 @@ def recorded_training_length(drafter_dir: str | Path) -> tuple[int, str] | None:
     if training.is_file():
         try:
             settings = json.loads(training.read_text()).get("settings", {})
-            if settings.get("position_span"):
-                return int(settings["position_span"]), f"{training} (position_span)"
-            return int(settings["prompt_tokens"]) + int(settings["new_tokens"]), str(training)
+            span = settings.get("position_span")
+            return (trained_distance(settings.get("prompt_tokens"), settings.get("new_tokens"), span),
+                    f"{training} (position_span)" if span else str(training))
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
     fold_config = path / "fold_config.json"

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .embedded import trained_distance
 from .modeling.drafter import FoldDrafter
 from .modeling.drafter_config import FoldDrafterConfig, default_target_layer_ids
 from .modeling.fold_config import FoldConfig
@@ -308,8 +309,8 @@ def train_drafter(target, tokenizer, out_dir: str | Path, sources: list, setting
               "final_loss": sum(history[-5:]) / max(1, len(history[-5:])), "loss_every": settings.log_every,
               "data": {"sequences": len(data), "files": [str(f) for f in data_files or []]}}
     # the saved preset's training length R (YaRN's reference, ReRoPE's) is the span of positions the drafter saw
-    drafter.set_fold_config(FoldConfig(mode="dflash", train_length=settings.position_span
-                                       or settings.prompt_tokens + settings.new_tokens))
+    drafter.set_fold_config(FoldConfig(mode="dflash", train_length=trained_distance(
+        settings.prompt_tokens, settings.new_tokens, settings.position_span)))
 
     def write_drafter():  # weights, training.json and the model card, as the report stands
         (out / "drafter").mkdir(parents=True, exist_ok=True)
