@@ -15,13 +15,19 @@ fast loop's eager engine (the CPU default). Timed in one process, interleaved, m
 Prints each in ms and as a multiple of ``ar_step``, the break-even τ (round / ar_round: FOLD beats AR in tokens/s
 when τ exceeds it), and writes ``cpu_round_profile.json`` under ``--out``.
 
+``--backends onednn,mkl,off`` times the multi-row CPU products' backends (``fold_hf/kernels/gemm/cpu.py``: oneDNN's
+packed GEMM, MKL's, ``F.linear``) in one process, interleaved pass by pass (each pass runs every part under every
+backend in turn), so their ratios share the machine's load; the report then has one block per backend.
+
   OMP_NUM_THREADS=2 python benchmarks/cpu_round_profile.py --out /tmp/cpu_profile   (about a minute, idle 2 cores)
+  OMP_NUM_THREADS=2 python benchmarks/cpu_round_profile.py --out /tmp/b --backends onednn,mkl,off   (~3 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fold_hf import FoldConfig  # noqa: E402
 from fold_hf.generation.fast import release_fast_state, time_rounds  # noqa: E402
 from fold_hf.generation.fast.session import session_for  # noqa: E402
+from fold_hf.kernels.gemm import cpu as cpu_gemm  # noqa: E402
 
 
 def median_ms(fn, reps: int) -> float:
@@ -55,7 +62,14 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--draft-vocab", metavar="FILE",
                         help="the drafter proposes from this draft vocabulary (benchmarks/build_draft_vocab.py)")
+    parser.add_argument("--backends", default="default",
+                        help="comma-separated multi-row product backends timed interleaved in this process: onednn, "
+                             "mkl, off (F.linear), default (whatever the environment selects; the default)")
     args = parser.parse_args(argv)
+    backends = args.backends.split(",")
+    bad = set(backends) - {"onednn", "mkl", "off", "default"}
+    if bad:
+        parser.error(f"--backends: unknown {sorted(bad)} (onednn, mkl, off, default)")
     if args.threads:
         torch.set_num_threads(args.threads)
     from fold_hf import load_embedded_pair
@@ -87,28 +101,61 @@ def main(argv=None) -> int:
     rows = torch.zeros(1, B - 1, drafter.target_lm_head.weight.shape[1])
     parts = {"ar_step": lambda: runner.forward(one, T), "verify": lambda: runner.forward(block, T, taps_out=taps),
              "draft": draft, "draft_lm_head": lambda: drafter.proposal_logits(rows)}
-    results = {k: [] for k in (*parts, "round", "ar_round")}
-    for _ in range(3):  # interleaved passes: a shared machine's load hits every part alike
-        for name, fn in parts.items():
-            results[name].append(median_ms(fn, args.reps))
-        res = time_rounds(target, drafter, T, args.reps, engine="eager")
-        results["round"].append(statistics.median(res.round_seconds) * 1e3)
-        res = time_rounds(target, None, T, args.reps, engine="eager")
-        results["ar_round"].append(statistics.median(res.round_seconds) * 1e3)
+    results = {b: {k: [] for k in (*parts, "round", "ar_round")} for b in backends}
+    saved = {k: os.environ.get(k) for k in (cpu_gemm.BACKEND_ENV, cpu_gemm.PACKED_ENV)}
+    try:
+        for _ in range(3):  # interleaved passes: a shared machine's load hits every part and backend alike
+            for backend in backends:
+                _select(backend, saved)
+                for name, fn in parts.items():
+                    results[backend][name].append(median_ms(fn, args.reps))
+                res = time_rounds(target, drafter, T, args.reps, engine="eager")
+                results[backend]["round"].append(statistics.median(res.round_seconds) * 1e3)
+                res = time_rounds(target, None, T, args.reps, engine="eager")
+                results[backend]["ar_round"].append(statistics.median(res.round_seconds) * 1e3)
+    finally:
+        _select("default", saved)
     release_fast_state(target)
-    ms = {k: min(v) for k, v in results.items()}  # the least disturbed pass
-    ms["overhead"] = ms["round"] - ms["verify"] - ms["draft"]
     report = {"context": T, "block": B, "window": args.window, "threads": torch.get_num_threads(),
-              "draft_vocab": None if drafter.draft_vocab is None else repr(drafter.draft_vocab), "ms": ms,
-              "x_ar_step": {k: v / ms["ar_step"] for k, v in ms.items()},
-              "break_even_tau": ms["round"] / ms["ar_round"], "passes": results}
+              "draft_vocab": None if drafter.draft_vocab is None else repr(drafter.draft_vocab),
+              "cpu_vendor": cpu_gemm.cpu_vendor(), "default_backend": cpu_gemm.packed_backend()}
+    blocks = {b: _block(results[b]) for b in backends}
+    if backends == ["default"]:
+        report.update(blocks["default"])
+    else:
+        report["backends"] = blocks
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu_round_profile.json").write_text(json.dumps(report, indent=1))
-    for k, v in ms.items():
-        print(f"{k:10s} {v:8.2f} ms  {v / ms['ar_step']:5.2f}x AR step")
-    print(f"break-even tau (round / AR round): {report['break_even_tau']:.2f}")
+    for backend, block_report in blocks.items():
+        if len(blocks) > 1:
+            print(f"== {backend}")
+        ms = block_report["ms"]
+        for k, v in ms.items():
+            print(f"{k:10s} {v:8.2f} ms  {v / ms['ar_step']:5.2f}x AR step")
+        print(f"break-even tau (round / AR round): {block_report['break_even_tau']:.2f}")
     return 0
+
+
+def _select(backend: str, saved: dict) -> None:
+    """Set the environment the CPU products read for ``backend`` (``default``: as it was when the script started)."""
+    wanted = dict(saved)
+    if backend == "off":
+        wanted[cpu_gemm.PACKED_ENV] = "0"
+    elif backend != "default":
+        wanted[cpu_gemm.BACKEND_ENV] = backend
+    for key, value in wanted.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _block(results: dict) -> dict:
+    ms = {k: min(v) for k, v in results.items()}  # the least disturbed pass
+    ms["overhead"] = ms["round"] - ms["verify"] - ms["draft"]
+    return {"ms": ms, "x_ar_step": {k: v / ms["ar_step"] for k, v in ms.items()},
+            "break_even_tau": ms["round"] / ms["ar_round"], "passes": results}
 
 
 if __name__ == "__main__":

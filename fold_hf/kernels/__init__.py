@@ -8,7 +8,7 @@ flash-linear-attention's ``ops/<op>/``): ``<op>/naive.py`` the torch twins (the 
   ``decode_attention_reference``;
 * :mod:`.layer`: the fused elementwise ops of the fast loop's layers (:func:`default_layer_ops`);
 * :mod:`.gemm`: the skinny GEMMs of the fused target layers' decode steps (no split-K, SiLU in the gate|up product;
-  :func:`skinny_gemm_enabled`), and :mod:`.gemm.cpu`: several CPU rows through MKL's packed GEMM;
+  :func:`skinny_gemm_enabled`), and :mod:`.gemm.cpu`: several CPU rows through a packed GEMM (oneDNN's or MKL's);
 * :mod:`.hybrid`: the fused ops Qwen3.5 and Gemma target layers share (residual norms, per-head norm + partial
   rope + ring write, the sigmoid gate), :mod:`.gemma`: Gemma's own (ring attention, GELU-tanh), and
   :mod:`.gated_delta`: the gated delta rule (per position states, :func:`~.gated_delta.default_gated_delta`; the
@@ -124,7 +124,7 @@ class LayerOps:
 
     ``skinny_linear`` / ``gate_up_silu`` / ``gate_up_gelu`` (Gemma's GELU-tanh): the decode-step GEMMs (:mod:`fold_hf.kernels.gemm.triton`, or their twins
     in :mod:`fold_hf.kernels.gemm.naive`), or None where the projections run as ``F.linear`` / the modules
-    (the CPU path, whose multi-row products go to MKL's packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
+    (the CPU path, whose multi-row products go to a packed GEMM, or ``$FOLD_HF_SKINNY_GEMM=0``);
     ``skinny_rows`` the most rows they take. ``rope_write_rows``: the rope and cache write of a batch's rows in one
     launch (:func:`fold_hf.kernels.layer.triton.rope_write_rows_triton`), or None (one ``rope_write`` per row)."""
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..kernels.common import is_sharded, local
-from ..kernels.gemm.cpu import linear  # F.linear, or MKL's packed GEMM for a multi-row CPU fp32 product
+from ..kernels.gemm.cpu import linear  # F.linear, or a packed GEMM for a multi-row CPU fp32 product
 
 FILE_NAME = "draft_vocab.json"
 ROW_ALIGN = 64  # the head's subset rows are padded with zero rows to a multiple of this (see DraftVocab.head_rows)

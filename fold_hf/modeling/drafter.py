@@ -424,7 +424,7 @@ class FoldDrafter(PreTrainedModel):
             return self.draft_vocab.logits(self._draft_head().weight, hidden, softcap=cap)
         if self.is_deepspec:
             return deepspec.logits(self, hidden)
-        head = self.target_lm_head  # B - 1 rows: on a CPU through MKL's packed GEMM (kernels/gemm/cpu.py)
+        head = self.target_lm_head  # B - 1 rows: on a CPU through a packed GEMM (kernels/gemm/cpu.py)
         return linear_module(head, hidden.to(execution_device(head), head.weight.dtype))
 
     def pick_proposals(self, base: torch.Tensor, last_token: torch.Tensor, pick=None):

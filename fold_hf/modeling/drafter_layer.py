@@ -48,7 +48,7 @@ class DrafterMLP(nn.Module):
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # several CPU rows run MKL's packed GEMM (kernels/gemm/cpu.py; F.linear elsewhere and under autograd)
+        # several CPU rows run a packed GEMM (kernels/gemm/cpu.py; F.linear elsewhere and under autograd)
         gate = self.act(linear_module(self.gate_proj, x))
         return linear_module(self.down_proj, gate * linear_module(self.up_proj, x))
 

@@ -139,7 +139,7 @@ class MergedLinears:
 
     def product(self, hidden: torch.Tensor, gemm=None) -> torch.Tensor:
         """``hidden [..., K]`` -> ``[..., sum N_i]``: ``gemm(hidden, weight, bias)`` when given (a decode step's skinny
-        GEMM), else :func:`fold_hf.kernels.gemm.cpu.linear` (several CPU rows: MKL's packed GEMM)."""
+        GEMM), else :func:`fold_hf.kernels.gemm.cpu.linear` (several CPU rows: a packed GEMM)."""
         if gemm is not None:
             return gemm(hidden, self.weight, self.bias)
         return linear(hidden, self.weight, self.bias, owners=self.owners, tag=self.tag)

@@ -22,6 +22,7 @@ from fold_hf.kernels.exact import ExactUnavailable
 from fold_hf.targets.llama import LlamaStaticTarget
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.usefixtures("row_invariant_dot")  # tl.dot as an MMA reduces a row (conftest)
 
 K = 3  # proposals per round: verify blocks of K + 1 rows
 

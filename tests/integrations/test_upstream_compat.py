@@ -178,6 +178,7 @@ def test_a_failing_private_mkl_op_is_said_once_and_f_linear_runs(monkeypatch):
 
     if not cpu_gemm.mkl_packed_available():
         pytest.skip("this torch build has no MKL packed ops")
+    monkeypatch.setenv(cpu_gemm.BACKEND_ENV, "mkl")  # the backend whose failure the message names
     monkeypatch.setitem(cpu_gemm._state, "broken", None)
     monkeypatch.setitem(cpu_gemm._state, "warned", set())
 

@@ -1,5 +1,6 @@
-"""Multi-row CPU linears through MKL's packed GEMM (fold_hf/kernels/gemm/cpu.py) against a float64 statement of
-``x W^T + b``, and the cache of packed copies against every way a weight can change under it.
+"""Multi-row CPU linears through a packed GEMM, oneDNN's or MKL's (fold_hf/kernels/gemm/cpu.py), against a float64
+statement of ``x W^T + b``, the backend choice, and the cache of packed copies against every way a weight can change
+under it.
 
 The rule is written here in float64 from the definition (a sum over the input features), never read from the
 module; the packed product must follow it to fp32 rounding whatever the shape, and must follow the weights after
@@ -18,8 +19,9 @@ from fold_hf.targets.weight_layout import DecodeProjections
 from fold_hf.kernels.gemm import cpu as cpu_gemm
 from tiny import greedy_reference, mode_config, prompt, trained_pair
 
-needs_mkl = pytest.mark.skipif(not cpu_gemm.mkl_packed_available(),
-                               reason="this torch build has no MKL packed linear (ARM builds): F.linear runs")
+BACKENDS = [name for name, have in (("onednn", cpu_gemm.onednn_packed_available()),
+                                    ("mkl", cpu_gemm.mkl_packed_available())) if have]
+needs_packed = pytest.mark.skipif(not BACKENDS, reason="this torch build has no packed linear: F.linear runs")
 
 
 def linear_float64(x, weight, bias=None):
@@ -36,15 +38,19 @@ def rel_err(a, b):
 @pytest.fixture(autouse=True)
 def fresh_packs(monkeypatch):
     monkeypatch.delenv(cpu_gemm.PACKED_ENV, raising=False)
+    monkeypatch.delenv(cpu_gemm.BACKEND_ENV, raising=False)
     cpu_gemm._state["warned"].clear()
     yield
 
 
-@needs_mkl
-@pytest.mark.parametrize("rows", [4, 5, 8, 13, 32])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 13, 32])
 @pytest.mark.parametrize("shape", [(7, 3), (96, 40), (33, 257)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_follows_the_float64_rule(rows, shape, bias):
+def test_packed_linear_follows_the_float64_rule(backend, rows, shape, bias, monkeypatch):
+    if rows < cpu_gemm.min_rows(backend):
+        pytest.skip(f"{backend} packs from {cpu_gemm.min_rows(backend)} rows")
+    monkeypatch.setenv(cpu_gemm.BACKEND_ENV, backend)
     out_features, in_features = shape
     g = torch.Generator().manual_seed(rows * 1000 + out_features)
     layer = nn.Linear(in_features, out_features, bias=bias)
@@ -58,19 +64,21 @@ def test_packed_linear_follows_the_float64_rule(rows, shape, bias):
         out = cpu_gemm.linear_module(layer, x)
     assert out.shape == (1, rows, out_features) and out.dtype == torch.float32
     assert rel_err(out, linear_float64(x, layer.weight, layer.bias)) < 2e-6
-    assert layer.weight in cpu_gemm._PACKED  # the packed product ran (not F.linear)
+    assert any(tag.endswith(f"@{backend}") for tag in cpu_gemm._PACKED[layer.weight])  # packed by that backend
 
 
-def test_which_products_run_packed():
-    """A CPU fp32 product of 4..32 rows without autograd; one row (an AR step), a prefill chunk, another dtype or a
-    product that needs gradients run F.linear."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_which_products_run_packed(backend, monkeypatch):
+    """A CPU fp32 product of 2..32 rows (oneDNN) or 4..32 rows (MKL) without autograd; one row (an AR step), a
+    prefill chunk, another dtype or a product that needs gradients run F.linear."""
+    monkeypatch.setenv(cpu_gemm.BACKEND_ENV, backend)
     w = torch.randn(16, 8)
     with torch.no_grad():
         applies = {rows: cpu_gemm.packed_applies(torch.randn(rows, 8), w) for rows in (1, 2, 3, 4, 32, 33, 512)}
         assert not cpu_gemm.packed_applies(torch.randn(8, 8, dtype=torch.float64), w.double())
         assert not cpu_gemm.packed_applies(torch.randn(8, 8).bfloat16(), w.bfloat16())
-    expected = cpu_gemm.mkl_packed_available()
-    assert applies == {1: False, 2: False, 3: False, 4: expected, 32: expected, 33: False, 512: False}
+    low = backend == "onednn"
+    assert applies == {1: False, 2: low, 3: low, 4: True, 32: True, 33: False, 512: False}
     x = torch.randn(8, 8, requires_grad=True)
     assert not cpu_gemm.packed_applies(x, w)
     weight = nn.Parameter(w.clone())
@@ -78,7 +86,7 @@ def test_which_products_run_packed():
     assert torch.allclose(x.grad, weight.detach().sum(0).expand(8, 8))
 
 
-@needs_mkl
+@needs_packed
 def test_in_place_writes_load_state_dict_and_new_buffers_repack():
     layer = nn.Linear(24, 40)
     x = torch.randn(8, 24)
@@ -93,7 +101,7 @@ def test_in_place_writes_load_state_dict_and_new_buffers_repack():
         assert rel_err(cpu_gemm.linear_module(layer, x), linear_float64(x, layer.weight, layer.bias)) < 2e-6
 
 
-@needs_mkl
+@needs_packed
 def test_a_write_to_one_part_of_a_concatenated_buffer_repacks():
     """q|k|v is one buffer the three parameters are views of, each with its own version counter: a write through
     k_proj alone must reach the packed q|k|v product."""
@@ -112,7 +120,7 @@ def test_a_write_to_one_part_of_a_concatenated_buffer_repacks():
         assert rel_err(got, linear_float64(x, module.weight, module.bias)) < 2e-6
 
 
-@needs_mkl
+@needs_packed
 def test_past_the_byte_budget_it_warns_once_and_stays_exact(monkeypatch):
     monkeypatch.setattr(cpu_gemm, "packed_budget_bytes", lambda: cpu_gemm.packed_bytes())  # no room for more
     layer = nn.Linear(20, 30, bias=False)
@@ -127,6 +135,38 @@ def test_past_the_byte_budget_it_warns_once_and_stays_exact(monkeypatch):
             cpu_gemm.linear_module(nn.Linear(20, 30), x)
 
 
+def test_the_backend_choice(monkeypatch):
+    """auto: MKL on an Intel CPU, oneDNN on any other (each where the build has it); the variable names one; a value
+    that is neither, or a backend the build lacks, is refused."""
+    have = {"onednn": cpu_gemm.onednn_packed_available(), "mkl": cpu_gemm.mkl_packed_available()}
+    for vendor, order in (("GenuineIntel", ("mkl", "onednn")), ("AuthenticAMD", ("onednn", "mkl")), ("", ("onednn", "mkl"))):
+        monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert cpu_gemm.packed_backend() == next((name for name in order if have[name]), None), vendor
+    for name in ("onednn", "mkl"):
+        monkeypatch.setenv(cpu_gemm.BACKEND_ENV, name)
+        if have[name]:
+            assert cpu_gemm.packed_backend() == name
+        else:
+            with pytest.raises(ValueError, match="has no"):
+                cpu_gemm.packed_backend()
+    monkeypatch.setenv(cpu_gemm.BACKEND_ENV, "blas")
+    with pytest.raises(ValueError, match="auto, onednn or mkl"):
+        cpu_gemm.packed_backend()
+
+
+@pytest.mark.skipif(len(BACKENDS) < 2, reason="needs both packed backends in this torch build")
+def test_switching_backend_repacks_and_stays_exact(monkeypatch):
+    """Each backend keeps its own packed copy (its layout is its own): a product after a switch reads the other
+    backend's copy, never the first one's."""
+    layer = nn.Linear(40, 24)
+    x = torch.randn(6, 40)
+    with torch.no_grad():
+        for name in ("onednn", "mkl", "onednn"):
+            monkeypatch.setenv(cpu_gemm.BACKEND_ENV, name)
+            assert rel_err(cpu_gemm.linear_module(layer, x), linear_float64(x, layer.weight, layer.bias)) < 2e-6
+    assert {tag.rsplit("@", 1)[1] for tag in cpu_gemm._PACKED[layer.weight]} == {"onednn", "mkl"}
+
+
 def test_mode_zero_and_bad_values(monkeypatch):
     monkeypatch.setenv(cpu_gemm.PACKED_ENV, "0")
     with torch.no_grad():
@@ -136,7 +176,7 @@ def test_mode_zero_and_bad_values(monkeypatch):
         cpu_gemm.packed_gemm_mode()
 
 
-@needs_mkl
+@needs_packed
 def test_fp32_pair_on_the_fast_loop_packs_its_verify_and_stays_lossless():
     """The tiny llama pair in fp32: the eager and static engines' verify (B = 4 rows) and the drafter's lm_head
     (3 rows) run packed, and every output equals the target's own greedy generate."""

@@ -10,8 +10,9 @@
 * the invariance check fails on a split-K GEMM whose split follows the row count (defined here), so it can fail.
 
 What the interpreter proves: the kernels' arithmetic order (tiles, splits, merge order, masking, the skipped
-tiles) does not depend on the row count; ``tl.dot`` is numpy's matmul there, so whether a GPU's MMA reduces a row
-the same way wherever it sits in a tile is not tested here (the GPU bf16 run of ``benchmarks/exact_mode_bench.py``
+tiles) does not depend on the row count; ``tl.dot`` is a fixed-order sum over ``k`` per element there (conftest's
+``row_invariant_dot``: numpy's matmul reduces a row differently by its place in a tile on some CPUs), so whether a
+GPU's MMA reduces a row the same way wherever it sits in a tile is not tested here (the GPU bf16 run of ``benchmarks/exact_mode_bench.py``
 checks it, and so do the ``gpu``-marked tests here, in bf16). The interpreter's ``tl.dot`` is wrong in bf16, so
 the CPU runs use fp32 and fp16; conftest sets ``TRITON_INTERPRET=1``.
 """
@@ -24,6 +25,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.usefixtures("row_invariant_dot")  # tl.dot as an MMA reduces a row (conftest)
 import triton.language as tl  # noqa: E402
 
 from fold_hf.kernels.exact_attention.naive import exact_decode_attention_reference  # noqa: E402

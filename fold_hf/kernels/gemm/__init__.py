@@ -4,5 +4,5 @@
 * :mod:`.triton`: the skinny Triton GEMMs (no split-K, SiLU in the gate|up product; the exact mode's fixed-plan
   variants ``exact_linear_triton`` / ``exact_gate_up_silu_triton``; imported only through
   :func:`fold_hf.kernels.default_layer_ops`, never on the CPU path);
-* :mod:`.cpu`: several CPU rows through MKL's packed GEMM.
+* :mod:`.cpu`: several CPU rows through a packed GEMM (oneDNN's or MKL's).
 """
