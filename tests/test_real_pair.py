@@ -97,6 +97,12 @@ def test_demo_runs(capsys, real_pair, monkeypatch):
     assert "[reference] transformers' own generate" in printed
     plain = next(line for line in printed.splitlines() if line.startswith("transformers generate (reference)"))
     assert plain.split()[-1] == "True" and "(1 run)" in plain  # its greedy tokens equal the fast loop's AR
+    # its speedup is against AR's median (the AR row's tok/s, an odd number of repeats), as printed beside it
+    import re as _re
+
+    ar_tps = float(_re.search(r"AR \(target alone\)\s+\S+\s+(\d+\.\d+)", printed).group(1))
+    plain_tps, plain_speed = map(float, _re.search(r"\s(\d+\.\d+) \(1 run\)\s+(\d+\.\d+)x", plain).groups())
+    assert abs(plain_speed - plain_tps / ar_tps) <= 0.01 + 0.06 * (1 + plain_speed) / ar_tps  # 1-decimal rounding
     assert "tau = tokens committed per target forward" in printed and "median over 3 repeats" in printed
     ar_row = next(line for line in printed.splitlines() if line.startswith("AR (target alone)") and "x" in line)
     assert " 1.00x [1.00-1.00] " in ar_row  # AR against itself, repeat by repeat
