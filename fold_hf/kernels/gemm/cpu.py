@@ -17,11 +17,12 @@ vendors' CPUs, and on the 2-core AMD EPYC machine of 2026-12-07 (AVX2) MKL's pro
 against 0.15 (``docs/fast-path.md``). oneDNN's product of 2 rows costs about one row's there, so it packs from
 :data:`ONEDNN_MIN_ROWS` rows, MKL from :data:`MIN_ROWS`.
 
-The packed copy is the backend's opaque layout of the weight. It is a second copy of the weight, cached under the ``nn.Parameter`` (or the
-parameters) whose values the weight holds and checked against their version counters and the weight's data
-pointer on every call: an in-place write (``load_state_dict``, training, a LoRA merge) or a new buffer (``.to()``)
-repacks, never a stale read. The total packed bytes are capped (:func:`packed_budget_bytes`); past the cap, or
-without MKL (an ARM build), calls run ``F.linear`` and say so once.
+The packed copy is the backend's opaque layout of the weight, a second copy of it, cached under the
+``nn.Parameter`` (or the parameters) whose values the weight holds, per backend, and checked against their version
+counters and the weight's data pointer on every call: an in-place write (``load_state_dict``, training, a LoRA
+merge) or a new buffer (``.to()``) repacks, never a stale read. The total packed bytes are capped
+(:func:`packed_budget_bytes`); past the cap, or with neither backend in the build (an ARM build), calls run
+``F.linear`` and say so once.
 
 ``$FOLD_HF_CPU_PACKED_GEMM``: ``auto`` (default: packed while the copies stay within a quarter of the machine's
 RAM), ``1`` (no cap), ``0`` (never: plain ``F.linear``, for A/B timings).
