@@ -135,26 +135,32 @@ def _warn_once(reason: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def packed_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`linear` would run ``x @ weight.T`` packed: a CPU fp32 product of :func:`min_rows` (2 with
-    oneDNN, 4 with MKL) to :data:`MAX_ROWS` rows, without autograd, the mode not ``0``, a packed backend present."""
+def _packed_backend_for(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """The backend :func:`linear` runs ``x @ weight.T`` with, or None for ``F.linear``: a CPU fp32 product of
+    :func:`min_rows` (2 with oneDNN, 4 with MKL) to :data:`MAX_ROWS` rows, without autograd, the mode not ``0``, a
+    packed backend present (the environment is read once per product, after the cheap checks)."""
     if x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype not in _DTYPES or weight.dtype != x.dtype:
-        return False
+        return None
     if x.dim() == 0 or weight.dim() != 2 or not ONEDNN_MIN_ROWS * x.shape[-1] <= x.numel() <= MAX_ROWS * x.shape[-1]:
-        return False
+        return None
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return False
+        return None
     if packed_gemm_mode() == "0":
-        return False
+        return None
     backend = packed_backend()
     if backend is None:
         _warn_once("this torch build has neither oneDNN's nor MKL's packed linear (an ARM build?)")
-        return False
+        return None
     if x.numel() < min_rows(backend) * x.shape[-1]:
-        return False
+        return None
     if _state["broken"] is not None:  # a private op failed once: said then, F.linear from then on
-        return False
-    return True
+        return None
+    return backend
+
+
+def packed_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` would run ``x @ weight.T`` packed (:func:`_packed_backend_for` names a backend)."""
+    return _packed_backend_for(x, weight) is not None
 
 
 def pack(weight: torch.Tensor, rows: int | None = None, backend: str = "mkl") -> torch.Tensor:
@@ -178,7 +184,7 @@ def packed_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return F.linear(x, weight, bias)
 
 
-def _packed_for(owners: tuple, tag: str, weight: torch.Tensor, backend: str = "mkl") -> torch.Tensor | None:
+def _packed_for(owners: tuple, tag: str, weight: torch.Tensor, backend: str) -> torch.Tensor | None:
     """The cached ``backend`` copy of ``weight`` (made under ``owners[0]``'s ``tag``), or None past the byte budget."""
     entries = _PACKED.get(owners[0], {})
     tag = f"{tag}@{backend}"
@@ -211,8 +217,8 @@ def _release(size: int) -> None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            owners: tuple = (), tag: str = "") -> torch.Tensor:
     """``F.linear(x, weight, bias)``; a multi-row CPU fp32 product (:func:`packed_applies`) runs a packed GEMM
-    (:func:`packed_backend`) over a copy of ``weight`` cached under ``owners[0]`` (default: ``weight`` itself, which must then be the
-    parameter) and ``tag``, repacked when any owner's version or ``weight``'s buffer changes.
+    (:func:`packed_backend`) over a copy of ``weight`` cached under ``owners[0]`` (default: ``weight`` itself, which
+    must then be the parameter) and ``tag``, repacked when any owner's version or ``weight``'s buffer changes.
 
     Args:
         x: ``[..., K]``.
@@ -226,9 +232,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Returns:
         ``[..., N]`` in ``x.dtype``.
     """
-    if not packed_applies(x, weight):
+    backend = _packed_backend_for(x, weight)
+    if backend is None:
         return F.linear(x, weight, bias)
-    backend = packed_backend()
+    return _packed_linear(x, weight, bias, owners, tag, backend)
+
+
+def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, owners: tuple, tag: str,
+                   backend: str) -> torch.Tensor:
+    """:func:`linear` once ``backend`` is chosen: the cached packed copy's product, or ``F.linear`` past the byte
+    budget or when the private ops fail (said once)."""
     try:
         packed = _packed_for(tuple(owners) or (weight,), tag, weight, backend)
         if packed is None:
@@ -252,12 +265,13 @@ def _hooked(module: torch.nn.Module) -> bool:
 
 
 def linear_module(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``; a plain, hook-free ``nn.Linear`` whose product :func:`packed_applies` to runs MKL's packed GEMM
+    """``module(x)``; a plain, hook-free ``nn.Linear`` whose product :func:`packed_applies` to runs a packed GEMM
     (a LoRA wrapper, a quantized layer, a hooked or offloaded module, a tensor-parallel shard always runs as
     itself)."""
-    if type(module) is torch.nn.Linear and not is_sharded(module.weight) and packed_applies(x, module.weight) \
-            and not _hooked(module):
-        return linear(x, module.weight, module.bias)
+    if type(module) is torch.nn.Linear and not is_sharded(module.weight):
+        backend = _packed_backend_for(x, module.weight)
+        if backend is not None and not _hooked(module):
+            return _packed_linear(x, module.weight, module.bias, (), "", backend)
     return module(x)
 
 
